@@ -1,0 +1,277 @@
+/* stepgraph.h: the public C API of libstepgraph.
+ *
+ * stepgraph trains neural networks on NVIDIA GPUs (and, with the same API, on the CPU).
+ * A minimal eager training loop reads:
+ *
+ *     sg_ctx *ctx;
+ *     sg_ctx_options o = sg_ctx_options_default();          // backend auto: CUDA if a GPU is there
+ *     if (sg_ctx_create(&o, &ctx) != SG_OK) { puts(sg_ctx_last_error(NULL)); return 1; }
+ *     sg_model *m;  sg_model_create(ctx, "mlp-512-6-32", 1234, &m);
+ *     sg_optim *opt; sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &opt);
+ *     for (int s = 0; s < steps; s++) {
+ *         sg_model_load_batch(m, s);                         // synthetic teacher data, on device
+ *         sg_model_forward(m); sg_model_backward(m); sg_optim_step(opt);
+ *     }
+ *     float loss; sg_model_loss_read(m, &loss);             // one host sync, after the steps
+ *
+ * Every function returns an sg_status; on failure sg_ctx_last_error(ctx) names the call, the
+ * object and what was expected, and the context stays usable. Library code never exits.
+ * Tensors are contiguous, row-major, up to 4-D; shapes are written (rows, cols) in comments.
+ */
+#ifndef STEPGRAPH_H
+#define STEPGRAPH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status ------------------------------------------------------------------------------ */
+
+typedef enum sg_status {
+    SG_OK = 0,
+    SG_ERR_INVALID,      /* a bad argument that is not one of the more specific kinds below */
+    SG_ERR_NULL,         /* a required pointer was NULL */
+    SG_ERR_SHAPE,        /* tensor shapes do not agree */
+    SG_ERR_DTYPE,        /* a dtype the call does not take */
+    SG_ERR_BACKEND,      /* tensors from another context or backend, or a backend not built */
+    SG_ERR_OOM,          /* an allocation failed (or the context's allocation limit was hit) */
+    SG_ERR_NO_DEVICE,    /* the CUDA backend was asked for and no usable GPU is there */
+    SG_ERR_CUDA,         /* a CUDA runtime call failed */
+    SG_ERR_CUBLAS,       /* a cuBLAS / cuBLASLt call failed */
+    SG_ERR_NOT_READY,    /* an asynchronous result is not there yet: poll again */
+    SG_ERR_CAPTURE,      /* a call that is forbidden while a graph is being captured */
+    SG_ERR_IO,           /* a file could not be read or written */
+    SG_ERR_UNSUPPORTED   /* valid, but not implemented for this backend or dtype */
+} sg_status;
+
+/* The status's name, e.g. "SG_ERR_SHAPE". */
+const char *sg_status_name(sg_status s);
+
+/* ---- context ----------------------------------------------------------------------------- */
+
+typedef enum sg_backend {
+    SG_BACKEND_AUTO = 0,  /* CUDA when a GPU is present and the library was built with CUDA */
+    SG_BACKEND_CPU,
+    SG_BACKEND_CUDA
+} sg_backend;
+
+typedef struct sg_ctx sg_ctx;
+
+typedef struct sg_ctx_options {
+    sg_backend backend;
+    int device;                 /* CUDA device ordinal */
+    size_t workspace_bytes;     /* cuBLASLt workspace, fixed for the context's life */
+    size_t alloc_limit_bytes;   /* 0: none. Reserving past it fails with SG_ERR_OOM (tests) */
+} sg_ctx_options;
+
+sg_ctx_options sg_ctx_options_default(void);
+
+/* Creates a context: one non-blocking stream, one cuBLASLt handle bound to one workspace.
+ * On failure *out is NULL and sg_ctx_last_error(NULL) says why. */
+sg_status sg_ctx_create(const sg_ctx_options *opts, sg_ctx **out);
+void sg_ctx_destroy(sg_ctx *ctx);
+
+/* The last error message of ctx; with ctx NULL, this thread's last sg_ctx_create error. */
+const char *sg_ctx_last_error(const sg_ctx *ctx);
+sg_backend sg_ctx_backend(const sg_ctx *ctx);
+const char *sg_backend_name(sg_backend b);
+/* A short description: "NVIDIA H100 80GB HBM3 (sm_90)" or "CPU (reference backend)". */
+const char *sg_ctx_device_name(const sg_ctx *ctx);
+/* True when the library was built with CUDA and a GPU can be used. */
+int sg_cuda_available(void);
+
+/* Waits for all work queued on the context's stream. */
+sg_status sg_ctx_sync(sg_ctx *ctx);
+/* Kernels (and library matmuls) launched on the context so far: the runtime's own count. */
+uint64_t sg_ctx_launch_count(const sg_ctx *ctx);
+
+/* ---- memory: caching allocator and pools ------------------------------------------------- */
+
+typedef struct sg_pool sg_pool;
+
+typedef struct sg_alloc_stats {
+    size_t bytes_in_use;        /* held by live tensors (rounded to size classes) */
+    size_t bytes_reserved;      /* obtained from the device (cudaMalloc) or host */
+    size_t peak_bytes_in_use;
+    size_t peak_bytes_reserved;
+    uint64_t device_allocs;     /* cudaMalloc (host: aligned_alloc) calls made */
+    uint64_t device_frees;
+    uint64_t cache_hits;        /* allocations served from the cache */
+    uint64_t live_blocks;
+} sg_alloc_stats;
+
+/* A pool is an arena of its own: blocks freed into it are reused only by it. */
+sg_status sg_pool_create(sg_ctx *ctx, const char *name, sg_pool **out);
+/* Fails with SG_ERR_INVALID (and destroys nothing) while tensors of the pool are alive. */
+sg_status sg_pool_destroy(sg_pool *pool);
+/* New tensors of ctx come from pool (NULL: the context's default pool). */
+sg_status sg_ctx_set_pool(sg_ctx *ctx, sg_pool *pool);
+/* Statistics of one pool (NULL: the default pool). */
+sg_status sg_pool_stats(const sg_ctx *ctx, const sg_pool *pool, sg_alloc_stats *out);
+/* Statistics summed over all pools of the context. */
+sg_status sg_ctx_alloc_stats(const sg_ctx *ctx, sg_alloc_stats *out);
+/* Returns cached (free) blocks of every pool to the device. */
+sg_status sg_ctx_empty_cache(sg_ctx *ctx);
+/* Prints a human-readable summary of every pool. */
+void sg_ctx_print_memory(const sg_ctx *ctx, FILE *f);
+
+/* ---- tensors ----------------------------------------------------------------------------- */
+
+typedef enum sg_dtype {
+    SG_DTYPE_F32 = 0,
+    SG_DTYPE_BF16,
+    SG_DTYPE_F64,  /* CPU backend only: float64 gradient checks */
+    SG_DTYPE_I32   /* class targets, segment tables */
+} sg_dtype;
+
+#define SG_MAX_DIMS 4
+
+typedef struct sg_tensor sg_tensor;
+
+size_t sg_dtype_size(sg_dtype dt);
+const char *sg_dtype_name(sg_dtype dt);
+
+/* A new contiguous tensor from the context's current pool. Contents are undefined. */
+sg_status sg_tensor_create(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape,
+                           const char *name, sg_tensor **out);
+/* A tensor that points into base's storage at elem_offset elements of base's dtype; it owns
+ * nothing and must not outlive base. Used to lay all parameters in one allocation. */
+sg_status sg_tensor_view(sg_tensor *base, int64_t elem_offset, int ndim, const int64_t *shape,
+                         const char *name, sg_tensor **out);
+/* Frees the tensor; its block returns to its pool's cache, stream-ordered (no sync). */
+void sg_tensor_destroy(sg_tensor *t);
+
+sg_dtype sg_tensor_dtype(const sg_tensor *t);
+int sg_tensor_ndim(const sg_tensor *t);
+int64_t sg_tensor_dim(const sg_tensor *t, int i);
+int64_t sg_tensor_numel(const sg_tensor *t);
+size_t sg_tensor_nbytes(const sg_tensor *t);
+const char *sg_tensor_name(const sg_tensor *t);
+/* Device (or host, on the CPU backend) address of the first element. */
+void *sg_tensor_data(const sg_tensor *t);
+
+/* Copies nbytes (must equal sg_tensor_nbytes) from host memory, queued on the context's stream.
+ * The host buffer may be reused as soon as the call returns. */
+sg_status sg_tensor_copy_from_host(sg_tensor *t, const void *src, size_t nbytes);
+/* Copies the tensor to host memory and waits for it (a host sync). */
+sg_status sg_tensor_copy_to_host(const sg_tensor *t, void *dst, size_t nbytes);
+/* Device-to-device copy of equal-sized tensors, queued on the stream. */
+sg_status sg_tensor_copy(sg_tensor *dst, const sg_tensor *src);
+/* Sets every element to value (converted to the dtype), queued on the stream. */
+sg_status sg_tensor_fill(sg_tensor *t, double value);
+/* Converts between f32 and bf16 (or equal dtypes) element by element. */
+sg_status sg_tensor_convert(sg_tensor *dst, const sg_tensor *src);
+
+/* Asynchronous read-back of a small tensor (a loss): start after queuing a step, poll later. */
+typedef struct sg_readback sg_readback;
+sg_status sg_readback_create(sg_ctx *ctx, size_t max_bytes, sg_readback **out);
+void sg_readback_destroy(sg_readback *rb);
+/* Queues a copy of t into pinned host memory and records an event; no host sync. */
+sg_status sg_readback_start(sg_readback *rb, const sg_tensor *t);
+/* SG_OK and copies the bytes into dst once the copy is done; SG_ERR_NOT_READY before. */
+sg_status sg_readback_poll(sg_readback *rb, void *dst, size_t nbytes);
+/* Waits for the copy, then copies the bytes into dst. */
+sg_status sg_readback_wait(sg_readback *rb, void *dst, size_t nbytes);
+
+/* ---- ops: forward and backward, CPU reference and CUDA kernels -------------------------- */
+
+typedef enum sg_activation {
+    SG_ACT_NONE = 0,
+    SG_ACT_RELU,
+    SG_ACT_GELU      /* tanh approximation, as GPT-2 */
+} sg_activation;
+
+/* y(M,N) = act(x(M,K) @ w(N,K)^T + b(N)). b may be NULL. w is stored (out, in) as PyTorch's.
+ * pre(M,N): the pre-activation, written when act is GELU (needed by the backward), else NULL. */
+sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                            const sg_tensor *b, sg_activation act, sg_tensor *y, sg_tensor *pre);
+/* Given dy(M,N): dx(M,K) (may be NULL: not needed), dw(N,K), db(N) (may be NULL).
+ * act: the forward's activation; with RELU, act_in is the forward output y; with GELU, the
+ * forward's pre. dy is overwritten with d(pre) when act is not NONE (it is scratch). */
+sg_status sg_linear_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                             sg_tensor *dy, sg_activation act, const sg_tensor *act_in,
+                             sg_tensor *dx, sg_tensor *dw, sg_tensor *db);
+
+/* Elementwise: y = relu(x); dx = dy * (x > 0). x and y may alias in the forward. */
+sg_status sg_relu_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y);
+sg_status sg_relu_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *dy, sg_tensor *dx);
+/* Elementwise GELU (tanh approximation) and its derivative. */
+sg_status sg_gelu_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y);
+sg_status sg_gelu_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *dy, sg_tensor *dx);
+/* Residual add: y = a + b (same shapes). Its backward is the identity on both inputs. */
+sg_status sg_add_forward(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b, sg_tensor *y);
+
+/* Fused softmax + cross-entropy over the last dim of logits(M,C) with int32 targets (M).
+ * loss(1) = mean over rows whose target is >= 0 (a negative target masks the row out).
+ * dlogits(M,C) = (softmax - onehot) * grad_scale / count, written in the same pass (may be
+ * NULL: forward only). No probabilities are stored. Reductions are deterministic. */
+sg_status sg_softmax_xent(sg_ctx *ctx, const sg_tensor *logits, const sg_tensor *targets,
+                          float grad_scale, sg_tensor *loss, sg_tensor *dlogits);
+/* Mean squared error: loss(1) = mean((x - t)^2); dx = 2 (x - t) * grad_scale / numel. */
+sg_status sg_mse(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *target, float grad_scale,
+                 sg_tensor *loss, sg_tensor *dx);
+
+/* Optimizer hyperparameters, as they live in device memory (read by the kernels). */
+typedef struct sg_optim_hparams {
+    float lr, beta1, beta2, eps, weight_decay;  /* AdamW */
+    float momentum, dampening;                   /* SGD (lr and weight_decay shared) */
+    float step;                                  /* steps taken; the kernel increments it */
+} sg_optim_hparams;
+
+/* AdamW over a flat buffer of P elements cut into n_seg parameter tensors: seg_start
+ * (n_seg+1, I32) holds each tensor's first element and P last; weight decay applies where
+ * seg_decay (n_seg, I32) is nonzero. hp (8 F32): sg_optim_hparams in device memory, read by
+ * the kernel; hp.step is incremented by one in the same launch. param/grad/m/v: F32 (P). */
+sg_status sg_adamw_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *m,
+                        sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
+                        const sg_tensor *seg_decay, int n_seg);
+/* SGD with momentum over the same layout: buf = momentum*buf + (1-dampening)*g (g includes
+ * weight decay); param -= lr * buf. On the first step buf = g, as PyTorch. */
+sg_status sg_sgd_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *buf,
+                      sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
+                      int n_seg);
+
+/* ---- models, training -------------------------------------------------------------------- */
+
+typedef struct sg_model sg_model;
+typedef struct sg_optim sg_optim;
+
+typedef enum sg_optim_kind { SG_OPTIM_ADAMW = 0, SG_OPTIM_SGD } sg_optim_kind;
+
+/* Builds a model from its canonical name, e.g. "mlp-512-6-32" (kind-width-depth-batch):
+ * parameters in one allocation, initialised from seed; activations and gradients allocated
+ * now, so steps allocate nothing. Fails with SG_ERR_INVALID on an unknown name. */
+sg_status sg_model_create(sg_ctx *ctx, const char *name, uint64_t seed, sg_model **out);
+void sg_model_destroy(sg_model *m);
+const char *sg_model_name(const sg_model *m);
+int64_t sg_model_param_count(const sg_model *m);
+/* Puts batch number `index` of the model's synthetic data set in the model's input tensors. */
+sg_status sg_model_load_batch(sg_model *m, int64_t index);
+/* Forward pass and loss (into a device scalar); backward pass into the gradient buffer. */
+sg_status sg_model_forward(sg_model *m);
+sg_status sg_model_backward(sg_model *m);
+/* The loss tensor (1 element, device) and a blocking read of it. */
+const sg_tensor *sg_model_loss(const sg_model *m);
+sg_status sg_model_loss_read(sg_model *m, float *out);
+/* The flat parameter and gradient buffers (all parameters, in layout order). */
+sg_tensor *sg_model_params(sg_model *m);
+sg_tensor *sg_model_grads(sg_model *m);
+
+sg_status sg_optim_create(sg_ctx *ctx, sg_model *m, sg_optim_kind kind, sg_optim **out);
+void sg_optim_destroy(sg_optim *o);
+/* Setters write the device copy with a stream-ordered kernel: no host sync, capture-safe. */
+sg_status sg_optim_set_lr(sg_optim *o, float lr);
+sg_status sg_optim_set_hparams(sg_optim *o, const sg_optim_hparams *hp);
+/* Reads the device hyperparameters back (a host sync). */
+sg_status sg_optim_get_hparams(sg_optim *o, sg_optim_hparams *out);
+/* One optimizer step over all parameters: one kernel launch. */
+sg_status sg_optim_step(sg_optim *o);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STEPGRAPH_H */

@@ -1,0 +1,2 @@
+#include "stepgraph.h"
+int main(void){return 0;}

@@ -1,0 +1,221 @@
+/* core.h: internal declarations of the core layer (context, status, allocator, tensors).
+ * Included by every layer above and by .cu files (it is C and C++ compatible). The public
+ * types are opaque in stepgraph.h; their fields are here. */
+#ifndef SG_CORE_H
+#define SG_CORE_H
+
+#include "stepgraph.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ---- */
+
+/* Internal invariant (a bug in stepgraph, never a user error): prints and aborts. */
+#define SG_ASSERT(cond)                                                                       \
+    do {                                                                                      \
+        if (!(cond)) sg_assert_fail(#cond, __FILE__, __LINE__);                               \
+    } while (0)
+void sg_assert_fail(const char *cond, const char *file, int line);
+
+/* Records a formatted message on ctx (or the thread's create error when ctx is NULL) and
+ * returns st, so that callers write `return sg_fail(ctx, SG_ERR_SHAPE, "...", ...)`. */
+sg_status sg_fail(const sg_ctx *ctx, sg_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+sg_status sg_vfail(const sg_ctx *ctx, sg_status st, const char *fmt, va_list ap);
+
+/* Propagates a non-OK status. */
+#define SG_TRY(expr)                                                                          \
+    do {                                                                                      \
+        sg_status sg_try_st_ = (expr);                                                        \
+        if (sg_try_st_ != SG_OK) return sg_try_st_;                                           \
+    } while (0)
+
+/* ---- device interface: one table per backend (CPU, CUDA), filled slot by slot ---- */
+
+typedef struct sg_device_i {
+    const char *name;
+    sg_status (*init)(sg_ctx *ctx);               /* stream, handles, workspace */
+    void (*shutdown)(sg_ctx *ctx);
+    sg_status (*malloc)(sg_ctx *ctx, size_t bytes, void **out);
+    void (*free)(sg_ctx *ctx, void *p);
+    sg_status (*copy_h2d)(sg_ctx *ctx, void *dst, const void *src, size_t n);  /* async */
+    sg_status (*copy_d2h)(sg_ctx *ctx, void *dst, const void *src, size_t n);  /* waits */
+    sg_status (*copy_d2h_async)(sg_ctx *ctx, void *dst, const void *src, size_t n); /* pinned dst */
+    sg_status (*copy_d2d)(sg_ctx *ctx, void *dst, const void *src, size_t n);  /* async */
+    sg_status (*sync)(sg_ctx *ctx);
+    /* Pinned host memory and events, for asynchronous read-back. */
+    sg_status (*host_alloc)(sg_ctx *ctx, size_t bytes, void **out);
+    void (*host_free)(sg_ctx *ctx, void *p);
+    sg_status (*event_create)(sg_ctx *ctx, void **ev);
+    void (*event_destroy)(sg_ctx *ctx, void *ev);
+    sg_status (*event_record)(sg_ctx *ctx, void *ev);
+    sg_status (*event_query)(sg_ctx *ctx, void *ev);   /* SG_OK done, SG_ERR_NOT_READY */
+    sg_status (*event_sync)(sg_ctx *ctx, void *ev);
+} sg_device_i;
+
+extern const sg_device_i sg_device_cpu;
+#ifdef SG_HAVE_CUDA
+extern const sg_device_i sg_device_cuda;
+#endif
+
+/* ---- allocator ---- */
+
+#define SG_ALLOC_CLASSES 512
+
+typedef struct sg_block {
+    void *ptr;
+    size_t size;             /* the size class's bytes */
+    int cls;
+    bool in_use;
+    struct sg_block *next_free;
+    struct sg_block *next_all;
+} sg_block;
+
+struct sg_pool {
+    sg_ctx *ctx;
+    char name[48];
+    sg_block *free_list[SG_ALLOC_CLASSES];
+    sg_block *all;
+    sg_alloc_stats st;
+    struct sg_pool *next;
+};
+
+/* Takes a block of at least `bytes` from pool (from its cache if it can). */
+sg_status sg_pool_alloc(sg_pool *pool, size_t bytes, sg_block **out);
+/* Returns the block to its pool's cache. Stream-ordered: with one stream per context, work
+ * queued later that reuses the block runs after all work queued before the free. */
+void sg_pool_free(sg_pool *pool, sg_block *b);
+/* Size class of a request, and that class's size in bytes. */
+int sg_alloc_class(size_t bytes);
+size_t sg_alloc_class_size(int cls);
+
+/* ---- context ---- */
+
+struct sg_ctx {
+    sg_backend backend;
+    const sg_device_i *dev;
+    sg_ctx_options opts;
+    char device_name[320];
+    char msg[1024];          /* last error */
+    uint64_t launches;       /* kernels and library matmuls queued */
+    sg_pool *default_pool;
+    sg_pool *cur_pool;
+    sg_pool *pools;          /* every pool, the default first */
+    size_t reserved_total;   /* across pools, checked against opts.alloc_limit_bytes */
+    void *cuda;              /* struct sg_cuda_state *, CUDA backend only */
+};
+
+static inline void sg_ctx_count_launches(sg_ctx *ctx, int n) { ctx->launches += (uint64_t)n; }
+
+/* CUDA state, visible to .cu launchers through these getters (NULL on the CPU backend). */
+void *sg_ctx_stream(const sg_ctx *ctx);            /* cudaStream_t */
+void *sg_ctx_cublaslt(const sg_ctx *ctx);          /* cublasLtHandle_t */
+void *sg_ctx_workspace(const sg_ctx *ctx, size_t *bytes);
+int sg_ctx_sm_count(const sg_ctx *ctx);
+
+/* Turns a CUDA runtime error code (an int, so C code need not include CUDA headers) into a
+ * status with a message naming the call, file and line. */
+sg_status sg_cuda_status(const sg_ctx *ctx, int err, const char *call, const char *file, int line);
+sg_status sg_cublas_status(const sg_ctx *ctx, int err, const char *call, const char *file,
+                           int line);
+#define SG_CUDA_CHECK(ctx, call)                                                              \
+    do {                                                                                      \
+        int sg_e_ = (int)(call);                                                              \
+        if (sg_e_ != 0) return sg_cuda_status((ctx), sg_e_, #call, __FILE__, __LINE__);       \
+    } while (0)
+#define SG_CUBLAS_CHECK(ctx, call)                                                            \
+    do {                                                                                      \
+        int sg_e_ = (int)(call);                                                              \
+        if (sg_e_ != 0) return sg_cublas_status((ctx), sg_e_, #call, __FILE__, __LINE__);     \
+    } while (0)
+/* After a kernel launch: the launch error, if any. */
+#define SG_CUDA_CHECK_LAUNCH(ctx, what) SG_CUDA_CHECK(ctx, sg_cuda_last_error())
+int sg_cuda_last_error(void);
+
+/* Runs a CUDA dispatch expression in CUDA builds; a clear error in CPU-only builds, so op
+ * entry points need no #ifdef of their own. */
+#ifdef SG_HAVE_CUDA
+#define SG_CUDA_DISPATCH(ctx, expr) (expr)
+#else
+#define SG_CUDA_DISPATCH(ctx, expr)                                                           \
+    sg_fail((ctx), SG_ERR_BACKEND, "%s: this build of stepgraph has no CUDA backend",       \
+            __func__)
+#endif
+
+/* ---- tensors ---- */
+
+struct sg_tensor {
+    sg_ctx *ctx;
+    sg_dtype dtype;
+    int ndim;
+    int64_t shape[SG_MAX_DIMS];
+    int64_t numel;
+    void *data;
+    sg_pool *pool;           /* NULL for views */
+    sg_block *block;         /* NULL for views */
+    const sg_tensor *base;   /* views: the tensor they point into */
+    char name[64];
+};
+
+/* Element access for CPU reference code: every dtype read as double, written from double. */
+double sg_bf16_to_double(uint16_t h);
+uint16_t sg_double_to_bf16(double v);  /* round to nearest even */
+
+static inline double sg_ld(const sg_tensor *t, int64_t i)
+{
+    switch (t->dtype) {
+    case SG_DTYPE_F32: return ((const float *)t->data)[i];
+    case SG_DTYPE_F64: return ((const double *)t->data)[i];
+    case SG_DTYPE_BF16: return sg_bf16_to_double(((const uint16_t *)t->data)[i]);
+    case SG_DTYPE_I32: return ((const int32_t *)t->data)[i];
+    }
+    return 0.0;
+}
+
+static inline void sg_st(sg_tensor *t, int64_t i, double v)
+{
+    switch (t->dtype) {
+    case SG_DTYPE_F32: ((float *)t->data)[i] = (float)v; break;
+    case SG_DTYPE_F64: ((double *)t->data)[i] = v; break;
+    case SG_DTYPE_BF16: ((uint16_t *)t->data)[i] = sg_double_to_bf16(v); break;
+    case SG_DTYPE_I32: ((int32_t *)t->data)[i] = (int32_t)v; break;
+    }
+}
+
+/* Argument checks for op entry points; each fails with a message naming fn and the tensor. */
+sg_status sg_check_tensor(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t);
+sg_status sg_check_dtype(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
+                         sg_dtype want);
+/* Float dtypes the backend computes in: F32 (both), F64 (CPU), BF16 where supported. */
+sg_status sg_check_float(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t);
+sg_status sg_check_same_shape(const sg_ctx *ctx, const char *fn, const char *wa,
+                              const sg_tensor *a, const char *wb, const sg_tensor *b);
+sg_status sg_check_shape2(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
+                          int64_t rows, int64_t cols);
+/* "(32, 512) f32" into buf. */
+const char *sg_shape_str(const sg_tensor *t, char *buf, size_t n);
+
+/* Writes nbytes (<= 64) from host memory into t's storage at byte offset off, as a
+ * stream-ordered device write (a kernel on CUDA): no host sync, safe inside capture. */
+sg_status sg_tensor_write_small(sg_tensor *t, size_t off, const void *src, size_t nbytes);
+
+#ifdef SG_HAVE_CUDA
+/* core/tensor_cuda.cu launchers. */
+sg_status sg_fill_cuda(sg_ctx *ctx, sg_tensor *t, double value);
+sg_status sg_convert_cuda(sg_ctx *ctx, sg_tensor *dst, const sg_tensor *src);
+sg_status sg_write_small_cuda(sg_ctx *ctx, void *dst, const void *src, size_t nbytes);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SG_CORE_H */

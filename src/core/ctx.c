@@ -1,0 +1,105 @@
+/* ctx.c: the context. Picks a backend (CUDA when a GPU is usable, else the CPU reference),
+ * owns the default pool, the error message and the launch counter. Backend specifics sit
+ * behind the sg_device_i table (device_cpu.c, device_cuda.c). */
+#include "core/core.h"
+
+#include <stdlib.h>
+
+void sg_pool_release_all(sg_pool *pool);
+
+sg_ctx_options sg_ctx_options_default(void)
+{
+    sg_ctx_options o;
+    memset(&o, 0, sizeof o);
+    o.backend = SG_BACKEND_AUTO;
+    o.device = 0;
+    o.workspace_bytes = (size_t)32 << 20; /* cuBLASLt: 32 MiB covers Hopper's kernels */
+    return o;
+}
+
+const char *sg_backend_name(sg_backend b)
+{
+    switch (b) {
+    case SG_BACKEND_AUTO: return "auto";
+    case SG_BACKEND_CPU: return "cpu";
+    case SG_BACKEND_CUDA: return "cuda";
+    }
+    return "?";
+}
+
+#ifdef SG_HAVE_CUDA
+int sg_cuda_device_count(void); /* device_cuda.c */
+#endif
+
+int sg_cuda_available(void)
+{
+#ifdef SG_HAVE_CUDA
+    return sg_cuda_device_count() > 0;
+#else
+    return 0;
+#endif
+}
+
+sg_status sg_ctx_create(const sg_ctx_options *opts, sg_ctx **out)
+{
+    if (!out) return sg_fail(NULL, SG_ERR_NULL, "sg_ctx_create: out is NULL");
+    *out = NULL;
+    sg_ctx_options o = opts ? *opts : sg_ctx_options_default();
+    sg_backend b = o.backend;
+    if (b == SG_BACKEND_AUTO) b = sg_cuda_available() ? SG_BACKEND_CUDA : SG_BACKEND_CPU;
+    if (b != SG_BACKEND_CPU && b != SG_BACKEND_CUDA)
+        return sg_fail(NULL, SG_ERR_INVALID, "sg_ctx_create: unknown backend %d", (int)o.backend);
+#ifndef SG_HAVE_CUDA
+    if (b == SG_BACKEND_CUDA)
+        return sg_fail(NULL, SG_ERR_NO_DEVICE,
+                       "sg_ctx_create: the CUDA backend was asked for, but this build has no "
+                       "CUDA (nvcc was not found when it was configured)");
+#endif
+    sg_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return sg_fail(NULL, SG_ERR_OOM, "sg_ctx_create: out of host memory");
+    ctx->backend = b;
+    ctx->opts = o;
+#ifdef SG_HAVE_CUDA
+    ctx->dev = b == SG_BACKEND_CUDA ? &sg_device_cuda : &sg_device_cpu;
+#else
+    ctx->dev = &sg_device_cpu;
+#endif
+    sg_status st = ctx->dev->init(ctx);
+    if (st != SG_OK) {
+        sg_fail(NULL, st, "%s", ctx->msg);
+        free(ctx);
+        return st;
+    }
+    st = sg_pool_create(ctx, "default", &ctx->default_pool);
+    if (st != SG_OK) {
+        ctx->dev->shutdown(ctx);
+        sg_fail(NULL, st, "%s", ctx->msg);
+        free(ctx);
+        return st;
+    }
+    ctx->cur_pool = ctx->default_pool;
+    *out = ctx;
+    return SG_OK;
+}
+
+void sg_ctx_destroy(sg_ctx *ctx)
+{
+    if (!ctx) return;
+    ctx->dev->sync(ctx);
+    for (sg_pool *p = ctx->pools, *n; p; p = n) {
+        n = p->next;
+        sg_pool_release_all(p);
+    }
+    ctx->dev->shutdown(ctx);
+    free(ctx);
+}
+
+sg_backend sg_ctx_backend(const sg_ctx *ctx) { return ctx ? ctx->backend : SG_BACKEND_AUTO; }
+const char *sg_ctx_device_name(const sg_ctx *ctx) { return ctx ? ctx->device_name : ""; }
+uint64_t sg_ctx_launch_count(const sg_ctx *ctx) { return ctx ? ctx->launches : 0; }
+
+sg_status sg_ctx_sync(sg_ctx *ctx)
+{
+    if (!ctx) return SG_ERR_NULL;
+    return ctx->dev->sync(ctx);
+}

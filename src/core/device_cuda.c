@@ -1,0 +1,233 @@
+/* device_cuda.c: the CUDA backend's device table: one non-blocking stream per context, a
+ * cuBLASLt handle with one fixed workspace, cudaMalloc'd blocks, pinned read-back buffers
+ * and events. Compiled only when the build has CUDA. */
+#include "core/core.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stdlib.h>
+
+typedef struct sg_cuda_state {
+    int device;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *workspace;
+    size_t workspace_bytes;
+    int sm_count;
+} sg_cuda_state;
+
+static sg_cuda_state *state(const sg_ctx *ctx) { return (sg_cuda_state *)ctx->cuda; }
+
+int sg_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky "no device" error */
+        return 0;
+    }
+    return n;
+}
+
+int sg_cuda_last_error(void) { return (int)cudaGetLastError(); }
+
+sg_status sg_cuda_status(const sg_ctx *ctx, int err, const char *call, const char *file, int line)
+{
+    return sg_fail(ctx, SG_ERR_CUDA, "%s failed: %s (%s) at %s:%d", call,
+                   cudaGetErrorName((cudaError_t)err), cudaGetErrorString((cudaError_t)err), file,
+                   line);
+}
+
+sg_status sg_cublas_status(const sg_ctx *ctx, int err, const char *call, const char *file, int line)
+{
+    return sg_fail(ctx, SG_ERR_CUBLAS, "%s failed: cuBLAS status %d at %s:%d", call, err, file,
+                   line);
+}
+
+void *sg_ctx_stream(const sg_ctx *ctx) { return ctx->cuda ? (void *)state(ctx)->stream : NULL; }
+void *sg_ctx_cublaslt(const sg_ctx *ctx) { return ctx->cuda ? (void *)state(ctx)->lt : NULL; }
+int sg_ctx_sm_count(const sg_ctx *ctx) { return ctx->cuda ? state(ctx)->sm_count : 0; }
+
+void *sg_ctx_workspace(const sg_ctx *ctx, size_t *bytes)
+{
+    if (!ctx->cuda) {
+        if (bytes) *bytes = 0;
+        return NULL;
+    }
+    if (bytes) *bytes = state(ctx)->workspace_bytes;
+    return state(ctx)->workspace;
+}
+
+static void cuda_shutdown(sg_ctx *ctx)
+{
+    sg_cuda_state *s = state(ctx);
+    if (!s) return;
+    /* Teardown: errors here cannot be acted on; each call is still made and checked. */
+    if (s->stream && cudaStreamSynchronize(s->stream) != cudaSuccess) cudaGetLastError();
+    if (s->workspace && cudaFree(s->workspace) != cudaSuccess) cudaGetLastError();
+    if (s->lt) cublasLtDestroy(s->lt);
+    if (s->stream && cudaStreamDestroy(s->stream) != cudaSuccess) cudaGetLastError();
+    free(s);
+    ctx->cuda = NULL;
+}
+
+static sg_status cuda_init(sg_ctx *ctx)
+{
+    int n = sg_cuda_device_count();
+    if (n <= 0)
+        return sg_fail(ctx, SG_ERR_NO_DEVICE,
+                       "sg_ctx_create: the CUDA backend was asked for, but no CUDA device is "
+                       "visible (cudaGetDeviceCount found none)");
+    if (ctx->opts.device < 0 || ctx->opts.device >= n)
+        return sg_fail(ctx, SG_ERR_NO_DEVICE, "sg_ctx_create: device %d asked for, %d visible",
+                       ctx->opts.device, n);
+    sg_cuda_state *s = calloc(1, sizeof *s);
+    if (!s) return sg_fail(ctx, SG_ERR_OOM, "sg_ctx_create: out of host memory");
+    ctx->cuda = s;
+    s->device = ctx->opts.device;
+    sg_status st = SG_OK;
+#define INIT_CHECK(call)                                                                      \
+    do {                                                                                      \
+        int e_ = (int)(call);                                                                 \
+        if (e_ != 0) {                                                                        \
+            st = sg_cuda_status(ctx, e_, #call, __FILE__, __LINE__);                          \
+            goto fail;                                                                        \
+        }                                                                                     \
+    } while (0)
+    INIT_CHECK(cudaSetDevice(s->device));
+    struct cudaDeviceProp prop;
+    INIT_CHECK(cudaGetDeviceProperties(&prop, s->device));
+    s->sm_count = prop.multiProcessorCount;
+    snprintf(ctx->device_name, sizeof ctx->device_name, "%s (sm_%d%d, %d SMs)", prop.name,
+             prop.major, prop.minor, prop.multiProcessorCount);
+    INIT_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    s->workspace_bytes = ctx->opts.workspace_bytes;
+    if (s->workspace_bytes) INIT_CHECK(cudaMalloc(&s->workspace, s->workspace_bytes));
+    {
+        cublasStatus_t cs = cublasLtCreate(&s->lt);
+        if (cs != CUBLAS_STATUS_SUCCESS) {
+            st = sg_cublas_status(ctx, (int)cs, "cublasLtCreate(&lt)", __FILE__, __LINE__);
+            goto fail;
+        }
+    }
+#undef INIT_CHECK
+    return SG_OK;
+fail:
+    cuda_shutdown(ctx);
+    return st;
+}
+
+static sg_status cuda_malloc(sg_ctx *ctx, size_t bytes, void **out)
+{
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *out = NULL;
+        return sg_fail(ctx, SG_ERR_OOM, "sg_tensor_create: cudaMalloc(%zu bytes) failed: %s", bytes,
+                       cudaGetErrorString(e));
+    }
+    return SG_OK;
+}
+
+static void cuda_free(sg_ctx *ctx, void *p)
+{
+    (void)ctx;
+    if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+}
+
+static sg_status cuda_copy_h2d(sg_ctx *ctx, void *dst, const void *src, size_t n)
+{
+    SG_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, state(ctx)->stream));
+    return SG_OK;
+}
+
+static sg_status cuda_copy_d2h(sg_ctx *ctx, void *dst, const void *src, size_t n)
+{
+    SG_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, state(ctx)->stream));
+    SG_CUDA_CHECK(ctx, cudaStreamSynchronize(state(ctx)->stream));
+    return SG_OK;
+}
+
+static sg_status cuda_copy_d2h_async(sg_ctx *ctx, void *dst, const void *src, size_t n)
+{
+    SG_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, state(ctx)->stream));
+    return SG_OK;
+}
+
+static sg_status cuda_copy_d2d(sg_ctx *ctx, void *dst, const void *src, size_t n)
+{
+    SG_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, state(ctx)->stream));
+    return SG_OK;
+}
+
+static sg_status cuda_sync(sg_ctx *ctx)
+{
+    SG_CUDA_CHECK(ctx, cudaStreamSynchronize(state(ctx)->stream));
+    return SG_OK;
+}
+
+static sg_status cuda_host_alloc(sg_ctx *ctx, size_t bytes, void **out)
+{
+    SG_CUDA_CHECK(ctx, cudaMallocHost(out, bytes));
+    return SG_OK;
+}
+
+static void cuda_host_free(sg_ctx *ctx, void *p)
+{
+    (void)ctx;
+    if (cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
+}
+
+static sg_status cuda_event_create(sg_ctx *ctx, void **ev)
+{
+    SG_CUDA_CHECK(ctx, cudaEventCreateWithFlags((cudaEvent_t *)ev, cudaEventDisableTiming));
+    return SG_OK;
+}
+
+static void cuda_event_destroy(sg_ctx *ctx, void *ev)
+{
+    (void)ctx;
+    if (ev && cudaEventDestroy((cudaEvent_t)ev) != cudaSuccess) cudaGetLastError();
+}
+
+static sg_status cuda_event_record(sg_ctx *ctx, void *ev)
+{
+    SG_CUDA_CHECK(ctx, cudaEventRecord((cudaEvent_t)ev, state(ctx)->stream));
+    return SG_OK;
+}
+
+static sg_status cuda_event_query(sg_ctx *ctx, void *ev)
+{
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    if (e == cudaErrorNotReady) {
+        cudaGetLastError();
+        return SG_ERR_NOT_READY;
+    }
+    SG_CUDA_CHECK(ctx, e);
+    return SG_OK;
+}
+
+static sg_status cuda_event_sync(sg_ctx *ctx, void *ev)
+{
+    SG_CUDA_CHECK(ctx, cudaEventSynchronize((cudaEvent_t)ev));
+    return SG_OK;
+}
+
+const sg_device_i sg_device_cuda = {
+    .name = "cuda",
+    .init = cuda_init,
+    .shutdown = cuda_shutdown,
+    .malloc = cuda_malloc,
+    .free = cuda_free,
+    .copy_h2d = cuda_copy_h2d,
+    .copy_d2h = cuda_copy_d2h,
+    .copy_d2h_async = cuda_copy_d2h_async,
+    .copy_d2d = cuda_copy_d2d,
+    .sync = cuda_sync,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_sync = cuda_event_sync,
+};

@@ -1,0 +1,292 @@
+/* tensor.c: contiguous tensors (up to 4-D) allocated from the context's current pool, views
+ * into another tensor's storage (how all parameters share one allocation), copies, fills,
+ * dtype conversion, and the argument checks that op entry points share. */
+#include "core/core.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+size_t sg_dtype_size(sg_dtype dt)
+{
+    switch (dt) {
+    case SG_DTYPE_F32: return 4;
+    case SG_DTYPE_BF16: return 2;
+    case SG_DTYPE_F64: return 8;
+    case SG_DTYPE_I32: return 4;
+    }
+    return 0;
+}
+
+const char *sg_dtype_name(sg_dtype dt)
+{
+    switch (dt) {
+    case SG_DTYPE_F32: return "f32";
+    case SG_DTYPE_BF16: return "bf16";
+    case SG_DTYPE_F64: return "f64";
+    case SG_DTYPE_I32: return "i32";
+    }
+    return "?";
+}
+
+double sg_bf16_to_double(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t sg_double_to_bf16(double v)
+{
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+/* Validates dtype and shape; fills t's shape fields. */
+static sg_status set_shape(sg_ctx *ctx, const char *fn, sg_tensor *t, sg_dtype dt, int ndim,
+                           const int64_t *shape)
+{
+    if (sg_dtype_size(dt) == 0) return sg_fail(ctx, SG_ERR_DTYPE, "%s: unknown dtype %d", fn, (int)dt);
+    if (dt == SG_DTYPE_F64 && ctx->backend != SG_BACKEND_CPU)
+        return sg_fail(ctx, SG_ERR_DTYPE, "%s: f64 tensors exist on the CPU backend only", fn);
+    if (ndim < 1 || ndim > SG_MAX_DIMS)
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: ndim %d, expected 1 to %d", fn, ndim, SG_MAX_DIMS);
+    if (!shape) return sg_fail(ctx, SG_ERR_NULL, "%s: shape is NULL", fn);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] <= 0)
+            return sg_fail(ctx, SG_ERR_SHAPE, "%s: dimension %d is %lld, expected > 0", fn, i,
+                           (long long)shape[i]);
+        if (n > INT64_MAX / shape[i]) return sg_fail(ctx, SG_ERR_SHAPE, "%s: shape overflows", fn);
+        n *= shape[i];
+        t->shape[i] = shape[i];
+    }
+    t->dtype = dt;
+    t->ndim = ndim;
+    t->numel = n;
+    return SG_OK;
+}
+
+sg_status sg_tensor_create(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape,
+                           const char *name, sg_tensor **out)
+{
+    if (!ctx) return SG_ERR_NULL;
+    if (!out) return sg_fail(ctx, SG_ERR_NULL, "sg_tensor_create: out is NULL");
+    *out = NULL;
+    sg_tensor *t = calloc(1, sizeof *t);
+    if (!t) return sg_fail(ctx, SG_ERR_OOM, "sg_tensor_create: out of host memory");
+    t->ctx = ctx;
+    snprintf(t->name, sizeof t->name, "%s", name ? name : "");
+    sg_status st = set_shape(ctx, "sg_tensor_create", t, dt, ndim, shape);
+    if (st == SG_OK) st = sg_pool_alloc(ctx->cur_pool, (size_t)t->numel * sg_dtype_size(dt), &t->block);
+    if (st != SG_OK) {
+        free(t);
+        return st;
+    }
+    t->pool = ctx->cur_pool;
+    t->data = t->block->ptr;
+    *out = t;
+    return SG_OK;
+}
+
+sg_status sg_tensor_view(sg_tensor *base, int64_t elem_offset, int ndim, const int64_t *shape,
+                         const char *name, sg_tensor **out)
+{
+    if (!base || !out) return SG_ERR_NULL;
+    sg_ctx *ctx = base->ctx;
+    *out = NULL;
+    sg_tensor *t = calloc(1, sizeof *t);
+    if (!t) return sg_fail(ctx, SG_ERR_OOM, "sg_tensor_view: out of host memory");
+    t->ctx = ctx;
+    snprintf(t->name, sizeof t->name, "%s", name ? name : "");
+    sg_status st = set_shape(ctx, "sg_tensor_view", t, base->dtype, ndim, shape);
+    if (st == SG_OK && (elem_offset < 0 || elem_offset + t->numel > base->numel))
+        st = sg_fail(ctx, SG_ERR_SHAPE,
+                     "sg_tensor_view: view '%s' of %lld elements at offset %lld runs past '%s' "
+                     "(%lld elements)",
+                     t->name, (long long)t->numel, (long long)elem_offset, base->name,
+                     (long long)base->numel);
+    if (st != SG_OK) {
+        free(t);
+        return st;
+    }
+    t->base = base;
+    t->data = (char *)base->data + (size_t)elem_offset * sg_dtype_size(base->dtype);
+    *out = t;
+    return SG_OK;
+}
+
+void sg_tensor_destroy(sg_tensor *t)
+{
+    if (!t) return;
+    if (t->block) sg_pool_free(t->pool, t->block);
+    free(t);
+}
+
+sg_dtype sg_tensor_dtype(const sg_tensor *t) { return t->dtype; }
+int sg_tensor_ndim(const sg_tensor *t) { return t->ndim; }
+int64_t sg_tensor_dim(const sg_tensor *t, int i)
+{
+    if (i < 0) i += t->ndim;
+    return (i >= 0 && i < t->ndim) ? t->shape[i] : 0;
+}
+int64_t sg_tensor_numel(const sg_tensor *t) { return t->numel; }
+size_t sg_tensor_nbytes(const sg_tensor *t) { return (size_t)t->numel * sg_dtype_size(t->dtype); }
+const char *sg_tensor_name(const sg_tensor *t) { return t->name; }
+void *sg_tensor_data(const sg_tensor *t) { return t->data; }
+
+const char *sg_shape_str(const sg_tensor *t, char *buf, size_t n)
+{
+    int k = snprintf(buf, n, "(");
+    for (int i = 0; i < t->ndim && k < (int)n; i++)
+        k += snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (k < (int)n) snprintf(buf + k, n - k, ") %s", sg_dtype_name(t->dtype));
+    return buf;
+}
+
+sg_status sg_check_tensor(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t)
+{
+    if (!t) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor '%s' is NULL", fn, what);
+    if (t->ctx != ctx)
+        return sg_fail(ctx, SG_ERR_BACKEND, "%s: tensor '%s' (%s) belongs to another context", fn,
+                       what, t->name);
+    return SG_OK;
+}
+
+sg_status sg_check_dtype(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
+                         sg_dtype want)
+{
+    SG_TRY(sg_check_tensor(ctx, fn, what, t));
+    if (t->dtype != want)
+        return sg_fail(ctx, SG_ERR_DTYPE, "%s: tensor '%s' is %s, expected %s", fn, what,
+                       sg_dtype_name(t->dtype), sg_dtype_name(want));
+    return SG_OK;
+}
+
+sg_status sg_check_float(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t)
+{
+    SG_TRY(sg_check_tensor(ctx, fn, what, t));
+    if (t->dtype == SG_DTYPE_F32 || (t->dtype == SG_DTYPE_F64 && ctx->backend == SG_BACKEND_CPU))
+        return SG_OK;
+    return sg_fail(ctx, SG_ERR_DTYPE, "%s: tensor '%s' is %s, expected f32%s", fn, what,
+                   sg_dtype_name(t->dtype), ctx->backend == SG_BACKEND_CPU ? " or f64" : "");
+}
+
+sg_status sg_check_same_shape(const sg_ctx *ctx, const char *fn, const char *wa,
+                              const sg_tensor *a, const char *wb, const sg_tensor *b)
+{
+    SG_TRY(sg_check_tensor(ctx, fn, wa, a));
+    SG_TRY(sg_check_tensor(ctx, fn, wb, b));
+    bool same = a->ndim == b->ndim && a->dtype == b->dtype;
+    for (int i = 0; same && i < a->ndim; i++) same = a->shape[i] == b->shape[i];
+    if (!same) {
+        char sa[96], sb[96];
+        return sg_fail(ctx, a->dtype == b->dtype ? SG_ERR_SHAPE : SG_ERR_DTYPE,
+                       "%s: '%s' is %s but '%s' is %s; expected the same shape and dtype", fn, wa,
+                       sg_shape_str(a, sa, sizeof sa), wb, sg_shape_str(b, sb, sizeof sb));
+    }
+    return SG_OK;
+}
+
+sg_status sg_check_shape2(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
+                          int64_t rows, int64_t cols)
+{
+    SG_TRY(sg_check_tensor(ctx, fn, what, t));
+    bool ok = (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols) ||
+              (t->ndim == 1 && rows == 1 && t->shape[0] == cols);
+    if (!ok) {
+        char s[96];
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' is %s, expected (%lld, %lld)", fn, what,
+                       sg_shape_str(t, s, sizeof s), (long long)rows, (long long)cols);
+    }
+    return SG_OK;
+}
+
+/* ---- copies, fill, convert ---- */
+
+static sg_status check_nbytes(const sg_tensor *t, const char *fn, size_t nbytes, const void *p)
+{
+    if (!p) return sg_fail(t->ctx, SG_ERR_NULL, "%s: host pointer is NULL", fn);
+    if (nbytes != sg_tensor_nbytes(t))
+        return sg_fail(t->ctx, SG_ERR_SHAPE, "%s: %zu bytes given, tensor '%s' holds %zu", fn,
+                       nbytes, t->name, sg_tensor_nbytes(t));
+    return SG_OK;
+}
+
+sg_status sg_tensor_copy_from_host(sg_tensor *t, const void *src, size_t nbytes)
+{
+    if (!t) return SG_ERR_NULL;
+    SG_TRY(check_nbytes(t, "sg_tensor_copy_from_host", nbytes, src));
+    return t->ctx->dev->copy_h2d(t->ctx, t->data, src, nbytes);
+}
+
+sg_status sg_tensor_copy_to_host(const sg_tensor *t, void *dst, size_t nbytes)
+{
+    if (!t) return SG_ERR_NULL;
+    SG_TRY(check_nbytes(t, "sg_tensor_copy_to_host", nbytes, dst));
+    return t->ctx->dev->copy_d2h(t->ctx, dst, t->data, nbytes);
+}
+
+sg_status sg_tensor_copy(sg_tensor *dst, const sg_tensor *src)
+{
+    if (!dst || !src) return SG_ERR_NULL;
+    sg_ctx *ctx = dst->ctx;
+    SG_TRY(sg_check_tensor(ctx, "sg_tensor_copy", "src", src));
+    if (sg_tensor_nbytes(dst) != sg_tensor_nbytes(src) || dst->dtype != src->dtype)
+        return sg_fail(ctx, SG_ERR_SHAPE,
+                       "sg_tensor_copy: '%s' (%zu bytes %s) and '%s' (%zu bytes %s) differ",
+                       dst->name, sg_tensor_nbytes(dst), sg_dtype_name(dst->dtype), src->name,
+                       sg_tensor_nbytes(src), sg_dtype_name(src->dtype));
+    return ctx->dev->copy_d2d(ctx, dst->data, src->data, sg_tensor_nbytes(src));
+}
+
+sg_status sg_tensor_fill(sg_tensor *t, double value)
+{
+    if (!t) return SG_ERR_NULL;
+    if (t->ctx->backend == SG_BACKEND_CPU) {
+        for (int64_t i = 0; i < t->numel; i++) sg_st(t, i, value);
+        return SG_OK;
+    }
+    return SG_CUDA_DISPATCH(t->ctx, sg_fill_cuda(t->ctx, t, value));
+}
+
+sg_status sg_tensor_convert(sg_tensor *dst, const sg_tensor *src)
+{
+    if (!dst || !src) return SG_ERR_NULL;
+    sg_ctx *ctx = dst->ctx;
+    SG_TRY(sg_check_tensor(ctx, "sg_tensor_convert", "src", src));
+    if (dst->numel != src->numel)
+        return sg_fail(ctx, SG_ERR_SHAPE, "sg_tensor_convert: '%s' has %lld elements, '%s' %lld",
+                       dst->name, (long long)dst->numel, src->name, (long long)src->numel);
+    if (dst->dtype == src->dtype) return sg_tensor_copy(dst, src);
+    if (ctx->backend == SG_BACKEND_CPU) {
+        for (int64_t i = 0; i < src->numel; i++) sg_st(dst, i, sg_ld(src, i));
+        return SG_OK;
+    }
+    bool ok = (dst->dtype == SG_DTYPE_F32 || dst->dtype == SG_DTYPE_BF16) &&
+              (src->dtype == SG_DTYPE_F32 || src->dtype == SG_DTYPE_BF16);
+    if (!ok)
+        return sg_fail(ctx, SG_ERR_DTYPE, "sg_tensor_convert: %s to %s is not supported on CUDA",
+                       sg_dtype_name(src->dtype), sg_dtype_name(dst->dtype));
+    return SG_CUDA_DISPATCH(ctx, sg_convert_cuda(ctx, dst, src));
+}
+
+sg_status sg_tensor_write_small(sg_tensor *t, size_t off, const void *src, size_t nbytes)
+{
+    if (!t || !src) return SG_ERR_NULL;
+    if (nbytes > 64 || off + nbytes > sg_tensor_nbytes(t))
+        return sg_fail(t->ctx, SG_ERR_INVALID,
+                       "sg_tensor_write_small: %zu bytes at offset %zu do not fit '%s' (%zu bytes, "
+                       "at most 64 a write)",
+                       nbytes, off, t->name, sg_tensor_nbytes(t));
+    char *dst = (char *)t->data + off;
+    if (t->ctx->backend == SG_BACKEND_CPU) {
+        memcpy(dst, src, nbytes);
+        return SG_OK;
+    }
+    return SG_CUDA_DISPATCH(t->ctx, sg_write_small_cuda(t->ctx, dst, src, nbytes));
+}

@@ -1,0 +1,287 @@
+/* testutil.h: what every test shares: a seeded RNG (seed printed, SG_TEST_SEED to replay),
+ * contexts that skip (exit 77) when no GPU is there, random fills, poisoning, the tolerance
+ * rule |got - ref| <= atol + rtol * |ref| by dtype, and float64 finite differences.
+ * Header-only: each test is one .c file that includes it. */
+#ifndef SG_TESTUTIL_H
+#define SG_TESTUTIL_H
+
+#include "core/core.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define TU_SKIP 77
+
+static int tu_failures;
+
+#define TU_CHECK(cond, ...)                                                                   \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            tu_failures++;                                                                    \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                   \
+            fprintf(stderr, __VA_ARGS__);                                                     \
+            fprintf(stderr, "\n");                                                            \
+        }                                                                                     \
+    } while (0)
+
+/* A call that must succeed; on failure prints the context's message and exits the test. */
+#define TU_OK(ctx, call)                                                                      \
+    do {                                                                                      \
+        sg_status tu_st_ = (call);                                                            \
+        if (tu_st_ != SG_OK) {                                                                \
+            fprintf(stderr, "FAIL %s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #call,    \
+                    sg_status_name(tu_st_), sg_ctx_last_error(ctx));                          \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+/* A call that must fail with `want`, with a message containing `needle`. */
+#define TU_FAILS(ctx, call, want, needle)                                                     \
+    do {                                                                                      \
+        sg_status tu_st_ = (call);                                                            \
+        TU_CHECK(tu_st_ == (want), "%s returned %s, expected %s (message: %s)", #call,        \
+                 sg_status_name(tu_st_), sg_status_name(want), sg_ctx_last_error(ctx));        \
+        TU_CHECK(strstr(sg_ctx_last_error(ctx), (needle)) != NULL,                            \
+                 "message of %s lacks '%s': %s", #call, (needle), sg_ctx_last_error(ctx));    \
+    } while (0)
+
+static inline int tu_finish(const char *name)
+{
+    if (tu_failures) {
+        fprintf(stderr, "%s: %d check(s) failed\n", name, tu_failures);
+        return 1;
+    }
+    printf("%s: all checks passed\n", name);
+    return 0;
+}
+
+/* ---- RNG: splitmix64, seeded from SG_TEST_SEED or the clock, printed for replay ---- */
+
+static uint64_t tu_state;
+
+static inline uint64_t tu_next(void)
+{
+    uint64_t z = (tu_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline void tu_seed(const char *test)
+{
+    const char *env = getenv("SG_TEST_SEED");
+    uint64_t s = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+    tu_state = s;
+    printf("%s: seed %llu (SG_TEST_SEED=%llu to replay)\n", test, (unsigned long long)s,
+           (unsigned long long)s);
+}
+
+static inline double tu_uniform(double lo, double hi)
+{
+    return lo + (hi - lo) * ((tu_next() >> 11) * (1.0 / 9007199254740992.0));
+}
+
+static inline int tu_randint(int lo, int hi) /* inclusive */
+{
+    return lo + (int)(tu_next() % (uint64_t)(hi - lo + 1));
+}
+
+/* ---- contexts ---- */
+
+static inline sg_ctx *tu_ctx(sg_backend b)
+{
+    sg_ctx_options o = sg_ctx_options_default();
+    o.backend = b;
+    sg_ctx *ctx = NULL;
+    if (b == SG_BACKEND_CUDA && !sg_cuda_available()) {
+        printf("SKIP: no CUDA device (or a CPU-only build): GPU tests need a GPU; run "
+               "scripts/gpu-check.sh on a machine with one\n");
+        exit(TU_SKIP);
+    }
+    if (sg_ctx_create(&o, &ctx) != SG_OK) {
+        fprintf(stderr, "FAIL: sg_ctx_create: %s\n", sg_ctx_last_error(NULL));
+        exit(1);
+    }
+    return ctx;
+}
+
+/* ---- tensors: host staging in double, so tests read every dtype the same way ---- */
+
+static inline sg_tensor *tu_tensor(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape,
+                            const char *name)
+{
+    sg_tensor *t = NULL;
+    TU_OK(ctx, sg_tensor_create(ctx, dt, ndim, shape, name, &t));
+    return t;
+}
+
+static inline sg_tensor *tu_tensor2(sg_ctx *ctx, sg_dtype dt, int64_t r, int64_t c, const char *name)
+{
+    int64_t s[2] = {r, c};
+    return tu_tensor(ctx, dt, 2, s, name);
+}
+
+static inline sg_tensor *tu_tensor1(sg_ctx *ctx, sg_dtype dt, int64_t n, const char *name)
+{
+    return tu_tensor(ctx, dt, 1, &n, name);
+}
+
+/* Writes host doubles into t (any dtype, any backend). */
+static inline void tu_set(sg_tensor *t, const double *v)
+{
+    size_t n = (size_t)t->numel, es = sg_dtype_size(t->dtype);
+    void *buf = malloc(n * es);
+    sg_tensor h = *t;
+    h.data = buf;
+    for (size_t i = 0; i < n; i++) sg_st(&h, (int64_t)i, v[i]);
+    TU_OK(t->ctx, sg_tensor_copy_from_host(t, buf, n * es));
+    TU_OK(t->ctx, sg_ctx_sync(t->ctx));
+    free(buf);
+}
+
+/* Reads t into host doubles (caller frees). */
+static inline double *tu_get(const sg_tensor *t)
+{
+    size_t n = (size_t)t->numel, es = sg_dtype_size(t->dtype);
+    void *buf = malloc(n * es);
+    double *v = malloc(n * sizeof *v);
+    TU_OK(t->ctx, sg_tensor_copy_to_host(t, buf, n * es));
+    sg_tensor h = *t;
+    h.data = buf;
+    for (size_t i = 0; i < n; i++) v[i] = sg_ld(&h, (int64_t)i);
+    free(buf);
+    return v;
+}
+
+/* Fills t with uniform values in [lo, hi); returns the host copy (caller frees). */
+static inline double *tu_random(sg_tensor *t, double lo, double hi)
+{
+    double *v = malloc((size_t)t->numel * sizeof *v);
+    for (int64_t i = 0; i < t->numel; i++) v[i] = tu_uniform(lo, hi);
+    tu_set(t, v);
+    return v;
+}
+
+/* Poisons an output before a kernel runs: NaN for floats, a sentinel for ints, so an
+ * element the kernel forgot to write fails the comparison. */
+static inline void tu_poison(sg_tensor *t)
+{
+    TU_OK(t->ctx, sg_tensor_fill(t, t->dtype == SG_DTYPE_I32 ? -123456789.0 : NAN));
+}
+
+/* Copies a tensor's values into a new tensor of another context (and dtype). */
+static inline sg_tensor *tu_clone_to(sg_ctx *ctx, const sg_tensor *src, sg_dtype dt)
+{
+    sg_tensor *t = tu_tensor(ctx, dt, src->ndim, src->shape, src->name);
+    double *v = tu_get(src);
+    tu_set(t, v);
+    free(v);
+    return t;
+}
+
+/* ---- tolerances: |got - ref| <= atol + rtol * |ref|, by dtype ---- */
+
+typedef struct tu_tol {
+    double atol, rtol;
+} tu_tol;
+
+static inline tu_tol tu_tol_for(sg_dtype dt)
+{
+    switch (dt) {
+    case SG_DTYPE_F64: return (tu_tol){1e-12, 1e-10};
+    case SG_DTYPE_F32: return (tu_tol){1e-5, 1e-4};
+    case SG_DTYPE_BF16: return (tu_tol){1e-2, 1.6e-2};
+    case SG_DTYPE_I32: return (tu_tol){0, 0};
+    }
+    return (tu_tol){0, 0};
+}
+
+/* Compares n values; prints the worst element on failure. NaN never passes. */
+static inline int tu_close(const char *what, const double *got, const double *ref, int64_t n, tu_tol tol)
+{
+    int64_t worst = -1, bad = 0;
+    double worst_excess = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        double lim = tol.atol + tol.rtol * fabs(ref[i]);
+        double err = fabs(got[i] - ref[i]);
+        double excess = isnan(err) ? INFINITY : err - lim;
+        if (excess > 0) bad++;
+        if (excess > worst_excess) {
+            worst_excess = excess;
+            worst = i;
+        }
+    }
+    if (bad) {
+        tu_failures++;
+        fprintf(stderr,
+                "FAIL %s: %lld of %lld elements outside atol %.1e rtol %.1e; worst [%lld] got "
+                "%.9g ref %.9g\n",
+                what, (long long)bad, (long long)n, tol.atol, tol.rtol, (long long)worst,
+                got[worst], ref[worst]);
+        return 0;
+    }
+    return 1;
+}
+
+/* Compares two tensors (possibly of different contexts) under tol. */
+static inline int tu_close_tensors(const char *what, const sg_tensor *got, const sg_tensor *ref, tu_tol tol)
+{
+    if (got->numel != ref->numel) {
+        tu_failures++;
+        fprintf(stderr, "FAIL %s: %lld vs %lld elements\n", what, (long long)got->numel,
+                (long long)ref->numel);
+        return 0;
+    }
+    double *g = tu_get(got), *r = tu_get(ref);
+    int ok = tu_close(what, g, r, got->numel, tol);
+    free(g);
+    free(r);
+    return ok;
+}
+
+/* ---- finite differences in float64 ----
+ * loss_fn recomputes a scalar loss from the current contents of the f64 input tensors.
+ * For each element of `in` (or `max_checks` sampled ones), the central difference with step
+ * h is compared against grad (an f64 tensor holding the analytic gradient). */
+typedef double (*tu_loss_fn)(void *user);
+
+static inline int tu_gradcheck(const char *what, tu_loss_fn f, void *user, sg_tensor *in,
+                        const sg_tensor *grad, int max_checks, double h, tu_tol tol)
+{
+    SG_ASSERT(in->dtype == SG_DTYPE_F64 && grad->dtype == SG_DTYPE_F64);
+    SG_ASSERT(in->ctx->backend == SG_BACKEND_CPU);
+    int64_t n = in->numel;
+    int checks = (max_checks <= 0 || max_checks > n) ? (int)n : max_checks;
+    double *num = malloc((size_t)checks * sizeof *num), *ana = malloc((size_t)checks * sizeof *ana);
+    double *x = in->data;
+    const double *g = grad->data;
+    for (int c = 0; c < checks; c++) {
+        int64_t i = checks == n ? c : (int64_t)(tu_next() % (uint64_t)n);
+        double x0 = x[i];
+        x[i] = x0 + h;
+        double lp = f(user);
+        x[i] = x0 - h;
+        double lm = f(user);
+        x[i] = x0;
+        num[c] = (lp - lm) / (2 * h);
+        ana[c] = g[i];
+    }
+    char label[160];
+    snprintf(label, sizeof label, "%s: analytic vs finite-difference gradient", what);
+    int ok = tu_close(label, ana, num, checks, tol);
+    free(num);
+    free(ana);
+    return ok;
+}
+
+/* sum_i a[i] * r[i]: a random linear functional, so dL/da = r is dense and non-trivial. */
+static inline double tu_dot(const sg_tensor *a, const sg_tensor *r)
+{
+    double s = 0;
+    for (int64_t i = 0; i < a->numel; i++) s += sg_ld(a, i) * sg_ld(r, i);
+    return s;
+}
+
+#endif /* SG_TESTUTIL_H */
