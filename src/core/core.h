@@ -112,7 +112,22 @@ struct sg_ctx {
     sg_pool *pools;          /* every pool, the default first */
     size_t reserved_total;   /* across pools, checked against opts.alloc_limit_bytes */
     void *cuda;              /* struct sg_cuda_state *, CUDA backend only */
+    sg_tensor *scratch[8];   /* sg_ctx_scratch buffers, by slot */
+    void *ext[8];            /* per-context caches of upper layers, by slot */
+    void (*ext_free[8])(sg_ctx *ctx, void *ext);
 };
+
+/* Slots of sg_ctx_scratch and sg_ctx_ext: one per op family that needs one. */
+enum { SG_SLOT_LINEAR = 0, SG_SLOT_LOSS, SG_SLOT_OPTIM, SG_SLOT_NN, SG_SLOT_COUNT = 8 };
+
+/* A persistent device buffer of at least `bytes`, zero-filled when (re)allocated, owned by
+ * the context: kernels keep reduction partials and "last block done" counters there (a
+ * counter must be left at zero by the kernel that uses it). Allocates only on the first call
+ * (or when a larger size is asked for): steady-state steps allocate nothing. */
+sg_status sg_ctx_scratch(sg_ctx *ctx, int slot, size_t bytes, void **out);
+/* Registers a cache object for slot, freed by free_fn when the context is destroyed. */
+void sg_ctx_set_ext(sg_ctx *ctx, int slot, void *ext, void (*free_fn)(sg_ctx *ctx, void *ext));
+static inline void *sg_ctx_ext(const sg_ctx *ctx, int slot) { return ctx->ext[slot]; }
 
 static inline void sg_ctx_count_launches(sg_ctx *ctx, int n) { ctx->launches += (uint64_t)n; }
 

@@ -86,6 +86,10 @@ void sg_ctx_destroy(sg_ctx *ctx)
 {
     if (!ctx) return;
     ctx->dev->sync(ctx);
+    for (int i = 0; i < SG_SLOT_COUNT; i++) {
+        if (ctx->ext[i] && ctx->ext_free[i]) ctx->ext_free[i](ctx, ctx->ext[i]);
+        sg_tensor_destroy(ctx->scratch[i]);
+    }
     for (sg_pool *p = ctx->pools, *n; p; p = n) {
         n = p->next;
         sg_pool_release_all(p);
@@ -102,4 +106,31 @@ sg_status sg_ctx_sync(sg_ctx *ctx)
 {
     if (!ctx) return SG_ERR_NULL;
     return ctx->dev->sync(ctx);
+}
+
+sg_status sg_ctx_scratch(sg_ctx *ctx, int slot, size_t bytes, void **out)
+{
+    SG_ASSERT(slot >= 0 && slot < SG_SLOT_COUNT);
+    sg_tensor *t = ctx->scratch[slot];
+    if (!t || sg_tensor_nbytes(t) < bytes) {
+        sg_tensor_destroy(t);
+        ctx->scratch[slot] = NULL;
+        int64_t n = (int64_t)((bytes + 3) / 4);
+        sg_pool *keep = ctx->cur_pool;
+        ctx->cur_pool = ctx->default_pool; /* scratch outlives any graph's pool */
+        sg_status st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, "scratch", &t);
+        ctx->cur_pool = keep;
+        SG_TRY(st);
+        ctx->scratch[slot] = t;
+        SG_TRY(sg_tensor_fill(t, 0.0));
+    }
+    *out = t->data;
+    return SG_OK;
+}
+
+void sg_ctx_set_ext(sg_ctx *ctx, int slot, void *ext, void (*free_fn)(sg_ctx *ctx, void *ext))
+{
+    SG_ASSERT(slot >= 0 && slot < SG_SLOT_COUNT);
+    ctx->ext[slot] = ext;
+    ctx->ext_free[slot] = free_fn;
 }
