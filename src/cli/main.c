@@ -1,2 +1,127 @@
-#include "stepgraph.h"
-int main(void){return 0;}
+/* main.c: the stepgraph command: dispatches to a subcommand and holds the shared option
+ * helpers. `stepgraph --help` lists the subcommands; each takes --help of its own. */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *usage =
+    "usage: stepgraph <command> [options]\n"
+    "\n"
+    "Trains neural networks on NVIDIA GPUs (or the CPU reference backend), eagerly or from\n"
+    "captured CUDA Graphs, and measures the trade-off.\n"
+    "\n"
+    "commands:\n"
+    "  train    train a model and print loss, ms/step and allocations per step\n"
+    "  bench    time training steps: ms/step, host ms/step, kernels/step, GPU-busy/step\n"
+    "\n"
+    "Run 'stepgraph <command> --help' for a command's options.\n"
+    "Models: mlp-WIDTH-DEPTH-BATCH, e.g. mlp-512-6-32.\n"
+    "Backend: CUDA when a GPU is usable, else the CPU reference (--backend to choose).\n";
+
+double sg_cli_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+bool sg_cli_opt(int argc, char **argv, int *i, const char *name, const char **value, bool *bad)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0) return false;
+    if (a[n] == '=') {
+        *value = a + n + 1;
+        (*i)++;
+        return true;
+    }
+    if (a[n] != '\0') return false;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "stepgraph: option %s needs a value\n", name);
+        *bad = true;
+        (*i)++;
+        return true;
+    }
+    *value = argv[*i + 1];
+    *i += 2;
+    return true;
+}
+
+bool sg_cli_int(const char *cmd, const char *opt, const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "stepgraph %s: %s '%s' is not a whole number from %lld to %lld\n", cmd, opt, s, lo, hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool sg_cli_float(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi) {
+        fprintf(stderr, "stepgraph %s: %s '%s' is not a number from %g to %g\n", cmd, opt, s, lo, hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool sg_cli_backend(const char *cmd, const char *s, sg_backend *out)
+{
+    if (!strcmp(s, "cpu")) *out = SG_BACKEND_CPU;
+    else if (!strcmp(s, "cuda")) *out = SG_BACKEND_CUDA;
+    else if (!strcmp(s, "auto")) *out = SG_BACKEND_AUTO;
+    else {
+        fprintf(stderr, "stepgraph %s: --backend '%s': expected cpu, cuda or auto\n", cmd, s);
+        return false;
+    }
+    return true;
+}
+
+sg_ctx *sg_cli_ctx(const char *cmd, sg_backend b, bool quiet)
+{
+    sg_ctx_options o = sg_ctx_options_default();
+    o.backend = b;
+    sg_ctx *ctx;
+    if (sg_ctx_create(&o, &ctx) != SG_OK) {
+        fprintf(stderr, "stepgraph %s: %s\n", cmd, sg_ctx_last_error(NULL));
+        return NULL;
+    }
+    if (!quiet && b == SG_BACKEND_AUTO && sg_ctx_backend(ctx) == SG_BACKEND_CPU)
+        fprintf(stderr, "stepgraph %s: no usable GPU%s: running on the CPU reference backend\n", cmd,
+#ifdef SG_HAVE_CUDA
+                ""
+#else
+                " (this build has no CUDA)"
+#endif
+        );
+    return ctx;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return SG_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "train")) return sg_cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return sg_cmd_bench(argc - 1, argv + 1);
+    fprintf(stderr, "stepgraph: unknown command '%s'\n\n%s", cmd, usage);
+    return SG_EXIT_USAGE;
+}

@@ -1,0 +1,353 @@
+#!/usr/bin/env bash
+# gpu-check.sh: everything stepgraph checks on a GPU machine, in one run: build (sm_90), the gpu
+# and cpu test suites, the benchmarks beside PyTorch's, and every GPU test under
+# compute-sanitizer memcheck and racecheck. Keeps going past a failing stage, prints one
+# PASS/FAIL line per stage, a summary and a stepgraph-vs-PyTorch table last, and exits non-zero
+# if anything failed. Logs go to ${OUT:-./gpu-check-out} (six files, so they all come back).
+#
+#   scripts/gpu-check.sh [--quick] [--no-bench] [--bench-only]
+#     --quick       skip the sanitizers
+#     --no-bench    skip the benchmarks
+#     --bench-only  build and benchmark only (no tests, no sanitizers)
+#
+# Environment: GPU_CHECK_DEADLINE_S (default 480: stages that would start later are skipped and
+# count as failures, so a 10-minute limit never cuts the summary off), GPU_CHECK_MODELS
+# (default mlp-512-6-32,mlp-2048-6-256), SANITIZE_JOBS (default 4), SANITIZE_SKIP (test names,
+# space-separated, kept out of the sanitizers; empty for none; default "prof": CUPTI and
+# compute-sanitizer both hook the driver, and test_prof's only kernels are fills that the other
+# tests check).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+START=$SECONDS
+OUT=${OUT:-./gpu-check-out}
+mkdir -p "$OUT"
+BUILD=build-gpu
+DEADLINE=${GPU_CHECK_DEADLINE_S:-480}
+MODELS=${GPU_CHECK_MODELS:-mlp-512-6-32,mlp-2048-6-256}
+SANITIZE_SKIP=${SANITIZE_SKIP-prof}
+SANITIZE_JOBS=${SANITIZE_JOBS:-4}
+JOBS=$(nproc 2>/dev/null || echo 4)
+QUICK=0 NO_BENCH=0 BENCH_ONLY=0
+for arg in "$@"; do
+    case "$arg" in
+    --quick) QUICK=1 ;;
+    --no-bench) NO_BENCH=1 ;;
+    --bench-only) BENCH_ONLY=1 ;;
+    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "gpu-check.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+    esac
+done
+[ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+export PYTHONUNBUFFERED=1
+
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+: >"$OUT/build.log"
+: >"$OUT/tests.log"
+: >"$OUT/sanitizers.log"
+: >"$OUT/bench.log"
+: >"$OUT/bench.jsonl"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+FAILED=0
+RESULTS=()
+
+say() { echo "$*" | tee -a "$SUMMARY"; }
+left() { echo $((DEADLINE - (SECONDS - START))); }
+
+# record NAME STATUS DETAIL: one summary line per stage.
+record() {
+    local line
+    line=$(printf '%-28s %-5s %s' "$1" "$2" "$3")
+    RESULTS+=("$line")
+    say "== $line"
+    if [ "$2" != PASS ]; then FAILED=1; fi
+}
+
+# stage NAME LOG LIMIT_S CMD...: runs CMD under a time limit (cut to the deadline), appends its
+# output to LOG, records PASS/FAIL, and on failure prints the output's last lines.
+stage() {
+    local name=$1 log=$2 limit=$3 rem rc t0
+    shift 3
+    rem=$(left)
+    if [ "$rem" -lt 15 ]; then
+        record "$name" SKIP "no time left before the ${DEADLINE}s deadline"
+        return 1
+    fi
+    [ "$limit" -gt "$rem" ] && limit=$rem
+    echo "-- $name (limit ${limit}s): $*"
+    t0=$SECONDS
+    {
+        echo "===== $name: $* ====="
+    } >>"$log"
+    set +e
+    # bash -c, so that CMD may be one of this script's functions (exported below).
+    timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" >"$TMP/stage.out" 2>&1
+    rc=$?
+    set -e
+    cat "$TMP/stage.out" >>"$log"
+    if [ $rc -eq 0 ]; then
+        record "$name" PASS "$((SECONDS - t0))s"
+        return 0
+    fi
+    local why="exit $rc"
+    [ $rc -eq 124 ] || [ $rc -eq 137 ] && why="timed out after ${limit}s"
+    record "$name" FAIL "$why, $((SECONDS - t0))s (log: $log)"
+    echo "---- last lines of $name ----"
+    tail -n 40 "$TMP/stage.out"
+    echo "----"
+    return 1
+}
+
+# ---- the machine -------------------------------------------------------------------------
+
+say "gpu-check.sh: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+{
+    # Each probe under a short limit: a wedged driver must not stall the whole run here.
+    timeout 20 nvidia-smi -L || echo "nvidia-smi -L failed"
+    timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+        --format=csv 2>/dev/null || true
+    timeout 20 nvcc --version | tail -n 2 || echo "nvcc not found"
+    timeout 20 cmake --version | head -n 1 || echo "cmake not found"
+    if command -v compute-sanitizer >/dev/null; then
+        timeout 20 compute-sanitizer --version | tail -n 1 || true
+    else
+        echo "compute-sanitizer not found"
+    fi
+    timeout 60 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 |
+        tail -n 1 || true
+    echo "cores: $JOBS"
+} 2>&1 | tee -a "$SUMMARY"
+
+# ---- build -------------------------------------------------------------------------------
+
+configure_and_build() {
+    cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+        >"$TMP/configure.out" 2>&1
+    local rc=$?
+    cat "$TMP/configure.out"
+    [ $rc -eq 0 ] || return $rc
+    # A CPU-only build here would make every gpu test skip: refuse it.
+    if ! grep -q 'stepgraph: CUDA backend ON' "$TMP/configure.out"; then
+        echo "gpu-check.sh: CMake configured without CUDA (nvcc not found?)"
+        return 1
+    fi
+    if ! grep -q '^CUDA_cupti_LIBRARY:FILEPATH=/' "$BUILD/CMakeCache.txt"; then
+        echo "gpu-check.sh: warning: CUPTI not found; the profiler is off (sg_prof_create fails)"
+    fi
+    cmake --build "$BUILD" -j "$JOBS"
+}
+export BUILD JOBS TMP OUT
+export -f configure_and_build
+BUILT=0
+if stage "build (sm_90, Release)" "$OUT/build.log" 300 configure_and_build; then BUILT=1; fi
+grep -E 'warning|CUPTI' "$OUT/build.log" | grep -v '^--' | sort -u | head -n 20 >"$TMP/warn" || true
+[ -s "$TMP/warn" ] && { echo "build warnings (first 20):"; cat "$TMP/warn"; }
+
+# ---- tests -------------------------------------------------------------------------------
+
+# ctest returns 0 when tests skip (exit 77); on a GPU machine a skipped gpu test hides a hole.
+run_gpu_tests() {
+    ctest --test-dir "$BUILD" -L gpu --output-on-failure 2>&1 | tee "$TMP/gpu_ctest.out"
+    local rc=${PIPESTATUS[0]}
+    if grep -q 'Skipped' "$TMP/gpu_ctest.out"; then
+        echo "gpu-check.sh: gpu tests skipped on a GPU machine:"
+        grep 'Skipped' "$TMP/gpu_ctest.out"
+        return 1
+    fi
+    if grep -q 'No tests were found' "$TMP/gpu_ctest.out"; then
+        echo "gpu-check.sh: no gpu tests registered"
+        return 1
+    fi
+    return "$rc"
+}
+export -f run_gpu_tests
+if [ $BENCH_ONLY -eq 0 ]; then
+    if [ $BUILT -eq 1 ]; then
+        stage "gpu tests (ctest -L gpu)" "$OUT/tests.log" 240 run_gpu_tests || true
+        # Every test that is not gpu-labelled: the cpu label and anything unlabelled.
+        stage "cpu tests (ctest -LE gpu)" "$OUT/tests.log" 240 \
+            ctest --test-dir "$BUILD" -LE gpu --output-on-failure -j "$JOBS" || true
+    else
+        record "gpu tests (ctest -L gpu)" FAIL "not run: the build failed"
+        record "cpu tests (ctest -LE gpu)" FAIL "not run: the build failed"
+    fi
+fi
+
+# ---- benchmarks --------------------------------------------------------------------------
+
+# bench_to_jsonl CMD...: runs a benchmark; stdout's JSON lines go to bench.jsonl, the rest of
+# its output to the stage log.
+bench_to_jsonl() {
+    local rc
+    set +e
+    "$@" >"$TMP/bench.stdout"
+    rc=$?
+    set -e
+    cat "$TMP/bench.stdout"
+    if ! grep '^{' "$TMP/bench.stdout" >>"$OUT/bench.jsonl"; then
+        echo "gpu-check.sh: $1 printed no JSON line"
+        [ $rc -ne 0 ] || rc=1
+    fi
+    return $rc
+}
+export -f bench_to_jsonl
+if [ $NO_BENCH -eq 0 ]; then
+    if [ $BUILT -eq 1 ] && [ -x "$BUILD/stepgraph" ]; then
+        stage "bench: stepgraph" "$OUT/bench.log" 150 \
+            bench_to_jsonl "$BUILD/stepgraph" bench --model "$MODELS" --json || true
+    else
+        record "bench: stepgraph" FAIL "not run: no $BUILD/stepgraph (build failed)"
+    fi
+    stage "bench: pytorch eager" "$OUT/bench.log" 200 \
+        bench_to_jsonl python3 bench/torch_ref.py --model "$MODELS" --mode eager --json || true
+fi
+
+# ---- sanitizers --------------------------------------------------------------------------
+
+# The gpu test commands, one per line ("name<TAB>binary arg..."), from ctest's own registry;
+# failing that, every tests/test_* binary with argument gpu.
+list_gpu_tests() {
+    ctest --test-dir "$BUILD" -L gpu --show-only=json-v1 2>/dev/null | python3 -c '
+import json, sys
+for t in json.load(sys.stdin).get("tests", []):
+    cmd = t.get("command") or []
+    if cmd:
+        print(t["name"] + "\t" + " ".join(cmd))
+' 2>/dev/null && return 0
+    for b in "$BUILD"/tests/test_*; do
+        [ -x "$b" ] && [ -f "$b" ] && printf '%s_gpu\t%s gpu\n' "$(basename "$b" | sed 's/^test_//')" "$b"
+    done
+}
+
+# One sanitizer run: writes its log and exit code under $TMP/san/.
+sanitize_one() {
+    local tool=$1 name=$2 limit=$3
+    shift 3
+    local tag="$tool.$name" rc=0
+    echo "===== compute-sanitizer --tool $tool: $* =====" >"$TMP/san/$tag.log"
+    timeout --kill-after=10 "$limit" compute-sanitizer --tool "$tool" --error-exitcode 1 "$@" \
+        >>"$TMP/san/$tag.log" 2>&1 || rc=$?
+    echo "rc=$rc" >"$TMP/san/$tag.rc"
+}
+
+run_sanitizers() {
+    local name cmd tool n=0 limit
+    if ! command -v compute-sanitizer >/dev/null; then
+        record "sanitizers" FAIL "compute-sanitizer not found"
+        return
+    fi
+    mkdir -p "$TMP/san"
+    list_gpu_tests >"$TMP/gpu_tests.txt" || true
+    if [ ! -s "$TMP/gpu_tests.txt" ]; then
+        record "sanitizers" FAIL "no gpu test binaries found"
+        return
+    fi
+    echo "-- sanitizers: memcheck and racecheck, $SANITIZE_JOBS at a time, up to 300s each"
+    while IFS=$'\t' read -r name cmd; do
+        local short=${name%_gpu}
+        if [[ " $SANITIZE_SKIP " == *" $short "* ]]; then
+            echo "   skipping $name (SANITIZE_SKIP)"
+            continue
+        fi
+        for tool in memcheck racecheck; do
+            while [ "$(jobs -rp | wc -l)" -ge "$SANITIZE_JOBS" ]; do wait -n || true; done
+            # Each run may take what is left before the deadline, less a margin for the summary.
+            limit=$(($(left) - 20))
+            [ $limit -gt 300 ] && limit=300
+            n=$((n + 1))
+            if [ $limit -lt 20 ]; then
+                echo "rc=skip" >"$TMP/san/$tool.$name.rc"
+                : >"$TMP/san/$tool.$name.log"
+                continue
+            fi
+            # shellcheck disable=SC2086  # cmd is "binary args", split on purpose
+            sanitize_one "$tool" "$name" "$limit" $cmd </dev/null &
+        done
+    done <"$TMP/gpu_tests.txt"
+    wait || true
+    local f tag rc
+    for f in "$TMP"/san/*.log; do
+        [ -e "$f" ] || continue
+        tag=$(basename "$f" .log)
+        cat "$f" >>"$OUT/sanitizers.log"
+        rc=$(sed -n 's/^rc=//p' "$TMP/san/$tag.rc" 2>/dev/null || echo "?")
+        case "$rc" in
+        0) record "sanitize $tag" PASS "" ;;
+        skip) record "sanitize $tag" SKIP "no time left before the ${DEADLINE}s deadline" ;;
+        77) record "sanitize $tag" FAIL "the test skipped (exit 77) on a GPU machine" ;;
+        124 | 137) record "sanitize $tag" FAIL "timed out (limit: 300s or the deadline)" ;;
+        *)
+            record "sanitize $tag" FAIL "exit $rc (log: $OUT/sanitizers.log)"
+            grep -E '=========|ERROR SUMMARY|FAIL' "$f" | head -n 20
+            ;;
+        esac
+    done
+    [ $n -gt 0 ] || record "sanitizers" FAIL "no runs"
+}
+if [ $QUICK -eq 0 ] && [ $BENCH_ONLY -eq 0 ]; then
+    if [ $BUILT -eq 1 ]; then run_sanitizers; else record "sanitizers" FAIL "not run: the build failed"; fi
+fi
+
+# ---- summary -----------------------------------------------------------------------------
+
+say ""
+say "==== summary ($((SECONDS - START))s) ===="
+for line in "${RESULTS[@]}"; do say "$line"; done
+
+if [ -s "$OUT/bench.jsonl" ]; then
+    say ""
+    python3 - "$OUT/bench.jsonl" <<'EOF' 2>&1 | tee -a "$SUMMARY"
+# stepgraph vs PyTorch, eager, per model; ratio = stepgraph ms / PyTorch ms (< 1: faster).
+import json, sys
+rows, order = {}, []
+for line in open(sys.argv[1]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if r.get("mode", "eager") != "eager":
+        continue
+    rows[(r.get("framework"), r.get("model"))] = r
+    if r.get("model") not in order:
+        order.append(r.get("model"))
+
+def g(r, k, spec):
+    v = r.get(k) if r else None
+    return "n/a" if v is None else format(v, spec)
+
+print(f"{'model':<16} {'sg ms':>8} {'torch ms':>9} {'sg/torch':>8} {'sg host':>8} {'pt host':>8} "
+      f"{'sg kern':>8} {'pt kern':>8} {'sg busy':>8} {'pt busy':>8} {'sg MiB':>7} {'pt MiB':>7}")
+for m in order:
+    sg, pt = rows.get(("stepgraph", m)), rows.get(("pytorch", m))
+    for name, r in (("stepgraph", sg), ("pytorch", pt)):
+        if r and "error" in r:
+            print(f"{m:<16} {name} error: {r['error']}")
+    ratio = "n/a"
+    if sg and pt and sg.get("ms_per_step") and pt.get("ms_per_step"):
+        ratio = format(sg["ms_per_step"] / pt["ms_per_step"], ".3f")
+    print(f"{m:<16} {g(sg, 'ms_per_step', '.4f'):>8} {g(pt, 'ms_per_step', '.4f'):>9} {ratio:>8} "
+          f"{g(sg, 'host_ms_per_step', '.4f'):>8} {g(pt, 'host_ms_per_step', '.4f'):>8} "
+          f"{g(sg, 'kernels_per_step', '.1f'):>8} {g(pt, 'kernels_per_step', '.1f'):>8} "
+          f"{g(sg, 'gpu_busy_ms_per_step', '.4f'):>8} {g(pt, 'gpu_busy_ms_per_step', '.4f'):>8} "
+          f"{g(sg, 'peak_mib', '.0f'):>7} {g(pt, 'peak_mib', '.0f'):>7}")
+dev = next((r.get("device") for r in rows.values() if r.get("device")), "?")
+tv = next((r.get("torch_version") for r in rows.values() if r.get("torch_version")), "?")
+print(f"ms: median over blocks; kern: kernels/step; busy: GPU-busy ms/step; device {dev}; torch {tv}")
+EOF
+fi
+
+# Keep every log under the 16 MiB a returned file may have: head and tail of an oversized one.
+for f in "$OUT"/*.log; do
+    if [ "$(wc -c <"$f")" -gt 15000000 ]; then
+        { head -c 7000000 "$f"; echo; echo "[... cut by gpu-check.sh ...]"; tail -c 7000000 "$f"; } >"$TMP/cut"
+        mv "$TMP/cut" "$f"
+    fi
+done
+
+if [ $FAILED -ne 0 ]; then
+    say "gpu-check.sh: FAILED (see the lines above and $OUT/)"
+    exit 1
+fi
+say "gpu-check.sh: all stages passed"

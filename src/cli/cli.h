@@ -1,0 +1,28 @@
+/* cli.h: what the stepgraph subcommands share: strict option parsing (every value checked,
+ * unknown flags rejected with a pointer to --help), a monotonic clock and the context. */
+#ifndef SG_CLI_H
+#define SG_CLI_H
+
+#include "stepgraph.h"
+
+#include <stdbool.h>
+
+/* Exit codes: 0 ok, 1 runtime failure, 2 usage error. */
+#define SG_EXIT_FAIL 1
+#define SG_EXIT_USAGE 2
+
+double sg_cli_now_ms(void);
+/* Parses "--name value" or "--name=value" at argv[*i]; advances *i past it. Returns true and
+ * sets *value when argv[*i] is that option; prints a usage error and sets *bad if the value is
+ * missing. */
+bool sg_cli_opt(int argc, char **argv, int *i, const char *name, const char **value, bool *bad);
+bool sg_cli_int(const char *cmd, const char *opt, const char *s, long long lo, long long hi, long long *out);
+bool sg_cli_float(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out);
+bool sg_cli_backend(const char *cmd, const char *s, sg_backend *out);
+/* Creates a context, saying on stderr which backend runs and why. NULL on failure (printed). */
+sg_ctx *sg_cli_ctx(const char *cmd, sg_backend b, bool quiet);
+
+int sg_cmd_train(int argc, char **argv);
+int sg_cmd_bench(int argc, char **argv);
+
+#endif

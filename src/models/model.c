@@ -1,0 +1,113 @@
+/* model.c: the public sg_model_* and sg_optim_create calls: parse a canonical name, build
+ * the model kind, bind batches, run forward (loss included) and backward. */
+#include "models/model.h"
+
+#include <stdlib.h>
+
+sg_status sg_model_parse(sg_ctx *ctx, const char *name, sg_model_spec *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!name) return sg_fail(ctx, SG_ERR_NULL, "sg_model_create: name is NULL");
+    long long w = 0, d = 0, b = 0, s = 0;
+    char kind[16] = {0}, extra = 0;
+    int n = sscanf(name, "%15[a-z]-%lld-%lld-%lld-%lld%c", kind, &w, &d, &b, &s, &extra);
+    bool mlp = !strcmp(kind, "mlp") && n == 4;
+    if (!mlp || w <= 0 || d <= 0 || b <= 0 || w > (1 << 16) || d > 64 || b > (1 << 20))
+        return sg_fail(ctx, SG_ERR_INVALID,
+                       "sg_model_create: unknown model '%s'; expected mlp-WIDTH-DEPTH-BATCH, e.g. "
+                       "mlp-512-6-32 (width <= 65536, depth 1..64)",
+                       name);
+    snprintf(out->kind, sizeof out->kind, "%s", kind);
+    out->width = w, out->depth = d, out->batch = b, out->seq = s;
+    return SG_OK;
+}
+
+void sg_model_destroy(sg_model *m)
+{
+    if (!m) return;
+    sg_module_destroy(m->net);
+    sg_tensor *ts[] = {m->x, m->targets, m->loss, m->dlogits, m->data_x, m->data_y};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+    sg_params_release(&m->params);
+    free(m);
+}
+
+sg_status sg_model_create(sg_ctx *ctx, const char *name, uint64_t seed, sg_model **out)
+{
+    if (!ctx) return SG_ERR_NULL;
+    if (!out) return sg_fail(ctx, SG_ERR_NULL, "sg_model_create: out is NULL");
+    *out = NULL;
+    sg_model_spec spec;
+    SG_TRY(sg_model_parse(ctx, name, &spec));
+    sg_model *m = calloc(1, sizeof *m);
+    if (!m) return sg_fail(ctx, SG_ERR_OOM, "sg_model_create: out of host memory");
+    m->ctx = ctx;
+    m->spec = spec;
+    m->params.ctx = ctx;
+    snprintf(m->name, sizeof m->name, "%s", name);
+    sg_status st = sg_mlp_build(m, seed);
+    if (st == SG_OK) st = sg_model_load_batch(m, 0);
+    if (st != SG_OK) {
+        sg_model_destroy(m);
+        return st;
+    }
+    *out = m;
+    return SG_OK;
+}
+
+const char *sg_model_name(const sg_model *m) { return m ? m->name : ""; }
+int64_t sg_model_param_count(const sg_model *m)
+{
+    int64_t n = 0;
+    for (int i = 0; m && i < m->params.count; i++) n += m->params.info[i].numel;
+    return n;
+}
+sg_tensor *sg_model_params(sg_model *m) { return m ? m->params.flat : NULL; }
+sg_tensor *sg_model_grads(sg_model *m) { return m ? m->params.grad_flat : NULL; }
+const sg_tensor *sg_model_loss(const sg_model *m) { return m ? m->loss : NULL; }
+
+/* Eager steps rebind the input views to the batch in place: no copy, no launch. (Captured
+ * steps, which need fixed addresses, will copy into static inputs instead.) */
+sg_status sg_model_load_batch(sg_model *m, int64_t index)
+{
+    if (!m) return SG_ERR_NULL;
+    if (index < 0)
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_model_load_batch: batch index %lld < 0",
+                       (long long)index);
+    int64_t i = index % m->n_batches;
+    m->x->data = (char *)m->data_x->data + (size_t)(i * m->x->numel) * sizeof(float);
+    m->targets->data = (char *)m->data_y->data + (size_t)(i * m->targets->numel) * sizeof(int32_t);
+    return SG_OK;
+}
+
+sg_status sg_model_forward(sg_model *m)
+{
+    if (!m) return SG_ERR_NULL;
+    SG_TRY(sg_module_forward(m->net, m->x, &m->logits));
+    return sg_softmax_xent(m->ctx, m->logits, m->targets, 1.0f, m->loss, m->dlogits);
+}
+
+sg_status sg_model_backward(sg_model *m)
+{
+    if (!m) return SG_ERR_NULL;
+    if (!m->logits)
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_model_backward: '%s' ran no forward", m->name);
+    sg_tensor *dx = NULL;
+    return sg_module_backward(m->net, m->dlogits, &dx);
+}
+
+sg_status sg_model_loss_read(sg_model *m, float *out)
+{
+    if (!m || !out) return SG_ERR_NULL;
+    return sg_tensor_copy_to_host(m->loss, out, sizeof *out);
+}
+
+sg_status sg_optim_create(sg_ctx *ctx, sg_model *m, sg_optim_kind kind, sg_optim **out)
+{
+    if (!ctx) return SG_ERR_NULL;
+    if (!m || !out) return sg_fail(ctx, SG_ERR_NULL, "sg_optim_create: model or out is NULL");
+    if (m->ctx != ctx)
+        return sg_fail(ctx, SG_ERR_BACKEND, "sg_optim_create: model '%s' belongs to another context",
+                       m->name);
+    return sg_optim_create_for(ctx, &m->params, kind, out);
+}

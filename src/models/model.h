@@ -1,0 +1,36 @@
+/* model.h: the model object behind sg_model: a parameter set, a network of nn modules, static
+ * input and target tensors, the loss and its gradient, and a synthetic data set on the
+ * device. Each model kind (mlp.c; gpt later) fills one in from its canonical name. */
+#ifndef SG_MODELS_MODEL_H
+#define SG_MODELS_MODEL_H
+
+#include "nn/nn.h"
+
+typedef struct sg_model_spec {
+    char kind[16];             /* "mlp" */
+    int64_t width, depth, batch, seq;
+} sg_model_spec;
+
+struct sg_model {
+    sg_ctx *ctx;
+    char name[64];
+    sg_model_spec spec;
+    sg_param_set params;
+    sg_module *net;
+    sg_tensor *x;              /* (B, in) F32 input: a view into data_x, rebound per batch */
+    sg_tensor *targets;        /* (B) I32: a view into data_y */
+    sg_tensor *loss;           /* (1) F32 */
+    sg_tensor *dlogits;        /* (B, classes) F32: written with the loss, in one pass */
+    const sg_tensor *logits;   /* the net's output (owned by its last module) */
+    sg_tensor *data_x, *data_y;/* (nb, B, in) and (nb, B): the synthetic data set */
+    int64_t n_batches, in_dim, classes;
+};
+
+/* "mlp-512-6-32" -> spec; SG_ERR_INVALID with a message listing the accepted forms. */
+sg_status sg_model_parse(sg_ctx *ctx, const char *name, sg_model_spec *out);
+sg_status sg_mlp_build(sg_model *m, uint64_t seed);
+/* Fills data_x with N(0,1) inputs and data_y with the argmax of a fixed random linear
+ * teacher over `classes` outputs: a learnable task, identical on every backend. */
+sg_status sg_data_teacher(sg_model *m, uint64_t seed);
+
+#endif

@@ -1,0 +1,112 @@
+/* nn.h: modules with explicit forward and backward, the parameter set (every parameter and
+ * every gradient in one allocation each, so addresses never move), initialisation, and the
+ * host RNG models draw their initial state from. Used by src/models/. */
+#ifndef SG_NN_H
+#define SG_NN_H
+
+#include "core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- host RNG (splitmix64): the same seed gives the same parameters on every backend ---- */
+
+typedef struct sg_rng {
+    uint64_t state;
+} sg_rng;
+
+uint64_t sg_rng_next(sg_rng *r);
+double sg_rng_uniform(sg_rng *r);            /* [0, 1) */
+double sg_rng_normal(sg_rng *r);             /* N(0, 1), Box-Muller */
+
+/* ---- parameter set ---- */
+
+#define SG_MAX_PARAMS 256
+
+typedef enum sg_init {
+    SG_INIT_UNIFORM_FAN_IN = 0,  /* U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's Linear default */
+    SG_INIT_ZEROS,
+    SG_INIT_ONES,
+    SG_INIT_NORMAL_002           /* N(0, 0.02): GPT-2 */
+} sg_init;
+
+typedef struct sg_param_info {
+    char name[64];
+    int ndim;
+    int64_t shape[SG_MAX_DIMS];
+    int64_t offset, numel;       /* in elements of the flat buffer */
+    int decay;                   /* weight decay applies */
+    sg_init init;
+    int64_t fan_in;
+} sg_param_info;
+
+typedef struct sg_param_set {
+    sg_ctx *ctx;
+    int count;
+    int64_t total;                        /* elements */
+    sg_param_info info[SG_MAX_PARAMS];
+    sg_tensor *flat, *grad_flat;          /* (total) F32 each: one allocation apiece */
+    sg_tensor *param[SG_MAX_PARAMS];      /* views into flat */
+    sg_tensor *grad[SG_MAX_PARAMS];       /* views into grad_flat */
+    sg_tensor *seg_start, *seg_decay;     /* (count+1), (count) I32: for the fused optimizers */
+} sg_param_set;
+
+/* Declares a parameter before allocation; returns its index (or -1 with ctx's error set). */
+int sg_params_declare(sg_param_set *ps, const char *name, int ndim, const int64_t *shape,
+                      int decay, sg_init init, int64_t fan_in);
+/* Allocates the flat buffers and views, and initialises every parameter from seed. */
+sg_status sg_params_allocate(sg_param_set *ps, uint64_t seed);
+void sg_params_release(sg_param_set *ps);
+
+/* ---- modules ---- */
+
+typedef struct sg_module sg_module;
+
+typedef struct sg_module_i {
+    const char *kind;
+    /* Reads x, writes the module's own output tensor and returns it through *y. */
+    sg_status (*forward)(sg_module *m, const sg_tensor *x, const sg_tensor **y);
+    /* Given dy (which it may overwrite), writes parameter gradients and, unless this is the
+     * first module of the model, the input gradient into the module's own dx (*dx). */
+    sg_status (*backward)(sg_module *m, sg_tensor *dy, sg_tensor **dx);
+    void (*destroy)(sg_module *m);
+} sg_module_i;
+
+struct sg_module {
+    const sg_module_i *vt;
+    sg_ctx *ctx;
+    char name[64];
+};
+
+/* Linear with an optional fused activation (cuBLASLt epilogue): y(M,N) = act(x W^T + b).
+ * w, b, dw, db are views from a parameter set (b, db may be NULL). rows = M. need_dx: compute
+ * the input gradient (false for the first layer). Activations are allocated now. */
+sg_status sg_linear_create(sg_ctx *ctx, const char *name, int64_t rows, sg_tensor *w,
+                           sg_tensor *b, sg_tensor *dw, sg_tensor *db, sg_activation act,
+                           bool need_dx, sg_module **out);
+/* Standalone activation (for models that do not fuse it into a linear). */
+sg_status sg_activation_create(sg_ctx *ctx, const char *name, sg_activation act, int ndim,
+                               const int64_t *shape, sg_module **out);
+/* Runs children in order forward and in reverse backward. Takes ownership of them. */
+sg_status sg_sequential_create(sg_ctx *ctx, const char *name, sg_module **children, int n,
+                               sg_module **out);
+void sg_module_destroy(sg_module *m);
+
+static inline sg_status sg_module_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
+{
+    return m->vt->forward(m, x, y);
+}
+static inline sg_status sg_module_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
+{
+    return m->vt->backward(m, dy, dx);
+}
+
+/* ---- optimizers (the public sg_optim_* calls live in optim.c; creation takes a model,
+ * so the public sg_optim_create is in models/, which calls this) ---- */
+sg_status sg_optim_create_for(sg_ctx *ctx, sg_param_set *ps, sg_optim_kind kind, sg_optim **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,103 @@
+/* optim.c: the optimizer object. Its hyperparameters (lr, betas, eps, weight decay,
+ * momentum, dampening, step count) live in one small device tensor that the fused kernels
+ * read; setters rewrite it with a stream-ordered kernel, so a schedule needs no host sync
+ * and a captured step would see the new values on replay. One launch updates all parameters. */
+#include "nn/nn.h"
+#include "ops/optim.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+
+struct sg_optim {
+    sg_ctx *ctx;
+    sg_optim_kind kind;
+    sg_param_set *ps;        /* not owned */
+    sg_tensor *hp;           /* (8) F32: sg_optim_hparams */
+    sg_tensor *m, *v;        /* AdamW moments; SGD uses m as the momentum buffer */
+};
+
+_Static_assert(sizeof(sg_optim_hparams) == 8 * sizeof(float), "hparams are 8 floats");
+
+static sg_optim_hparams defaults(sg_optim_kind kind)
+{
+    sg_optim_hparams h = {0};
+    h.lr = kind == SG_OPTIM_SGD ? 1e-2f : 1e-3f;
+    h.beta1 = 0.9f, h.beta2 = 0.999f, h.eps = 1e-8f;
+    h.momentum = 0.9f;
+    return h;
+}
+
+void sg_optim_destroy(sg_optim *o)
+{
+    if (!o) return;
+    sg_tensor_destroy(o->hp);
+    sg_tensor_destroy(o->m);
+    sg_tensor_destroy(o->v);
+    free(o);
+}
+
+sg_status sg_optim_create_for(sg_ctx *ctx, sg_param_set *ps, sg_optim_kind kind, sg_optim **out)
+{
+    *out = NULL;
+    if (kind != SG_OPTIM_ADAMW && kind != SG_OPTIM_SGD)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_optim_create: unknown optimizer kind %d", (int)kind);
+    sg_optim *o = calloc(1, sizeof *o);
+    if (!o) return sg_fail(ctx, SG_ERR_OOM, "sg_optim_create: out of host memory");
+    o->ctx = ctx, o->kind = kind, o->ps = ps;
+    int64_t n8 = 8, P = ps->flat->numel;
+    sg_status st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, &n8, "optim.hparams", &o->hp);
+    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, &P, "optim.m", &o->m);
+    if (st == SG_OK) st = sg_tensor_fill(o->m, 0.0);
+    if (st == SG_OK && kind == SG_OPTIM_ADAMW) {
+        st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, &P, "optim.v", &o->v);
+        if (st == SG_OK) st = sg_tensor_fill(o->v, 0.0);
+    }
+    sg_optim_hparams h = defaults(kind);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(o->hp, &h, sizeof h);
+    /* The kernel's "last block done" counter: reserved now, so steps allocate nothing. */
+    void *scratch;
+    if (st == SG_OK) st = sg_ctx_scratch(ctx, SG_SLOT_OPTIM, SG_OPTIM_SCRATCH_BYTES, &scratch);
+    if (st != SG_OK) {
+        sg_optim_destroy(o);
+        return st;
+    }
+    *out = o;
+    return SG_OK;
+}
+
+sg_status sg_optim_set_lr(sg_optim *o, float lr)
+{
+    if (!o) return SG_ERR_NULL;
+    if (!(lr >= 0.f)) return sg_fail(o->ctx, SG_ERR_INVALID, "sg_optim_set_lr: lr %g is not >= 0", lr);
+    return sg_tensor_write_small(o->hp, offsetof(sg_optim_hparams, lr), &lr, sizeof lr);
+}
+
+sg_status sg_optim_set_hparams(sg_optim *o, const sg_optim_hparams *hp)
+{
+    if (!o || !hp) return SG_ERR_NULL;
+    if (!(hp->lr >= 0.f) || !(hp->beta1 >= 0.f && hp->beta1 < 1.f) ||
+        !(hp->beta2 >= 0.f && hp->beta2 < 1.f) || !(hp->eps > 0.f) || !(hp->weight_decay >= 0.f))
+        return sg_fail(o->ctx, SG_ERR_INVALID,
+                       "sg_optim_set_hparams: lr %g beta1 %g beta2 %g eps %g weight_decay %g: "
+                       "expected lr >= 0, 0 <= betas < 1, eps > 0, weight_decay >= 0",
+                       hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay);
+    /* Everything but the step count, which belongs to the kernel. */
+    return sg_tensor_write_small(o->hp, 0, hp, offsetof(sg_optim_hparams, step));
+}
+
+sg_status sg_optim_get_hparams(sg_optim *o, sg_optim_hparams *out)
+{
+    if (!o || !out) return SG_ERR_NULL;
+    return sg_tensor_copy_to_host(o->hp, out, sizeof *out);
+}
+
+sg_status sg_optim_step(sg_optim *o)
+{
+    if (!o) return SG_ERR_NULL;
+    sg_param_set *ps = o->ps;
+    if (o->kind == SG_OPTIM_ADAMW)
+        return sg_adamw_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->v, o->hp, ps->seg_start,
+                             ps->seg_decay, ps->count);
+    return sg_sgd_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->hp, ps->seg_start, ps->seg_decay,
+                       ps->count);
+}

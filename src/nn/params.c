@@ -1,0 +1,121 @@
+/* params.c: the parameter set. Parameters are declared first, then laid out back to back in
+ * one flat F32 buffer (and gradients in a second one of the same layout), so the fused
+ * optimizers update everything in one launch and no address ever moves. Initial values
+ * are drawn on the host from a seed, identical for every backend. */
+#include "nn/nn.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+uint64_t sg_rng_next(sg_rng *r)
+{
+    uint64_t z = (r->state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+double sg_rng_uniform(sg_rng *r) { return (sg_rng_next(r) >> 11) * (1.0 / 9007199254740992.0); }
+
+double sg_rng_normal(sg_rng *r)
+{
+    double u1 = sg_rng_uniform(r), u2 = sg_rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+int sg_params_declare(sg_param_set *ps, const char *name, int ndim, const int64_t *shape,
+                      int decay, sg_init init, int64_t fan_in)
+{
+    if (ps->count >= SG_MAX_PARAMS) {
+        sg_fail(ps->ctx, SG_ERR_INVALID, "sg_params_declare: more than %d parameters", SG_MAX_PARAMS);
+        return -1;
+    }
+    if (ps->flat) {
+        sg_fail(ps->ctx, SG_ERR_INVALID, "sg_params_declare: '%s' declared after allocation", name);
+        return -1;
+    }
+    sg_param_info *p = &ps->info[ps->count];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = ndim;
+    p->numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        p->shape[i] = shape[i];
+        p->numel *= shape[i];
+    }
+    /* Align every tensor to 4 elements (16 bytes), so kernels can use vector loads. */
+    p->offset = (ps->total + 3) & ~(int64_t)3;
+    ps->total = p->offset + p->numel;
+    p->decay = decay;
+    p->init = init;
+    p->fan_in = fan_in;
+    return ps->count++;
+}
+
+static void init_values(const sg_param_info *p, sg_rng *r, float *dst)
+{
+    double bound = p->fan_in > 0 ? 1.0 / sqrt((double)p->fan_in) : 0.0;
+    for (int64_t i = 0; i < p->numel; i++) {
+        switch (p->init) {
+        case SG_INIT_UNIFORM_FAN_IN: dst[i] = (float)((2 * sg_rng_uniform(r) - 1) * bound); break;
+        case SG_INIT_ZEROS: dst[i] = 0.f; break;
+        case SG_INIT_ONES: dst[i] = 1.f; break;
+        case SG_INIT_NORMAL_002: dst[i] = (float)(0.02 * sg_rng_normal(r)); break;
+        }
+    }
+}
+
+sg_status sg_params_allocate(sg_param_set *ps, uint64_t seed)
+{
+    sg_ctx *ctx = ps->ctx;
+    int64_t total = ps->total > 0 ? ps->total : 1;
+    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 1, &total, "params", &ps->flat));
+    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 1, &total, "grads", &ps->grad_flat));
+    int64_t ns = ps->count + 1, nd = ps->count > 0 ? ps->count : 1;
+    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, &ns, "seg_start", &ps->seg_start));
+    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, &nd, "seg_decay", &ps->seg_decay));
+
+    float *host = calloc((size_t)total, sizeof *host);
+    int32_t *start = calloc((size_t)ns, sizeof *start), *decay = calloc((size_t)nd, sizeof *decay);
+    if (!host || !start || !decay) {
+        free(host), free(start), free(decay);
+        return sg_fail(ctx, SG_ERR_OOM, "sg_params_allocate: out of host memory");
+    }
+    sg_rng r = {seed};
+    sg_status st = SG_OK;
+    for (int i = 0; i < ps->count && st == SG_OK; i++) {
+        sg_param_info *p = &ps->info[i];
+        init_values(p, &r, host + p->offset);
+        /* Segments tile the flat buffer: alignment padding belongs to the previous one. */
+        start[i] = (int32_t)(i == 0 ? 0 : p->offset);
+        decay[i] = p->decay;
+        char gname[80];
+        snprintf(gname, sizeof gname, "%s.grad", p->name);
+        st = sg_tensor_view(ps->flat, p->offset, p->ndim, p->shape, p->name, &ps->param[i]);
+        if (st == SG_OK)
+            st = sg_tensor_view(ps->grad_flat, p->offset, p->ndim, p->shape, gname, &ps->grad[i]);
+    }
+    start[ps->count] = (int32_t)total;
+    if (st == SG_OK) st = sg_tensor_copy_from_host(ps->flat, host, (size_t)total * 4);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(ps->seg_start, start, (size_t)ns * 4);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(ps->seg_decay, decay, (size_t)nd * 4);
+    /* Padding gradients are never written by a backward: zero them once. */
+    if (st == SG_OK) st = sg_tensor_fill(ps->grad_flat, 0.0);
+    if (st == SG_OK) st = sg_ctx_sync(ctx); /* host buffers are freed next */
+    free(host), free(start), free(decay);
+    return st;
+}
+
+void sg_params_release(sg_param_set *ps)
+{
+    for (int i = 0; i < ps->count; i++) {
+        sg_tensor_destroy(ps->param[i]);
+        sg_tensor_destroy(ps->grad[i]);
+        ps->param[i] = ps->grad[i] = NULL;
+    }
+    sg_tensor_destroy(ps->flat);
+    sg_tensor_destroy(ps->grad_flat);
+    sg_tensor_destroy(ps->seg_start);
+    sg_tensor_destroy(ps->seg_decay);
+    ps->flat = ps->grad_flat = ps->seg_start = ps->seg_decay = NULL;
+}

@@ -1,0 +1,147 @@
+/* linear.c: public entry points of the linear layer: check every argument (dtypes, shapes,
+ * the act / pre / act_in contract, outputs that overlap inputs), then run the CPU reference
+ * or the CUDA path. Messages name the call and the tensor. */
+#include "ops/linear.h"
+
+/* A matrix argument of rows x cols: any shape whose last dim is cols and whose leading dims
+ * multiply to rows (so (B,T,C) activations pass as (B*T, C)), of x's dtype. */
+static sg_status check_rows(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
+                            int64_t rows, int64_t cols, sg_dtype dt)
+{
+    SG_TRY(sg_check_dtype(ctx, fn, what, t, dt));
+    if (t->shape[t->ndim - 1] != cols || t->numel / cols != rows) {
+        char s[96];
+        return sg_fail(ctx, SG_ERR_SHAPE,
+                       "%s: '%s' is %s, expected (%lld, %lld) (or leading dims whose product "
+                       "is %lld)",
+                       fn, what, sg_shape_str(t, s, sizeof s), (long long)rows, (long long)cols,
+                       (long long)rows);
+    }
+    return SG_OK;
+}
+
+/* A bias (or bias gradient) of n elements. */
+static sg_status check_vec(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
+                           int64_t n, sg_dtype dt)
+{
+    SG_TRY(sg_check_dtype(ctx, fn, what, t, dt));
+    if (t->ndim != 1 || t->shape[0] != n) {
+        char s[96];
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' is %s, expected (%lld)", fn, what,
+                       sg_shape_str(t, s, sizeof s), (long long)n);
+    }
+    return SG_OK;
+}
+
+/* x (..., K) and w (N, K): sets m, n, k. */
+static sg_status check_x_w(sg_ctx *ctx, const char *fn, const sg_tensor *x, const sg_tensor *w,
+                           int64_t *m, int64_t *n, int64_t *k)
+{
+    SG_TRY(sg_check_float(ctx, fn, "x", x));
+    *k = x->shape[x->ndim - 1];
+    *m = x->numel / *k;
+    SG_TRY(sg_check_dtype(ctx, fn, "w", w, x->dtype));
+    if (w->ndim != 2) {
+        char s[96];
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'w' is %s, expected 2-D (out, %lld)", fn,
+                       sg_shape_str(w, s, sizeof s), (long long)*k);
+    }
+    *n = w->shape[0];
+    return sg_check_shape2(ctx, fn, "w", w, *n, *k);
+}
+
+static sg_status check_act(sg_ctx *ctx, const char *fn, sg_activation act)
+{
+    if (act == SG_ACT_NONE || act == SG_ACT_RELU || act == SG_ACT_GELU) return SG_OK;
+    return sg_fail(ctx, SG_ERR_INVALID, "%s: act %d is not SG_ACT_NONE, SG_ACT_RELU or SG_ACT_GELU",
+                   fn, (int)act);
+}
+
+/* Outputs must not share bytes with anything else the call reads or writes. */
+static bool overlap(const sg_tensor *a, const sg_tensor *b)
+{
+    if (!a || !b) return false;
+    const char *pa = a->data, *pb = b->data;
+    return pa < pb + sg_tensor_nbytes(b) && pb < pa + sg_tensor_nbytes(a);
+}
+
+static sg_status check_disjoint(sg_ctx *ctx, const char *fn, const char *wout,
+                                const sg_tensor *out, const char *win, const sg_tensor *in)
+{
+    if (!overlap(out, in)) return SG_OK;
+    return sg_fail(ctx, SG_ERR_INVALID, "%s: output '%s' overlaps '%s' in memory", fn, wout, win);
+}
+
+sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                            const sg_tensor *b, sg_activation act, sg_tensor *y, sg_tensor *pre)
+{
+    static const char fn[] = "sg_linear_forward";
+    if (!ctx) return SG_ERR_NULL;
+    int64_t m, n, k;
+    SG_TRY(check_act(ctx, fn, act));
+    SG_TRY(check_x_w(ctx, fn, x, w, &m, &n, &k));
+    if (b) SG_TRY(check_vec(ctx, fn, "b", b, n, x->dtype));
+    SG_TRY(check_rows(ctx, fn, "y", y, m, n, x->dtype));
+    if (act == SG_ACT_GELU) {
+        if (!pre)
+            return sg_fail(ctx, SG_ERR_NULL,
+                           "%s: tensor 'pre' is NULL; act GELU needs it (the backward reads the "
+                           "pre-activation)", fn);
+        SG_TRY(check_rows(ctx, fn, "pre", pre, m, n, x->dtype));
+    } else if (pre) {
+        return sg_fail(ctx, SG_ERR_INVALID,
+                       "%s: tensor 'pre' must be NULL unless act is GELU (it is only written for "
+                       "GELU; the ReLU backward reads y)", fn);
+    }
+    const char *in_names[] = {"x", "w", "b"};
+    const sg_tensor *ins[] = {x, w, b};
+    for (int i = 0; i < 3; i++) {
+        SG_TRY(check_disjoint(ctx, fn, "y", y, in_names[i], ins[i]));
+        SG_TRY(check_disjoint(ctx, fn, "pre", pre, in_names[i], ins[i]));
+    }
+    SG_TRY(check_disjoint(ctx, fn, "y", y, "pre", pre));
+
+    if (ctx->backend == SG_BACKEND_CPU)
+        return sg_linear_forward_cpu(ctx, x, w, b, act, y, pre, m, n, k);
+    return SG_CUDA_DISPATCH(ctx, sg_linear_forward_cuda(ctx, x, w, b, act, y, pre, m, n, k));
+}
+
+sg_status sg_linear_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                             sg_tensor *dy, sg_activation act, const sg_tensor *act_in,
+                             sg_tensor *dx, sg_tensor *dw, sg_tensor *db)
+{
+    static const char fn[] = "sg_linear_backward";
+    if (!ctx) return SG_ERR_NULL;
+    int64_t m, n, k;
+    SG_TRY(check_act(ctx, fn, act));
+    SG_TRY(check_x_w(ctx, fn, x, w, &m, &n, &k));
+    SG_TRY(check_rows(ctx, fn, "dy", dy, m, n, x->dtype));
+    if (act != SG_ACT_NONE) {
+        if (!act_in)
+            return sg_fail(ctx, SG_ERR_NULL,
+                           "%s: tensor 'act_in' is NULL; act %s needs it (the forward's %s)", fn,
+                           act == SG_ACT_RELU ? "RELU" : "GELU",
+                           act == SG_ACT_RELU ? "output y" : "pre");
+        SG_TRY(check_rows(ctx, fn, "act_in", act_in, m, n, x->dtype));
+    } else {
+        act_in = NULL; /* ignored */
+    }
+    if (dx) SG_TRY(check_rows(ctx, fn, "dx", dx, m, k, x->dtype));
+    SG_TRY(sg_check_dtype(ctx, fn, "dw", dw, x->dtype));
+    SG_TRY(sg_check_shape2(ctx, fn, "dw", dw, n, k));
+    if (db) SG_TRY(check_vec(ctx, fn, "db", db, n, x->dtype));
+
+    /* Outputs (dy too: it receives d(pre)) must not overlap any other argument, except
+     * act_in may be dy itself: that update is elementwise. */
+    const char *names[] = {"dy", "dx", "dw", "db", "x", "w", "act_in"};
+    const sg_tensor *ts[] = {dy, dx, dw, db, x, w, act_in};
+    for (int o = 0; o < 4; o++)
+        for (int i = 0; i < 7; i++)
+            if (i != o && !(o == 0 && i == 6))
+                SG_TRY(check_disjoint(ctx, fn, names[o], ts[o], names[i], ts[i]));
+
+    if (ctx->backend == SG_BACKEND_CPU)
+        return sg_linear_backward_cpu(ctx, x, w, dy, act, act_in, dx, dw, db, m, n, k);
+    return SG_CUDA_DISPATCH(ctx, sg_linear_backward_cuda(ctx, x, w, dy, act, act_in, dx, dw, db,
+                                                         m, n, k));
+}

@@ -1,0 +1,45 @@
+/* linear.h: the fully connected layer y = act(x @ w^T + b), forward and backward: CPU
+ * reference (linear_cpu.c), cuBLASLt matmuls with fused epilogues plus one activation/bias
+ * gradient kernel (linear_cuda.cu), and the public entry points that check arguments (linear.c).
+ *
+ * Shapes (row-major): x (M,K) or N-D (..., K) with its leading dims flattened into M rows;
+ * w (N,K) stored (out, in) as PyTorch's; b (N); y and pre (M,N) or N-D (..., N) with M rows;
+ * dy and act_in like y; dx like x; dw like w; db like b.
+ *
+ * `pre` (forward): required when act is SG_ACT_GELU (the backward needs the pre-activation)
+ * and must be NULL otherwise: a non-NULL pre with RELU or NONE fails with SG_ERR_INVALID
+ * rather than being silently left unwritten.
+ * `act_in` (backward): with RELU the forward's output y (relu'(pre) = y > 0), with GELU the
+ * forward's pre, with NONE ignored (NULL is fine). dy is overwritten with d(pre) when act is
+ * not NONE. dx, dw and db are written, not accumulated. */
+#ifndef SG_OPS_LINEAR_H
+#define SG_OPS_LINEAR_H
+
+#include "core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Arguments checked by linear.c; m, n, k are the rows of x, the rows of w and the columns of
+ * x. The CPU functions fail only when host memory runs out. */
+sg_status sg_linear_forward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                                const sg_tensor *b, sg_activation act, sg_tensor *y,
+                                sg_tensor *pre, int64_t m, int64_t n, int64_t k);
+sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                                 sg_tensor *dy, sg_activation act, const sg_tensor *act_in,
+                                 sg_tensor *dx, sg_tensor *dw, sg_tensor *db, int64_t m,
+                                 int64_t n, int64_t k);
+
+sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                                 const sg_tensor *b, sg_activation act, sg_tensor *y,
+                                 sg_tensor *pre, int64_t m, int64_t n, int64_t k);
+sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                                  sg_tensor *dy, sg_activation act, const sg_tensor *act_in,
+                                  sg_tensor *dx, sg_tensor *dw, sg_tensor *db, int64_t m,
+                                  int64_t n, int64_t k);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,177 @@
+/* linear_cpu.c: the reference linear layer, forward and backward, computed in double for f32
+ * and f64 tensors. It is the oracle the cuBLASLt path is tested against, and it trains real
+ * MLPs in CI, so the loops run over rows with contiguous inner loops (axpy form, which
+ * compilers vectorize) on double copies of the operands. Sums run in a fixed order. */
+#include "ops/act.h"
+#include "ops/linear.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* The tensor's n elements as doubles: f64 tensors in place (*owned stays NULL), others
+ * converted into a new buffer (*owned, freed by the caller). NULL when out of memory. */
+static const double *as_f64(const sg_tensor *t, double **owned)
+{
+    *owned = NULL;
+    if (t->dtype == SG_DTYPE_F64) return t->data;
+    double *d = malloc((size_t)t->numel * sizeof *d);
+    if (!d) return NULL;
+    if (t->dtype == SG_DTYPE_F32) {
+        const float *f = t->data;
+        for (int64_t i = 0; i < t->numel; i++) d[i] = f[i];
+    } else {
+        for (int64_t i = 0; i < t->numel; i++) d[i] = sg_ld(t, i);
+    }
+    *owned = d;
+    return d;
+}
+
+/* t[off .. off+n) = v[0 .. n). */
+static void store(sg_tensor *t, int64_t off, const double *v, int64_t n)
+{
+    switch (t->dtype) {
+    case SG_DTYPE_F64: memcpy((double *)t->data + off, v, (size_t)n * sizeof *v); break;
+    case SG_DTYPE_F32: {
+        float *f = (float *)t->data + off;
+        for (int64_t i = 0; i < n; i++) f[i] = (float)v[i];
+        break;
+    }
+    default:
+        for (int64_t i = 0; i < n; i++) sg_st(t, off + i, v[i]);
+    }
+}
+
+static double gelu(double v)
+{
+    double u = SG_GELU_K0 * (v + SG_GELU_K1 * v * v * v);
+    return 0.5 * v * (1 + tanh(u));
+}
+
+/* d gelu / dv, as sg_gelu_backward_cpu. */
+static double gelu_grad(double v)
+{
+    double u = SG_GELU_K0 * (v + SG_GELU_K1 * v * v * v);
+    double t = tanh(u);
+    double du = SG_GELU_K0 * (1 + 3 * SG_GELU_K1 * v * v);
+    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * du;
+}
+
+static sg_status oom(sg_ctx *ctx, const char *fn)
+{
+    return sg_fail(ctx, SG_ERR_OOM, "%s: out of host memory for the CPU reference's buffers", fn);
+}
+
+/* y(M,N) = act(x(M,K) @ w(N,K)^T + b(N)): per row m, acc(N) = b + sum_k x[m,k] * wT[k,:],
+ * with w transposed once to wT(K,N) so the inner loop runs along n. */
+sg_status sg_linear_forward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                                const sg_tensor *b, sg_activation act, sg_tensor *y,
+                                sg_tensor *pre, int64_t m, int64_t n, int64_t k)
+{
+    double *xo = NULL, *bo = NULL;
+    const double *xd = as_f64(x, &xo);
+    const double *bd = b ? as_f64(b, &bo) : NULL;
+    double *wt = malloc((size_t)(n * k) * sizeof *wt);
+    double *acc = malloc((size_t)n * sizeof *acc);
+    sg_status st = SG_OK;
+    if (!xd || (b && !bd) || !wt || !acc) {
+        st = oom(ctx, "sg_linear_forward");
+        goto done;
+    }
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < k; i++) wt[i * n + j] = sg_ld(w, j * k + i);
+
+    for (int64_t r = 0; r < m; r++) {
+        for (int64_t j = 0; j < n; j++) acc[j] = bd ? bd[j] : 0.0;
+        const double *xr = xd + r * k;
+        for (int64_t i = 0; i < k; i++) {
+            const double a = xr[i], *restrict wr = wt + i * n;
+            double *restrict ar = acc;
+            for (int64_t j = 0; j < n; j++) ar[j] += a * wr[j];
+        }
+        if (act == SG_ACT_GELU) {
+            store(pre, r * n, acc, n);
+            for (int64_t j = 0; j < n; j++) acc[j] = gelu(acc[j]);
+        } else if (act == SG_ACT_RELU) {
+            for (int64_t j = 0; j < n; j++) acc[j] = acc[j] > 0 ? acc[j] : 0.0;
+        }
+        store(y, r * n, acc, n);
+    }
+done:
+    free(xo);
+    free(bo);
+    free(wt);
+    free(acc);
+    return st;
+}
+
+/* d(pre)(M,N) = dy * act'(act_in) (written back into dy when act is not NONE);
+ * db(N) = sum_m dpre[m,:]; dw(N,K) = dpre^T @ x; dx(M,K) = dpre @ w. */
+sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                                 sg_tensor *dy, sg_activation act, const sg_tensor *act_in,
+                                 sg_tensor *dx, sg_tensor *dw, sg_tensor *db, int64_t m,
+                                 int64_t n, int64_t k)
+{
+    double *xo = NULL, *wo = NULL, *go = NULL, *ao = NULL;
+    const double *xd = as_f64(x, &xo);
+    const double *wd = as_f64(w, &wo);
+    const double *gd = as_f64(dy, &go);
+    const double *ad = act_in ? as_f64(act_in, &ao) : NULL;
+    double *dpre = malloc((size_t)(m * n) * sizeof *dpre);
+    int64_t accn = n > k ? n : k;
+    double *acc = malloc((size_t)accn * sizeof *acc);
+    sg_status st = SG_OK;
+    if (!xd || !wd || !gd || (act_in && !ad) || !dpre || !acc) {
+        st = oom(ctx, "sg_linear_backward");
+        goto done;
+    }
+
+    for (int64_t i = 0; i < m * n; i++) {
+        double g = gd[i];
+        if (act == SG_ACT_RELU) g = ad[i] > 0 ? g : 0.0;
+        if (act == SG_ACT_GELU) g *= gelu_grad(ad[i]);
+        dpre[i] = g;
+    }
+    if (act != SG_ACT_NONE) store(dy, 0, dpre, m * n);
+
+    if (db) {
+        for (int64_t j = 0; j < n; j++) acc[j] = 0.0;
+        for (int64_t r = 0; r < m; r++) {
+            const double *restrict pr = dpre + r * n;
+            double *restrict ar = acc;
+            for (int64_t j = 0; j < n; j++) ar[j] += pr[j];
+        }
+        store(db, 0, acc, n);
+    }
+
+    /* dw[j,:] = sum_r dpre[r,j] * x[r,:] */
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t i = 0; i < k; i++) acc[i] = 0.0;
+        for (int64_t r = 0; r < m; r++) {
+            const double a = dpre[r * n + j], *restrict xr = xd + r * k;
+            double *restrict ar = acc;
+            for (int64_t i = 0; i < k; i++) ar[i] += a * xr[i];
+        }
+        store(dw, j * k, acc, k);
+    }
+
+    /* dx[r,:] = sum_j dpre[r,j] * w[j,:] */
+    if (dx) {
+        for (int64_t r = 0; r < m; r++) {
+            for (int64_t i = 0; i < k; i++) acc[i] = 0.0;
+            for (int64_t j = 0; j < n; j++) {
+                const double a = dpre[r * n + j], *restrict wr = wd + j * k;
+                double *restrict ar = acc;
+                for (int64_t i = 0; i < k; i++) ar[i] += a * wr[i];
+            }
+            store(dx, r * k, acc, k);
+        }
+    }
+done:
+    free(xo);
+    free(wo);
+    free(go);
+    free(ao);
+    free(dpre);
+    free(acc);
+    return st;
+}

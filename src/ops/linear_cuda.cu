@@ -1,0 +1,505 @@
+/* linear_cuda.cu: the linear layer on the GPU, f32. Forward: one cublasLtMatmul whose
+ * epilogue adds the bias and applies ReLU or GELU (keeping pre in the aux buffer); where that
+ * epilogue cannot run (see sg_linear_forward_cuda), a plain matmul and one bias+act kernel.
+ * Backward: one kernel (d(pre) = dy * act'(act_in) in place, and db as a deterministic column
+ * sum), then cublasLtMatmul for dw and for dx. Matmul plans (descriptor, layouts, algorithm)
+ * are cached per shape in the context (slot SG_SLOT_LINEAR), so a call costs a lookup, at
+ * most two pointer attributes and the launch.
+ *
+ * Row-major tensors are column-major transposes: a row-major (R,C) matrix is, to cuBLASLt,
+ * a column-major C x R matrix with leading dimension C. Every matmul below is written in
+ * column-major terms D(m x n) = op(A)(m x k) op(B)(k x n), all layouts packed. */
+#include "ops/act.h"
+#include "ops/linear.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stdlib.h>
+
+/* ---- plan cache ---- */
+
+/* What a plan depends on. Alignments (of A, B, D, bias, aux; lowest set bit of the address,
+ * capped at 256) are part of the key: the heuristic picks algorithms that need them. */
+typedef struct lin_key {
+    uint64_t m, n, k;
+    int32_t transa, transb, epilogue;
+    uint32_t align[5];
+} lin_key;
+
+typedef struct lin_plan {
+    lin_key key;
+    bool ok;        /* false: the heuristic has no algorithm for this key (remembered) */
+    int heuristic;  /* the heuristic's cuBLAS status, for the message when !ok */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, d; /* C is D (beta = 0) */
+    cublasLtMatmulAlgo_t algo;
+} lin_plan;
+
+typedef struct lin_cache {
+    lin_plan *plans;
+    int n, cap;
+} lin_cache;
+
+static void plan_release(lin_plan *p)
+{
+    /* Destroy calls on a teardown path: nothing useful to do with a failure. */
+    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+    if (p->d) cublasLtMatrixLayoutDestroy(p->d);
+    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+    p->a = p->b = p->d = NULL;
+    p->desc = NULL;
+}
+
+static void cache_free(sg_ctx *ctx, void *ext)
+{
+    lin_cache *c = (lin_cache *)ext;
+    for (int i = 0; i < c->n; i++) plan_release(&c->plans[i]);
+    free(c->plans);
+    free(c);
+}
+
+static uint32_t align_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    uint32_t r = 256;
+    while (r > 4 && (a & (r - 1))) r >>= 1;
+    return r;
+}
+
+static const char *epilogue_name(int e)
+{
+    switch (e) {
+    case CUBLASLT_EPILOGUE_DEFAULT: return "DEFAULT";
+    case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+    case CUBLASLT_EPILOGUE_RELU: return "RELU";
+    case CUBLASLT_EPILOGUE_RELU_BIAS: return "RELU_BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+    }
+    return "?";
+}
+
+/* Creates p's descriptor and layouts for p->key and asks the heuristic for one algorithm
+ * that fits the context's workspace. bias and aux are this call's pointers: the heuristic
+ * reads their alignment from them. On error the caller releases p. */
+static sg_status plan_build(sg_ctx *ctx, lin_plan *p, const void *bias, const void *aux)
+{
+    const lin_key *k = &p->key;
+    cublasLtHandle_t lt = (cublasLtHandle_t)sg_ctx_cublaslt(ctx);
+    cublasOperation_t ta = (cublasOperation_t)k->transa, tb = (cublasOperation_t)k->transb;
+    cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k->epilogue;
+
+    /* fp32 accumulation, not TF32: results match PyTorch with TF32 off. */
+    SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                        &ta, sizeof ta));
+    SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                        &tb, sizeof tb));
+    SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                        &epi, sizeof epi));
+    if (bias)
+        SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(
+                                 p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (aux) {
+        int64_t ld = (int64_t)k->m; /* aux is D-shaped: m x n, packed */
+        SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(
+                                 p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                 sizeof aux));
+        SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(
+                                 p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+    }
+    /* Stored shapes (before op): A is m x k, or k x m when transposed; B is k x n, or n x k. */
+    uint64_t ar = ta == CUBLAS_OP_N ? k->m : k->k, ac = ta == CUBLAS_OP_N ? k->k : k->m;
+    uint64_t br = tb == CUBLAS_OP_N ? k->k : k->n, bc = tb == CUBLAS_OP_N ? k->n : k->k;
+    SG_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, ar, ac, (int64_t)ar));
+    SG_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, br, bc, (int64_t)br));
+    SG_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, k->m, k->n, (int64_t)k->m));
+
+    /* The preference lives only here; its status is checked after it is destroyed. */
+    size_t ws_bytes = 0;
+    sg_ctx_workspace(ctx, &ws_bytes);
+    uint64_t ws = ws_bytes;
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const uint32_t align_val[4] = {k->align[0], k->align[1], k->align[2], k->align[2]};
+    cublasLtMatmulPreference_t pref;
+    SG_CUBLAS_CHECK(ctx, cublasLtMatmulPreferenceCreate(&pref));
+    const char *what = "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)";
+    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; i++) {
+        what = "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_*_BYTES)";
+        s = cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align_val[i],
+                                                 sizeof align_val[i]);
+    }
+    cublasLtMatmulHeuristicResult_t r;
+    memset(&r, 0, sizeof r);
+    int found = 0;
+    cublasStatus_t hs = CUBLAS_STATUS_SUCCESS;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        hs = cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->a, p->b, p->d, p->d, pref, 1, &r,
+                                            &found);
+    SG_CUBLAS_CHECK(ctx, cublasLtMatmulPreferenceDestroy(pref));
+    if (s != CUBLAS_STATUS_SUCCESS) return sg_cublas_status(ctx, (int)s, what, __FILE__, __LINE__);
+    /* Any refusal of the heuristic (NOT_SUPPORTED, or INVALID_VALUE for an epilogue this shape
+     * cannot take) means "no algorithm": the caller falls back to an unfused epilogue or
+     * fails naming the shape. It is remembered, so the heuristic is not asked again. */
+    if (hs != CUBLAS_STATUS_SUCCESS || found == 0 || r.state != CUBLAS_STATUS_SUCCESS) {
+        p->ok = false;
+        p->heuristic = hs != CUBLAS_STATUS_SUCCESS ? (int)hs : (int)r.state;
+        plan_release(p);
+        return SG_OK;
+    }
+    p->algo = r.algo;
+    p->ok = true;
+    return SG_OK;
+}
+
+/* The plan for key: from the cache, or built (and cached) now. */
+static sg_status plan_get(sg_ctx *ctx, const lin_key *key, const void *bias, const void *aux,
+                          lin_plan **out)
+{
+    lin_cache *c = (lin_cache *)sg_ctx_ext(ctx, SG_SLOT_LINEAR);
+    if (!c) {
+        c = (lin_cache *)calloc(1, sizeof *c);
+        if (!c) return sg_fail(ctx, SG_ERR_OOM, "sg_linear: out of host memory for the plan cache");
+        sg_ctx_set_ext(ctx, SG_SLOT_LINEAR, c, cache_free);
+    }
+    for (int i = 0; i < c->n; i++)
+        if (!memcmp(&c->plans[i].key, key, sizeof *key)) {
+            *out = &c->plans[i];
+            return SG_OK;
+        }
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 16;
+        lin_plan *np = (lin_plan *)realloc(c->plans, (size_t)cap * sizeof *np);
+        if (!np)
+            return sg_fail(ctx, SG_ERR_OOM, "sg_linear: out of host memory for the plan cache");
+        c->plans = np;
+        c->cap = cap;
+    }
+    lin_plan p;
+    memset(&p, 0, sizeof p);
+    p.key = *key;
+    sg_status st = plan_build(ctx, &p, bias, aux);
+    if (st != SG_OK) {
+        plan_release(&p);
+        return st;
+    }
+    c->plans[c->n] = p;
+    *out = &c->plans[c->n++];
+    return SG_OK;
+}
+
+/* D(m x n) = op(A) op(B) with epilogue epi (bias: m elements; aux: m x n, packed), all
+ * column-major and packed. When the heuristic has no algorithm: with `optional`, *ran is
+ * false and nothing runs; otherwise it fails with SG_ERR_CUBLAS naming the shape. */
+static sg_status matmul(sg_ctx *ctx, const char *fn, cublasOperation_t transa,
+                        cublasOperation_t transb, int64_t m, int64_t n, int64_t k,
+                        cublasLtEpilogue_t epi, const float *A, const float *B, float *D,
+                        const float *bias, float *aux, bool optional, bool *ran)
+{
+    lin_key key;
+    memset(&key, 0, sizeof key); /* keys are compared bytewise */
+    key.m = (uint64_t)m;
+    key.n = (uint64_t)n;
+    key.k = (uint64_t)k;
+    key.transa = (int32_t)transa;
+    key.transb = (int32_t)transb;
+    key.epilogue = (int32_t)epi;
+    key.align[0] = align_of(A);
+    key.align[1] = align_of(B);
+    key.align[2] = align_of(D);
+    key.align[3] = bias ? align_of(bias) : 0;
+    key.align[4] = aux ? align_of(aux) : 0;
+    lin_plan *p;
+    SG_TRY(plan_get(ctx, &key, bias, aux, &p));
+    *ran = false;
+    if (!p->ok) {
+        if (optional) return SG_OK;
+        size_t ws_bytes = 0;
+        sg_ctx_workspace(ctx, &ws_bytes);
+        return sg_fail(ctx, SG_ERR_CUBLAS,
+                       "%s: cuBLASLt has no f32 algorithm for D(%lld x %lld) = op%s(A) op%s(B) "
+                       "with k = %lld, epilogue %s, alignments A %u B %u D %u bias %u aux %u "
+                       "bytes, workspace limit %zu bytes (heuristic status %d)",
+                       fn, (long long)m, (long long)n, transa == CUBLAS_OP_T ? "T" : "N",
+                       transb == CUBLAS_OP_T ? "T" : "N", (long long)k, epilogue_name(epi),
+                       key.align[0], key.align[1], key.align[2], key.align[3], key.align[4],
+                       ws_bytes, p->heuristic);
+    }
+    if (bias)
+        SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(
+                                 p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (aux)
+        SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(
+                                 p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                 sizeof aux));
+    size_t ws_bytes = 0;
+    void *ws = sg_ctx_workspace(ctx, &ws_bytes);
+    const float one = 1.f, zero = 0.f;
+    SG_CUBLAS_CHECK(ctx, cublasLtMatmul((cublasLtHandle_t)sg_ctx_cublaslt(ctx), p->desc, &one, A,
+                                        p->a, B, p->b, &zero, D, p->d, D, p->d, &p->algo, ws,
+                                        ws_bytes, (cudaStream_t)sg_ctx_stream(ctx)));
+    sg_ctx_count_launches(ctx, 1);
+    *ran = true;
+    return SG_OK;
+}
+
+/* ---- the unfused forward epilogue: one kernel ---- */
+
+#define GELU_K0F ((float)SG_GELU_K0)
+#define GELU_K1F ((float)SG_GELU_K1)
+
+/* t(M,N): the plain matmul's output, which is pre for GELU (the bias is added in place) and y
+ * otherwise. y = act(t + b) elementwise; the formulas are act_cuda.cu's. */
+template <int ACT>
+__global__ void bias_act_kernel(float *t, const float *__restrict__ b, float *y, int64_t m,
+                                int64_t n)
+{
+    const int64_t total = m * n, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += stride) {
+        float v = t[i] + (b ? b[i % n] : 0.f);
+        if (ACT == SG_ACT_GELU) {
+            t[i] = v;
+            v = 0.5f * v * (1.f + tanhf(GELU_K0F * (v + GELU_K1F * v * v * v)));
+        } else if (ACT == SG_ACT_RELU) {
+            v = v > 0.f ? v : 0.f;
+        }
+        y[i] = v;
+    }
+}
+
+static sg_status launch_bias_act(sg_ctx *ctx, sg_activation act, float *t, const float *b,
+                                 float *y, int64_t m, int64_t n)
+{
+    const int threads = 256;
+    const int64_t want = (m * n + threads - 1) / threads, cap = (int64_t)sg_ctx_sm_count(ctx) * 8;
+    int blocks = (int)(want < cap ? want : (cap > 0 ? cap : 1));
+    cudaStream_t s = (cudaStream_t)sg_ctx_stream(ctx);
+    switch (act) {
+    case SG_ACT_NONE: bias_act_kernel<SG_ACT_NONE><<<blocks, threads, 0, s>>>(t, b, y, m, n); break;
+    case SG_ACT_RELU: bias_act_kernel<SG_ACT_RELU><<<blocks, threads, 0, s>>>(t, b, y, m, n); break;
+    case SG_ACT_GELU: bias_act_kernel<SG_ACT_GELU><<<blocks, threads, 0, s>>>(t, b, y, m, n); break;
+    }
+    SG_CUDA_CHECK_LAUNCH(ctx, "bias_act_kernel");
+    sg_ctx_count_launches(ctx, 1);
+    return SG_OK;
+}
+
+/* ---- d(pre) and the bias gradient: one kernel ----
+ * Blocks of 32 columns x 8 row lanes: a warp reads 32 consecutive floats of one row. Rows are
+ * cut into gridDim.y chunks; a block sums its chunk per column (each lane its rows in order,
+ * then the 8 lanes in order). With one chunk the block writes db; with several, each block
+ * writes its partial and the last block of a column tile (a counter per tile, reset to 0 by
+ * that block) adds the partials in chunk order. Same order every run: deterministic. */
+
+#define DB_COLS 32
+#define DB_ROWS 8
+
+template <int ACT> __device__ __forceinline__ float act_grad(float g, float a)
+{
+    if (ACT == SG_ACT_RELU) return a > 0.f ? g : 0.f; /* a is the forward's output y */
+    if (ACT == SG_ACT_GELU) {                          /* a is pre; as act_cuda.cu */
+        float u = GELU_K0F * (a + GELU_K1F * a * a * a);
+        float t = tanhf(u);
+        float du = GELU_K0F * (1.f + 3.f * GELU_K1F * a * a);
+        return g * (0.5f * (1.f + t) + 0.5f * a * (1.f - t * t) * du);
+    }
+    return g;
+}
+
+/* g(M,N): dy in, d(pre) out (when ACT is not NONE). act_in(M,N), which may be g itself (no
+ * __restrict__ on either: each element is read, then written, by one thread). db(N) or NULL.
+ * partials(gridDim.y, N) and counters(gridDim.x): scratch, used when gridDim.y > 1. */
+template <int ACT>
+__global__ void __launch_bounds__(DB_COLS * DB_ROWS, 8)
+dact_bias_kernel(float *g, const float *act_in, float *__restrict__ db,
+                 float *__restrict__ partials, unsigned *__restrict__ counters, int64_t m,
+                 int64_t n, int64_t rows_per_chunk)
+{
+    __shared__ float sh[DB_ROWS][DB_COLS + 1];
+    __shared__ bool last;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t col = (int64_t)blockIdx.x * DB_COLS + tx;
+    const int64_t r0 = (int64_t)blockIdx.y * rows_per_chunk;
+    const int64_t r1 = r0 + rows_per_chunk < m ? r0 + rows_per_chunk : m;
+    float s = 0.f;
+    if (col < n)
+        for (int64_t r = r0 + ty; r < r1; r += DB_ROWS) {
+            int64_t i = r * n + col;
+            float v = g[i];
+            if (ACT != SG_ACT_NONE) {
+                v = act_grad<ACT>(v, act_in[i]);
+                g[i] = v;
+            }
+            s += v;
+        }
+    if (!db) return; /* the same for the whole grid */
+
+    sh[ty][tx] = s;
+    __syncthreads();
+    float total = 0.f;
+    if (ty == 0)
+        for (int j = 0; j < DB_ROWS; j++) total += sh[j][tx];
+    if (gridDim.y == 1) {
+        if (ty == 0 && col < n) db[col] = total;
+        return;
+    }
+    if (ty == 0 && col < n) partials[(int64_t)blockIdx.y * n + col] = total;
+    __threadfence(); /* partials visible device-wide before the counter moves */
+    __syncthreads();
+    if (tx == 0 && ty == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (ty == 0 && col < n) {
+        float t = 0.f;
+        for (unsigned j = 0; j < gridDim.y; j++) t += __ldcg(&partials[(int64_t)j * n + col]);
+        db[col] = t;
+    }
+    if (tx == 0 && ty == 0) counters[blockIdx.x] = 0; /* ready for the next launch */
+}
+
+/* Blocks the grid aims for: 8 blocks of 256 threads fill an SM. */
+static int64_t target_blocks(sg_ctx *ctx)
+{
+    int sms = sg_ctx_sm_count(ctx);
+    return (int64_t)(sms > 0 ? sms : 1) * 8;
+}
+
+/* Scratch of a fixed size per device (so it is allocated once, before any capture, and never
+ * moves): counters for up to T column tiles, then partials. More than one chunk happens only
+ * when the column tiles gx < T, and then gy <= T/gx + 1, so gy*N <= gy*gx*32 <= 2*T*32. */
+static size_t scratch_bytes(int64_t t, size_t *partials_off)
+{
+    *partials_off = (((size_t)t * sizeof(unsigned)) + 255) / 256 * 256;
+    return *partials_off + (size_t)(2 * t * DB_COLS) * sizeof(float);
+}
+
+static sg_status launch_dact_bias(sg_ctx *ctx, sg_activation act, float *g, const float *act_in,
+                                  float *db, int64_t m, int64_t n)
+{
+    const int64_t t = target_blocks(ctx);
+    const int64_t gx = (n + DB_COLS - 1) / DB_COLS;
+    int64_t gy = gx < t ? (t + gx - 1) / gx : 1;
+    const int64_t max_gy = (m + 4 * DB_ROWS - 1) / (4 * DB_ROWS); /* >= 4 rows per lane */
+    if (gy > max_gy) gy = max_gy;
+    if (gy < 1) gy = 1;
+    const int64_t rows_per_chunk = (m + gy - 1) / gy;
+    gy = (m + rows_per_chunk - 1) / rows_per_chunk;
+
+    if (gx > 0x7fffffff)
+        return sg_fail(ctx, SG_ERR_UNSUPPORTED, "sg_linear_backward: N = %lld is too wide",
+                       (long long)n);
+    float *partials = NULL;
+    unsigned *counters = NULL;
+    if (db) {
+        size_t off, bytes = scratch_bytes(t, &off);
+        void *s;
+        SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_LINEAR, bytes, &s));
+        counters = (unsigned *)s;
+        partials = (float *)((char *)s + off);
+        SG_ASSERT(gy == 1 || (gx <= t && gy * n <= 2 * t * DB_COLS));
+    }
+    dim3 grid((unsigned)gx, (unsigned)gy), block(DB_COLS, DB_ROWS);
+    cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
+    switch (act) {
+    case SG_ACT_NONE:
+        dact_bias_kernel<SG_ACT_NONE><<<grid, block, 0, st>>>(g, act_in, db, partials, counters,
+                                                              m, n, rows_per_chunk);
+        break;
+    case SG_ACT_RELU:
+        dact_bias_kernel<SG_ACT_RELU><<<grid, block, 0, st>>>(g, act_in, db, partials, counters,
+                                                              m, n, rows_per_chunk);
+        break;
+    case SG_ACT_GELU:
+        dact_bias_kernel<SG_ACT_GELU><<<grid, block, 0, st>>>(g, act_in, db, partials, counters,
+                                                              m, n, rows_per_chunk);
+        break;
+    }
+    SG_CUDA_CHECK_LAUNCH(ctx, "dact_bias_kernel");
+    sg_ctx_count_launches(ctx, 1);
+    return SG_OK;
+}
+
+/* ---- entry points (arguments checked by linear.c) ---- */
+
+/* Row-major y(M,N) = x(M,K) w(N,K)^T is column-major y^T(N x M) = w^T x^T:
+ *   A = w: stored column-major K x N (ld K), op T -> N x K;
+ *   B = x: stored column-major K x M (ld K), op N;
+ *   D = y: column-major N x M (ld N). m = N, n = M, k = K.
+ * The bias has N elements, one per row of D, as the BIAS epilogues want; pre (aux) is
+ * D-shaped with ld N. */
+extern "C" sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                                            const sg_tensor *b, sg_activation act, sg_tensor *y,
+                                            sg_tensor *pre, int64_t m, int64_t n, int64_t k)
+{
+    static const char fn[] = "sg_linear_forward";
+    const float *xp = (const float *)x->data, *wp = (const float *)w->data;
+    const float *bp = b ? (const float *)b->data : NULL;
+    float *yp = (float *)y->data, *pp = pre ? (float *)pre->data : NULL;
+
+    cublasLtEpilogue_t fused;
+    switch (act) {
+    case SG_ACT_RELU: fused = bp ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU; break;
+    /* GELU always keeps pre (the _AUX variants): the backward needs it. */
+    case SG_ACT_GELU:
+        fused = bp ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        break;
+    default: fused = bp ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT; break;
+    }
+    /* When the fused epilogue may not run: the GELU aux leading dimension (N) must be a
+     * multiple of 8; and cuBLASLt's alignment preferences cover A, B, C, D but not the bias or
+     * aux pointers, so the heuristic may pick a kernel that assumes 16-byte ones (a bias that
+     * is a view into the parameter buffer need not be: PyTorch met "misaligned address"
+     * faults there). Those cases, and shapes the heuristic refuses, take the unfused path. */
+    bool fusable = (!bp || align_of(bp) >= 16) &&
+                   (act != SG_ACT_GELU || (n % 8 == 0 && align_of(pp) >= 16));
+    bool ran = false;
+    if (fusable)
+        SG_TRY(matmul(ctx, fn, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, fused, wp, xp, yp, bp,
+                      act == SG_ACT_GELU ? pp : NULL, fused != CUBLASLT_EPILOGUE_DEFAULT, &ran));
+    if (ran) return SG_OK;
+
+    /* Unfused: the plain matmul into pre (GELU) or y, then one kernel adds the bias and
+     * applies act (y = act(pre + b), pre += b). */
+    float *t = act == SG_ACT_GELU ? pp : yp;
+    SG_TRY(matmul(ctx, fn, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, CUBLASLT_EPILOGUE_DEFAULT, wp, xp, t,
+                  NULL, NULL, false, &ran));
+    return launch_bias_act(ctx, act, t, bp, yp, m, n);
+}
+
+extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                                             sg_tensor *dy, sg_activation act,
+                                             const sg_tensor *act_in, sg_tensor *dx,
+                                             sg_tensor *dw, sg_tensor *db, int64_t m, int64_t n,
+                                             int64_t k)
+{
+    static const char fn[] = "sg_linear_backward";
+    const float *xp = (const float *)x->data, *wp = (const float *)w->data;
+    float *g = (float *)dy->data; /* d(pre) once the kernel has run */
+    bool ran;
+
+    if (act != SG_ACT_NONE || db)
+        SG_TRY(launch_dact_bias(ctx, act, g, act_in ? (const float *)act_in->data : NULL,
+                                db ? (float *)db->data : NULL, m, n));
+
+    /* Row-major dw(N,K) = dpre(M,N)^T x(M,K) is column-major dw^T(K x N) = x^T dpre:
+     *   A = x:    stored column-major K x M (ld K), op N;
+     *   B = dpre: stored column-major N x M (ld N), op T -> M x N;
+     *   D = dw:   column-major K x N (ld K). m = K, n = N, k = M. */
+    SG_TRY(matmul(ctx, fn, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, CUBLASLT_EPILOGUE_DEFAULT, xp, g,
+                  (float *)dw->data, NULL, NULL, false, &ran));
+
+    /* Row-major dx(M,K) = dpre(M,N) w(N,K) is column-major dx^T(K x M) = w^T dpre^T:
+     *   A = w:    stored column-major K x N (ld K), op N;
+     *   B = dpre: stored column-major N x M (ld N), op N;
+     *   D = dx:   column-major K x M (ld K). m = K, n = M, k = N. */
+    if (dx)
+        SG_TRY(matmul(ctx, fn, CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, CUBLASLT_EPILOGUE_DEFAULT, wp,
+                      g, (float *)dx->data, NULL, NULL, false, &ran));
+    return SG_OK;
+}

@@ -1,0 +1,101 @@
+/* loss.c: public entry points of the losses (sg_softmax_xent, sg_mse): check arguments, then
+ * run the CPU reference or the CUDA kernel. On the CPU the targets are checked against the
+ * class count here; on CUDA they live on the device and are not read by the host. */
+#include "ops/loss.h"
+
+#include <limits.h>
+#include <math.h>
+
+/* A 1-element tensor of dtype dt (the loss). */
+static sg_status check_scalar(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
+                              sg_dtype dt)
+{
+    SG_TRY(sg_check_tensor(ctx, fn, what, t));
+    if (t->numel != 1 || t->dtype != dt) {
+        char s[96];
+        return sg_fail(ctx, t->dtype != dt ? SG_ERR_DTYPE : SG_ERR_SHAPE,
+                       "%s: '%s' is %s, expected 1 element of %s", fn, what,
+                       sg_shape_str(t, s, sizeof s), sg_dtype_name(dt));
+    }
+    return SG_OK;
+}
+
+static sg_status check_grad_scale(sg_ctx *ctx, const char *fn, float grad_scale)
+{
+    if (!isfinite(grad_scale))
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: grad_scale is %g, expected a finite value", fn,
+                       (double)grad_scale);
+    return SG_OK;
+}
+
+/* targets: (M), or logits' leading dims ((B,T) for logits (B,T,C)); I32. */
+static sg_status check_targets(sg_ctx *ctx, const char *fn, const sg_tensor *logits,
+                               const sg_tensor *targets, int64_t rows)
+{
+    SG_TRY(sg_check_dtype(ctx, fn, "targets", targets, SG_DTYPE_I32));
+    bool ok = targets->ndim == 1 && targets->shape[0] == rows;
+    if (!ok && targets->ndim == logits->ndim - 1) {
+        ok = true;
+        for (int i = 0; i < targets->ndim; i++) ok = ok && targets->shape[i] == logits->shape[i];
+    }
+    if (!ok) {
+        char st[96], sl[96];
+        return sg_fail(ctx, SG_ERR_SHAPE,
+                       "%s: 'targets' is %s but 'logits' is %s; expected (%lld) i32, one target "
+                       "per row",
+                       fn, sg_shape_str(targets, st, sizeof st),
+                       sg_shape_str(logits, sl, sizeof sl), (long long)rows);
+    }
+    return SG_OK;
+}
+
+/* CPU only (the targets are host memory): every target is < C; negative ones mask a row. */
+static sg_status check_target_range(sg_ctx *ctx, const char *fn, const sg_tensor *targets,
+                                    int64_t classes)
+{
+    const int32_t *t = targets->data;
+    for (int64_t i = 0; i < targets->numel; i++)
+        if (t[i] >= classes)
+            return sg_fail(ctx, SG_ERR_INVALID,
+                           "%s: targets[%lld] (row %lld) is %d, but logits has %lld classes; "
+                           "expected 0 to %lld, or a negative value to mask the row",
+                           fn, (long long)i, (long long)i, (int)t[i], (long long)classes,
+                           (long long)classes - 1);
+    return SG_OK;
+}
+
+sg_status sg_softmax_xent(sg_ctx *ctx, const sg_tensor *logits, const sg_tensor *targets,
+                          float grad_scale, sg_tensor *loss, sg_tensor *dlogits)
+{
+    const char *fn = "sg_softmax_xent";
+    if (!ctx) return SG_ERR_NULL;
+    SG_TRY(sg_check_float(ctx, fn, "logits", logits));
+    int64_t classes = logits->shape[logits->ndim - 1], rows = logits->numel / classes;
+    SG_TRY(check_targets(ctx, fn, logits, targets, rows));
+    SG_TRY(check_scalar(ctx, fn, "loss", loss, logits->dtype));
+    if (dlogits) SG_TRY(sg_check_same_shape(ctx, fn, "logits", logits, "dlogits", dlogits));
+    SG_TRY(check_grad_scale(ctx, fn, grad_scale));
+    if (ctx->backend == SG_BACKEND_CPU) {
+        SG_TRY(check_target_range(ctx, fn, targets, classes));
+        return sg_softmax_xent_cpu(logits, targets, grad_scale, loss, dlogits), SG_OK;
+    }
+    if (rows > INT_MAX)
+        return sg_fail(ctx, SG_ERR_UNSUPPORTED, "%s: %lld rows; the CUDA kernel takes at most %d",
+                       fn, (long long)rows, INT_MAX);
+    return SG_CUDA_DISPATCH(ctx,
+                            sg_softmax_xent_cuda(ctx, logits, targets, grad_scale, loss, dlogits));
+}
+
+sg_status sg_mse(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *target, float grad_scale,
+                 sg_tensor *loss, sg_tensor *dx)
+{
+    const char *fn = "sg_mse";
+    if (!ctx) return SG_ERR_NULL;
+    SG_TRY(sg_check_float(ctx, fn, "x", x));
+    SG_TRY(sg_check_same_shape(ctx, fn, "x", x, "target", target));
+    SG_TRY(check_scalar(ctx, fn, "loss", loss, x->dtype));
+    if (dx) SG_TRY(sg_check_same_shape(ctx, fn, "x", x, "dx", dx));
+    SG_TRY(check_grad_scale(ctx, fn, grad_scale));
+    if (ctx->backend == SG_BACKEND_CPU) return sg_mse_cpu(x, target, grad_scale, loss, dx), SG_OK;
+    return SG_CUDA_DISPATCH(ctx, sg_mse_cuda(ctx, x, target, grad_scale, loss, dx));
+}

@@ -1,0 +1,120 @@
+/* optim.c: public entry points of the optimizer steps: check the flat buffers, the
+ * hyperparameter tensor and the segment tables, then run the CPU reference or the CUDA kernel.
+ * Nothing is written before every check has passed. */
+#include "ops/optim.h"
+
+#include <stddef.h>
+
+_Static_assert(sizeof(sg_optim_hparams) == SG_HP_COUNT * sizeof(float),
+               "sg_optim_hparams must be 8 packed floats: the kernels index it");
+_Static_assert(offsetof(sg_optim_hparams, step) == SG_HP_STEP * sizeof(float),
+               "sg_optim_hparams.step must be element SG_HP_STEP");
+_Static_assert(offsetof(sg_optim_hparams, momentum) == SG_HP_MOMENTUM * sizeof(float),
+               "sg_optim_hparams.momentum must be element SG_HP_MOMENTUM");
+
+/* A state tensor (grad, m, v, buf) laid out as param, and not param's own storage. */
+static sg_status check_like_param(sg_ctx *ctx, const char *fn, const sg_tensor *param,
+                                  const char *what, const sg_tensor *t)
+{
+    SG_TRY(sg_check_same_shape(ctx, fn, "param", param, what, t));
+    if (t->data == param->data)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: '%s' (%s) shares param's storage; expected a "
+                       "buffer of its own", fn, what, t->name);
+    return SG_OK;
+}
+
+/* hp: 8 floats (sg_optim_hparams). */
+static sg_status check_hp(sg_ctx *ctx, const char *fn, const sg_tensor *hp)
+{
+    SG_TRY(sg_check_float(ctx, fn, "hp", hp));
+    if (hp->numel != SG_HP_COUNT) {
+        char s[96];
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'hp' is %s, expected %d elements "
+                       "(sg_optim_hparams: lr, beta1, beta2, eps, weight_decay, momentum, "
+                       "dampening, step)", fn, sg_shape_str(hp, s, sizeof s), SG_HP_COUNT);
+    }
+    return SG_OK;
+}
+
+/* seg_start (n_seg+1, I32) and seg_decay (n_seg, I32). Their contents are checked on the CPU
+ * backend only, where they are host memory: seg_start[0] == 0, non-decreasing (an empty
+ * segment is allowed), seg_start[n_seg] == P. On CUDA reading them would be a host sync; the
+ * kernel stays in bounds whatever they hold. */
+static sg_status check_segments(sg_ctx *ctx, const char *fn, int64_t P, const sg_tensor *seg_start,
+                                const sg_tensor *seg_decay, int n_seg)
+{
+    if (n_seg < 1)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: n_seg is %d, expected at least 1", fn, n_seg);
+    if (P > INT32_MAX)
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: param has %lld elements; the segment tables are "
+                       "i32, so at most %d", fn, (long long)P, INT32_MAX);
+    SG_TRY(sg_check_dtype(ctx, fn, "seg_start", seg_start, SG_DTYPE_I32));
+    SG_TRY(sg_check_dtype(ctx, fn, "seg_decay", seg_decay, SG_DTYPE_I32));
+    if (seg_start->numel != (int64_t)n_seg + 1)
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'seg_start' has %lld elements, expected n_seg+1 = %d",
+                       fn, (long long)seg_start->numel, n_seg + 1);
+    if (seg_decay->numel != n_seg)
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'seg_decay' has %lld elements, expected n_seg = %d",
+                       fn, (long long)seg_decay->numel, n_seg);
+    if (ctx->backend != SG_BACKEND_CPU) return SG_OK;
+    const int32_t *s = seg_start->data;
+    if (s[0] != 0)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: seg_start[0] is %d, expected 0", fn, (int)s[0]);
+    for (int i = 0; i < n_seg; i++)
+        if (s[i + 1] < s[i])
+            return sg_fail(ctx, SG_ERR_INVALID, "%s: seg_start[%d] = %d is below seg_start[%d] = "
+                           "%d; expected a non-decreasing table", fn, i + 1, (int)s[i + 1], i,
+                           (int)s[i]);
+    if (s[n_seg] != P)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: seg_start[%d] (the last entry) is %d, expected "
+                       "P = %lld, the number of elements of param", fn, n_seg, (int)s[n_seg],
+                       (long long)P);
+    return SG_OK;
+}
+
+/* Everything both optimizers share; v is NULL for SGD. */
+static sg_status check_step(sg_ctx *ctx, const char *fn, const sg_tensor *param,
+                            const sg_tensor *grad, const char *mname, const sg_tensor *m,
+                            const sg_tensor *v, const sg_tensor *hp, const sg_tensor *seg_start,
+                            const sg_tensor *seg_decay, int n_seg)
+{
+    if (!ctx) return SG_ERR_NULL;
+    SG_TRY(sg_check_float(ctx, fn, "param", param));
+    SG_TRY(check_like_param(ctx, fn, param, "grad", grad));
+    SG_TRY(check_like_param(ctx, fn, param, mname, m));
+    if (v) {
+        SG_TRY(check_like_param(ctx, fn, param, "v", v));
+        if (v->data == m->data)
+            return sg_fail(ctx, SG_ERR_INVALID, "%s: 'm' and 'v' share storage; expected two "
+                           "buffers", fn);
+    }
+    SG_TRY(check_hp(ctx, fn, hp));
+    return check_segments(ctx, fn, param->numel, seg_start, seg_decay, n_seg);
+}
+
+sg_status sg_adamw_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *m,
+                        sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
+                        const sg_tensor *seg_decay, int n_seg)
+{
+    const char *fn = "sg_adamw_step";
+    if (!ctx) return SG_ERR_NULL;
+    if (!v) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor 'v' is NULL", fn);
+    SG_TRY(check_step(ctx, fn, param, grad, "m", m, v, hp, seg_start, seg_decay, n_seg));
+    if (ctx->backend == SG_BACKEND_CPU)
+        return sg_adamw_step_cpu(param, grad, m, v, hp, seg_start, seg_decay, n_seg), SG_OK;
+    return SG_CUDA_DISPATCH(ctx, sg_adamw_step_cuda(ctx, param, grad, m, v, hp, seg_start,
+                                                    seg_decay, n_seg));
+}
+
+/* buf is required even when momentum is 0: momentum lives in device memory, unknown here. */
+sg_status sg_sgd_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *buf,
+                      sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
+                      int n_seg)
+{
+    const char *fn = "sg_sgd_step";
+    SG_TRY(check_step(ctx, fn, param, grad, "buf", buf, NULL, hp, seg_start, seg_decay, n_seg));
+    if (ctx->backend == SG_BACKEND_CPU)
+        return sg_sgd_step_cpu(param, grad, buf, hp, seg_start, seg_decay, n_seg), SG_OK;
+    return SG_CUDA_DISPATCH(ctx, sg_sgd_step_cuda(ctx, param, grad, buf, hp, seg_start,
+                                                  seg_decay, n_seg));
+}

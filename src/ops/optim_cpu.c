@@ -1,0 +1,66 @@
+/* optim_cpu.c: reference AdamW and SGD-with-momentum steps over the flat parameter buffer,
+ * computed in double for every dtype with PyTorch's formulas (torch.optim.AdamW, SGD). The
+ * oracle the CUDA kernel is tested against. */
+#include "ops/optim.h"
+
+#include <math.h>
+
+typedef struct hp_d {
+    double lr, beta1, beta2, eps, wd, momentum, dampening, step;
+} hp_d;
+
+static hp_d hp_read(const sg_tensor *hp)
+{
+    return (hp_d){sg_ld(hp, SG_HP_LR),       sg_ld(hp, SG_HP_BETA1),    sg_ld(hp, SG_HP_BETA2),
+                  sg_ld(hp, SG_HP_EPS),      sg_ld(hp, SG_HP_WEIGHT_DECAY),
+                  sg_ld(hp, SG_HP_MOMENTUM), sg_ld(hp, SG_HP_DAMPENING), sg_ld(hp, SG_HP_STEP)};
+}
+
+/* t = step + 1. Per element: decoupled decay p *= 1 - lr*wd (decayed segments only);
+ * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * mhat / (sqrt(vhat) + eps). */
+void sg_adamw_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *m, sg_tensor *v,
+                       sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
+                       int n_seg)
+{
+    hp_d h = hp_read(hp);
+    double t = h.step + 1;
+    double bc1 = 1 - pow(h.beta1, t), bc2 = 1 - pow(h.beta2, t);
+    const int32_t *start = seg_start->data, *decay = seg_decay->data;
+    for (int s = 0; s < n_seg; s++) {
+        for (int64_t i = start[s]; i < start[s + 1]; i++) {
+            double p = sg_ld(param, i), g = sg_ld(grad, i);
+            if (decay[s]) p *= 1 - h.lr * h.wd;
+            double mi = h.beta1 * sg_ld(m, i) + (1 - h.beta1) * g;
+            double vi = h.beta2 * sg_ld(v, i) + (1 - h.beta2) * g * g;
+            p -= h.lr * (mi / bc1) / (sqrt(vi / bc2) + h.eps);
+            sg_st(param, i, p);
+            sg_st(m, i, mi);
+            sg_st(v, i, vi);
+        }
+    }
+    sg_st(hp, SG_HP_STEP, t);
+}
+
+/* g += wd p (decayed segments); with momentum: buf = g on the first step (t == 1), else
+ * buf = momentum buf + (1 - dampening) g, and g = buf; p -= lr g. buf is neither read nor
+ * written when momentum is 0 (PyTorch keeps no buffer then). */
+void sg_sgd_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *buf, sg_tensor *hp,
+                     const sg_tensor *seg_start, const sg_tensor *seg_decay, int n_seg)
+{
+    hp_d h = hp_read(hp);
+    double t = h.step + 1;
+    const int32_t *start = seg_start->data, *decay = seg_decay->data;
+    for (int s = 0; s < n_seg; s++) {
+        for (int64_t i = start[s]; i < start[s + 1]; i++) {
+            double p = sg_ld(param, i), g = sg_ld(grad, i);
+            if (decay[s]) g += h.wd * p;
+            if (h.momentum != 0) {
+                double b = t == 1 ? g : h.momentum * sg_ld(buf, i) + (1 - h.dampening) * g;
+                sg_st(buf, i, b);
+                g = b;
+            }
+            sg_st(param, i, p - h.lr * g);
+        }
+    }
+    sg_st(hp, SG_HP_STEP, t);
+}

@@ -1,0 +1,196 @@
+/* optim_cuda.cu: the multi-tensor optimizer kernel (AdamW, SGD with momentum), f32: one launch
+ * updates every parameter of the flat buffer, reading the hyperparameters from device memory
+ * and incrementing hp.step in the same launch. Then the launchers. */
+#include "ops/optim.h"
+
+#include <cuda_runtime.h>
+
+enum optim_op { OP_ADAMW, OP_SGD };
+
+#define OPT_THREADS 256
+#define OPT_CHUNK (OPT_THREADS * 4) /* elements a block handles per loop trip: one float4 a thread */
+#define OPT_BLOCKS_PER_SM 4
+
+/* Per-launch scalars, derived once per thread from hp (8 floats, broadcast loads). */
+struct hyper {
+    float lr, b1, b2, eps, wd, momentum, dampening, step;
+    float decay_mul;  /* AdamW: 1 - lr*wd */
+    float step_size;  /* AdamW: lr / (1 - b1^t) */
+    float bc2_sqrt;   /* AdamW: sqrt(1 - b2^t) */
+    bool first;       /* SGD: t == 1, the momentum buffer starts as g */
+};
+
+/* hp is not const/__restrict__: the last block writes hp.step in this launch. */
+__device__ __forceinline__ hyper read_hyper(const float *hp)
+{
+    hyper h;
+    h.lr = hp[SG_HP_LR];
+    h.b1 = hp[SG_HP_BETA1];
+    h.b2 = hp[SG_HP_BETA2];
+    h.eps = hp[SG_HP_EPS];
+    h.wd = hp[SG_HP_WEIGHT_DECAY];
+    h.momentum = hp[SG_HP_MOMENTUM];
+    h.dampening = hp[SG_HP_DAMPENING];
+    h.step = hp[SG_HP_STEP];
+    float t = h.step + 1.f;
+    /* fp32 bias corrections, as PyTorch's capturable/fused paths compute them. */
+    h.decay_mul = 1.f - h.lr * h.wd;
+    h.step_size = h.lr / (1.f - powf(h.b1, t));
+    h.bc2_sqrt = sqrtf(1.f - powf(h.b2, t));
+    h.first = t == 1.f;
+    return h;
+}
+
+/* One element. AdamW: m, v are the moments; SGD: m is the momentum buffer, v unused. */
+template <int OP>
+__device__ __forceinline__ void update(const hyper &h, bool decay, float &p, float g, float &m,
+                                       float &v)
+{
+    if (OP == OP_ADAMW) {
+        if (decay) p *= h.decay_mul;
+        m = h.b1 * m + (1.f - h.b1) * g;
+        v = h.b2 * v + (1.f - h.b2) * g * g;
+        p -= h.step_size * m / (sqrtf(v) / h.bc2_sqrt + h.eps);
+    } else {
+        if (decay) g += h.wd * p;
+        if (h.momentum != 0.f) {
+            m = h.first ? g : h.momentum * m + (1.f - h.dampening) * g;
+            g = m;
+        }
+        p -= h.lr * g;
+    }
+}
+
+/* The last segment s in [lo, hi] with seg_start[s] <= i. Stays in [lo, hi] whatever the table
+ * holds (CUDA does not check its contents), so a bad table gives wrong flags, never a fault. */
+__device__ __forceinline__ int seg_find(const int *__restrict__ seg_start, int lo, int hi, int64_t i)
+{
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (seg_start[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Whether the momentum buffer (SGD) / the moments (AdamW) are touched at all. */
+template <int OP> __device__ __forceinline__ bool uses_m(const hyper &h)
+{
+    return OP == OP_ADAMW || h.momentum != 0.f;
+}
+
+template <int OP>
+__device__ __forceinline__ void update_one(const hyper &h, bool decay, float *p, const float *g,
+                                           float *m, float *v, int64_t i)
+{
+    float pi = p[i], mi = uses_m<OP>(h) ? m[i] : 0.f, vi = OP == OP_ADAMW ? v[i] : 0.f;
+    update<OP>(h, decay, pi, g[i], mi, vi);
+    p[i] = pi;
+    if (uses_m<OP>(h)) m[i] = mi;
+    if (OP == OP_ADAMW) v[i] = vi;
+}
+
+/* param/grad/m/v (n), cut into n_seg segments by seg_start (n_seg+1); seg_decay (n_seg).
+ * Blocks stride over chunks of OPT_CHUNK elements. A chunk's segment range [lo, hi] is found
+ * once (the same binary search in every thread: broadcast loads); an element's segment is then
+ * searched within it, which is no work at all when the chunk lies inside one tensor.
+ * vec: all buffers 16-byte aligned, so the float4 at chunk + 4*tid is too (chunks are
+ * multiples of 4 elements); otherwise elements go one by one, coalesced.
+ * Every thread reads the old hp.step at entry; each block then counts itself done in *done
+ * and the last one writes step + 1. atomicInc wraps the counter back to 0 on the last block,
+ * so the next launch (or graph replay) finds it at 0. */
+template <int OP>
+__global__ void __launch_bounds__(OPT_THREADS)
+optim_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
+             float *__restrict__ v, float *hp, const int *__restrict__ seg_start,
+             const int *__restrict__ seg_decay, int n_seg, int64_t n, bool vec,
+             unsigned int *done)
+{
+    const hyper h = read_hyper(hp);
+    for (int64_t base = blockIdx.x * (int64_t)OPT_CHUNK; base < n;
+         base += (int64_t)gridDim.x * OPT_CHUNK) {
+        int64_t end = base + OPT_CHUNK < n ? base + OPT_CHUNK : n;
+        int lo = seg_find(seg_start, 0, n_seg - 1, base);
+        int hi = seg_find(seg_start, lo, n_seg - 1, end - 1);
+        if (vec) {
+            int64_t i = base + 4 * (int64_t)threadIdx.x;
+            if (i + 4 <= end) {
+                float4 p4 = reinterpret_cast<const float4 *>(p)[i / 4];
+                float4 g4 = reinterpret_cast<const float4 *>(g)[i / 4];
+                float4 m4 = uses_m<OP>(h) ? reinterpret_cast<const float4 *>(m)[i / 4] : g4;
+                float4 v4 = OP == OP_ADAMW ? reinterpret_cast<const float4 *>(v)[i / 4] : g4;
+                /* A float4 may straddle segments: walk s forward per element. */
+                int s = seg_find(seg_start, lo, hi, i);
+                bool d[4];
+                for (int k = 0; k < 4; k++) {
+                    while (s < hi && seg_start[s + 1] <= i + k) s++;
+                    d[k] = seg_decay[s] != 0;
+                }
+                update<OP>(h, d[0], p4.x, g4.x, m4.x, v4.x);
+                update<OP>(h, d[1], p4.y, g4.y, m4.y, v4.y);
+                update<OP>(h, d[2], p4.z, g4.z, m4.z, v4.z);
+                update<OP>(h, d[3], p4.w, g4.w, m4.w, v4.w);
+                reinterpret_cast<float4 *>(p)[i / 4] = p4;
+                if (uses_m<OP>(h)) reinterpret_cast<float4 *>(m)[i / 4] = m4;
+                if (OP == OP_ADAMW) reinterpret_cast<float4 *>(v)[i / 4] = v4;
+            } else {
+                for (; i < end; i++) /* the buffer's last 1-3 elements */
+                    update_one<OP>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, m, v, i);
+            }
+        } else {
+            for (int k = 0; k < 4; k++) {
+                int64_t i = base + k * OPT_THREADS + threadIdx.x;
+                if (i < end)
+                    update_one<OP>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, m, v, i);
+            }
+        }
+    }
+    /* All of this block's threads have read hp (and finished) before thread 0 counts it done. */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicInc(done, gridDim.x - 1) == gridDim.x - 1) hp[SG_HP_STEP] = h.step + 1.f;
+    }
+}
+
+static bool aligned16(const void *q) { return ((uintptr_t)q & 15u) == 0; }
+
+template <int OP>
+static sg_status launch(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *m,
+                        sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
+                        const sg_tensor *seg_decay, int n_seg)
+{
+    void *done = NULL;
+    SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_OPTIM, SG_OPTIM_SCRATCH_BYTES, &done));
+    int64_t n = param->numel;
+    int64_t want = (n + OPT_CHUNK - 1) / OPT_CHUNK;
+    /* One wave: the AdamW kernel takes 44 registers, so 5 blocks of 256 fit an SM; 4 keep
+     * 64 KiB of loads in flight per SM, ample for a streaming kernel. */
+    int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * OPT_BLOCKS_PER_SM;
+    if (cap < 1) cap = 1;
+    int blocks = (int)(want < 1 ? 1 : (want < cap ? want : cap));
+    bool vec = aligned16(param->data) && aligned16(grad->data) && aligned16(m->data) &&
+               (!v || aligned16(v->data));
+    optim_kernel<OP><<<blocks, OPT_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
+        (float *)param->data, (const float *)grad->data, (float *)m->data,
+        v ? (float *)v->data : nullptr, (float *)hp->data, (const int *)seg_start->data,
+        (const int *)seg_decay->data, n_seg, n, vec, (unsigned int *)done);
+    SG_CUDA_CHECK_LAUNCH(ctx, "optim_kernel");
+    sg_ctx_count_launches(ctx, 1);
+    return SG_OK;
+}
+
+extern "C" sg_status sg_adamw_step_cuda(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad,
+                                        sg_tensor *m, sg_tensor *v, sg_tensor *hp,
+                                        const sg_tensor *seg_start, const sg_tensor *seg_decay,
+                                        int n_seg)
+{
+    return launch<OP_ADAMW>(ctx, param, grad, m, v, hp, seg_start, seg_decay, n_seg);
+}
+
+extern "C" sg_status sg_sgd_step_cuda(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad,
+                                      sg_tensor *buf, sg_tensor *hp, const sg_tensor *seg_start,
+                                      const sg_tensor *seg_decay, int n_seg)
+{
+    return launch<OP_SGD>(ctx, param, grad, buf, nullptr, hp, seg_start, seg_decay, n_seg);
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# cli_test.sh BIN: the stepgraph command's contract: help texts, usage errors (exit 2 and a
+# message naming the bad input), and a short CPU training run that learns.
+set -u
+bin=$1
+fails=0
+expect() { # expect CODE REGEX -- ARGS...
+    local code=$1 re=$2; shift 3
+    out=$("$bin" "$@" 2>&1); rc=$?
+    if [ "$rc" != "$code" ] || ! grep -Eq -- "$re" <<<"$out"; then
+        echo "FAIL: stepgraph $* -> exit $rc (want $code), output lacks /$re/:"; echo "$out" | head -20
+        fails=$((fails + 1))
+    else
+        echo "ok: stepgraph $*"
+    fi
+}
+expect 0 'commands:' -- --help
+expect 0 '--log-every' -- train --help
+expect 0 '--repeats' -- bench --help
+expect 2 "unknown command 'frobnicate'" -- frobnicate
+expect 2 "unknown option '--bogus'" -- train --model mlp-16-1-4 --bogus
+expect 2 "--model is required" -- train --steps 3
+expect 2 "--steps 'abc' is not a whole number" -- train --model mlp-16-1-4 --steps abc
+expect 2 "--steps '0' is not a whole number" -- train --model mlp-16-1-4 --steps 0
+expect 2 "--lr 'x' is not a number" -- train --model mlp-16-1-4 --lr x
+expect 2 "--backend 'tpu'" -- train --model mlp-16-1-4 --backend tpu
+expect 2 "option --model needs a value" -- train --model
+expect 1 "unknown model 'mlp-16'" -- train --model mlp-16 --backend cpu
+expect 0 'done: 60 steps.*allocations per step after the first: 0.00' -- train --model mlp-32-2-16 --steps 60 --backend cpu --lr 3e-3
+# The loss printed at the end is below the first.
+out=$("$bin" train --model mlp-32-2-16 --steps 150 --backend cpu --lr 3e-3 --quiet 2>&1)
+l=$(sed -nE 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/p' <<<"$out")
+if ! awk -v a="${l% *}" -v b="${l#* }" 'BEGIN { exit !(b < a / 2) }'; then
+    echo "FAIL: loss did not halve in 150 CPU steps: $out"; fails=$((fails + 1))
+else
+    echo "ok: loss $l"
+fi
+echo "$((13 + 1 - fails)) passed, $fails failed"
+[ "$fails" = 0 ]

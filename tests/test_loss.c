@@ -1,0 +1,548 @@
+/* test_loss.c: softmax cross-entropy and MSE. `cpu`: float64 finite-difference checks of
+ * dlogits and dx on the reference, the loss against a naive formula written here, and the
+ * argument errors. `gpu`: the CUDA kernels against the CPU reference on fresh random inputs
+ * (vocabulary-sized rows, masked rows, N-D logits, in place), outputs poisoned first; bitwise
+ * determinism; one launch per call; the scratch counter left at 0 between calls. */
+#include "testutil.h"
+
+/* ---- shared helpers ---- */
+
+/* Random targets in 0..C-1, about one row in `mask_every` masked (negative: -1 or -100). */
+static double *random_targets(int64_t M, int64_t C, int mask_every)
+{
+    double *t = malloc((size_t)M * sizeof *t);
+    for (int64_t r = 0; r < M; r++) {
+        t[r] = tu_randint(0, (int)C - 1);
+        if (mask_every > 0 && tu_randint(1, mask_every) == 1) t[r] = tu_randint(0, 1) ? -1 : -100;
+    }
+    return t;
+}
+
+/* mean over rows with t >= 0 of log(sum_j exp(x_j)) - x_t, without the max trick (inputs are
+ * small), so it shares no code path with the reference. */
+static double naive_xent(const double *x, const double *t, int64_t M, int64_t C)
+{
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t r = 0; r < M; r++) {
+        if (t[r] < 0) continue;
+        double se = 0;
+        for (int64_t j = 0; j < C; j++) se += exp(x[r * C + j]);
+        sum += log(se) - x[r * C + (int64_t)t[r]];
+        count++;
+    }
+    return count ? sum / count : 0;
+}
+
+static double naive_mse(const double *x, const double *t, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (x[i] - t[i]) * (x[i] - t[i]);
+    return s / n;
+}
+
+static int64_t count_unmasked(const double *t, int64_t M)
+{
+    int64_t c = 0;
+    for (int64_t r = 0; r < M; r++) c += t[r] >= 0;
+    return c;
+}
+
+static double read_scalar(const sg_tensor *t)
+{
+    double *v = tu_get(t);
+    double x = v[0];
+    free(v);
+    return x;
+}
+
+/* ---- cpu: finite differences, naive loss, errors ---- */
+
+typedef struct {
+    sg_ctx *ctx;
+    int op; /* 0 xent, 1 mse */
+    sg_tensor *x, *t, *loss;
+    float gs;
+} loss_case;
+
+/* grad_scale * loss: the function whose gradient dlogits (dx) is. */
+static double case_loss(void *u)
+{
+    loss_case *c = u;
+    if (c->op == 0)
+        TU_OK(c->ctx, sg_softmax_xent(c->ctx, c->x, c->t, c->gs, c->loss, NULL));
+    else
+        TU_OK(c->ctx, sg_mse(c->ctx, c->x, c->t, c->gs, c->loss, NULL));
+    return c->gs * sg_ld(c->loss, 0);
+}
+
+/* logits of shape `shape` (last dim C), targets of the leading dims, f64. */
+static void cpu_xent_gradcheck(sg_ctx *ctx, int ndim, const int64_t *shape)
+{
+    int64_t C = shape[ndim - 1], M = 1;
+    for (int i = 0; i < ndim - 1; i++) M *= shape[i];
+    sg_tensor *x = tu_tensor(ctx, SG_DTYPE_F64, ndim, shape, "logits");
+    sg_tensor *t = ndim > 1 ? tu_tensor(ctx, SG_DTYPE_I32, ndim - 1, shape, "targets")
+                            : tu_tensor1(ctx, SG_DTYPE_I32, 1, "targets");
+    sg_tensor *loss = tu_tensor1(ctx, SG_DTYPE_F64, 1, "loss");
+    sg_tensor *dl = tu_tensor(ctx, SG_DTYPE_F64, ndim, shape, "dlogits");
+    double *xv = tu_random(x, -3, 3);
+    double *tv = random_targets(M, C, 3);
+    if (M >= 2) { /* at least one masked row and one counted row */
+        tv[0] = -1;
+        tv[1] = tu_randint(0, (int)C - 1);
+    } else {
+        tv[0] = tu_randint(0, (int)C - 1);
+    }
+    tu_set(t, tv);
+    float gs = (float)tu_uniform(0.5, 3.0);
+    TU_OK(ctx, sg_softmax_xent(ctx, x, t, gs, loss, dl));
+
+    char what[96];
+    snprintf(what, sizeof what, "xent f64 M=%lld C=%lld ndim=%d", (long long)M, (long long)C, ndim);
+    double got = sg_ld(loss, 0), ref = naive_xent(xv, tv, M, C);
+    TU_CHECK(fabs(got - ref) <= 1e-12 + 1e-10 * fabs(ref), "%s: loss %.17g, naive %.17g", what, got,
+             ref);
+    /* Masked rows: exactly zero gradient. */
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t j = 0; tv[r] < 0 && j < C; j++)
+            TU_CHECK(sg_ld(dl, r * C + j) == 0.0, "%s: masked row %lld has dlogits %g", what,
+                     (long long)r, sg_ld(dl, r * C + j));
+    /* Each row of dlogits sums to 0 (softmax sums to 1): a check independent of h. */
+    for (int64_t r = 0; r < M; r++) {
+        double s = 0;
+        for (int64_t j = 0; j < C; j++) s += sg_ld(dl, r * C + j);
+        TU_CHECK(fabs(s) < 1e-12, "%s: row %lld of dlogits sums to %g", what, (long long)r, s);
+    }
+    loss_case c = {ctx, 0, x, t, loss, gs};
+    tu_gradcheck(what, case_loss, &c, x, dl, 0, 1e-5, (tu_tol){1e-8, 1e-6});
+
+    /* The loss alone (dlogits NULL) is the same number. */
+    TU_OK(ctx, sg_softmax_xent(ctx, x, t, gs, loss, NULL));
+    TU_CHECK(sg_ld(loss, 0) == got, "%s: loss without dlogits %.17g vs %.17g", what, sg_ld(loss, 0),
+             got);
+
+    /* In place: dlogits may be logits itself. */
+    sg_tensor *xi = tu_tensor(ctx, SG_DTYPE_F64, ndim, shape, "logits_inplace");
+    tu_set(xi, xv);
+    TU_OK(ctx, sg_softmax_xent(ctx, xi, t, gs, loss, xi));
+    TU_CHECK(sg_ld(loss, 0) == got, "%s: in-place loss %.17g vs %.17g", what, sg_ld(loss, 0), got);
+    snprintf(what + strlen(what), sizeof what - strlen(what), " in place");
+    tu_close_tensors(what, xi, dl, tu_tol_for(SG_DTYPE_F64));
+
+    free(xv);
+    free(tv);
+    sg_tensor *ts[] = {x, t, loss, dl, xi};
+    for (int i = 0; i < 5; i++) sg_tensor_destroy(ts[i]);
+}
+
+static void cpu_mse_gradcheck(sg_ctx *ctx)
+{
+    int64_t r = tu_randint(1, 6), cdim = tu_randint(1, 9);
+    sg_tensor *x = tu_tensor2(ctx, SG_DTYPE_F64, r, cdim, "x"),
+              *t = tu_tensor2(ctx, SG_DTYPE_F64, r, cdim, "target");
+    sg_tensor *dx = tu_tensor2(ctx, SG_DTYPE_F64, r, cdim, "dx"),
+              *loss = tu_tensor1(ctx, SG_DTYPE_F64, 1, "loss");
+    double *xv = tu_random(x, -2, 2), *tv = tu_random(t, -2, 2);
+    float gs = (float)tu_uniform(0.5, 3.0);
+    TU_OK(ctx, sg_mse(ctx, x, t, gs, loss, dx));
+    double got = sg_ld(loss, 0), ref = naive_mse(xv, tv, r * cdim);
+    TU_CHECK(fabs(got - ref) <= 1e-12 + 1e-10 * fabs(ref), "mse f64: loss %.17g, naive %.17g", got,
+             ref);
+    loss_case c = {ctx, 1, x, t, loss, gs};
+    tu_gradcheck("mse f64", case_loss, &c, x, dx, 0, 1e-5, (tu_tol){1e-8, 1e-6});
+    free(xv);
+    free(tv);
+    sg_tensor *ts[] = {x, t, dx, loss};
+    for (int i = 0; i < 4; i++) sg_tensor_destroy(ts[i]);
+}
+
+/* The f32 reference path (the oracle of the GPU test) against the naive formula. */
+static void cpu_f32(sg_ctx *ctx)
+{
+    int64_t M = tu_randint(1, 40), C = tu_randint(2, 300);
+    sg_tensor *x = tu_tensor2(ctx, SG_DTYPE_F32, M, C, "logits"),
+              *t = tu_tensor1(ctx, SG_DTYPE_I32, M, "targets");
+    sg_tensor *loss = tu_tensor1(ctx, SG_DTYPE_F32, 1, "loss"),
+              *dl = tu_tensor2(ctx, SG_DTYPE_F32, M, C, "dlogits");
+    free(tu_random(x, -4, 4));
+    double *xv = tu_get(x), *tv = random_targets(M, C, 4); /* xv: the values as stored in f32 */
+    tu_set(t, tv);
+    TU_OK(ctx, sg_softmax_xent(ctx, x, t, 1.0f, loss, dl));
+    double ref = naive_xent(xv, tv, M, C);
+    tu_close("xent f32 cpu loss vs naive", (double[]){sg_ld(loss, 0)}, &ref, 1,
+             tu_tol_for(SG_DTYPE_F32));
+    free(xv);
+    free(tv);
+    sg_tensor *ts[] = {x, t, loss, dl};
+    for (int i = 0; i < 4; i++) sg_tensor_destroy(ts[i]);
+}
+
+static void cpu_all_masked(sg_ctx *ctx)
+{
+    sg_tensor *x = tu_tensor2(ctx, SG_DTYPE_F64, 5, 7, "logits"),
+              *t = tu_tensor1(ctx, SG_DTYPE_I32, 5, "targets");
+    sg_tensor *loss = tu_tensor1(ctx, SG_DTYPE_F64, 1, "loss"),
+              *dl = tu_tensor2(ctx, SG_DTYPE_F64, 5, 7, "dlogits");
+    free(tu_random(x, -3, 3));
+    TU_OK(ctx, sg_tensor_fill(t, -1));
+    TU_OK(ctx, sg_tensor_fill(dl, NAN));
+    TU_OK(ctx, sg_softmax_xent(ctx, x, t, 2.0f, loss, dl));
+    TU_CHECK(sg_ld(loss, 0) == 0.0, "all rows masked: loss %g, expected 0", sg_ld(loss, 0));
+    for (int64_t i = 0; i < dl->numel; i++)
+        TU_CHECK(sg_ld(dl, i) == 0.0, "all rows masked: dlogits[%lld] = %g", (long long)i,
+                 sg_ld(dl, i));
+    sg_tensor *ts[] = {x, t, loss, dl};
+    for (int i = 0; i < 4; i++) sg_tensor_destroy(ts[i]);
+}
+
+static void cpu_errors(sg_ctx *ctx)
+{
+    int64_t M = 6, C = 5;
+    sg_tensor *x = tu_tensor2(ctx, SG_DTYPE_F64, M, C, "logits"),
+              *t = tu_tensor1(ctx, SG_DTYPE_I32, M, "targets");
+    sg_tensor *loss = tu_tensor1(ctx, SG_DTYPE_F64, 1, "loss"),
+              *dl = tu_tensor2(ctx, SG_DTYPE_F64, M, C, "dlogits");
+    sg_tensor *t_short = tu_tensor1(ctx, SG_DTYPE_I32, M - 1, "t_short");
+    sg_tensor *t_f32 = tu_tensor1(ctx, SG_DTYPE_F32, M, "t_f32");
+    sg_tensor *loss2 = tu_tensor1(ctx, SG_DTYPE_F64, 2, "loss2"),
+              *loss_f32 = tu_tensor1(ctx, SG_DTYPE_F32, 1, "loss_f32");
+    sg_tensor *dl_bad = tu_tensor2(ctx, SG_DTYPE_F64, M, C + 1, "dl_bad");
+    sg_tensor *x_bf16 = tu_tensor2(ctx, SG_DTYPE_BF16, M, C, "x_bf16");
+    sg_tensor *y = tu_tensor2(ctx, SG_DTYPE_F64, M, C + 1, "y");
+    double *xv = tu_random(x, -2, 2), *tv = random_targets(M, C, 0);
+    tu_set(t, tv);
+
+    TU_FAILS(ctx, sg_softmax_xent(ctx, x, t_short, 1.0f, loss, dl), SG_ERR_SHAPE,
+             "'targets' is (5) i32");
+    TU_FAILS(ctx, sg_softmax_xent(ctx, x, t_f32, 1.0f, loss, dl), SG_ERR_DTYPE,
+             "'targets' is f32, expected i32");
+    TU_FAILS(ctx, sg_softmax_xent(ctx, x, NULL, 1.0f, loss, dl), SG_ERR_NULL, "'targets' is NULL");
+    TU_FAILS(ctx, sg_softmax_xent(ctx, NULL, t, 1.0f, loss, dl), SG_ERR_NULL, "'logits' is NULL");
+    TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, NULL, dl), SG_ERR_NULL, "'loss' is NULL");
+    TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, loss2, dl), SG_ERR_SHAPE,
+             "'loss' is (2) f64, expected 1 element");
+    TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, loss_f32, dl), SG_ERR_DTYPE,
+             "expected 1 element of f64");
+    TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, loss, dl_bad), SG_ERR_SHAPE,
+             "'dlogits' is (6, 6) f64");
+    TU_FAILS(ctx, sg_softmax_xent(ctx, x_bf16, t, 1.0f, loss, NULL), SG_ERR_DTYPE,
+             "'logits' is bf16");
+    TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, NAN, loss, dl), SG_ERR_INVALID, "grad_scale");
+
+    /* A target >= C: an error naming the row, and nothing written. */
+    double keep = 12345.0;
+    sg_st(loss, 0, keep);
+    TU_OK(ctx, sg_tensor_fill(dl, keep));
+    ((int32_t *)t->data)[3] = (int32_t)C;
+    TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, loss, dl), SG_ERR_INVALID,
+             "targets[3] (row 3) is 5");
+    TU_CHECK(strstr(sg_ctx_last_error(ctx), "sg_softmax_xent") != NULL,
+             "message names the call: %s", sg_ctx_last_error(ctx));
+    TU_CHECK(sg_ld(loss, 0) == keep && sg_ld(dl, 0) == keep, "a failed call wrote its outputs");
+    ((int32_t *)t->data)[3] = (int32_t)tv[3];
+
+    TU_FAILS(ctx, sg_mse(ctx, x, y, 1.0f, loss, NULL), SG_ERR_SHAPE, "'target' is (6, 6) f64");
+    TU_FAILS(ctx, sg_mse(ctx, x, dl, 1.0f, loss, dl_bad), SG_ERR_SHAPE, "'dx' is (6, 6) f64");
+    TU_FAILS(ctx, sg_mse(ctx, x, dl, 1.0f, NULL, NULL), SG_ERR_NULL,
+             "sg_mse: tensor 'loss' is NULL");
+    TU_FAILS(ctx, sg_mse(ctx, x, dl, 1.0f, loss_f32, NULL), SG_ERR_DTYPE, "sg_mse: 'loss'");
+
+    /* The context is still usable, and computes the right thing. */
+    TU_OK(ctx, sg_softmax_xent(ctx, x, t, 1.0f, loss, dl));
+    double ref = naive_xent(xv, tv, M, C);
+    TU_CHECK(fabs(sg_ld(loss, 0) - ref) <= 1e-10 * fabs(ref),
+             "after errors: loss %.17g, naive %.17g", sg_ld(loss, 0), ref);
+    free(xv);
+    free(tv);
+    sg_tensor *ts[] = {x, t, loss, dl, t_short, t_f32, loss2, loss_f32, dl_bad, x_bf16, y};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+}
+
+static void cpu_tests(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    int64_t s2[2] = {tu_randint(3, 10), tu_randint(2, 9)};
+    cpu_xent_gradcheck(ctx, 2, s2);
+    int64_t s3[3] = {2, tu_randint(2, 4), tu_randint(2, 6)};
+    cpu_xent_gradcheck(ctx, 3, s3);
+    int64_t s1[1] = {tu_randint(2, 8)};
+    cpu_xent_gradcheck(ctx, 1, s1);
+    cpu_mse_gradcheck(ctx);
+    cpu_f32(ctx);
+    cpu_all_masked(ctx);
+    cpu_errors(ctx);
+    sg_ctx_destroy(ctx);
+}
+
+/* ---- gpu: CUDA against the CPU reference ---- */
+
+/* Gradients are (softmax - onehot) * unit with unit = grad_scale / count (xent) or
+ * 2 grad_scale / n (mse). The f32 atol of 1e-5 is far above the small entries (softmax
+ * entries of a 50257-class row are ~2e-5 of the unit), so the absolute floor is 1e-6 of the
+ * unit instead: it covers p - 1 near p = 1 (f32 ulp of 1 is 1.2e-7) and nothing more. */
+static tu_tol grad_tol(double unit)
+{
+    tu_tol t = tu_tol_for(SG_DTYPE_F32);
+    t.atol = 1e-6 * fabs(unit);
+    return t;
+}
+
+/* Copies a float tensor's raw bytes (for bitwise comparison). */
+static float *raw(const sg_tensor *t)
+{
+    float *v = malloc(sg_tensor_nbytes(t));
+    TU_OK(t->ctx, sg_tensor_copy_to_host(t, v, sg_tensor_nbytes(t)));
+    return v;
+}
+
+static int same_bits(const sg_tensor *a, const float *b)
+{
+    float *v = raw(a);
+    int same = memcmp(v, b, sg_tensor_nbytes(a)) == 0;
+    free(v);
+    return same;
+}
+
+/* One shape: loss only, then loss and dlogits, then again (bitwise the same, one launch),
+ * then in place. Three calls in a row on one context: the scratch counter must be back at 0
+ * after each, or the next call's loss stays poisoned. */
+static void gpu_xent_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, int mask_every)
+{
+    int64_t C = shape[ndim - 1], M = 1;
+    for (int i = 0; i < ndim - 1; i++) M *= shape[i];
+    char what[128];
+    int k = snprintf(what, sizeof what, "xent (");
+    for (int i = 0; i < ndim; i++)
+        k += snprintf(what + k, sizeof what - k, "%s%lld", i ? "," : "", (long long)shape[i]);
+    snprintf(what + k, sizeof what - k, ")");
+
+    sg_tensor *xg = tu_tensor(gpu, SG_DTYPE_F32, ndim, shape, "logits");
+    sg_tensor *tg = tu_tensor1(gpu, SG_DTYPE_I32, M, "targets");
+    sg_tensor *lg = tu_tensor1(gpu, SG_DTYPE_F32, 1, "loss"),
+              *dg = tu_tensor(gpu, SG_DTYPE_F32, ndim, shape, "dlogits");
+    free(tu_random(xg, -6, 6));
+    double *tv = random_targets(M, C, mask_every);
+    if (M == 1) tv[0] = tu_randint(0, (int)C - 1);
+    tu_set(tg, tv);
+    int64_t count = count_unmasked(tv, M);
+    float gs = (float)tu_uniform(0.5, 4.0);
+
+    sg_tensor *xc = tu_clone_to(cpu, xg, SG_DTYPE_F32), *tc = tu_clone_to(cpu, tg, SG_DTYPE_I32);
+    sg_tensor *lc = tu_tensor1(cpu, SG_DTYPE_F32, 1, "loss_ref"),
+              *dc = tu_tensor(cpu, SG_DTYPE_F32, ndim, shape, "dlogits_ref");
+    TU_OK(cpu, sg_softmax_xent(cpu, xc, tc, gs, lc, dc));
+    /* The loss: per-row terms are f32 (~1e-7 relative, a few 1e-6 for 50k-term sums) but
+     * rows and blocks are summed in double, so the error of the mean does not grow with M
+     * and the f32 rule holds without loosening. */
+    tu_tol ltol = tu_tol_for(SG_DTYPE_F32), dtol = grad_tol(count ? gs / (double)count : 1.0);
+    char w2[160];
+
+    tu_poison(lg);
+    TU_OK(gpu, sg_softmax_xent(gpu, xg, tg, gs, lg, NULL));
+    snprintf(w2, sizeof w2, "%s loss (dlogits NULL)", what);
+    tu_close_tensors(w2, lg, lc, ltol);
+
+    tu_poison(lg);
+    tu_poison(dg);
+    TU_OK(gpu, sg_softmax_xent(gpu, xg, tg, gs, lg, dg));
+    snprintf(w2, sizeof w2, "%s loss", what);
+    tu_close_tensors(w2, lg, lc, ltol);
+    snprintf(w2, sizeof w2, "%s dlogits", what);
+    tu_close_tensors(w2, dg, dc, dtol);
+
+    float *l1 = raw(lg), *d1 = raw(dg);
+    tu_poison(lg);
+    tu_poison(dg);
+    uint64_t before = sg_ctx_launch_count(gpu);
+    TU_OK(gpu, sg_softmax_xent(gpu, xg, tg, gs, lg, dg));
+    uint64_t launches = sg_ctx_launch_count(gpu) - before;
+    TU_CHECK(launches == 1, "%s: %llu launches, expected 1", what, (unsigned long long)launches);
+    TU_CHECK(same_bits(lg, l1), "%s: loss differs between two identical runs", what);
+    TU_CHECK(same_bits(dg, d1), "%s: dlogits differ between two identical runs", what);
+    free(l1);
+    free(d1);
+
+    /* In place: dlogits is logits. */
+    TU_OK(gpu, sg_tensor_copy(dg, xg));
+    tu_poison(lg);
+    TU_OK(gpu, sg_softmax_xent(gpu, dg, tg, gs, lg, dg));
+    snprintf(w2, sizeof w2, "%s loss in place", what);
+    tu_close_tensors(w2, lg, lc, ltol);
+    snprintf(w2, sizeof w2, "%s dlogits in place", what);
+    tu_close_tensors(w2, dg, dc, dtol);
+
+    free(tv);
+    sg_tensor *ts[] = {xg, tg, lg, dg, xc, tc, lc, dc};
+    for (int i = 0; i < 8; i++) sg_tensor_destroy(ts[i]);
+}
+
+static void gpu_mse_case(sg_ctx *gpu, sg_ctx *cpu, int64_t r, int64_t c)
+{
+    char what[96];
+    snprintf(what, sizeof what, "mse (%lld,%lld)", (long long)r, (long long)c);
+    sg_tensor *xg = tu_tensor2(gpu, SG_DTYPE_F32, r, c, "x"),
+              *tg = tu_tensor2(gpu, SG_DTYPE_F32, r, c, "target");
+    sg_tensor *lg = tu_tensor1(gpu, SG_DTYPE_F32, 1, "loss"),
+              *dg = tu_tensor2(gpu, SG_DTYPE_F32, r, c, "dx");
+    free(tu_random(xg, -3, 3));
+    free(tu_random(tg, -3, 3));
+    float gs = (float)tu_uniform(0.5, 4.0);
+    sg_tensor *xc = tu_clone_to(cpu, xg, SG_DTYPE_F32), *tc = tu_clone_to(cpu, tg, SG_DTYPE_F32);
+    sg_tensor *lc = tu_tensor1(cpu, SG_DTYPE_F32, 1, "loss_ref"),
+              *dc = tu_tensor2(cpu, SG_DTYPE_F32, r, c, "dx_ref");
+    TU_OK(cpu, sg_mse(cpu, xc, tc, gs, lc, dc));
+    tu_tol ltol = tu_tol_for(SG_DTYPE_F32), dtol = grad_tol(2.0 * gs / (double)(r * c));
+    char w2[128];
+
+    tu_poison(lg);
+    TU_OK(gpu, sg_mse(gpu, xg, tg, gs, lg, NULL));
+    snprintf(w2, sizeof w2, "%s loss (dx NULL)", what);
+    tu_close_tensors(w2, lg, lc, ltol);
+
+    tu_poison(lg);
+    tu_poison(dg);
+    TU_OK(gpu, sg_mse(gpu, xg, tg, gs, lg, dg));
+    snprintf(w2, sizeof w2, "%s loss", what);
+    tu_close_tensors(w2, lg, lc, ltol);
+    snprintf(w2, sizeof w2, "%s dx", what);
+    tu_close_tensors(w2, dg, dc, dtol);
+
+    float *l1 = raw(lg), *d1 = raw(dg);
+    tu_poison(lg);
+    tu_poison(dg);
+    uint64_t before = sg_ctx_launch_count(gpu);
+    TU_OK(gpu, sg_mse(gpu, xg, tg, gs, lg, dg));
+    uint64_t launches = sg_ctx_launch_count(gpu) - before;
+    TU_CHECK(launches == 1, "%s: %llu launches, expected 1", what, (unsigned long long)launches);
+    TU_CHECK(same_bits(lg, l1), "%s: loss differs between two identical runs", what);
+    TU_CHECK(same_bits(dg, d1), "%s: dx differs between two identical runs", what);
+    free(l1);
+    free(d1);
+    sg_tensor *ts[] = {xg, tg, lg, dg, xc, tc, lc, dc};
+    for (int i = 0; i < 8; i++) sg_tensor_destroy(ts[i]);
+}
+
+/* Alternating xent and mse calls share one scratch counter: three rounds, each result
+ * checked, so a counter left non-zero by either kernel shows as a poisoned loss. */
+static void gpu_alternate(sg_ctx *gpu, sg_ctx *cpu)
+{
+    int64_t M = 300, C = 77, n = 5000;
+    sg_tensor *xg = tu_tensor2(gpu, SG_DTYPE_F32, M, C, "logits"),
+              *tg = tu_tensor1(gpu, SG_DTYPE_I32, M, "targets");
+    sg_tensor *ag = tu_tensor1(gpu, SG_DTYPE_F32, n, "a"),
+              *bg = tu_tensor1(gpu, SG_DTYPE_F32, n, "b");
+    sg_tensor *lg = tu_tensor1(gpu, SG_DTYPE_F32, 1, "loss");
+    free(tu_random(xg, -5, 5));
+    double *tv = random_targets(M, C, 5);
+    tu_set(tg, tv);
+    free(tu_random(ag, -1, 1));
+    free(tu_random(bg, -1, 1));
+    sg_tensor *xc = tu_clone_to(cpu, xg, SG_DTYPE_F32), *tc = tu_clone_to(cpu, tg, SG_DTYPE_I32);
+    sg_tensor *ac = tu_clone_to(cpu, ag, SG_DTYPE_F32), *bc = tu_clone_to(cpu, bg, SG_DTYPE_F32);
+    sg_tensor *lx = tu_tensor1(cpu, SG_DTYPE_F32, 1, "loss_xent"),
+              *lm = tu_tensor1(cpu, SG_DTYPE_F32, 1, "loss_mse");
+    TU_OK(cpu, sg_softmax_xent(cpu, xc, tc, 1.0f, lx, NULL));
+    TU_OK(cpu, sg_mse(cpu, ac, bc, 1.0f, lm, NULL));
+    for (int round = 0; round < 3; round++) {
+        char w[64];
+        tu_poison(lg);
+        TU_OK(gpu, sg_softmax_xent(gpu, xg, tg, 1.0f, lg, NULL));
+        snprintf(w, sizeof w, "alternate round %d xent", round);
+        tu_close_tensors(w, lg, lx, tu_tol_for(SG_DTYPE_F32));
+        tu_poison(lg);
+        TU_OK(gpu, sg_mse(gpu, ag, bg, 1.0f, lg, NULL));
+        snprintf(w, sizeof w, "alternate round %d mse", round);
+        tu_close_tensors(w, lg, lm, tu_tol_for(SG_DTYPE_F32));
+    }
+    free(tv);
+    sg_tensor *ts[] = {xg, tg, ag, bg, lg, xc, tc, ac, bc, lx, lm};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+}
+
+/* Edge cases: every row masked; a target >= C (documented: no out-of-bounds read, NaN loss
+ * and NaN dlogits row, the next call unaffected); a dtype CUDA does not take. */
+static void gpu_edges(sg_ctx *gpu)
+{
+    int64_t M = 16, C = 10;
+    sg_tensor *x = tu_tensor2(gpu, SG_DTYPE_F32, M, C, "logits"),
+              *t = tu_tensor1(gpu, SG_DTYPE_I32, M, "targets");
+    sg_tensor *l = tu_tensor1(gpu, SG_DTYPE_F32, 1, "loss"),
+              *d = tu_tensor2(gpu, SG_DTYPE_F32, M, C, "dlogits");
+    free(tu_random(x, -3, 3));
+
+    TU_OK(gpu, sg_tensor_fill(t, -1));
+    tu_poison(l);
+    tu_poison(d);
+    TU_OK(gpu, sg_softmax_xent(gpu, x, t, 1.0f, l, d));
+    TU_CHECK(read_scalar(l) == 0.0, "gpu all rows masked: loss %g, expected 0", read_scalar(l));
+    double *dv = tu_get(d);
+    for (int64_t i = 0; i < d->numel; i++)
+        TU_CHECK(dv[i] == 0.0, "gpu all masked: dlogits[%lld] = %g", (long long)i, dv[i]);
+    free(dv);
+
+    double *tv = random_targets(M, C, 0);
+    tv[5] = (double)C; /* out of range */
+    tu_set(t, tv);
+    tu_poison(l);
+    TU_OK(gpu, sg_softmax_xent(gpu, x, t, 1.0f, l, d));
+    TU_OK(gpu, sg_ctx_sync(gpu));
+    TU_CHECK(isnan(read_scalar(l)), "gpu target >= C: loss %g, expected NaN", read_scalar(l));
+    dv = tu_get(d);
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t j = 0; j < C; j++)
+            TU_CHECK(r == 5 ? isnan(dv[r * C + j]) : isfinite(dv[r * C + j]),
+                     "gpu target >= C: dlogits[%lld][%lld] = %g", (long long)r, (long long)j,
+                     dv[r * C + j]);
+    free(dv);
+    tv[5] = 0;
+    tu_set(t, tv);
+    tu_poison(l);
+    TU_OK(gpu, sg_softmax_xent(gpu, x, t, 1.0f, l, NULL));
+    TU_CHECK(isfinite(read_scalar(l)), "gpu: the call after a bad target gives loss %g",
+             read_scalar(l));
+
+    sg_tensor *xb = tu_tensor2(gpu, SG_DTYPE_BF16, M, C, "logits_bf16");
+    TU_FAILS(gpu, sg_softmax_xent(gpu, xb, t, 1.0f, l, NULL), SG_ERR_DTYPE, "'logits' is bf16");
+    TU_FAILS(gpu, sg_mse(gpu, xb, xb, 1.0f, l, NULL), SG_ERR_DTYPE, "'x' is bf16");
+    free(tv);
+    sg_tensor *ts[] = {x, t, l, d, xb};
+    for (int i = 0; i < 5; i++) sg_tensor_destroy(ts[i]);
+}
+
+static void gpu_tests(void)
+{
+    sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
+    sg_ctx *cpu = tu_ctx(SG_BACKEND_CPU);
+    int64_t rm = tu_randint(1, 3000), rc = tu_randint(2, 6000);
+    if (rm * rc > (4 << 20)) rm = (4 << 20) / rc; /* keep the double reference quick */
+    int64_t shapes[][2] = {{1, 2},      {32, 10}, {256, 10}, {2048, 256},
+                           {64, 50257}, {rm, rc}, {3, 2048}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        gpu_xent_case(gpu, cpu, 2, shapes[s], 8);
+    int64_t s3[3] = {4, 16, 33};
+    gpu_xent_case(gpu, cpu, 3, s3, 6);
+    int64_t v1[1] = {5000};
+    gpu_xent_case(gpu, cpu, 1, v1, 0);
+
+    int64_t mse_shapes[][2] = {{1, 1},    {1, 3},     {10, 100},
+                               {1, 4097}, {256, 512}, {1, tu_randint(1, 1 << 20)}};
+    for (size_t s = 0; s < sizeof mse_shapes / sizeof *mse_shapes; s++)
+        gpu_mse_case(gpu, cpu, mse_shapes[s][0], mse_shapes[s][1]);
+
+    gpu_alternate(gpu, cpu);
+    gpu_edges(gpu);
+    sg_ctx_destroy(cpu);
+    sg_ctx_destroy(gpu);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "cpu";
+    tu_seed("test_loss");
+    if (!strcmp(mode, "gpu"))
+        gpu_tests();
+    else
+        cpu_tests();
+    return tu_finish("test_loss");
+}

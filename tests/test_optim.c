@@ -1,0 +1,457 @@
+/* test_optim.c: AdamW and SGD with momentum over a segmented flat buffer. `cpu`: several
+ * steps of the reference against an independent per-tensor implementation of PyTorch's
+ * formulas (torch.optim.AdamW, torch.optim.SGD), in double; hp.step, a changed lr, and the
+ * argument checks. `gpu`: the CUDA kernel against the CPU reference (f32) for 5 consecutive
+ * steps on several sizes, one launch per step.
+ * No finite-difference check: an optimizer step is not the gradient of anything; its
+ * correctness is the update rule itself, which the reference comparison checks. */
+#include "testutil.h"
+
+#include "ops/optim.h"
+
+#define N_STEPS 5
+#define MAX_SEG 4096
+
+/* ---- segment tables ---- */
+
+/* n_seg segments over P elements: sorted random cut points (repeats give empty segments,
+ * which the API allows) and random decay flags, with the first non-empty segment decayed and
+ * the last non-empty one not, so that both kinds of update are exercised. */
+static void make_segments(int64_t P, int n_seg, int32_t *start, int32_t *decay)
+{
+    start[0] = 0;
+    start[n_seg] = (int32_t)P;
+    for (int s = 1; s < n_seg; s++) start[s] = (int32_t)(tu_next() % (uint64_t)(P + 1));
+    for (int s = 1; s < n_seg; s++) /* insertion sort of start[1 .. n_seg-1] */
+        for (int j = s; j > 1 && start[j - 1] > start[j]; j--) {
+            int32_t t = start[j];
+            start[j] = start[j - 1];
+            start[j - 1] = t;
+        }
+    int first = -1, last = -1;
+    for (int s = 0; s < n_seg; s++) {
+        decay[s] = tu_randint(0, 1);
+        if (start[s + 1] > start[s]) {
+            if (first < 0) first = s;
+            last = s;
+        }
+    }
+    decay[first] = 1;
+    if (last != first) decay[last] = 0;
+}
+
+static sg_tensor *int_tensor(sg_ctx *ctx, const int32_t *v, int64_t n, const char *name)
+{
+    sg_tensor *t = tu_tensor1(ctx, SG_DTYPE_I32, n, name);
+    double *d = malloc((size_t)n * sizeof *d);
+    for (int64_t i = 0; i < n; i++) d[i] = v[i];
+    tu_set(t, d);
+    free(d);
+    return t;
+}
+
+/* Writes hp[idx] = val in hp's dtype, stream-ordered (a kernel on CUDA, a memcpy on CPU). */
+static void hp_write(sg_tensor *hp, int idx, double val)
+{
+    if (hp->dtype == SG_DTYPE_F64) {
+        TU_OK(hp->ctx, sg_tensor_write_small(hp, (size_t)idx * 8, &val, 8));
+    } else {
+        float f = (float)val;
+        TU_OK(hp->ctx, sg_tensor_write_small(hp, (size_t)idx * 4, &f, 4));
+    }
+}
+
+/* ---- the independent reference: a list of tensors, PyTorch's per-parameter loops ---- */
+
+typedef struct ref_param {
+    int64_t n;
+    int decay;        /* this tensor's param group has weight_decay; the other has 0 */
+    double *p, *m, *v; /* SGD: m is momentum_buffer */
+    int has_buf;      /* SGD: PyTorch's momentum_buffer is None until the first step */
+} ref_param;
+
+typedef struct ref_hp {
+    double lr, beta1, beta2, eps, wd, momentum, dampening;
+    int step;
+} ref_hp;
+
+/* torch.optim.AdamW, _single_tensor_adamw: step += 1; p *= 1 - lr*wd; m.lerp_(g, 1-b1);
+ * v = b2 v + (1-b2) g g; denom = sqrt(v)/sqrt(bc2) + eps; p -= lr/bc1 * m / denom. */
+static void ref_adamw(ref_param *ps, int nt, double *const *grads, ref_hp *h)
+{
+    h->step += 1;
+    double bc1 = 1 - pow(h->beta1, h->step), bc2 = 1 - pow(h->beta2, h->step);
+    for (int k = 0; k < nt; k++) {
+        ref_param *q = &ps[k];
+        double wd = q->decay ? h->wd : 0;
+        for (int64_t i = 0; i < q->n; i++) {
+            double g = grads[k][i];
+            q->p[i] *= 1 - h->lr * wd;
+            q->m[i] += (g - q->m[i]) * (1 - h->beta1);
+            q->v[i] = q->v[i] * h->beta2 + (1 - h->beta2) * g * g;
+            double denom = sqrt(q->v[i]) / sqrt(bc2) + h->eps;
+            q->p[i] -= h->lr / bc1 * q->m[i] / denom;
+        }
+    }
+}
+
+/* torch.optim.SGD, _single_tensor_sgd (no nesterov, no maximize): d = g + wd p; with
+ * momentum, buf = clone(d) when it is None, else buf = momentum buf + (1-dampening) d, and
+ * d = buf; p -= lr d. */
+static void ref_sgd(ref_param *ps, int nt, double *const *grads, ref_hp *h)
+{
+    h->step += 1;
+    for (int k = 0; k < nt; k++) {
+        ref_param *q = &ps[k];
+        double wd = q->decay ? h->wd : 0;
+        for (int64_t i = 0; i < q->n; i++) {
+            double d = grads[k][i] + wd * q->p[i];
+            if (h->momentum != 0) {
+                q->m[i] = q->has_buf ? h->momentum * q->m[i] + (1 - h->dampening) * d : d;
+                d = q->m[i];
+            }
+            q->p[i] -= h->lr * d;
+        }
+        if (h->momentum != 0) q->has_buf = 1;
+    }
+}
+
+/* ---- cpu ---- */
+
+enum { OPT_ADAMW = 0, OPT_SGD = 1 };
+
+/* Values for hp: the fields an optimizer does not use hold junk, so mixing fields up fails. */
+static void hp_values(int op, double momentum, double *hv)
+{
+    double adamw[8] = {0.01, 0.9, 0.999, 1e-8, 0.1, 0.5, 0.5, 0};
+    double sgd[8] = {0.05, 0.5, 0.5, 0.5, 0.2, momentum, 0.3, 0};
+    memcpy(hv, op == OPT_ADAMW ? adamw : sgd, sizeof adamw);
+}
+
+/* N_STEPS steps of the library's reference (dtype dt) against ref_adamw / ref_sgd on a few
+ * tensors of random lengths (one of a single element, one empty), lr changed every step. */
+static void cpu_run(int op, sg_dtype dt, double momentum)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    const char *opname = op == OPT_ADAMW ? "adamw" : "sgd";
+    int nt = tu_randint(3, 8), parity = tu_randint(0, 1);
+    int32_t start[9], decay[8];
+    ref_param ps[8];
+    start[0] = 0;
+    for (int k = 0; k < nt; k++) {
+        int64_t n = k == 1 ? 1 : k == 2 ? 0 : tu_randint(2, 40);
+        decay[k] = (k + parity) % 2; /* tensors 0 and 1 (non-empty) differ */
+        start[k + 1] = start[k] + (int32_t)n;
+        ps[k] = (ref_param){n, decay[k], NULL, NULL, NULL, 0};
+    }
+    int64_t P = start[nt];
+    sg_tensor *p = tu_tensor1(ctx, dt, P, "param"), *g = tu_tensor1(ctx, dt, P, "grad");
+    sg_tensor *m = tu_tensor1(ctx, dt, P, "m"), *v = tu_tensor1(ctx, dt, P, "v");
+    sg_tensor *hp = tu_tensor1(ctx, dt, 8, "hp");
+    sg_tensor *ss = int_tensor(ctx, start, nt + 1, "seg_start"), *sd = int_tensor(ctx, decay, nt, "seg_decay");
+    /* Random state, never zeros: PyTorch starts m, v (buf) at zero, but the update rule holds
+     * for any state, and a random one catches a kernel that ignores it. v > 0. */
+    free(tu_random(p, -1, 1));
+    free(tu_random(m, -0.1, 0.1));
+    free(tu_random(v, 1e-4, 1e-2));
+    double hv[8];
+    hp_values(op, momentum, hv);
+    tu_set(hp, hv);
+    /* The reference starts from the values as stored (rounded to f32 when dt is). */
+    double *p0 = tu_get(p), *m0 = tu_get(m), *v0 = tu_get(v), *h0 = tu_get(hp);
+    ref_hp h = {h0[SG_HP_LR], h0[SG_HP_BETA1], h0[SG_HP_BETA2], h0[SG_HP_EPS],
+                h0[SG_HP_WEIGHT_DECAY], h0[SG_HP_MOMENTUM], h0[SG_HP_DAMPENING], 0};
+    for (int k = 0; k < nt; k++) {
+        size_t bytes = (size_t)(ps[k].n ? ps[k].n : 1) * sizeof(double);
+        ps[k].p = malloc(bytes), ps[k].m = malloc(bytes), ps[k].v = malloc(bytes);
+        for (int64_t i = 0; i < ps[k].n; i++) {
+            ps[k].p[i] = p0[start[k] + i];
+            ps[k].m[i] = m0[start[k] + i];
+            ps[k].v[i] = v0[start[k] + i];
+        }
+    }
+    tu_tol tol = tu_tol_for(dt);
+    double *flat = malloc((size_t)P * sizeof *flat);
+    for (int st = 0; st < N_STEPS; st++) {
+        if (st > 0) { /* a new lr in hp must take effect with no other change */
+            hp_write(hp, SG_HP_LR, tu_uniform(0.005, 0.05));
+            double *hn = tu_get(hp);
+            h.lr = hn[SG_HP_LR];
+            free(hn);
+        }
+        free(tu_random(g, -1, 1));
+        double *gv = tu_get(g), *grads[8];
+        for (int k = 0; k < nt; k++) grads[k] = gv + start[k];
+        if (op == OPT_ADAMW) {
+            TU_OK(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, nt));
+            ref_adamw(ps, nt, grads, &h);
+        } else {
+            TU_OK(ctx, sg_sgd_step(ctx, p, g, m, hp, ss, sd, nt));
+            ref_sgd(ps, nt, grads, &h);
+        }
+        free(gv);
+        char what[128];
+        const char *names[3] = {"param", op == OPT_ADAMW ? "m" : "buf", "v"};
+        sg_tensor *got[3] = {p, m, v};
+        for (int j = 0; j < (op == OPT_ADAMW ? 3 : 2); j++) {
+            for (int k = 0; k < nt; k++)
+                for (int64_t i = 0; i < ps[k].n; i++)
+                    flat[start[k] + i] = j == 0 ? ps[k].p[i] : j == 1 ? ps[k].m[i] : ps[k].v[i];
+            double *gt = tu_get(got[j]);
+            snprintf(what, sizeof what, "cpu %s %s momentum %g: %s after step %d", opname,
+                     sg_dtype_name(dt), momentum, names[j], st + 1);
+            tu_close(what, gt, flat, P, tol);
+            free(gt);
+        }
+        /* hp.step counts the steps; nothing else in hp moves. */
+        double *hn = tu_get(hp);
+        TU_CHECK(hn[SG_HP_STEP] == st + 1, "cpu %s: hp.step is %g after %d steps", opname,
+                 hn[SG_HP_STEP], st + 1);
+        for (int i = 1; i < SG_HP_STEP; i++)
+            TU_CHECK(hn[i] == h0[i], "cpu %s: hp[%d] changed from %g to %g", opname, i, h0[i], hn[i]);
+        free(hn);
+    }
+    for (int k = 0; k < nt; k++) free(ps[k].p), free(ps[k].m), free(ps[k].v);
+    free(flat), free(p0), free(m0), free(v0), free(h0);
+    sg_tensor *ts[] = {p, g, m, v, hp, ss, sd};
+    for (int i = 0; i < 7; i++) sg_tensor_destroy(ts[i]);
+    sg_ctx_destroy(ctx);
+}
+
+/* Every argument check, each failing before anything is written; the context stays usable. */
+static void cpu_errors(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU), *other = tu_ctx(SG_BACKEND_CPU);
+    const int64_t P = 10;
+    sg_tensor *p = tu_tensor1(ctx, SG_DTYPE_F64, P, "param"), *g = tu_tensor1(ctx, SG_DTYPE_F64, P, "grad");
+    sg_tensor *m = tu_tensor1(ctx, SG_DTYPE_F64, P, "m"), *v = tu_tensor1(ctx, SG_DTYPE_F64, P, "v");
+    sg_tensor *hp = tu_tensor1(ctx, SG_DTYPE_F64, 8, "hp");
+    int32_t st_ok[3] = {0, 4, 10}, dc[3] = {1, 0, 1};
+    int32_t st_end[3] = {0, 4, 9}, st_down[3] = {0, 11, 10}, st_first[3] = {1, 4, 10};
+    sg_tensor *ss = int_tensor(ctx, st_ok, 3, "seg_start"), *sd = int_tensor(ctx, dc, 2, "seg_decay");
+    sg_tensor *ss_end = int_tensor(ctx, st_end, 3, "ss_end"), *ss_down = int_tensor(ctx, st_down, 3, "ss_down");
+    sg_tensor *ss_first = int_tensor(ctx, st_first, 3, "ss_first"), *sd3 = int_tensor(ctx, dc, 3, "sd3");
+    sg_tensor *g_i32 = tu_tensor1(ctx, SG_DTYPE_I32, P, "g_i32"), *g_f32 = tu_tensor1(ctx, SG_DTYPE_F32, P, "g_f32");
+    sg_tensor *m9 = tu_tensor1(ctx, SG_DTYPE_F64, P - 1, "m9"), *hp7 = tu_tensor1(ctx, SG_DTYPE_F64, 7, "hp7");
+    sg_tensor *hp_i32 = tu_tensor1(ctx, SG_DTYPE_I32, 8, "hp_i32"), *ss_f32 = tu_tensor1(ctx, SG_DTYPE_F32, 3, "ss_f32");
+    sg_tensor *g_other = tu_tensor1(other, SG_DTYPE_F64, P, "g_other");
+    free(tu_random(p, -1, 1));
+    free(tu_random(g, -1, 1));
+    free(tu_random(m, -1, 1));
+    free(tu_random(v, 0.1, 1));
+    free(tu_random(g_f32, -1, 1));
+    free(tu_random(ss_f32, 0, 1));
+    double hv[8];
+    hp_values(OPT_ADAMW, 0, hv);
+    tu_set(hp, hv);
+    double *before[4] = {tu_get(p), tu_get(m), tu_get(v), tu_get(hp)};
+
+    TU_FAILS(ctx, sg_adamw_step(ctx, NULL, g, m, v, hp, ss, sd, 2), SG_ERR_NULL, "'param'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, NULL, hp, ss, sd, 2), SG_ERR_NULL, "'v'");
+    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, NULL, hp, ss, sd, 2), SG_ERR_NULL, "'buf'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g_i32, m, v, hp, ss, sd, 2), SG_ERR_DTYPE, "'grad'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g_f32, m, v, hp, ss, sd, 2), SG_ERR_DTYPE, "'grad'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, g_i32, g_i32, m, v, hp, ss, sd, 2), SG_ERR_DTYPE, "'param'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m9, v, hp, ss, sd, 2), SG_ERR_SHAPE, "'m'");
+    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, m9, hp, ss, sd, 2), SG_ERR_SHAPE, "'buf'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, m, hp, ss, sd, 2), SG_ERR_INVALID, "share");
+    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, p, hp, ss, sd, 2), SG_ERR_INVALID, "'buf'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g_other, m, v, hp, ss, sd, 2), SG_ERR_BACKEND, "another context");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp7, ss, sd, 2), SG_ERR_SHAPE, "'hp'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp_i32, ss, sd, 2), SG_ERR_DTYPE, "'hp'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss_f32, sd, 2), SG_ERR_DTYPE, "'seg_start'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, g_i32, 2), SG_ERR_SHAPE, "'seg_decay'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd3, 3), SG_ERR_SHAPE, "'seg_start'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 0), SG_ERR_INVALID, "n_seg");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss_end, sd, 2), SG_ERR_INVALID, "seg_start[2]");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss_down, sd, 2), SG_ERR_INVALID, "non-decreasing");
+    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, m, hp, ss_first, sd, 2), SG_ERR_INVALID, "seg_start[0]");
+
+    /* Nothing was written by the failed calls, hp.step included. */
+    sg_tensor *chk[4] = {p, m, v, hp};
+    const char *names[4] = {"param", "m", "v", "hp"};
+    for (int i = 0; i < 4; i++) {
+        double *now = tu_get(chk[i]);
+        char what[96];
+        snprintf(what, sizeof what, "%s after rejected calls", names[i]);
+        tu_close(what, now, before[i], chk[i]->numel, (tu_tol){0, 0});
+        free(now);
+        free(before[i]);
+    }
+    /* The context is usable afterwards: a valid step runs and counts itself. */
+    TU_OK(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 2));
+    double *hn = tu_get(hp);
+    TU_CHECK(hn[SG_HP_STEP] == 1, "hp.step is %g after one valid step", hn[SG_HP_STEP]);
+    free(hn);
+    sg_tensor *ts[] = {p, g, m, v, hp, ss, sd, ss_end, ss_down, ss_first, sd3, g_i32, g_f32,
+                       m9, hp7, hp_i32, ss_f32, g_other};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+    sg_ctx_destroy(other);
+    sg_ctx_destroy(ctx);
+}
+
+static void cpu_tests(void)
+{
+    for (int rep = 0; rep < 3; rep++) {
+        cpu_run(OPT_ADAMW, SG_DTYPE_F64, 0);
+        cpu_run(OPT_SGD, SG_DTYPE_F64, 0.9);
+        cpu_run(OPT_SGD, SG_DTYPE_F64, 0); /* plain SGD: buf is left alone */
+    }
+    cpu_run(OPT_ADAMW, SG_DTYPE_F32, 0);
+    cpu_run(OPT_SGD, SG_DTYPE_F32, 0.9);
+    cpu_errors();
+}
+
+/* ---- gpu ---- */
+
+/* N_STEPS steps of the CUDA kernel and of the CPU reference (both f32) from the same state,
+ * compared after every step. misaligned: the GPU buffers are views at element 1 of larger
+ * tensors, so the kernel takes its scalar path. */
+static void gpu_run(sg_ctx *gpu, sg_ctx *cpu, int op, int64_t P, int n_seg, double momentum,
+                    int misaligned)
+{
+    const char *opname = op == OPT_ADAMW ? "adamw" : "sgd";
+    int32_t *start = malloc((size_t)(n_seg + 1) * sizeof *start), *decay = malloc((size_t)n_seg * sizeof *decay);
+    make_segments(P, n_seg, start, decay);
+    sg_tensor *ssc = int_tensor(cpu, start, n_seg + 1, "seg_start"), *sdc = int_tensor(cpu, decay, n_seg, "seg_decay");
+    sg_tensor *ssg = tu_clone_to(gpu, ssc, SG_DTYPE_I32), *sdg = tu_clone_to(gpu, sdc, SG_DTYPE_I32);
+    const char *names[4] = {"param", "grad", op == OPT_ADAMW ? "m" : "buf", "v"};
+    sg_tensor *base[4] = {NULL}, *tg[4], *tc[4];
+    for (int j = 0; j < 4; j++) {
+        if (misaligned) {
+            int64_t n1 = P + 1;
+            base[j] = tu_tensor1(gpu, SG_DTYPE_F32, n1, "base");
+            TU_OK(gpu, sg_tensor_view(base[j], 1, 1, &P, names[j], &tg[j]));
+        } else {
+            tg[j] = tu_tensor1(gpu, SG_DTYPE_F32, P, names[j]);
+        }
+        tc[j] = tu_tensor1(cpu, SG_DTYPE_F32, P, names[j]);
+    }
+    /* v >= 1e-3 bounds |mhat| / sqrt(vhat) by about 1.9 over these steps, so AdamW's update
+     * is at most 0.038 (its lr <= 0.02). The kernel's powf bias corrections (fp32, as
+     * PyTorch's fused path; CUDA documents up to 4 ulp) can make 1 - b2^t off by 2.4e-4
+     * relative at worst (t = 1, where it is 1e-3), which moves the update by at most
+     * 0.038 * 1.2e-4 = 4.6e-6: inside the f32 rule's atol even for a parameter near 0, so
+     * no override is needed. */
+    double lo[4] = {-1, -1, -0.1, 1e-3}, hi[4] = {1, 1, 0.1, 1e-2};
+    for (int j = 0; j < 4; j++) {
+        double *x = tu_random(tg[j], lo[j], hi[j]);
+        tu_set(tc[j], x); /* the same f32 values on both sides */
+        free(x);
+    }
+    double hv[8];
+    hp_values(op, momentum, hv);
+    sg_tensor *hpg = tu_tensor1(gpu, SG_DTYPE_F32, 8, "hp"), *hpc = tu_tensor1(cpu, SG_DTYPE_F32, 8, "hp");
+    tu_set(hpg, hv);
+    tu_set(hpc, hv);
+    for (int st = 0; st < N_STEPS; st++) {
+        if (st > 0) { /* lr changes between steps by a device write: no new launch setup */
+            double lr = op == OPT_ADAMW ? tu_uniform(0.001, 0.02) : tu_uniform(0.005, 0.05);
+            hp_write(hpg, SG_HP_LR, lr);
+            hp_write(hpc, SG_HP_LR, lr);
+        }
+        double *gv = tu_random(tg[1], -1, 1);
+        tu_set(tc[1], gv);
+        free(gv);
+        uint64_t before = sg_ctx_launch_count(gpu);
+        if (op == OPT_ADAMW) {
+            TU_OK(gpu, sg_adamw_step(gpu, tg[0], tg[1], tg[2], tg[3], hpg, ssg, sdg, n_seg));
+            TU_OK(cpu, sg_adamw_step(cpu, tc[0], tc[1], tc[2], tc[3], hpc, ssc, sdc, n_seg));
+        } else {
+            TU_OK(gpu, sg_sgd_step(gpu, tg[0], tg[1], tg[2], hpg, ssg, sdg, n_seg));
+            TU_OK(cpu, sg_sgd_step(cpu, tc[0], tc[1], tc[2], hpc, ssc, sdc, n_seg));
+        }
+        uint64_t launches = sg_ctx_launch_count(gpu) - before;
+        TU_CHECK(launches == 1, "gpu %s P=%lld: %llu launches for one step, expected 1", opname,
+                 (long long)P, (unsigned long long)launches);
+        char what[160];
+        for (int j = 0; j < 4; j++) {
+            if (j == 1 || (j == 3 && op != OPT_ADAMW)) continue;
+            snprintf(what, sizeof what, "gpu %s P=%lld n_seg=%d momentum %g%s: %s after step %d",
+                     opname, (long long)P, n_seg, momentum, misaligned ? " misaligned" : "",
+                     names[j], st + 1);
+            /* fp32 kernel against the double-computed reference stored in f32: the default
+             * f32 rule (see the bound on AdamW's powf above; SGD has no transcendental). */
+            tu_close_tensors(what, tg[j], tc[j], tu_tol_for(SG_DTYPE_F32));
+        }
+        /* hp: step incremented once, nothing else touched; bit-exact. */
+        snprintf(what, sizeof what, "gpu %s P=%lld: hp after step %d", opname, (long long)P, st + 1);
+        tu_close_tensors(what, hpg, hpc, (tu_tol){0, 0});
+        double *hn = tu_get(hpg);
+        TU_CHECK(hn[SG_HP_STEP] == st + 1, "gpu %s P=%lld: hp.step is %g after %d steps", opname,
+                 (long long)P, hn[SG_HP_STEP], st + 1);
+        free(hn);
+        /* The "last block done" counter is back at 0 for the next launch or replay. */
+        double *cnt = tu_get(gpu->scratch[SG_SLOT_OPTIM]);
+        TU_CHECK(cnt[0] == 0, "gpu %s P=%lld: the block counter is %g after step %d, expected 0",
+                 opname, (long long)P, cnt[0], st + 1);
+        free(cnt);
+    }
+    for (int j = 0; j < 4; j++) {
+        sg_tensor_destroy(tg[j]);
+        sg_tensor_destroy(base[j]);
+        sg_tensor_destroy(tc[j]);
+    }
+    sg_tensor *ts[] = {ssc, sdc, ssg, sdg, hpg, hpc};
+    for (int i = 0; i < 6; i++) sg_tensor_destroy(ts[i]);
+    free(start);
+    free(decay);
+}
+
+/* The checks CUDA can make without reading device memory: dtypes, sizes, contexts. */
+static void gpu_errors(sg_ctx *gpu, sg_ctx *cpu)
+{
+    const int64_t P = 8;
+    int32_t st[3] = {0, 3, 8}, dc[2] = {1, 0};
+    sg_tensor *p = tu_tensor1(gpu, SG_DTYPE_F32, P, "param"), *g = tu_tensor1(gpu, SG_DTYPE_F32, P, "grad");
+    sg_tensor *m = tu_tensor1(gpu, SG_DTYPE_F32, P, "m"), *v = tu_tensor1(gpu, SG_DTYPE_F32, P, "v");
+    sg_tensor *hp = tu_tensor1(gpu, SG_DTYPE_F32, 8, "hp"), *g_bf16 = tu_tensor1(gpu, SG_DTYPE_BF16, P, "g_bf16");
+    sg_tensor *ssc = int_tensor(cpu, st, 3, "seg_start_host"), *sdc = int_tensor(cpu, dc, 2, "seg_decay_host");
+    sg_tensor *ss = tu_clone_to(gpu, ssc, SG_DTYPE_I32), *sd = tu_clone_to(gpu, sdc, SG_DTYPE_I32);
+    sg_tensor *ss_f32 = tu_tensor1(gpu, SG_DTYPE_F32, 3, "ss_f32");
+    double hv[8];
+    hp_values(OPT_ADAMW, 0, hv);
+    tu_set(hp, hv);
+    TU_FAILS(gpu, sg_adamw_step(gpu, p, g_bf16, m, v, hp, ss, sd, 2), SG_ERR_DTYPE, "'grad'");
+    TU_FAILS(gpu, sg_adamw_step(gpu, p, g, m, v, hp, ss_f32, sd, 2), SG_ERR_DTYPE, "'seg_start'");
+    TU_FAILS(gpu, sg_adamw_step(gpu, p, g, m, v, hp, ssc, sdc, 2), SG_ERR_BACKEND, "another context");
+    TU_FAILS(gpu, sg_sgd_step(gpu, p, g, m, hp, ss, sd, 3), SG_ERR_SHAPE, "'seg_start'");
+    double *hn = tu_get(hp);
+    TU_CHECK(hn[SG_HP_STEP] == 0, "gpu: hp.step is %g after rejected calls", hn[SG_HP_STEP]);
+    free(hn);
+    sg_tensor *ts[] = {p, g, m, v, hp, g_bf16, ssc, sdc, ss, sd, ss_f32};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+}
+
+static void gpu_tests(void)
+{
+    sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
+    sg_ctx *cpu = tu_ctx(SG_BACKEND_CPU);
+    /* The first step of a context allocates and zero-fills the block counter (one more
+     * launch); an optimizer reserves it up front, as here, so that every step is one launch. */
+    void *counter;
+    TU_OK(gpu, sg_ctx_scratch(gpu, SG_SLOT_OPTIM, SG_OPTIM_SCRATCH_BYTES, &counter));
+    /* (P, n_seg): single elements, the float4 tail, many tiny segments per block chunk, one
+     * block per chunk, and more chunks than blocks (the grid-stride loop). */
+    struct { int64_t P; int n_seg; } cases[] = {
+        {1, 1}, {3, 2}, {1000, 37}, {4099, 600}, {(1 << 20) + 3, 9}, {(1 << 22) + 5, 17}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        gpu_run(gpu, cpu, OPT_ADAMW, cases[c].P, cases[c].n_seg, 0, 0);
+        gpu_run(gpu, cpu, OPT_SGD, cases[c].P, cases[c].n_seg, 0.9, 0);
+    }
+    gpu_run(gpu, cpu, OPT_SGD, 1000, 5, 0, 0); /* momentum 0: buf must stay untouched */
+    gpu_run(gpu, cpu, OPT_ADAMW, 1001, 7, 0, 1);
+    gpu_run(gpu, cpu, OPT_SGD, 1001, 7, 0.9, 1);
+    gpu_errors(gpu, cpu);
+    sg_ctx_destroy(cpu);
+    sg_ctx_destroy(gpu);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "cpu";
+    tu_seed("test_optim");
+    if (!strcmp(mode, "gpu")) gpu_tests();
+    else cpu_tests();
+    return tu_finish("test_optim");
+}
