@@ -383,8 +383,10 @@ def cleanup(mode):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     if mode == "compile":
-        import torch._dynamo
-        torch._dynamo.reset()
+        # importlib, not "import torch._dynamo": that statement would make `torch` a local
+        # name of this function and break the calls above.
+        import importlib
+        importlib.import_module("torch._dynamo").reset()
 
 
 def fmt(v, spec):

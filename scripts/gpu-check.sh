@@ -102,7 +102,7 @@ stage() {
 
 # ---- the machine -------------------------------------------------------------------------
 
-say "gpu-check.sh: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+say "gpu-check.sh: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit ${SG_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 {
     # Each probe under a short limit: a wedged driver must not stall the whole run here.
     timeout 20 nvidia-smi -L || echo "nvidia-smi -L failed"
@@ -227,7 +227,7 @@ sanitize_one() {
     shift 3
     local tag="$tool.$name" rc=0
     echo "===== compute-sanitizer --tool $tool: $* =====" >"$TMP/san/$tag.log"
-    timeout --kill-after=10 "$limit" compute-sanitizer --tool "$tool" --error-exitcode 1 "$@" \
+    SG_TEST_MODEL=${SG_TEST_MODEL:-mlp-64-2-32} timeout --kill-after=10 "$limit" compute-sanitizer --tool "$tool" --error-exitcode 1 "$@" \
         >>"$TMP/san/$tag.log" 2>&1 || rc=$?
     echo "rc=$rc" >"$TMP/san/$tag.rc"
 }

@@ -121,42 +121,91 @@ static void cpu_errors(void)
     sg_ctx_destroy(ctx);
 }
 
-static void gpu_matches_cpu(void)
+/* Elements of got outside tol may be at most max_frac of all, and none may differ by more
+ * than hard; prints the count, the share and the worst element. */
+static void close_mostly(const char *what, const sg_tensor *got, const sg_tensor *ref, tu_tol tol,
+                         double max_frac, double hard)
 {
-    const char *name = "mlp-512-6-32";
+    double *g = tu_get(got), *r = tu_get(ref);
+    int64_t n = got->numel, bad = 0, worst = 0;
+    double worst_d = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs(g[i] - r[i]);
+        if (!(d <= tol.atol + tol.rtol * fabs(r[i]))) bad++;
+        if (!(d <= worst_d)) worst_d = d, worst = i;
+    }
+    printf("%s: %lld of %lld outside atol %.0e rtol %.0e (%.4f%%), worst |diff| %.3g at [%lld]\n", what,
+           (long long)bad, (long long)n, tol.atol, tol.rtol, 100.0 * bad / n, worst_d, (long long)worst);
+    TU_CHECK(bad <= max_frac * n, "%s: %lld elements outside tolerance, more than %.3f%%", what,
+             (long long)bad, 100 * max_frac);
+    TU_CHECK(worst_d <= hard, "%s: worst |diff| %.3g > %.3g (got %.9g ref %.9g)", what, worst_d, hard,
+             g[worst], r[worst]);
+    free(g), free(r);
+}
+
+/* 20 steps on each backend from the same seed; the loss of every step and every parameter at
+ * the end must agree. Both sides are f32 but accumulate GEMMs in different orders (cuBLAS vs
+ * the double-accumulating reference), so they differ by rounding; how far that spreads depends
+ * on the optimizer:
+ * - SGD's update is linear in the gradient: parameters agree to f32 rounding, all of them.
+ * - Adam divides by sqrt(v): a weight whose gradient is rounding noise (a ReLU that is dead for
+ *   the batch but for one sample near its kink) gets an update of about +-lr on either side, in
+ *   whatever direction the noise points. So a few elements may differ by up to a few lr after
+ *   20 steps (seen on the H100: 141 of 1.58M by up to 1.2e-3 with lr 1e-3); the test bounds
+ *   their share (0.1%) and their size (20 steps x 2 lr), while the loss must match tightly. */
+static void gpu_vs_cpu(sg_optim_kind kind, float lr, const char *name, tu_tol ptol, double max_frac,
+                       double hard)
+{
     uint64_t seed = tu_next();
-    run g = start(SG_BACKEND_CUDA, name, SG_OPTIM_ADAMW, 1e-3f, seed);
-    run c = start(SG_BACKEND_CPU, name, SG_OPTIM_ADAMW, 1e-3f, seed);
-    float lg[20], lc[20];
+    run g = start(SG_BACKEND_CUDA, name, kind, lr, seed);
+    run c = start(SG_BACKEND_CPU, name, kind, lr, seed);
+    double lg[20], lc[20];
     for (int s = 0; s < 20; s++) {
+        float a, b;
         step(&g, s);
         step(&c, s);
-        TU_OK(g.ctx, sg_model_loss_read(g.m, &lg[s]));
-        TU_OK(c.ctx, sg_model_loss_read(c.m, &lc[s]));
+        TU_OK(g.ctx, sg_model_loss_read(g.m, &a));
+        TU_OK(c.ctx, sg_model_loss_read(c.m, &b));
+        lg[s] = a, lc[s] = b;
     }
-    double dg[20], dc[20];
-    for (int s = 0; s < 20; s++) dg[s] = lg[s], dc[s] = lc[s];
-    /* f32 on both sides, but GEMM accumulation order differs (cuBLAS vs the double-accumulating
-     * reference) and Adam's normalised updates carry those differences forward: 20 steps stay
-     * within 1e-3 relative on the loss. */
-    tu_close("loss per step, GPU vs CPU", dg, dc, 20, (tu_tol){1e-5, 1e-3});
-    printf("loss step 1 %.5f / %.5f, step 20 %.5f / %.5f (GPU / CPU)\n", lg[0], lc[0], lg[19], lc[19]);
-    /* Parameters: an Adam step moves a weight by at most ~lr; disagreement stays far below. */
-    tu_close_tensors("parameters after 20 steps, GPU vs CPU", sg_model_params(g.m), sg_model_params(c.m),
-                     (tu_tol){2e-4, 1e-3});
+    const char *on = kind == SG_OPTIM_ADAMW ? "adamw" : "sgd";
+    char what[96];
+    snprintf(what, sizeof what, "%s %s: loss per step, GPU vs CPU", name, on);
+    tu_close(what, lg, lc, 20, (tu_tol){1e-5, 1e-3});
+    printf("%s %s: loss step 1 %.5f / %.5f, step 20 %.5f / %.5f (GPU / CPU)\n", name, on, lg[0], lc[0],
+           lg[19], lc[19]);
+    snprintf(what, sizeof what, "%s %s: parameters after 20 steps", name, on);
+    close_mostly(what, sg_model_params(g.m), sg_model_params(c.m), ptol, max_frac, hard);
     stop(&c);
+    stop(&g);
+}
 
-    /* Zero device allocations per step after the first. */
+static void gpu_no_allocations(const char *name)
+{
+    run g = start(SG_BACKEND_CUDA, name, SG_OPTIM_ADAMW, 1e-3f, tu_next());
+    step(&g, 0);
     sg_alloc_stats a0, a1;
+    TU_OK(g.ctx, sg_ctx_sync(g.ctx));
     TU_OK(g.ctx, sg_ctx_alloc_stats(g.ctx, &a0));
     uint64_t k0 = sg_ctx_launch_count(g.ctx);
-    for (int s = 20; s < 120; s++) step(&g, s);
+    for (int s = 1; s < 101; s++) step(&g, s);
     TU_OK(g.ctx, sg_ctx_sync(g.ctx));
     TU_OK(g.ctx, sg_ctx_alloc_stats(g.ctx, &a1));
     TU_CHECK(a1.device_allocs == a0.device_allocs, "%llu device allocations in 100 GPU steps",
              (unsigned long long)(a1.device_allocs - a0.device_allocs));
-    printf("kernels per step: %.1f\n", (double)(sg_ctx_launch_count(g.ctx) - k0) / 100.0);
+    printf("%s: %llu device allocations in 100 steps after the first; %.1f launches per step\n", name,
+           (unsigned long long)(a1.device_allocs - a0.device_allocs),
+           (double)(sg_ctx_launch_count(g.ctx) - k0) / 100.0);
     stop(&g);
+}
+
+static void gpu_suite(void)
+{
+    /* SG_TEST_MODEL picks a smaller model for the sanitizers, which slow cuBLAS down 100x. */
+    const char *name = getenv("SG_TEST_MODEL") ? getenv("SG_TEST_MODEL") : "mlp-512-6-32";
+    gpu_vs_cpu(SG_OPTIM_SGD, 1e-2f, name, (tu_tol){2e-5, 1e-3}, 0.0, 1e-3);
+    gpu_vs_cpu(SG_OPTIM_ADAMW, 1e-3f, name, (tu_tol){2e-4, 1e-3}, 1e-3, 20 * 2 * 1e-3);
+    gpu_no_allocations(name);
 }
 
 int main(int argc, char **argv)
@@ -164,7 +213,7 @@ int main(int argc, char **argv)
     const char *mode = argc > 1 ? argv[1] : "cpu";
     tu_seed("test_train");
     if (!strcmp(mode, "gpu")) {
-        gpu_matches_cpu();
+        gpu_suite();
     } else {
         cpu_learns(SG_OPTIM_ADAMW, 3e-3f, 3.0);
         cpu_learns(SG_OPTIM_SGD, 5e-2f, 2.0);
