@@ -235,6 +235,96 @@ sg_status sg_sgd_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_t
                       sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
                       int n_seg);
 
+
+/* ---- graphs: capture once, replay with one launch ---------------------------------------- */
+
+typedef struct sg_graph sg_graph;
+
+/* A region of work to capture: it must queue the same operations on every call. */
+typedef sg_status (*sg_step_fn)(void *user);
+
+typedef struct sg_graph_options {
+    const char *name;          /* named in errors and statistics */
+    int warmup;                /* eager runs before capture (default 3): lazy set-up happens there */
+    sg_pool *pool;             /* share this pool (graphs that never run at once); NULL: own pool */
+    const sg_tensor *const *static_inputs;  /* tensors the graph reads that the caller refills */
+    int n_static_inputs;
+} sg_graph_options;
+
+sg_graph_options sg_graph_options_default(void);
+
+/* Runs fn `warmup` times eagerly, then records one run of it: on CUDA into a CUDA Graph
+ * (thread-local capture on the context's stream), instantiated and uploaded; on the CPU into a
+ * plan of the op calls. Allocations inside fn come from the graph's pool; after warm-up,
+ * capture may not make new device allocations. Forbidden during capture (SG_ERR_CAPTURE, with a
+ * message naming the call and the module): host reads of device values, syncs, new device
+ * allocations, host-to-device copies, pool changes, nested capture. On failure nothing is
+ * kept, *out is NULL, and the context works eagerly as before. */
+sg_status sg_graph_capture(sg_ctx *ctx, sg_step_fn fn, void *user, const sg_graph_options *opts,
+                           sg_graph **out);
+/* Replays the recorded work with one launch. Refuses (SG_ERR_INVALID, naming the tensor) when a
+ * static input was destroyed or rebound to other memory since capture. No allocation. */
+sg_status sg_graph_replay(sg_graph *g);
+/* Records fn again (same topology expected) and updates the executable graph in place with
+ * cudaGraphExecUpdate; re-instantiates only when the update is refused. */
+sg_status sg_graph_recapture(sg_graph *g);
+/* Sets the arguments of the `occurrence`-th node (0-based, in capture order) that launches the
+ * user kernel `func`, as a launch would take them (args[i] points at parameter i), without
+ * re-capture (cudaGraphExecKernelNodeSetParams). CUDA only. */
+sg_status sg_graph_kernel_set_args(sg_graph *g, const void *func, int occurrence, void **args);
+/* Destroys the graph and, when it owns it, its pool (waits for replays in flight first). */
+void sg_graph_destroy(sg_graph *g);
+sg_pool *sg_graph_pool(const sg_graph *g);
+
+typedef struct sg_graph_stats {
+    int nodes;                 /* kernel, memcpy, memset... nodes (CPU: plan entries) */
+    double capture_ms;         /* warm-up excluded */
+    double instantiate_ms;     /* instantiate + upload */
+    uint64_t replays;
+    uint64_t captures;         /* the first, plus recaptures */
+    uint64_t updates;          /* recaptures applied by cudaGraphExecUpdate */
+    uint64_t reinstantiations; /* recaptures that needed a new executable graph */
+    size_t exec_bytes;         /* device memory the executable graph took (free-memory delta) */
+} sg_graph_stats;
+
+sg_status sg_graph_get_stats(const sg_graph *g, sg_graph_stats *out);
+/* True when STEPGRAPH_DISABLE_GRAPHS=1: every scope runs eagerly. */
+int sg_graphs_disabled(void);
+/* True while ctx is capturing. */
+int sg_ctx_capturing(const sg_ctx *ctx);
+/* Names the module whose work follows (errors during capture cite it); NULL clears it.
+ * Returns the previous name so that nested modules can restore it. */
+const char *sg_ctx_set_module(sg_ctx *ctx, const char *name);
+
+/* ---- shape buckets: one graph per input shape, sharing one pool ------------------------- */
+
+typedef struct sg_graph_cache sg_graph_cache;
+
+typedef struct sg_graph_cache_stats {
+    int cached;                /* graphs held now */
+    uint64_t hits, misses;     /* sg_graph_cache_get calls that found / did not find a graph */
+    uint64_t captures;         /* graphs captured (misses that succeeded) */
+    uint64_t evictions;        /* graphs dropped to stay under the budget */
+    uint64_t distinct_keys;    /* keys ever seen */
+    size_t bytes;              /* estimated device bytes of the cached graphs */
+    int recapture_warning;     /* set once captures pass the warning threshold (see create) */
+} sg_graph_cache_stats;
+
+/* A cache of graphs keyed by an integer shape key (e.g. the batch bucket). All its graphs
+ * share one pool. budget_bytes: the estimated memory of cached graphs (sg_graph_stats's
+ * exec_bytes, at least 1 KiB a node) above which least-recently-used graphs are destroyed
+ * (0: no limit). warn_after: when captures exceed distinct keys by this many (re-captures of
+ * evicted shapes), recapture_warning is set (0: 8). */
+sg_status sg_graph_cache_create(sg_ctx *ctx, size_t budget_bytes, int warn_after,
+                                sg_graph_cache **out);
+void sg_graph_cache_destroy(sg_graph_cache *c);
+/* The graph for key: cached, or captured now with fn/user/opts (its pool is the cache's). */
+sg_status sg_graph_cache_get(sg_graph_cache *c, int64_t key, sg_step_fn fn, void *user,
+                             const sg_graph_options *opts, sg_graph **out);
+sg_status sg_graph_cache_get_stats(const sg_graph_cache *c, sg_graph_cache_stats *out);
+/* The smallest of n_buckets sorted sizes that holds n, or -1 when n exceeds the largest. */
+int64_t sg_bucket_for(const int64_t *buckets, int n_buckets, int64_t n);
+
 /* ---- models, training -------------------------------------------------------------------- */
 
 typedef struct sg_model sg_model;

@@ -59,6 +59,13 @@ sg_status sg_pool_alloc(sg_pool *pool, size_t bytes, sg_block **out)
         return SG_OK;
     }
 
+    if (ctx->cap.active) {
+        char what[160];
+        snprintf(what, sizeof what, "needed %zu bytes of new device memory in pool '%s' that warm-up did not",
+                 size, pool->name);
+        return sg_capture_forbid(ctx, "sg_tensor_create", what,
+                                 "allocate before capture, or run the same allocations in warm-up");
+    }
     size_t limit = ctx->opts.alloc_limit_bytes;
     if (limit && ctx->reserved_total + size > limit)
         return sg_fail(ctx, SG_ERR_OOM,
@@ -142,6 +149,7 @@ sg_status sg_pool_destroy(sg_pool *pool)
     if (pool == ctx->default_pool)
         return sg_fail(ctx, SG_ERR_INVALID,
                        "sg_pool_destroy: the default pool belongs to the context");
+    SG_TRY(sg_capture_forbid(ctx, "sg_pool_destroy", "destroyed a pool", "destroy pools after capture"));
     if (pool->st.live_blocks)
         return sg_fail(ctx, SG_ERR_INVALID,
                        "sg_pool_destroy: pool '%s' still holds %llu live tensors; destroy them "
@@ -178,6 +186,9 @@ sg_status sg_ctx_set_pool(sg_ctx *ctx, sg_pool *pool)
     if (pool && pool->ctx != ctx)
         return sg_fail(ctx, SG_ERR_BACKEND, "sg_ctx_set_pool: pool '%s' belongs to another context",
                        pool->name);
+    if (ctx->cap.active && (pool ? pool : ctx->default_pool) != ctx->cap.pool)
+        return sg_capture_forbid(ctx, "sg_ctx_set_pool", "switched to another pool",
+                                 "everything a graph touches comes from its own pool");
     ctx->cur_pool = pool ? pool : ctx->default_pool;
     return SG_OK;
 }
@@ -210,6 +221,8 @@ sg_status sg_ctx_alloc_stats(const sg_ctx *ctx, sg_alloc_stats *out)
 sg_status sg_ctx_empty_cache(sg_ctx *ctx)
 {
     if (!ctx) return SG_ERR_NULL;
+    SG_TRY(sg_capture_forbid(ctx, "sg_ctx_empty_cache", "returned cached memory to the device",
+                             "empty the cache outside capture"));
     SG_TRY(ctx->dev->sync(ctx));
     for (sg_pool *p = ctx->pools; p; p = p->next) pool_release_free(p);
     return SG_OK;

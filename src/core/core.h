@@ -98,6 +98,24 @@ void sg_pool_free(sg_pool *pool, sg_block *b);
 int sg_alloc_class(size_t bytes);
 size_t sg_alloc_class_size(int cls);
 
+/* ---- capture state ---- */
+
+/* CPU work is queued through sg_cpu_run: run now, or recorded into the capture's plan. */
+typedef sg_status (*sg_cpu_thunk)(sg_ctx *ctx, const void *args);
+typedef struct sg_plan sg_plan;
+
+typedef struct sg_capture {
+    bool active;
+    bool failed;               /* a forbidden call happened: the capture is void */
+    sg_status fail_status;
+    char fail_msg[1024];
+    sg_pool *pool;             /* the graph's pool: every allocation comes from here */
+    sg_plan *plan;             /* CPU backend: where op calls are recorded */
+    sg_block **deferred;       /* blocks of other pools freed during capture (graph keeps them) */
+    sg_pool **deferred_pool;
+    int n_deferred, cap_deferred;
+} sg_capture;
+
 /* ---- context ---- */
 
 struct sg_ctx {
@@ -115,7 +133,24 @@ struct sg_ctx {
     sg_tensor *scratch[8];   /* sg_ctx_scratch buffers, by slot */
     void *ext[8];            /* per-context caches of upper layers, by slot */
     void (*ext_free[8])(sg_ctx *ctx, void *ext);
+    sg_capture cap;
+    const char *module;      /* the module whose work is being queued, for messages */
+    struct sg_graph *graphs; /* live graphs: told when a static input is destroyed */
 };
+
+/* During capture, fails with SG_ERR_CAPTURE: "<call>: <what> during capture in module 'm'; <hint>",
+ * and marks the capture void, so it fails even if the caller ignores the status. Outside
+ * capture, SG_OK. */
+sg_status sg_capture_forbid(sg_ctx *ctx, const char *call, const char *what, const char *hint);
+/* Runs fn(args) now, or during a CPU capture appends it (args copied) to the plan. */
+sg_status sg_cpu_run(sg_ctx *ctx, sg_cpu_thunk fn, const void *args, size_t size);
+sg_plan *sg_plan_create(void);
+sg_status sg_plan_run(sg_ctx *ctx, const sg_plan *p);
+int sg_plan_length(const sg_plan *p);
+size_t sg_plan_bytes(const sg_plan *p);
+void sg_plan_destroy(sg_plan *p);
+/* Called by sg_tensor_destroy: graphs mark a destroyed static input. */
+void sg_graph_forget_tensor(sg_ctx *ctx, const sg_tensor *t);
 
 /* Slots of sg_ctx_scratch and sg_ctx_ext: one per op family that needs one. */
 enum { SG_SLOT_LINEAR = 0, SG_SLOT_LOSS, SG_SLOT_OPTIM, SG_SLOT_NN, SG_SLOT_COUNT = 8 };

@@ -105,6 +105,8 @@ uint64_t sg_ctx_launch_count(const sg_ctx *ctx) { return ctx ? ctx->launches : 0
 sg_status sg_ctx_sync(sg_ctx *ctx)
 {
     if (!ctx) return SG_ERR_NULL;
+    SG_TRY(sg_capture_forbid(ctx, "sg_ctx_sync", "waited for the device",
+                             "a captured step may not synchronize; sync after replay"));
     return ctx->dev->sync(ctx);
 }
 

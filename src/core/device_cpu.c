@@ -33,6 +33,25 @@ static sg_status cpu_copy(sg_ctx *ctx, void *dst, const void *src, size_t n)
     return SG_OK;
 }
 
+typedef struct copy_args {
+    void *dst;
+    const void *src;
+    size_t n;
+} copy_args;
+
+static sg_status copy_thunk(sg_ctx *ctx, const void *a)
+{
+    const copy_args *c = a;
+    memmove(c->dst, c->src, c->n);
+    return SG_OK;
+}
+
+/* Device-to-device copies are queued work: recorded during a CPU capture. */
+static sg_status cpu_copy_d2d(sg_ctx *ctx, void *dst, const void *src, size_t n)
+{
+    return sg_cpu_run(ctx, copy_thunk, &(copy_args){dst, src, n}, sizeof(copy_args));
+}
+
 static sg_status cpu_ok(sg_ctx *ctx)
 {
     (void)ctx;
@@ -64,7 +83,7 @@ const sg_device_i sg_device_cpu = {
     .copy_h2d = cpu_copy,
     .copy_d2h = cpu_copy,
     .copy_d2h_async = cpu_copy,
-    .copy_d2d = cpu_copy,
+    .copy_d2d = cpu_copy_d2d,
     .sync = cpu_ok,
     .host_alloc = cpu_malloc,
     .host_free = cpu_free,

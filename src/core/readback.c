@@ -44,6 +44,8 @@ sg_status sg_readback_start(sg_readback *rb, const sg_tensor *t)
 {
     if (!rb || !t) return SG_ERR_NULL;
     sg_ctx *ctx = rb->ctx;
+    SG_TRY(sg_capture_forbid(ctx, "sg_readback_start", "started a read-back",
+                             "start the read-back after replay"));
     size_t n = sg_tensor_nbytes(t);
     if (n > rb->max_bytes)
         return sg_fail(ctx, SG_ERR_INVALID,
@@ -68,6 +70,7 @@ static sg_status finish(sg_readback *rb, void *dst, size_t nbytes)
 sg_status sg_readback_poll(sg_readback *rb, void *dst, size_t nbytes)
 {
     if (!rb || !dst) return SG_ERR_NULL;
+    SG_TRY(sg_capture_forbid(rb->ctx, "sg_readback_poll", "polled a read-back", "poll after replay"));
     if (!rb->pending) return sg_fail(rb->ctx, SG_ERR_INVALID, "sg_readback_poll: nothing was started");
     sg_status st = rb->ctx->dev->event_query(rb->ctx, rb->event);
     if (st != SG_OK) return st;
@@ -77,6 +80,7 @@ sg_status sg_readback_poll(sg_readback *rb, void *dst, size_t nbytes)
 sg_status sg_readback_wait(sg_readback *rb, void *dst, size_t nbytes)
 {
     if (!rb || !dst) return SG_ERR_NULL;
+    SG_TRY(sg_capture_forbid(rb->ctx, "sg_readback_wait", "waited for a read-back", "wait after replay"));
     if (!rb->pending) return sg_fail(rb->ctx, SG_ERR_INVALID, "sg_readback_wait: nothing was started");
     SG_TRY(rb->ctx->dev->event_sync(rb->ctx, rb->event));
     return finish(rb, dst, nbytes);

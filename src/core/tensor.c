@@ -120,10 +120,33 @@ sg_status sg_tensor_view(sg_tensor *base, int64_t elem_offset, int ndim, const i
     return SG_OK;
 }
 
+/* Freed during capture, a block of another pool may still be read by the graph being
+ * recorded: it is handed to the capture, and the graph frees it when it is destroyed. */
+static void defer_free(sg_ctx *ctx, sg_pool *pool, sg_block *b)
+{
+    sg_capture *c = &ctx->cap;
+    if (c->n_deferred == c->cap_deferred) {
+        int cap = c->cap_deferred ? 2 * c->cap_deferred : 16;
+        sg_block **nb = realloc(c->deferred, (size_t)cap * sizeof *nb);
+        sg_pool **np = realloc(c->deferred_pool, (size_t)cap * sizeof *np);
+        if (nb) c->deferred = nb;
+        if (np) c->deferred_pool = np;
+        if (!nb || !np) return; /* out of host memory: leak the block rather than reuse it */
+        c->cap_deferred = cap;
+    }
+    c->deferred[c->n_deferred] = b;
+    c->deferred_pool[c->n_deferred++] = pool;
+}
+
 void sg_tensor_destroy(sg_tensor *t)
 {
     if (!t) return;
-    if (t->block) sg_pool_free(t->pool, t->block);
+    sg_ctx *ctx = t->ctx;
+    if (ctx->graphs) sg_graph_forget_tensor(ctx, t);
+    if (t->block) {
+        if (ctx->cap.active && t->pool != ctx->cap.pool) defer_free(ctx, t->pool, t->block);
+        else sg_pool_free(t->pool, t->block);
+    }
     free(t);
 }
 
@@ -221,12 +244,16 @@ sg_status sg_tensor_copy_from_host(sg_tensor *t, const void *src, size_t nbytes)
 {
     if (!t) return SG_ERR_NULL;
     SG_TRY(check_nbytes(t, "sg_tensor_copy_from_host", nbytes, src));
+    SG_TRY(sg_capture_forbid(t->ctx, "sg_tensor_copy_from_host", "copied host memory into a tensor",
+                             "copy new data into the graph's static inputs before replay"));
     return t->ctx->dev->copy_h2d(t->ctx, t->data, src, nbytes);
 }
 
 sg_status sg_tensor_copy_to_host(const sg_tensor *t, void *dst, size_t nbytes)
 {
     if (!t) return SG_ERR_NULL;
+    SG_TRY(sg_capture_forbid(t->ctx, "sg_tensor_copy_to_host", "read a device value to the host",
+                             "move the read after replay (sg_readback for no sync)"));
     SG_TRY(check_nbytes(t, "sg_tensor_copy_to_host", nbytes, dst));
     return t->ctx->dev->copy_d2h(t->ctx, dst, t->data, nbytes);
 }
@@ -244,14 +271,35 @@ sg_status sg_tensor_copy(sg_tensor *dst, const sg_tensor *src)
     return ctx->dev->copy_d2d(ctx, dst->data, src->data, sg_tensor_nbytes(src));
 }
 
+typedef struct fill_args {
+    sg_tensor *t;
+    double value;
+} fill_args;
+
+static sg_status fill_cpu(sg_ctx *ctx, const void *a)
+{
+    const fill_args *f = a;
+    for (int64_t i = 0; i < f->t->numel; i++) sg_st(f->t, i, f->value);
+    return SG_OK;
+}
+
 sg_status sg_tensor_fill(sg_tensor *t, double value)
 {
     if (!t) return SG_ERR_NULL;
-    if (t->ctx->backend == SG_BACKEND_CPU) {
-        for (int64_t i = 0; i < t->numel; i++) sg_st(t, i, value);
-        return SG_OK;
-    }
+    if (t->ctx->backend == SG_BACKEND_CPU) return sg_cpu_run(t->ctx, fill_cpu, &(fill_args){t, value}, sizeof(fill_args));
     return SG_CUDA_DISPATCH(t->ctx, sg_fill_cuda(t->ctx, t, value));
+}
+
+typedef struct convert_args {
+    sg_tensor *dst;
+    const sg_tensor *src;
+} convert_args;
+
+static sg_status convert_cpu(sg_ctx *ctx, const void *a)
+{
+    const convert_args *c = a;
+    for (int64_t i = 0; i < c->src->numel; i++) sg_st(c->dst, i, sg_ld(c->src, i));
+    return SG_OK;
 }
 
 sg_status sg_tensor_convert(sg_tensor *dst, const sg_tensor *src)
@@ -263,16 +311,27 @@ sg_status sg_tensor_convert(sg_tensor *dst, const sg_tensor *src)
         return sg_fail(ctx, SG_ERR_SHAPE, "sg_tensor_convert: '%s' has %lld elements, '%s' %lld",
                        dst->name, (long long)dst->numel, src->name, (long long)src->numel);
     if (dst->dtype == src->dtype) return sg_tensor_copy(dst, src);
-    if (ctx->backend == SG_BACKEND_CPU) {
-        for (int64_t i = 0; i < src->numel; i++) sg_st(dst, i, sg_ld(src, i));
-        return SG_OK;
-    }
+    if (ctx->backend == SG_BACKEND_CPU)
+        return sg_cpu_run(ctx, convert_cpu, &(convert_args){dst, src}, sizeof(convert_args));
     bool ok = (dst->dtype == SG_DTYPE_F32 || dst->dtype == SG_DTYPE_BF16) &&
               (src->dtype == SG_DTYPE_F32 || src->dtype == SG_DTYPE_BF16);
     if (!ok)
         return sg_fail(ctx, SG_ERR_DTYPE, "sg_tensor_convert: %s to %s is not supported on CUDA",
                        sg_dtype_name(src->dtype), sg_dtype_name(dst->dtype));
     return SG_CUDA_DISPATCH(ctx, sg_convert_cuda(ctx, dst, src));
+}
+
+typedef struct small_args {
+    void *dst;
+    size_t n;
+    unsigned char bytes[64];
+} small_args;
+
+static sg_status small_cpu(sg_ctx *ctx, const void *a)
+{
+    const small_args *w = a;
+    memcpy(w->dst, w->bytes, w->n);
+    return SG_OK;
 }
 
 sg_status sg_tensor_write_small(sg_tensor *t, size_t off, const void *src, size_t nbytes)
@@ -285,8 +344,9 @@ sg_status sg_tensor_write_small(sg_tensor *t, size_t off, const void *src, size_
                        nbytes, off, t->name, sg_tensor_nbytes(t));
     char *dst = (char *)t->data + off;
     if (t->ctx->backend == SG_BACKEND_CPU) {
-        memcpy(dst, src, nbytes);
-        return SG_OK;
+        small_args a = {dst, nbytes, {0}};
+        memcpy(a.bytes, src, nbytes);
+        return sg_cpu_run(t->ctx, small_cpu, &a, sizeof a);
     }
     return SG_CUDA_DISPATCH(t->ctx, sg_write_small_cuda(t->ctx, dst, src, nbytes));
 }

@@ -2,6 +2,33 @@
  * reference or the CUDA kernel. */
 #include "ops/act.h"
 
+/* CPU work goes through sg_cpu_run (so a CPU capture records it): one argument block and one
+ * thunk per op. */
+typedef struct act_args {
+    int op; /* 0 relu fwd, 1 relu bwd, 2 gelu fwd, 3 gelu bwd, 4 add */
+    const sg_tensor *a, *b;
+    sg_tensor *y;
+} act_args;
+
+static sg_status act_cpu(sg_ctx *ctx, const void *p)
+{
+    const act_args *g = p;
+    switch (g->op) {
+    case 0: sg_relu_forward_cpu(g->a, g->y); break;
+    case 1: sg_relu_backward_cpu(g->a, g->b, g->y); break;
+    case 2: sg_gelu_forward_cpu(g->a, g->y); break;
+    case 3: sg_gelu_backward_cpu(g->a, g->b, g->y); break;
+    case 4: sg_add_forward_cpu(g->a, g->b, g->y); break;
+    }
+    return SG_OK;
+}
+
+static sg_status run_cpu(sg_ctx *ctx, int op, const sg_tensor *a, const sg_tensor *b, sg_tensor *y)
+{
+    act_args g = {op, a, b, y};
+    return sg_cpu_run(ctx, act_cpu, &g, sizeof g);
+}
+
 /* Two tensors of one shape, a float dtype the backend computes in. */
 static sg_status check_pair(sg_ctx *ctx, const char *fn, const char *wa, const sg_tensor *a,
                             const char *wb, const sg_tensor *b)
@@ -14,7 +41,7 @@ static sg_status check_pair(sg_ctx *ctx, const char *fn, const char *wa, const s
 sg_status sg_relu_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y)
 {
     SG_TRY(check_pair(ctx, "sg_relu_forward", "x", x, "y", y));
-    if (ctx->backend == SG_BACKEND_CPU) return sg_relu_forward_cpu(x, y), SG_OK;
+    if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 0, x, NULL, y);
     return SG_CUDA_DISPATCH(ctx, sg_relu_forward_cuda(ctx, x, y));
 }
 
@@ -22,14 +49,14 @@ sg_status sg_relu_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *dy,
 {
     SG_TRY(check_pair(ctx, "sg_relu_backward", "x", x, "dy", dy));
     SG_TRY(check_pair(ctx, "sg_relu_backward", "x", x, "dx", dx));
-    if (ctx->backend == SG_BACKEND_CPU) return sg_relu_backward_cpu(x, dy, dx), SG_OK;
+    if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 1, x, dy, dx);
     return SG_CUDA_DISPATCH(ctx, sg_relu_backward_cuda(ctx, x, dy, dx));
 }
 
 sg_status sg_gelu_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y)
 {
     SG_TRY(check_pair(ctx, "sg_gelu_forward", "x", x, "y", y));
-    if (ctx->backend == SG_BACKEND_CPU) return sg_gelu_forward_cpu(x, y), SG_OK;
+    if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 2, x, NULL, y);
     return SG_CUDA_DISPATCH(ctx, sg_gelu_forward_cuda(ctx, x, y));
 }
 
@@ -37,7 +64,7 @@ sg_status sg_gelu_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *dy,
 {
     SG_TRY(check_pair(ctx, "sg_gelu_backward", "x", x, "dy", dy));
     SG_TRY(check_pair(ctx, "sg_gelu_backward", "x", x, "dx", dx));
-    if (ctx->backend == SG_BACKEND_CPU) return sg_gelu_backward_cpu(x, dy, dx), SG_OK;
+    if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 3, x, dy, dx);
     return SG_CUDA_DISPATCH(ctx, sg_gelu_backward_cuda(ctx, x, dy, dx));
 }
 
@@ -45,6 +72,6 @@ sg_status sg_add_forward(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b, sg
 {
     SG_TRY(check_pair(ctx, "sg_add_forward", "a", a, "b", b));
     SG_TRY(check_pair(ctx, "sg_add_forward", "a", a, "y", y));
-    if (ctx->backend == SG_BACKEND_CPU) return sg_add_forward_cpu(a, b, y), SG_OK;
+    if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 4, a, b, y);
     return SG_CUDA_DISPATCH(ctx, sg_add_forward_cuda(ctx, a, b, y));
 }

@@ -72,6 +72,27 @@ static sg_status check_disjoint(sg_ctx *ctx, const char *fn, const char *wout,
     return sg_fail(ctx, SG_ERR_INVALID, "%s: output '%s' overlaps '%s' in memory", fn, wout, win);
 }
 
+/* The CPU reference runs through sg_cpu_run, so a CPU capture records it. */
+typedef struct lin_args {
+    const sg_tensor *x, *w, *b, *act_in;
+    sg_activation act;
+    sg_tensor *dy, *out, *pre, *dw, *db; /* out: y (forward) or dx (backward) */
+    int64_t m, n, k;
+} lin_args;
+
+static sg_status lin_fwd_cpu(sg_ctx *ctx, const void *p)
+{
+    const lin_args *a = p;
+    return sg_linear_forward_cpu(ctx, a->x, a->w, a->b, a->act, a->out, a->pre, a->m, a->n, a->k);
+}
+
+static sg_status lin_bwd_cpu(sg_ctx *ctx, const void *p)
+{
+    const lin_args *a = p;
+    return sg_linear_backward_cpu(ctx, a->x, a->w, a->dy, a->act, a->act_in, a->out, a->dw, a->db,
+                                  a->m, a->n, a->k);
+}
+
 sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
                             const sg_tensor *b, sg_activation act, sg_tensor *y, sg_tensor *pre)
 {
@@ -101,8 +122,10 @@ sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
     }
     SG_TRY(check_disjoint(ctx, fn, "y", y, "pre", pre));
 
-    if (ctx->backend == SG_BACKEND_CPU)
-        return sg_linear_forward_cpu(ctx, x, w, b, act, y, pre, m, n, k);
+    if (ctx->backend == SG_BACKEND_CPU) {
+        lin_args a = {x, w, b, NULL, act, NULL, y, pre, NULL, NULL, m, n, k};
+        return sg_cpu_run(ctx, lin_fwd_cpu, &a, sizeof a);
+    }
     return SG_CUDA_DISPATCH(ctx, sg_linear_forward_cuda(ctx, x, w, b, act, y, pre, m, n, k));
 }
 
@@ -140,8 +163,10 @@ sg_status sg_linear_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w
             if (i != o && !(o == 0 && i == 6))
                 SG_TRY(check_disjoint(ctx, fn, names[o], ts[o], names[i], ts[i]));
 
-    if (ctx->backend == SG_BACKEND_CPU)
-        return sg_linear_backward_cpu(ctx, x, w, dy, act, act_in, dx, dw, db, m, n, k);
+    if (ctx->backend == SG_BACKEND_CPU) {
+        lin_args a = {x, w, NULL, act_in, act, dy, dx, NULL, dw, db, m, n, k};
+        return sg_cpu_run(ctx, lin_bwd_cpu, &a, sizeof a);
+    }
     return SG_CUDA_DISPATCH(ctx, sg_linear_backward_cuda(ctx, x, w, dy, act, act_in, dx, dw, db,
                                                          m, n, k));
 }

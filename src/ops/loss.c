@@ -64,6 +64,30 @@ static sg_status check_target_range(sg_ctx *ctx, const char *fn, const sg_tensor
     return SG_OK;
 }
 
+/* The CPU references run through sg_cpu_run, so a CPU capture records them; the target range
+ * is checked when the work runs, since a replay sees the targets of its own step. */
+typedef struct loss_args {
+    const sg_tensor *x, *t;
+    float grad_scale;
+    sg_tensor *loss, *dx;
+    int64_t classes;
+} loss_args;
+
+static sg_status xent_cpu(sg_ctx *ctx, const void *p)
+{
+    const loss_args *a = p;
+    SG_TRY(check_target_range(ctx, "sg_softmax_xent", a->t, a->classes));
+    sg_softmax_xent_cpu(a->x, a->t, a->grad_scale, a->loss, a->dx);
+    return SG_OK;
+}
+
+static sg_status mse_cpu(sg_ctx *ctx, const void *p)
+{
+    const loss_args *a = p;
+    sg_mse_cpu(a->x, a->t, a->grad_scale, a->loss, a->dx);
+    return SG_OK;
+}
+
 sg_status sg_softmax_xent(sg_ctx *ctx, const sg_tensor *logits, const sg_tensor *targets,
                           float grad_scale, sg_tensor *loss, sg_tensor *dlogits)
 {
@@ -76,8 +100,8 @@ sg_status sg_softmax_xent(sg_ctx *ctx, const sg_tensor *logits, const sg_tensor 
     if (dlogits) SG_TRY(sg_check_same_shape(ctx, fn, "logits", logits, "dlogits", dlogits));
     SG_TRY(check_grad_scale(ctx, fn, grad_scale));
     if (ctx->backend == SG_BACKEND_CPU) {
-        SG_TRY(check_target_range(ctx, fn, targets, classes));
-        return sg_softmax_xent_cpu(logits, targets, grad_scale, loss, dlogits), SG_OK;
+        loss_args a = {logits, targets, grad_scale, loss, dlogits, classes};
+        return sg_cpu_run(ctx, xent_cpu, &a, sizeof a);
     }
     if (rows > INT_MAX)
         return sg_fail(ctx, SG_ERR_UNSUPPORTED, "%s: %lld rows; the CUDA kernel takes at most %d",
@@ -96,6 +120,9 @@ sg_status sg_mse(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *target, float
     SG_TRY(check_scalar(ctx, fn, "loss", loss, x->dtype));
     if (dx) SG_TRY(sg_check_same_shape(ctx, fn, "x", x, "dx", dx));
     SG_TRY(check_grad_scale(ctx, fn, grad_scale));
-    if (ctx->backend == SG_BACKEND_CPU) return sg_mse_cpu(x, target, grad_scale, loss, dx), SG_OK;
+    if (ctx->backend == SG_BACKEND_CPU) {
+        loss_args a = {x, target, grad_scale, loss, dx, 0};
+        return sg_cpu_run(ctx, mse_cpu, &a, sizeof a);
+    }
     return SG_CUDA_DISPATCH(ctx, sg_mse_cuda(ctx, x, target, grad_scale, loss, dx));
 }

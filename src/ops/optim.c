@@ -92,6 +92,29 @@ static sg_status check_step(sg_ctx *ctx, const char *fn, const sg_tensor *param,
     return check_segments(ctx, fn, param->numel, seg_start, seg_decay, n_seg);
 }
 
+/* The CPU references run through sg_cpu_run, so a CPU capture records them. */
+typedef struct optim_args {
+    sg_tensor *param;
+    const sg_tensor *grad;
+    sg_tensor *m, *v, *hp;
+    const sg_tensor *seg_start, *seg_decay;
+    int n_seg;
+} optim_args;
+
+static sg_status adamw_cpu(sg_ctx *ctx, const void *p)
+{
+    const optim_args *a = p;
+    sg_adamw_step_cpu(a->param, a->grad, a->m, a->v, a->hp, a->seg_start, a->seg_decay, a->n_seg);
+    return SG_OK;
+}
+
+static sg_status sgd_cpu(sg_ctx *ctx, const void *p)
+{
+    const optim_args *a = p;
+    sg_sgd_step_cpu(a->param, a->grad, a->m, a->hp, a->seg_start, a->seg_decay, a->n_seg);
+    return SG_OK;
+}
+
 sg_status sg_adamw_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *m,
                         sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
                         const sg_tensor *seg_decay, int n_seg)
@@ -100,8 +123,10 @@ sg_status sg_adamw_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg
     if (!ctx) return SG_ERR_NULL;
     if (!v) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor 'v' is NULL", fn);
     SG_TRY(check_step(ctx, fn, param, grad, "m", m, v, hp, seg_start, seg_decay, n_seg));
-    if (ctx->backend == SG_BACKEND_CPU)
-        return sg_adamw_step_cpu(param, grad, m, v, hp, seg_start, seg_decay, n_seg), SG_OK;
+    if (ctx->backend == SG_BACKEND_CPU) {
+        optim_args a = {param, grad, m, v, hp, seg_start, seg_decay, n_seg};
+        return sg_cpu_run(ctx, adamw_cpu, &a, sizeof a);
+    }
     return SG_CUDA_DISPATCH(ctx, sg_adamw_step_cuda(ctx, param, grad, m, v, hp, seg_start,
                                                     seg_decay, n_seg));
 }
@@ -113,8 +138,10 @@ sg_status sg_sgd_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_t
 {
     const char *fn = "sg_sgd_step";
     SG_TRY(check_step(ctx, fn, param, grad, "buf", buf, NULL, hp, seg_start, seg_decay, n_seg));
-    if (ctx->backend == SG_BACKEND_CPU)
-        return sg_sgd_step_cpu(param, grad, buf, hp, seg_start, seg_decay, n_seg), SG_OK;
+    if (ctx->backend == SG_BACKEND_CPU) {
+        optim_args a = {param, grad, buf, NULL, hp, seg_start, seg_decay, n_seg};
+        return sg_cpu_run(ctx, sgd_cpu, &a, sizeof a);
+    }
     return SG_CUDA_DISPATCH(ctx, sg_sgd_step_cuda(ctx, param, grad, buf, hp, seg_start,
                                                   seg_decay, n_seg));
 }

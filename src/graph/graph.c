@@ -1,0 +1,311 @@
+/* graph.c: sg_graph: warm up, capture a step into a graph with its own pool, replay it with one
+ * launch, recapture (update in place), destroy. On the CPU a "graph" is the plan of op calls
+ * recorded during capture (core/capture.c), so CI exercises the same semantics: static
+ * tensors, no allocation on replay, errors for forbidden calls during capture. */
+#include "graph/graph.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int sg_graphs_disabled(void)
+{
+    const char *e = getenv("STEPGRAPH_DISABLE_GRAPHS");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+sg_graph_options sg_graph_options_default(void)
+{
+    sg_graph_options o;
+    memset(&o, 0, sizeof o);
+    o.warmup = 3;
+    return o;
+}
+
+sg_pool *sg_graph_pool(const sg_graph *g) { return g ? g->pool : NULL; }
+
+sg_status sg_graph_get_stats(const sg_graph *g, sg_graph_stats *out)
+{
+    if (!g || !out) return SG_ERR_NULL;
+    *out = g->st;
+    return SG_OK;
+}
+
+void sg_graph_forget_tensor(sg_ctx *ctx, const sg_tensor *t)
+{
+    for (sg_graph *g = ctx->graphs; g; g = g->next)
+        for (int i = 0; i < g->n_in; i++)
+            if (g->in[i].t == t) g->in[i].gone = true;
+}
+
+static void unlink_graph(sg_graph *g)
+{
+    for (sg_graph **l = &g->ctx->graphs; *l; l = &(*l)->next)
+        if (*l == g) {
+            *l = g->next;
+            return;
+        }
+}
+
+void sg_graph_destroy(sg_graph *g)
+{
+    if (!g) return;
+    sg_ctx *ctx = g->ctx;
+    /* Replays may be in flight: the pool's memory is theirs until they finish. */
+    if (!ctx->cap.active && ctx->dev->sync(ctx) != SG_OK) { /* keep going: nothing to act on */ }
+#ifdef SG_HAVE_CUDA
+    if (ctx->backend == SG_BACKEND_CUDA) sg_graph_cuda_release(g);
+#endif
+    sg_plan_destroy(g->plan);
+    for (int i = 0; i < g->n_deferred; i++) sg_pool_free(g->deferred_pool[i], g->deferred[i]);
+    free(g->deferred);
+    free(g->deferred_pool);
+    unlink_graph(g);
+    if (g->own_pool && sg_pool_destroy(g->pool) != SG_OK) {
+        /* Live tensors of the pool remain (the caller's): the pool stays with the context. */
+    }
+    free(g);
+}
+
+/* Leaves capture mode: restores the pool and hands the deferred frees to g. */
+static void end_capture_state(sg_ctx *ctx, sg_graph *g, sg_pool *prev_pool)
+{
+    sg_capture *c = &ctx->cap;
+    for (int i = 0; i < c->n_deferred; i++) {
+        sg_block **nb = realloc(g->deferred, (size_t)(g->n_deferred + 1) * sizeof *nb);
+        sg_pool **np = realloc(g->deferred_pool, (size_t)(g->n_deferred + 1) * sizeof *np);
+        if (nb) g->deferred = nb;
+        if (np) g->deferred_pool = np;
+        if (!nb || !np) break; /* out of host memory: the blocks leak, never reused */
+        g->deferred[g->n_deferred] = c->deferred[i];
+        g->deferred_pool[g->n_deferred++] = c->deferred_pool[i];
+    }
+    free(c->deferred);
+    free(c->deferred_pool);
+    memset(c, 0, sizeof *c);
+    ctx->cur_pool = prev_pool;
+}
+
+/* One recording of g->fn into *graph (CUDA) or g->plan (CPU). */
+static sg_status record(sg_graph *g, void **graph, sg_plan **plan)
+{
+    sg_ctx *ctx = g->ctx;
+    sg_pool *prev_pool = ctx->cur_pool;
+    *graph = NULL;
+    *plan = NULL;
+    ctx->cur_pool = g->pool;
+    memset(&ctx->cap, 0, sizeof ctx->cap);
+    ctx->cap.pool = g->pool;
+    if (ctx->backend == SG_BACKEND_CPU) {
+        *plan = sg_plan_create();
+        if (!*plan) {
+            ctx->cur_pool = prev_pool;
+            return sg_fail(ctx, SG_ERR_OOM, "sg_graph_capture: out of host memory");
+        }
+        ctx->cap.plan = *plan;
+    }
+#ifdef SG_HAVE_CUDA
+    if (ctx->backend == SG_BACKEND_CUDA) {
+        sg_status st = sg_graph_cuda_begin(ctx);
+        if (st != SG_OK) {
+            ctx->cur_pool = prev_pool;
+            return st;
+        }
+    }
+#endif
+    ctx->cap.active = true;
+    const char *module = ctx->module;
+    double t0 = now_ms();
+    sg_status st = g->fn(g->user);
+    ctx->module = module;
+    ctx->cap.active = false;
+    sg_status end = SG_OK;
+#ifdef SG_HAVE_CUDA
+    if (ctx->backend == SG_BACKEND_CUDA) end = sg_graph_cuda_end(ctx, graph);
+#endif
+    g->st.capture_ms = now_ms() - t0;
+    bool failed = ctx->cap.failed;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", failed ? ctx->cap.fail_msg : ctx->msg);
+    end_capture_state(ctx, g, prev_pool);
+    if (st == SG_OK && !failed && end == SG_OK) return SG_OK;
+    /* Nothing of a failed recording is kept. */
+#ifdef SG_HAVE_CUDA
+    if (*graph) sg_graph_cuda_discard(*graph);
+#endif
+    *graph = NULL;
+    sg_plan_destroy(*plan);
+    *plan = NULL;
+    if (failed) return sg_fail(ctx, SG_ERR_CAPTURE, "%s", msg);
+    if (st != SG_OK)
+        return sg_fail(ctx, st == SG_ERR_CUDA ? SG_ERR_CAPTURE : st,
+                       "sg_graph_capture: graph '%s': the step failed during capture: %s", g->name, msg);
+    return end; /* sg_graph_cuda_end's message names CUDA's reason */
+}
+
+sg_status sg_graph_capture(sg_ctx *ctx, sg_step_fn fn, void *user, const sg_graph_options *opts,
+                           sg_graph **out)
+{
+    if (!ctx) return SG_ERR_NULL;
+    if (!out || !fn) return sg_fail(ctx, SG_ERR_NULL, "sg_graph_capture: fn or out is NULL");
+    *out = NULL;
+    if (ctx->cap.active)
+        return sg_capture_forbid(ctx, "sg_graph_capture", "started a nested capture",
+                                 "capture graphs one at a time");
+    sg_graph_options o = opts ? *opts : sg_graph_options_default();
+    if (o.warmup < 0 || o.n_static_inputs < 0 || o.n_static_inputs > SG_GRAPH_MAX_INPUTS ||
+        (o.n_static_inputs && !o.static_inputs))
+        return sg_fail(ctx, SG_ERR_INVALID,
+                       "sg_graph_capture: warmup %d and %d static inputs: expected warmup >= 0 and "
+                       "0..%d static inputs", o.warmup, o.n_static_inputs, SG_GRAPH_MAX_INPUTS);
+    if (o.pool && o.pool->ctx != ctx)
+        return sg_fail(ctx, SG_ERR_BACKEND, "sg_graph_capture: pool '%s' belongs to another context",
+                       o.pool->name);
+    sg_graph *g = calloc(1, sizeof *g);
+    if (!g) return sg_fail(ctx, SG_ERR_OOM, "sg_graph_capture: out of host memory");
+    g->ctx = ctx, g->fn = fn, g->user = user;
+    snprintf(g->name, sizeof g->name, "%s", o.name ? o.name : "graph");
+    for (int i = 0; i < o.n_static_inputs; i++) {
+        const sg_tensor *t = o.static_inputs[i];
+        if (!t || t->ctx != ctx) {
+            free(g);
+            return sg_fail(ctx, t ? SG_ERR_BACKEND : SG_ERR_NULL,
+                           "sg_graph_capture: static input %d is %s", i, t ? "of another context" : "NULL");
+        }
+        g->in[i] = (sg_static_input){t, t->data, false, {0}};
+        snprintf(g->in[i].name, sizeof g->in[i].name, "%s", t->name);
+    }
+    g->n_in = o.n_static_inputs;
+    g->next = ctx->graphs;
+    ctx->graphs = g;
+    sg_status st = SG_OK;
+    if (o.pool) {
+        g->pool = o.pool;
+    } else {
+        char pn[80];
+        snprintf(pn, sizeof pn, "graph:%s", g->name);
+        st = sg_pool_create(ctx, pn, &g->pool);
+        g->own_pool = st == SG_OK;
+    }
+    g->eager = sg_graphs_disabled();
+    /* Warm-up, eagerly, in the graph's pool: lazy set-up (plans, scratch) and the step's own
+     * temporaries happen here, so capture finds them cached. */
+    sg_pool *prev = ctx->cur_pool;
+    ctx->cur_pool = g->pool ? g->pool : prev;
+    for (int i = 0; st == SG_OK && i < o.warmup; i++) st = fn(user);
+    ctx->cur_pool = prev;
+    if (st == SG_OK && !g->eager) st = ctx->dev->sync(ctx);
+    if (st == SG_OK && !g->eager) {
+        void *graph = NULL;
+        st = record(g, &graph, &g->plan);
+#ifdef SG_HAVE_CUDA
+        if (st == SG_OK && ctx->backend == SG_BACKEND_CUDA) {
+            double t0 = now_ms();
+            st = sg_graph_cuda_instantiate(g, graph);
+            g->st.instantiate_ms = now_ms() - t0;
+        }
+#endif
+        if (st == SG_OK && ctx->backend == SG_BACKEND_CPU) {
+            g->st.nodes = sg_plan_length(g->plan);
+            g->st.exec_bytes = sg_plan_bytes(g->plan);
+        }
+    }
+    if (st != SG_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ctx->msg);
+        sg_graph_destroy(g);
+        return sg_fail(ctx, st, "%s", msg);
+    }
+    g->st.captures = 1;
+    *out = g;
+    return SG_OK;
+}
+
+/* Every static input must still be there, at the address the graph was recorded with. */
+static sg_status check_inputs(sg_graph *g)
+{
+    for (int i = 0; i < g->n_in; i++) {
+        sg_static_input *in = &g->in[i];
+        if (in->gone)
+            return sg_fail(g->ctx, SG_ERR_INVALID,
+                           "sg_graph_replay: graph '%s': static input '%s' was destroyed after capture; "
+                           "the graph would read freed memory (recapture with the new tensor)",
+                           g->name, in->name);
+        if (in->t->data != in->data)
+            return sg_fail(g->ctx, SG_ERR_INVALID,
+                           "sg_graph_replay: graph '%s': static input '%s' was rebound to other memory "
+                           "(%p, captured at %p); copy new data into it instead",
+                           g->name, in->name, in->t->data, in->data);
+    }
+    return SG_OK;
+}
+
+sg_status sg_graph_replay(sg_graph *g)
+{
+    if (!g) return SG_ERR_NULL;
+    sg_ctx *ctx = g->ctx;
+    SG_TRY(sg_capture_forbid(ctx, "sg_graph_replay", "replayed a graph", "replay outside capture"));
+    SG_TRY(check_inputs(g));
+    sg_status st;
+    if (g->eager) st = g->fn(g->user);
+    else if (ctx->backend == SG_BACKEND_CPU) st = sg_plan_run(ctx, g->plan);
+    else {
+#ifdef SG_HAVE_CUDA
+        st = sg_graph_cuda_launch(g);
+#else
+        st = SG_ERR_BACKEND;
+#endif
+    }
+    if (st == SG_OK) g->st.replays++;
+    return st;
+}
+
+sg_status sg_graph_recapture(sg_graph *g)
+{
+    if (!g) return SG_ERR_NULL;
+    sg_ctx *ctx = g->ctx;
+    if (ctx->cap.active)
+        return sg_capture_forbid(ctx, "sg_graph_recapture", "started a nested capture",
+                                 "capture graphs one at a time");
+    if (g->eager) return SG_OK;
+    SG_TRY(check_inputs(g));
+    SG_TRY(ctx->dev->sync(ctx));
+    void *graph = NULL;
+    sg_plan *plan = NULL;
+    SG_TRY(record(g, &graph, &plan));
+    g->st.captures++;
+    if (ctx->backend == SG_BACKEND_CPU) {
+        sg_plan_destroy(g->plan);
+        g->plan = plan;
+        g->st.nodes = sg_plan_length(plan);
+        g->st.updates++;
+        return SG_OK;
+    }
+#ifdef SG_HAVE_CUDA
+    return sg_graph_cuda_update(g, graph);
+#else
+    return SG_ERR_BACKEND;
+#endif
+}
+
+sg_status sg_graph_kernel_set_args(sg_graph *g, const void *func, int occurrence, void **args)
+{
+    if (!g) return SG_ERR_NULL;
+    if (!func || !args || occurrence < 0)
+        return sg_fail(g->ctx, SG_ERR_INVALID, "sg_graph_kernel_set_args: func, args and occurrence >= 0 are required");
+    if (g->ctx->backend != SG_BACKEND_CUDA || g->eager)
+        return sg_fail(g->ctx, SG_ERR_UNSUPPORTED,
+                       "sg_graph_kernel_set_args: graph '%s' has no CUDA kernel nodes (%s)", g->name,
+                       g->eager ? "graphs are disabled" : "CPU backend");
+#ifdef SG_HAVE_CUDA
+    return sg_graph_cuda_set_args(g, func, occurrence, args);
+#else
+    return SG_ERR_BACKEND;
+#endif
+}
