@@ -356,10 +356,61 @@ void sg_optim_destroy(sg_optim *o);
 /* Setters write the device copy with a stream-ordered kernel: no host sync, capture-safe. */
 sg_status sg_optim_set_lr(sg_optim *o, float lr);
 sg_status sg_optim_set_hparams(sg_optim *o, const sg_optim_hparams *hp);
+/* Warm-up then cosine decay: lr rises linearly to peak over `warmup` steps, then follows a
+ * half cosine down to floor at step `total`. step counts from 0. */
+float sg_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float peak, float floor);
 /* Reads the device hyperparameters back (a host sync). */
 sg_status sg_optim_get_hparams(sg_optim *o, sg_optim_hparams *out);
 /* One optimizer step over all parameters: one kernel launch. */
 sg_status sg_optim_step(sg_optim *o);
+
+/* ---- training under a capture scope ------------------------------------------------------ */
+
+typedef enum sg_scope {
+    SG_SCOPE_EAGER = 0,  /* nothing captured */
+    SG_SCOPE_LAYER,      /* each chosen module's forward and backward: two graphs apiece */
+    SG_SCOPE_MODEL,      /* the whole model's forward, and its backward: two graphs */
+    SG_SCOPE_STEP        /* forward + loss + backward + optimizer: one graph */
+} sg_scope;
+
+typedef enum sg_capture_fail {
+    SG_CAPTURE_FAIL_ERROR = 0,  /* a failed capture fails the step */
+    SG_CAPTURE_FAIL_EAGER       /* run that region eagerly from then on, and say why (stats) */
+} sg_capture_fail;
+
+typedef struct sg_trainer sg_trainer;
+
+typedef struct sg_trainer_options {
+    sg_scope scope;
+    const char *graph_modules;  /* layer scope: comma-separated module names or indices; NULL: all */
+    int warmup;                 /* eager steps before capture (default 3) */
+    sg_capture_fail on_capture_fail;
+} sg_trainer_options;
+
+typedef struct sg_trainer_stats {
+    sg_scope scope;
+    int graphs;                 /* graphs captured and held */
+    int nodes;                  /* their nodes, summed */
+    uint64_t replays;
+    double capture_ms, instantiate_ms;  /* summed over graphs */
+    size_t exec_bytes;
+    int fell_back;              /* on_capture_fail = eager took over */
+    char fallback_reason[512];
+} sg_trainer_stats;
+
+sg_trainer_options sg_trainer_options_default(void);
+const char *sg_scope_name(sg_scope s);
+/* "eager", "layer", "model" or "step". */
+sg_status sg_scope_parse(const char *s, sg_scope *out);
+/* Trains m with o under opts->scope. Captured scopes give the model static inputs (each step
+ * copies its batch in). STEPGRAPH_DISABLE_GRAPHS=1 runs every scope eagerly. */
+sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *opts,
+                            sg_trainer **out);
+void sg_trainer_destroy(sg_trainer *t);
+/* One training step on batch `index`: the first `warmup` steps run eagerly, the next captures,
+ * later ones replay. */
+sg_status sg_trainer_step(sg_trainer *t, int64_t index);
+sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out);
 
 #ifdef __cplusplus
 }

@@ -26,7 +26,28 @@ expect 2 "--lr 'x' is not a number" -- train --model mlp-16-1-4 --lr x
 expect 2 "--backend 'tpu'" -- train --model mlp-16-1-4 --backend tpu
 expect 2 "option --model needs a value" -- train --model
 expect 1 "unknown model 'mlp-16'" -- train --model mlp-16 --backend cpu
-expect 0 'done: 60 steps.*allocations per step after the first: 0.00' -- train --model mlp-32-2-16 --steps 60 --backend cpu --lr 3e-3
+expect 0 'done: 60 steps.*allocations per step after set-up: 0.00' -- train --model mlp-32-2-16 --steps 60 --backend cpu --lr 3e-3
+expect 0 'verify' -- verify --help
+expect 2 "--scope 'graph': expected eager, layer, model or step" -- train --model mlp-16-1-4 --scope graph
+expect 2 "--on-capture-fail 'maybe'" -- train --model mlp-16-1-4 --on-capture-fail maybe
+expect 2 "--model and --scope are required" -- verify --model mlp-16-1-4
+for sc in layer model step; do
+    expect 0 "OK: 12 steps match \(bit-exact\); scope $sc" -- verify --model mlp-32-2-8 --scope $sc --steps 12 --backend cpu --lr-schedule
+    expect 0 "graphs: .* replays" -- train --model mlp-32-2-8 --scope $sc --steps 20 --backend cpu --quiet
+done
+out=$(STEPGRAPH_DISABLE_GRAPHS=1 "$bin" train --model mlp-32-2-8 --scope step --steps 10 --backend cpu --quiet 2>&1); rc=$?
+if [ "$rc" != 0 ] || ! grep -q "scope step (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" <<<"$out"; then
+    echo "FAIL: STEPGRAPH_DISABLE_GRAPHS=1: exit $rc: $out"; fails=$((fails + 1))
+else
+    echo "ok: STEPGRAPH_DISABLE_GRAPHS=1 is honoured and said"
+fi
+# A mismatch is caught and named (test hook: nudge one weight of the graph side after step 3).
+out=$(SG_VERIFY_INJECT=3 "$bin" verify --model mlp-32-2-8 --scope step --steps 6 --backend cpu 2>&1); rc=$?
+if [ "$rc" != 1 ] || ! grep -q "MISMATCH at step 3: first tensor that differs: layers.1.weight" <<<"$out"; then
+    echo "FAIL: injected mismatch: exit $rc: $out"; fails=$((fails + 1))
+else
+    echo "ok: verify names an injected mismatch"
+fi
 # The loss printed at the end is below the first.
 out=$("$bin" train --model mlp-32-2-16 --steps 150 --backend cpu --lr 3e-3 --quiet 2>&1)
 l=$(sed -nE 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/p' <<<"$out")
@@ -35,5 +56,5 @@ if ! awk -v a="${l% *}" -v b="${l#* }" 'BEGIN { exit !(b < a / 2) }'; then
 else
     echo "ok: loss $l"
 fi
-echo "$((13 + 1 - fails)) passed, $fails failed"
+echo "$((24 + 2 - fails)) passed, $fails failed"
 [ "$fails" = 0 ]

@@ -27,6 +27,8 @@ static const char *bench_usage =
     "  --steps N           steps per timed block (default 100)\n"
     "  --repeats R         timed blocks; the median is reported (default 5)\n"
     "  --warmup W          untimed steps first (default 30)\n"
+    "  --scope LIST        comma-separated scopes: eager, layer, model, step, or all\n"
+    "                      (default eager)\n"
     "  --backend B         cpu, cuda or auto (default auto)\n"
     "  --json              one JSON object per model on stdout instead of a table\n"
     "  -h, --help          this text\n";
@@ -35,6 +37,8 @@ typedef struct bench_row {
     char model[64], device[320];
     double ms, host_ms, kernels, cupti_kernels, busy_ms, allocs100, peak_mib, loss0, loss1;
     bool busy_ok;
+    sg_scope scope;
+    sg_trainer_stats ts;
 } bench_row;
 
 static int cmp_double(const void *a, const void *b)
@@ -49,14 +53,9 @@ static int cmp_double(const void *a, const void *b)
         if (st_ != SG_OK) return st_;                                                         \
     } while (0)
 
-static sg_status steps(sg_model *m, sg_optim *o, long long from, long long n)
+static sg_status steps(sg_trainer *t, long long from, long long n)
 {
-    for (long long s = from; s < from + n; s++) {
-        SG_TRY_CLI(sg_model_load_batch(m, s));
-        SG_TRY_CLI(sg_model_forward(m));
-        SG_TRY_CLI(sg_model_backward(m));
-        SG_TRY_CLI(sg_optim_step(o));
-    }
+    for (long long s = from; s < from + n; s++) SG_TRY_CLI(sg_trainer_step(t, s));
     return SG_OK;
 }
 
@@ -75,24 +74,29 @@ static sg_status held_out_loss(sg_model *m, double *out)
     return SG_OK;
 }
 
-static int bench_one(const char *name, sg_backend backend, long long nsteps, long long repeats,
-                     long long warmup, bench_row *r)
+static int bench_one(const char *name, sg_scope scope, sg_backend backend, long long nsteps,
+                     long long repeats, long long warmup, bench_row *r)
 {
     sg_ctx *ctx = sg_cli_ctx("bench", backend, true);
     if (!ctx) return SG_EXIT_FAIL;
     sg_model *m = NULL;
     sg_optim *o = NULL;
+    sg_trainer *t = NULL;
+    sg_trainer_options to = sg_trainer_options_default();
+    to.scope = scope;
     int rc = SG_EXIT_FAIL;
     double *ms = calloc((size_t)repeats, sizeof *ms), *host = calloc((size_t)repeats, sizeof *host);
     memset(r, 0, sizeof *r);
     snprintf(r->model, sizeof r->model, "%s", name);
+    r->scope = scope;
     snprintf(r->device, sizeof r->device, "%s", sg_ctx_device_name(ctx));
     double l0 = 0, l1 = 0;
-    if (sg_model_create(ctx, name, 1, &m) != SG_OK || sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o) != SG_OK)
+    if (sg_model_create(ctx, name, 1, &m) != SG_OK || sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o) != SG_OK ||
+        sg_trainer_create(m, o, &to, &t) != SG_OK)
         goto fail;
     /* Validate: the mean loss on fixed batches must fall over the warm-up. */
     if (held_out_loss(m, &l0) != SG_OK) goto fail;
-    if (steps(m, o, 0, warmup + 1) != SG_OK || held_out_loss(m, &l1) != SG_OK) goto fail;
+    if (steps(t, 0, warmup + 1) != SG_OK || held_out_loss(m, &l1) != SG_OK) goto fail;
     r->loss0 = l0, r->loss1 = l1;
     if (!isfinite(l0) || !isfinite(l1)) {
         fprintf(stderr, "stepgraph bench: %s: the loss is not finite (%g -> %g); not timing a broken step\n",
@@ -110,7 +114,7 @@ static int bench_one(const char *name, sg_backend backend, long long nsteps, lon
     for (long long rep = 0; rep < repeats; rep++, s += nsteps) {
         if (sg_ctx_sync(ctx) != SG_OK) goto fail;
         double t0 = sg_cli_now_ms();
-        if (steps(m, o, s, nsteps) != SG_OK) goto fail;
+        if (steps(t, s, nsteps) != SG_OK) goto fail;
         double t1 = sg_cli_now_ms();
         if (sg_ctx_sync(ctx) != SG_OK) goto fail;
         double t2 = sg_cli_now_ms();
@@ -131,7 +135,7 @@ static int bench_one(const char *name, sg_backend backend, long long nsteps, lon
     if (sg_ctx_backend(ctx) == SG_BACKEND_CUDA && sg_prof_create(ctx, &p) == SG_OK) {
         sg_prof_result pr;
         long long n = nsteps < 20 ? nsteps : 20;
-        if (sg_ctx_sync(ctx) == SG_OK && sg_prof_start(p) == SG_OK && steps(m, o, s, n) == SG_OK &&
+        if (sg_ctx_sync(ctx) == SG_OK && sg_prof_start(p) == SG_OK && steps(t, s, n) == SG_OK &&
             sg_prof_stop(p, &pr) == SG_OK) {
             r->busy_ms = pr.busy_us / 1000.0 / (double)n;
             r->cupti_kernels = (double)pr.kernels / (double)n;
@@ -139,12 +143,14 @@ static int bench_one(const char *name, sg_backend backend, long long nsteps, lon
         }
         sg_prof_destroy(p);
     }
+    sg_trainer_get_stats(t, &r->ts);
     rc = 0;
     goto out;
 fail:
     fprintf(stderr, "stepgraph bench: %s: %s\n", name, sg_ctx_last_error(ctx));
 out:
     free(ms), free(host);
+    sg_trainer_destroy(t);
     sg_optim_destroy(o);
     sg_model_destroy(m);
     sg_ctx_destroy(ctx);
@@ -153,7 +159,7 @@ out:
 
 int sg_cmd_bench(int argc, char **argv)
 {
-    const char *models = NULL;
+    const char *models = NULL, *scopes = "eager";
     long long nsteps = 100, repeats = 5, warmup = 30;
     sg_backend backend = SG_BACKEND_AUTO;
     bool json = false, bad = false;
@@ -174,6 +180,8 @@ int sg_cmd_bench(int argc, char **argv)
             bad = bad || !sg_cli_int("bench", "--warmup", v, 1, 1000000, &warmup);
         } else if (sg_cli_opt(argc, argv, &i, "--backend", &v, &bad)) {
             bad = bad || !sg_cli_backend("bench", v, &backend);
+        } else if (sg_cli_opt(argc, argv, &i, "--scope", &v, &bad)) {
+            scopes = !strcmp(v, "all") ? "eager,layer,model,step" : v;
         } else {
             fprintf(stderr, "stepgraph bench: unknown option '%s' (see stepgraph bench --help)\n", argv[i]);
             bad = true;
@@ -187,35 +195,55 @@ int sg_cmd_bench(int argc, char **argv)
 
     /* The commit the binary was built from; SG_COMMIT overrides it (a copy without .git). */
     const char *commit = getenv("SG_COMMIT") ? getenv("SG_COMMIT") : SG_GIT_COMMIT;
+    sg_scope sc[4];
+    int nsc = 0;
+    {
+        char buf[64], *save = NULL;
+        snprintf(buf, sizeof buf, "%s", scopes);
+        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            if (nsc == 4 || sg_scope_parse(tok, &sc[nsc]) != SG_OK) {
+                fprintf(stderr, "stepgraph bench: --scope '%s': expected eager, layer, model, step or all\n", tok);
+                return SG_EXIT_USAGE;
+            }
+            nsc++;
+        }
+    }
     char *list = strdup(models), *save = NULL;
     int rc = 0;
     if (!json)
-        printf("%-18s %10s %10s %10s %12s %12s %10s\n", "model", "ms/step", "host ms", "kernels",
-               "GPU-busy ms", "allocs/100", "peak MiB");
+        printf("%-16s %-6s %9s %9s %8s %9s %9s %8s %9s %8s\n", "model", "scope", "ms/step", "host ms",
+               "launch", "busy ms", "capt ms", "nodes", "alloc/100", "peak MiB");
     for (char *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
-        bench_row r;
-        if (bench_one(name, backend, nsteps, repeats, warmup, &r) != 0) {
-            rc = SG_EXIT_FAIL;
-            continue;
+        for (int k = 0; k < nsc; k++) {
+            bench_row r;
+            if (bench_one(name, sc[k], backend, nsteps, repeats, warmup, &r) != 0) {
+                rc = SG_EXIT_FAIL;
+                continue;
+            }
+            if (json) {
+                printf("{\"framework\": \"stepgraph\", \"model\": \"%s\", \"mode\": \"%s\", "
+                       "\"ms_per_step\": %.5f, \"host_ms_per_step\": %.5f, \"kernels_per_step\": %.2f, "
+                       "\"gpu_busy_ms_per_step\": ",
+                       r.model, sg_scope_name(r.scope), r.ms, r.host_ms, r.kernels);
+                if (r.busy_ok) printf("%.5f, \"kernels_per_step_cupti\": %.2f", r.busy_ms, r.cupti_kernels);
+                else printf("null");
+                printf(", \"graphs\": %d, \"graph_nodes\": %d, \"capture_ms\": %.3f, \"instantiate_ms\": %.3f, "
+                       "\"graph_exec_mib\": %.2f, \"fell_back\": %s, \"allocs_per_100_steps\": %.2f, "
+                       "\"peak_mib\": %.1f, \"loss_first\": %.4f, \"loss_after_warmup\": %.4f, "
+                       "\"device\": \"%s\", \"commit\": \"%s\"}\n",
+                       r.ts.graphs, r.ts.nodes, r.ts.capture_ms, r.ts.instantiate_ms,
+                       r.ts.exec_bytes / 1048576.0, r.ts.fell_back ? "true" : "false", r.allocs100,
+                       r.peak_mib, r.loss0, r.loss1, r.device, commit);
+            } else {
+                char busy[32];
+                if (r.busy_ok) snprintf(busy, sizeof busy, "%.4f", r.busy_ms);
+                else snprintf(busy, sizeof busy, "n/a");
+                printf("%-16s %-6s %9.4f %9.4f %8.1f %9s %9.2f %8d %9.2f %8.1f\n", r.model,
+                       sg_scope_name(r.scope), r.ms, r.host_ms, r.kernels, busy,
+                       r.ts.capture_ms + r.ts.instantiate_ms, r.ts.nodes, r.allocs100, r.peak_mib);
+            }
+            fflush(stdout);
         }
-        if (json) {
-            printf("{\"framework\": \"stepgraph\", \"model\": \"%s\", \"mode\": \"eager\", "
-                   "\"ms_per_step\": %.5f, \"host_ms_per_step\": %.5f, \"kernels_per_step\": %.2f, "
-                   "\"gpu_busy_ms_per_step\": ",
-                   r.model, r.ms, r.host_ms, r.kernels);
-            if (r.busy_ok) printf("%.5f, \"kernels_per_step_cupti\": %.2f", r.busy_ms, r.cupti_kernels);
-            else printf("null");
-            printf(", \"allocs_per_100_steps\": %.2f, \"peak_mib\": %.1f, \"loss_first\": %.4f, "
-                   "\"loss_after_warmup\": %.4f, \"device\": \"%s\", \"commit\": \"%s\"}\n",
-                   r.allocs100, r.peak_mib, r.loss0, r.loss1, r.device, commit);
-        } else {
-            char busy[32];
-            if (r.busy_ok) snprintf(busy, sizeof busy, "%.4f", r.busy_ms);
-            else snprintf(busy, sizeof busy, "n/a");
-            printf("%-18s %10.4f %10.4f %10.1f %12s %12.2f %10.1f\n", r.model, r.ms, r.host_ms,
-                   r.kernels, busy, r.allocs100, r.peak_mib);
-        }
-        fflush(stdout);
     }
     free(list);
     return rc;

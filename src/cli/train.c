@@ -22,9 +22,17 @@ static const char *train_usage =
     "  --wd X              weight decay on weights, not biases (default 0)\n"
     "  --seed S            seed of the initial parameters and the data (default 1)\n"
     "  --log-every K       print the loss every K steps (default 20)\n"
+    "  --scope S           eager, layer, model or step: what is captured into CUDA Graphs\n"
+    "                      (default eager; on the CPU backend graphs are recorded plans)\n"
+    "  --graph-modules L   layer scope: comma-separated module names or indices (default all)\n"
+    "  --warmup N          eager steps before capture (default 3)\n"
+    "  --on-capture-fail P error (default) or eager: run a region that cannot be captured\n"
+    "                      eagerly, and say why\n"
     "  --quiet             no per-step lines; the summary only\n"
     "  -h, --help          this text\n"
     "\n"
+    "\n"
+    "STEPGRAPH_DISABLE_GRAPHS=1 forces eager execution under every scope.\n"
     "exit status: 0 trained, 1 a runtime error, 2 a usage error\n";
 
 typedef struct train_opts {
@@ -34,11 +42,13 @@ typedef struct train_opts {
     sg_optim_kind optim;
     double lr, wd;
     bool lr_set, quiet;
+    sg_trainer_options tr;
 } train_opts;
 
 static int parse(int argc, char **argv, train_opts *o)
 {
-    *o = (train_opts){.steps = 200, .seed = 1, .log_every = 20, .backend = SG_BACKEND_AUTO};
+    *o = (train_opts){.steps = 200, .seed = 1, .log_every = 20, .backend = SG_BACKEND_AUTO,
+                      .tr = sg_trainer_options_default()};
     bool bad = false;
     for (int i = 1; i < argc && !bad;) {
         const char *v = NULL;
@@ -62,6 +72,24 @@ static int parse(int argc, char **argv, train_opts *o)
             o->lr_set = true;
         } else if (sg_cli_opt(argc, argv, &i, "--wd", &v, &bad)) {
             bad = bad || !sg_cli_float("train", "--wd", v, 0, 10, &o->wd);
+        } else if (sg_cli_opt(argc, argv, &i, "--scope", &v, &bad)) {
+            if (!bad && sg_scope_parse(v, &o->tr.scope) != SG_OK) {
+                fprintf(stderr, "stepgraph train: --scope '%s': expected eager, layer, model or step\n", v);
+                bad = true;
+            }
+        } else if (sg_cli_opt(argc, argv, &i, "--graph-modules", &v, &bad)) {
+            o->tr.graph_modules = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--warmup", &v, &bad)) {
+            long long w = 0;
+            bad = bad || !sg_cli_int("train", "--warmup", v, 0, 1000000, &w);
+            o->tr.warmup = (int)w;
+        } else if (sg_cli_opt(argc, argv, &i, "--on-capture-fail", &v, &bad)) {
+            if (!bad && !strcmp(v, "error")) o->tr.on_capture_fail = SG_CAPTURE_FAIL_ERROR;
+            else if (!bad && !strcmp(v, "eager")) o->tr.on_capture_fail = SG_CAPTURE_FAIL_EAGER;
+            else if (!bad) {
+                fprintf(stderr, "stepgraph train: --on-capture-fail '%s': expected error or eager\n", v);
+                bad = true;
+            }
         } else if (sg_cli_opt(argc, argv, &i, "--optim", &v, &bad)) {
             if (!bad && !strcmp(v, "adamw")) o->optim = SG_OPTIM_ADAMW;
             else if (!bad && !strcmp(v, "sgd")) o->optim = SG_OPTIM_SGD;
@@ -98,6 +126,7 @@ int sg_cmd_train(int argc, char **argv)
     sg_model *m = NULL;
     sg_optim *opt = NULL;
     sg_readback *rb = NULL;
+    sg_trainer *tr = NULL;
     rc = 0;
     if (sg_model_create(ctx, o.model, (uint64_t)o.seed, &m) != SG_OK) {
         rc = fail(ctx, "model");
@@ -118,19 +147,25 @@ int sg_cmd_train(int argc, char **argv)
         rc = fail(ctx, "optimizer");
         goto out;
     }
-    printf("stepgraph train: %s on %s [%s], %lld parameters, %s lr %g wd %g, seed %lld\n",
+    if (sg_trainer_create(m, opt, &o.tr, &tr) != SG_OK) {
+        rc = fail(ctx, "trainer");
+        goto out;
+    }
+    printf("stepgraph train: %s on %s [%s], %lld parameters, %s lr %g wd %g, seed %lld, scope %s%s\n",
            sg_model_name(m), sg_ctx_device_name(ctx), sg_backend_name(sg_ctx_backend(ctx)),
            (long long)sg_model_param_count(m), o.optim == SG_OPTIM_ADAMW ? "AdamW" : "SGD",
-           hp.lr, hp.weight_decay, o.seed);
+           hp.lr, hp.weight_decay, o.seed, sg_scope_name(o.tr.scope),
+           sg_graphs_disabled() && o.tr.scope != SG_SCOPE_EAGER ? " (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" : "");
 
     bool tty = isatty(fileno(stderr)) && !o.quiet;
     long long pending = -1; /* step whose loss is being read back */
     float loss = 0, first_loss = -1;
     double t0 = 0, t_start = sg_cli_now_ms();
     sg_alloc_stats a0 = {0}, a1;
+    /* The last step of set-up: step 1 eagerly (plans, scratch), the capture step otherwise. */
+    long long setup_step = o.tr.scope != SG_SCOPE_EAGER ? o.tr.warmup : 0;
     for (long long s = 0; s < o.steps; s++) {
-        if (sg_model_load_batch(m, s) != SG_OK || sg_model_forward(m) != SG_OK ||
-            sg_model_backward(m) != SG_OK || sg_optim_step(opt) != SG_OK) {
+        if (sg_trainer_step(tr, s) != SG_OK) {
             rc = fail(ctx, "step");
             goto out;
         }
@@ -151,8 +186,8 @@ int sg_cmd_train(int argc, char **argv)
             }
             pending = s;
         }
-        if (s == 0) {
-            /* Step 1 pays for lazy set-up (plans, scratch): time and count from step 2. */
+        if (s == setup_step) {
+            /* Warm-up steps and the capture pay for set-up: time and count from the step after. */
             if (sg_ctx_sync(ctx) != SG_OK) {
                 rc = fail(ctx, "sync");
                 goto out;
@@ -170,14 +205,23 @@ int sg_cmd_train(int argc, char **argv)
     if (tty) fprintf(stderr, "\r%40s\r", "");
     if (first_loss < 0) first_loss = loss;
     if (!o.quiet) printf("step %7lld  loss %.4f\n", pending + 1, loss);
-    double ms = o.steps > 1 ? (sg_cli_now_ms() - t0) / (double)(o.steps - 1) : sg_cli_now_ms() - t_start;
+    long long first_timed = setup_step + 1;
+    long long timed = o.steps - first_timed;
+    double ms = timed > 0 ? (sg_cli_now_ms() - t0) / (double)timed : sg_cli_now_ms() - t_start;
     sg_ctx_alloc_stats(ctx, &a1);
-    double allocs = o.steps > 1 ? (double)(a1.device_allocs - a0.device_allocs) / (double)(o.steps - 1) : 0;
-    printf("done: %lld steps, %.3f ms/step (steps 2..%lld), loss %.4f -> %.4f, device allocations "
-           "per step after the first: %.2f (%llu in all), peak memory %.1f MiB\n",
-           o.steps, ms, o.steps, first_loss, loss, allocs, (unsigned long long)a1.device_allocs,
-           a1.peak_bytes_reserved / 1048576.0);
+    double allocs = timed > 0 ? (double)(a1.device_allocs - a0.device_allocs) / (double)timed : 0;
+    printf("done: %lld steps, %.3f ms/step (steps %lld..%lld), loss %.4f -> %.4f, device allocations "
+           "per step after set-up: %.2f (%llu in all), peak memory %.1f MiB\n",
+           o.steps, ms, first_timed + 1, o.steps, first_loss, loss, allocs,
+           (unsigned long long)a1.device_allocs, a1.peak_bytes_reserved / 1048576.0);
+    sg_trainer_stats ts;
+    if (o.tr.scope != SG_SCOPE_EAGER && sg_trainer_get_stats(tr, &ts) == SG_OK) {
+        printf("graphs: %d (%d nodes), captured in %.2f ms, instantiated in %.2f ms, %llu replays\n",
+               ts.graphs, ts.nodes, ts.capture_ms, ts.instantiate_ms, (unsigned long long)ts.replays);
+        if (ts.fell_back) printf("capture fell back to eager: %s\n", ts.fallback_reason);
+    }
 out:
+    sg_trainer_destroy(tr);
     sg_readback_destroy(rb);
     sg_optim_destroy(opt);
     sg_model_destroy(m);

@@ -45,8 +45,9 @@ sg_status sg_mlp_build(sg_model *m, uint64_t seed)
 
     SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 3, (int64_t[]){m->n_batches, B, W}, "data.x", &m->data_x));
     SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 2, (int64_t[]){m->n_batches, B}, "data.y", &m->data_y));
-    SG_TRY(sg_tensor_view(m->data_x, 0, 2, (int64_t[]){B, W}, "input", &m->x));
-    SG_TRY(sg_tensor_view(m->data_y, 0, 1, &B, "targets", &m->targets));
+    SG_TRY(sg_tensor_view(m->data_x, 0, 2, (int64_t[]){B, W}, "input", &m->x_view));
+    SG_TRY(sg_tensor_view(m->data_y, 0, 1, &B, "targets", &m->t_view));
+    m->x = m->x_view, m->targets = m->t_view;
     SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 1, (int64_t[]){1}, "loss", &m->loss));
     SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){B, SG_MLP_CLASSES}, "dlogits", &m->dlogits));
     return sg_data_teacher(m, seed ^ 0x5eedda7aull);

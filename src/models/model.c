@@ -26,7 +26,7 @@ void sg_model_destroy(sg_model *m)
 {
     if (!m) return;
     sg_module_destroy(m->net);
-    sg_tensor *ts[] = {m->x, m->targets, m->loss, m->dlogits, m->data_x, m->data_y};
+    sg_tensor *ts[] = {m->x_view, m->t_view, m->x_static, m->t_static, m->loss, m->dlogits, m->data_x, m->data_y};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
     sg_params_release(&m->params);
     free(m);
@@ -66,8 +66,8 @@ sg_tensor *sg_model_params(sg_model *m) { return m ? m->params.flat : NULL; }
 sg_tensor *sg_model_grads(sg_model *m) { return m ? m->params.grad_flat : NULL; }
 const sg_tensor *sg_model_loss(const sg_model *m) { return m ? m->loss : NULL; }
 
-/* Eager steps rebind the input views to the batch in place: no copy, no launch. (Captured
- * steps, which need fixed addresses, will copy into static inputs instead.) */
+/* Eager steps rebind the input views to the batch in place: no copy, no launch. Captured
+ * steps need fixed addresses: the batch is copied into the static inputs (two device copies). */
 sg_status sg_model_load_batch(sg_model *m, int64_t index)
 {
     if (!m) return SG_ERR_NULL;
@@ -75,8 +75,19 @@ sg_status sg_model_load_batch(sg_model *m, int64_t index)
         return sg_fail(m->ctx, SG_ERR_INVALID, "sg_model_load_batch: batch index %lld < 0",
                        (long long)index);
     int64_t i = index % m->n_batches;
-    m->x->data = (char *)m->data_x->data + (size_t)(i * m->x->numel) * sizeof(float);
-    m->targets->data = (char *)m->data_y->data + (size_t)(i * m->targets->numel) * sizeof(int32_t);
+    m->x_view->data = (char *)m->data_x->data + (size_t)(i * m->x_view->numel) * sizeof(float);
+    m->t_view->data = (char *)m->data_y->data + (size_t)(i * m->t_view->numel) * sizeof(int32_t);
+    if (!m->x_static) return SG_OK;
+    SG_TRY(sg_tensor_copy(m->x_static, m->x_view));
+    return sg_tensor_copy(m->t_static, m->t_view);
+}
+
+sg_status sg_model_use_static_inputs(sg_model *m)
+{
+    if (m->x_static) return SG_OK;
+    SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_F32, m->x_view->ndim, m->x_view->shape, "input.static", &m->x_static));
+    SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_I32, m->t_view->ndim, m->t_view->shape, "targets.static", &m->t_static));
+    m->x = m->x_static, m->targets = m->t_static;
     return SG_OK;
 }
 

@@ -17,8 +17,10 @@ struct sg_model {
     sg_model_spec spec;
     sg_param_set params;
     sg_module *net;
-    sg_tensor *x;              /* (B, in) F32 input: a view into data_x, rebound per batch */
-    sg_tensor *targets;        /* (B) I32: a view into data_y */
+    sg_tensor *x;              /* (B, in) F32 input the net reads: x_view, or x_static */
+    sg_tensor *targets;        /* (B) I32: t_view or t_static */
+    sg_tensor *x_view, *t_view;/* views into data_x / data_y, rebound per batch */
+    sg_tensor *x_static, *t_static; /* captured scopes: own memory, the batch is copied in */
     sg_tensor *loss;           /* (1) F32 */
     sg_tensor *dlogits;        /* (B, classes) F32: written with the loss, in one pass */
     const sg_tensor *logits;   /* the net's output (owned by its last module) */
@@ -29,6 +31,9 @@ struct sg_model {
 /* "mlp-512-6-32" -> spec; SG_ERR_INVALID with a message listing the accepted forms. */
 sg_status sg_model_parse(sg_ctx *ctx, const char *name, sg_model_spec *out);
 sg_status sg_mlp_build(sg_model *m, uint64_t seed);
+/* From now on the net reads static input tensors and each batch is copied into them (as
+ * captured graphs need fixed addresses). */
+sg_status sg_model_use_static_inputs(sg_model *m);
 /* Fills data_x with N(0,1) inputs and data_y with the argmax of a fixed random linear
  * teacher over `classes` outputs: a learnable task, identical on every backend. */
 sg_status sg_data_teacher(sg_model *m, uint64_t seed);

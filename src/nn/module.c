@@ -190,6 +190,26 @@ static void seq_destroy(sg_module *m)
 
 static const sg_module_i seq_i = {"sequential", seq_forward, seq_backward, seq_destroy};
 
+int sg_sequential_count(const sg_module *seq)
+{
+    return seq && seq->vt == &seq_i ? ((const seq_module *)seq)->n : 0;
+}
+
+sg_module *sg_sequential_child(const sg_module *seq, int i)
+{
+    if (i < 0 || i >= sg_sequential_count(seq)) return NULL;
+    return ((const seq_module *)seq)->child[i];
+}
+
+sg_module *sg_sequential_replace(sg_module *seq, int i, sg_module *m)
+{
+    if (i < 0 || i >= sg_sequential_count(seq)) return NULL;
+    seq_module *s = (seq_module *)seq;
+    sg_module *old = s->child[i];
+    s->child[i] = m;
+    return old;
+}
+
 sg_status sg_sequential_create(sg_ctx *ctx, const char *name, sg_module **children, int n,
                                sg_module **out)
 {

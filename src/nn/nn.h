@@ -93,14 +93,28 @@ sg_status sg_sequential_create(sg_ctx *ctx, const char *name, sg_module **childr
                                sg_module **out);
 void sg_module_destroy(sg_module *m);
 
+/* Forward and backward name the module on the context while they queue work, so that an
+ * error during capture says which module made the forbidden call. */
 static inline sg_status sg_module_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
 {
-    return m->vt->forward(m, x, y);
+    const char *prev = sg_ctx_set_module(m->ctx, m->name);
+    sg_status st = m->vt->forward(m, x, y);
+    sg_ctx_set_module(m->ctx, prev);
+    return st;
 }
 static inline sg_status sg_module_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
-    return m->vt->backward(m, dy, dx);
+    const char *prev = sg_ctx_set_module(m->ctx, m->name);
+    sg_status st = m->vt->backward(m, dy, dx);
+    sg_ctx_set_module(m->ctx, prev);
+    return st;
 }
+
+/* A Sequential's children, for wrappers that replace one (graphed modules). */
+int sg_sequential_count(const sg_module *seq);
+sg_module *sg_sequential_child(const sg_module *seq, int i);
+/* Puts m in place of child i and returns the child it replaced (now owned by the caller). */
+sg_module *sg_sequential_replace(sg_module *seq, int i, sg_module *m);
 
 /* ---- optimizers (the public sg_optim_* calls live in optim.c; creation takes a model,
  * so the public sg_optim_create is in models/, which calls this) ---- */

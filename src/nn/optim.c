@@ -5,6 +5,7 @@
 #include "nn/nn.h"
 #include "ops/optim.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 
@@ -83,6 +84,14 @@ sg_status sg_optim_set_hparams(sg_optim *o, const sg_optim_hparams *hp)
                        hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay);
     /* Everything but the step count, which belongs to the kernel. */
     return sg_tensor_write_small(o->hp, 0, hp, offsetof(sg_optim_hparams, step));
+}
+
+float sg_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float peak, float floor)
+{
+    if (step < warmup) return peak * (float)(step + 1) / (float)warmup;
+    if (step >= total || total <= warmup) return floor;
+    double p = (double)(step - warmup) / (double)(total - warmup);
+    return floor + (peak - floor) * (float)(0.5 * (1.0 + cos(3.141592653589793 * p)));
 }
 
 sg_status sg_optim_get_hparams(sg_optim *o, sg_optim_hparams *out)

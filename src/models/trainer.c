@@ -1,0 +1,388 @@
+/* trainer.c: training steps under a capture scope, one code path with the scope as a run-time
+ * switch. eager: everything launched from the host. layer: chosen modules of the model's
+ * Sequential are wrapped so that their forward and backward replay two graphs (graphed
+ * callables), the rest eager. model: the whole net's forward and backward as two graphs, loss
+ * and optimizer eager. step: forward, loss, backward and optimizer as one graph; only the batch
+ * copy-in stays outside. The first `warmup` steps run eagerly (lazy set-up happens there), the
+ * next step captures, later steps replay. (Design note: models/ calls graph/ for this.) */
+#include "models/model.h"
+
+#include <stdlib.h>
+
+typedef struct graphed_module graphed_module;
+
+struct sg_trainer {
+    sg_ctx *ctx;
+    sg_model *m;
+    sg_optim *o;
+    sg_trainer_options opts;
+    char modules[256];           /* opts.graph_modules, copied */
+    int64_t steps;               /* steps run */
+    bool armed;                  /* warm-up done: capture or replay */
+    bool fallback;               /* a capture failed and on_capture_fail is eager */
+    char reason[512];
+    sg_graph *g_step, *g_fwd, *g_bwd;
+    sg_pool *pool;               /* shared by the trainer's graphs (they never run at once) */
+    graphed_module *wrapped[64];
+    int n_wrapped;
+};
+
+sg_trainer_options sg_trainer_options_default(void)
+{
+    sg_trainer_options o;
+    memset(&o, 0, sizeof o);
+    o.scope = SG_SCOPE_EAGER;
+    o.warmup = 3;
+    return o;
+}
+
+const char *sg_scope_name(sg_scope s)
+{
+    switch (s) {
+    case SG_SCOPE_EAGER: return "eager";
+    case SG_SCOPE_LAYER: return "layer";
+    case SG_SCOPE_MODEL: return "model";
+    case SG_SCOPE_STEP: return "step";
+    }
+    return "?";
+}
+
+sg_status sg_scope_parse(const char *s, sg_scope *out)
+{
+    for (int i = SG_SCOPE_EAGER; i <= SG_SCOPE_STEP; i++)
+        if (s && !strcmp(s, sg_scope_name((sg_scope)i))) {
+            *out = (sg_scope)i;
+            return SG_OK;
+        }
+    return SG_ERR_INVALID;
+}
+
+/* A capture failed: with on_capture_fail = eager, note why and carry on eagerly (the whole
+ * step, or with `whole` false only the module that failed); else fail the step. */
+static sg_status capture_failed(sg_trainer *t, sg_status st, const char *region, bool whole)
+{
+    if (t->opts.on_capture_fail != SG_CAPTURE_FAIL_EAGER) return st;
+    if (!t->reason[0])
+        snprintf(t->reason, sizeof t->reason, "%s runs eagerly: %s", region, sg_ctx_last_error(t->ctx));
+    if (whole) t->fallback = true;
+    return SG_OK;
+}
+
+static sg_status capture(sg_trainer *t, const char *name, sg_step_fn fn, void *user,
+                         const sg_tensor *const *inputs, int n_inputs, sg_graph **out)
+{
+    sg_graph_options o = sg_graph_options_default();
+    o.name = name;
+    o.warmup = 0; /* the trainer's eager warm-up steps did it */
+    o.pool = t->pool;
+    o.static_inputs = inputs;
+    o.n_static_inputs = n_inputs;
+    SG_TRY(sg_graph_capture(t->ctx, fn, user, &o, out));
+    if (!t->pool) t->pool = sg_graph_pool(*out);
+    return SG_OK;
+}
+
+/* ---- layer scope: a module whose forward and backward replay graphs ---- */
+
+struct graphed_module {
+    sg_module base;
+    sg_module *inner;
+    sg_trainer *t;
+    sg_graph *fwd, *bwd;
+    const sg_tensor *x;          /* the forward's static input */
+    const sg_tensor *y;
+    sg_tensor *dy, *dx;
+    bool failed;                 /* capture failed: this module runs eagerly */
+};
+
+static sg_status inner_forward(void *u)
+{
+    graphed_module *g = u;
+    return sg_module_forward(g->inner, g->x, &g->y);
+}
+
+static sg_status inner_backward(void *u)
+{
+    graphed_module *g = u;
+    return sg_module_backward(g->inner, g->dy, &g->dx);
+}
+
+static sg_status graphed_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
+{
+    graphed_module *g = (graphed_module *)m;
+    if (!g->t->armed || g->failed) return sg_module_forward(g->inner, x, y);
+    if (!g->fwd) {
+        g->x = x;
+        char n[96];
+        snprintf(n, sizeof n, "%s.forward", g->inner->name);
+        sg_status st = capture(g->t, n, inner_forward, g, &g->x, 1, &g->fwd);
+        if (st != SG_OK) {
+            SG_TRY(capture_failed(g->t, st, n, false));
+            g->failed = true;
+            return sg_module_forward(g->inner, x, y);
+        }
+    } else if (x != g->x) {
+        return sg_fail(m->ctx, SG_ERR_INVALID,
+                       "graphed module '%s': forward input '%s' is not the tensor it was captured "
+                       "with ('%s')", g->inner->name, x->name, g->x->name);
+    }
+    SG_TRY(sg_graph_replay(g->fwd));
+    *y = g->y;
+    return SG_OK;
+}
+
+static sg_status graphed_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
+{
+    graphed_module *g = (graphed_module *)m;
+    if (!g->t->armed || g->failed || !g->fwd) return sg_module_backward(g->inner, dy, dx);
+    if (!g->bwd) {
+        g->dy = dy;
+        char n[96];
+        snprintf(n, sizeof n, "%s.backward", g->inner->name);
+        const sg_tensor *in = dy;
+        sg_status st = capture(g->t, n, inner_backward, g, &in, 1, &g->bwd);
+        if (st != SG_OK) {
+            SG_TRY(capture_failed(g->t, st, n, false));
+            g->failed = true;
+            return sg_module_backward(g->inner, dy, dx);
+        }
+    } else if (dy != g->dy) {
+        return sg_fail(m->ctx, SG_ERR_INVALID,
+                       "graphed module '%s': backward input '%s' is not the tensor it was captured "
+                       "with ('%s')", g->inner->name, dy->name, g->dy->name);
+    }
+    SG_TRY(sg_graph_replay(g->bwd));
+    *dx = g->dx;
+    return SG_OK;
+}
+
+static void graphed_destroy(sg_module *m)
+{
+    graphed_module *g = (graphed_module *)m;
+    sg_graph_destroy(g->fwd);
+    sg_graph_destroy(g->bwd);
+    sg_module_destroy(g->inner);
+    free(g);
+}
+
+static const sg_module_i graphed_i = {"graphed", graphed_forward, graphed_backward, graphed_destroy};
+
+/* Is child i (named name) among the comma-separated names or indices of list (NULL: all)? */
+static bool chosen(const char *list, int i, const char *name)
+{
+    if (!list || !*list || !strcmp(list, "all")) return true;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *end;
+        long v = strtol(tok, &end, 10);
+        if ((*end == '\0' && v == i) || !strcmp(tok, name)) return true;
+    }
+    return false;
+}
+
+static sg_status wrap_modules(sg_trainer *t)
+{
+    sg_module *seq = t->m->net;
+    int n = sg_sequential_count(seq);
+    for (int i = 0; i < n; i++) {
+        sg_module *c = sg_sequential_child(seq, i);
+        if (!chosen(t->modules, i, c->name)) continue;
+        if (t->n_wrapped == 64)
+            return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: more than 64 graphed modules");
+        graphed_module *g = calloc(1, sizeof *g);
+        if (!g) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
+        g->base.vt = &graphed_i;
+        g->base.ctx = t->ctx;
+        snprintf(g->base.name, sizeof g->base.name, "%s", c->name);
+        g->inner = c;
+        g->t = t;
+        sg_sequential_replace(seq, i, &g->base);
+        t->wrapped[t->n_wrapped++] = g;
+    }
+    if (t->n_wrapped == 0)
+        return sg_fail(t->ctx, SG_ERR_INVALID,
+                       "sg_trainer_create: --graph-modules '%s' names no module of '%s' (modules are "
+                       "%s..%s, or their indices 0..%d)",
+                       t->modules, t->m->name, n ? sg_sequential_child(seq, 0)->name : "?",
+                       n ? sg_sequential_child(seq, n - 1)->name : "?", n - 1);
+    return SG_OK;
+}
+
+/* Puts the original modules back (the model outlives the trainer). */
+static void unwrap_modules(sg_trainer *t)
+{
+    sg_module *seq = t->m->net;
+    int n = sg_sequential_count(seq);
+    for (int w = 0; w < t->n_wrapped; w++) {
+        graphed_module *g = t->wrapped[w];
+        for (int i = 0; i < n; i++)
+            if (sg_sequential_child(seq, i) == &g->base) sg_sequential_replace(seq, i, g->inner);
+        g->inner = NULL;
+        sg_graph_destroy(g->fwd);
+        sg_graph_destroy(g->bwd);
+        free(g);
+    }
+    t->n_wrapped = 0;
+}
+
+/* ---- the regions ---- */
+
+static sg_status run_forward(void *u)
+{
+    sg_model *m = u;
+    return sg_module_forward(m->net, m->x, &m->logits);
+}
+
+static sg_status run_loss(sg_model *m)
+{
+    const char *prev = sg_ctx_set_module(m->ctx, "loss");
+    sg_status st = sg_softmax_xent(m->ctx, m->logits, m->targets, 1.0f, m->loss, m->dlogits);
+    sg_ctx_set_module(m->ctx, prev);
+    return st;
+}
+
+static sg_status run_backward(void *u)
+{
+    sg_model *m = u;
+    sg_tensor *dx = NULL;
+    return sg_module_backward(m->net, m->dlogits, &dx);
+}
+
+static sg_status run_optim(sg_trainer *t)
+{
+    const char *prev = sg_ctx_set_module(t->ctx, "optimizer");
+    sg_status st = sg_optim_step(t->o);
+    sg_ctx_set_module(t->ctx, prev);
+    return st;
+}
+
+static sg_status run_step(void *u)
+{
+    sg_trainer *t = u;
+    SG_TRY(run_forward(t->m));
+    SG_TRY(run_loss(t->m));
+    SG_TRY(run_backward(t->m));
+    return run_optim(t);
+}
+
+sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *opts,
+                            sg_trainer **out)
+{
+    if (!m || !o || !out) return SG_ERR_NULL;
+    *out = NULL;
+    sg_trainer_options op = opts ? *opts : sg_trainer_options_default();
+    if (op.scope < SG_SCOPE_EAGER || op.scope > SG_SCOPE_STEP || op.warmup < 0)
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: scope %d, warmup %d: expected a "
+                       "scope of sg_scope and warmup >= 0", (int)op.scope, op.warmup);
+    sg_trainer *t = calloc(1, sizeof *t);
+    if (!t) return sg_fail(m->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
+    t->ctx = m->ctx, t->m = m, t->o = o, t->opts = op;
+    snprintf(t->modules, sizeof t->modules, "%s", op.graph_modules ? op.graph_modules : "");
+    t->opts.graph_modules = t->modules;
+    sg_status st = SG_OK;
+    if (op.scope != SG_SCOPE_EAGER) st = sg_model_use_static_inputs(m);
+    if (st == SG_OK && op.scope == SG_SCOPE_LAYER) st = wrap_modules(t);
+    if (st != SG_OK) {
+        sg_trainer_destroy(t);
+        return st;
+    }
+    *out = t;
+    return SG_OK;
+}
+
+void sg_trainer_destroy(sg_trainer *t)
+{
+    if (!t) return;
+    unwrap_modules(t);
+    sg_graph_destroy(t->g_step);
+    sg_graph_destroy(t->g_fwd);
+    sg_graph_destroy(t->g_bwd);
+    free(t);
+}
+
+static sg_status eager_step(sg_trainer *t) { return run_step(t); }
+
+static sg_status step_scope(sg_trainer *t)
+{
+    if (!t->g_step) {
+        const sg_tensor *in[] = {t->m->x, t->m->targets};
+        sg_status st = capture(t, "step", run_step, t, in, 2, &t->g_step);
+        if (st != SG_OK) {
+            SG_TRY(capture_failed(t, st, "step", true));
+            return eager_step(t);
+        }
+    }
+    return sg_graph_replay(t->g_step);
+}
+
+static sg_status model_scope(sg_trainer *t)
+{
+    sg_model *m = t->m;
+    if (!t->g_fwd) {
+        const sg_tensor *in[] = {m->x};
+        sg_status st = capture(t, "model.forward", run_forward, m, in, 1, &t->g_fwd);
+        if (st != SG_OK) {
+            SG_TRY(capture_failed(t, st, "model.forward", true));
+            return eager_step(t);
+        }
+    }
+    SG_TRY(sg_graph_replay(t->g_fwd));
+    SG_TRY(run_loss(m));
+    if (!t->g_bwd) {
+        const sg_tensor *in[] = {m->dlogits};
+        sg_status st = capture(t, "model.backward", run_backward, m, in, 1, &t->g_bwd);
+        if (st != SG_OK) {
+            SG_TRY(capture_failed(t, st, "model.backward", true));
+            SG_TRY(run_backward(m));
+            return run_optim(t);
+        }
+    }
+    SG_TRY(sg_graph_replay(t->g_bwd));
+    return run_optim(t);
+}
+
+sg_status sg_trainer_step(sg_trainer *t, int64_t index)
+{
+    if (!t) return SG_ERR_NULL;
+    SG_TRY(sg_model_load_batch(t->m, index));
+    t->armed = t->steps >= t->opts.warmup && !t->fallback && t->opts.scope != SG_SCOPE_EAGER;
+    sg_status st;
+    if (!t->armed) st = eager_step(t);
+    else if (t->opts.scope == SG_SCOPE_STEP) st = step_scope(t);
+    else if (t->opts.scope == SG_SCOPE_MODEL) st = model_scope(t);
+    else st = eager_step(t); /* layer: the wrapped modules replay their graphs */
+    if (st == SG_OK) t->steps++;
+    return st;
+}
+
+static void add_graph(sg_trainer_stats *s, const sg_graph *g)
+{
+    sg_graph_stats gs;
+    if (!g || sg_graph_get_stats(g, &gs) != SG_OK) return;
+    s->graphs++;
+    s->nodes += gs.nodes;
+    s->replays += gs.replays;
+    s->capture_ms += gs.capture_ms;
+    s->instantiate_ms += gs.instantiate_ms;
+    s->exec_bytes += gs.exec_bytes;
+}
+
+sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out)
+{
+    if (!t || !out) return SG_ERR_NULL;
+    memset(out, 0, sizeof *out);
+    out->scope = t->opts.scope;
+    add_graph(out, t->g_step);
+    add_graph(out, t->g_fwd);
+    add_graph(out, t->g_bwd);
+    for (int i = 0; i < t->n_wrapped; i++) {
+        add_graph(out, t->wrapped[i]->fwd);
+        add_graph(out, t->wrapped[i]->bwd);
+        if (t->wrapped[i]->failed) out->fell_back = 1;
+    }
+    out->fell_back |= t->fallback;
+    snprintf(out->fallback_reason, sizeof out->fallback_reason, "%s", t->reason);
+    return SG_OK;
+}
