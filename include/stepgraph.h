@@ -385,6 +385,13 @@ typedef struct sg_trainer_options {
     const char *graph_modules;  /* layer scope: comma-separated module names or indices; NULL: all */
     int warmup;                 /* eager steps before capture (default 3) */
     sg_capture_fail on_capture_fail;
+    /* Variable batch (eager and step scopes): sorted bucket sizes, the largest at most the
+     * model's batch. A step of n rows runs padded up to its bucket, the padding masked out of
+     * the loss; under step scope each bucket has its own graph in a cache of graphs that share
+     * one pool, evicted least-recently-used above cache_budget bytes (0: no limit). */
+    const int64_t *batch_buckets;
+    int n_buckets;
+    size_t cache_budget;
 } sg_trainer_options;
 
 typedef struct sg_trainer_stats {
@@ -395,6 +402,7 @@ typedef struct sg_trainer_stats {
     double capture_ms, instantiate_ms;  /* summed over graphs */
     size_t exec_bytes;
     int fell_back;              /* on_capture_fail = eager took over */
+    sg_graph_cache_stats cache; /* variable batch under step scope */
     char fallback_reason[512];
 } sg_trainer_stats;
 
@@ -410,6 +418,8 @@ void sg_trainer_destroy(sg_trainer *t);
 /* One training step on batch `index`: the first `warmup` steps run eagerly, the next captures,
  * later ones replay. */
 sg_status sg_trainer_step(sg_trainer *t, int64_t index);
+/* The same with only the first `rows` rows of the batch (variable batch: needs buckets). */
+sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows);
 sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out);
 
 #ifdef __cplusplus

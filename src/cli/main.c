@@ -90,6 +90,32 @@ bool sg_cli_backend(const char *cmd, const char *s, sg_backend *out)
     return true;
 }
 
+bool sg_cli_buckets(const char *cmd, const char *s, int64_t *out, int *n, int max)
+{
+    char buf[256], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", s);
+    *n = 0;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        long long v;
+        if (*n == max || !sg_cli_int(cmd, "--batch-sizes", tok, 1, 1 << 20, &v)) return false;
+        if (*n && v <= out[*n - 1]) {
+            fprintf(stderr, "stepgraph %s: --batch-sizes '%s': expected increasing sizes\n", cmd, s);
+            return false;
+        }
+        out[(*n)++] = v;
+    }
+    if (!*n) fprintf(stderr, "stepgraph %s: --batch-sizes '%s': no sizes\n", cmd, s);
+    return *n > 0;
+}
+
+int64_t sg_cli_vary_rows(int64_t step, int64_t max_rows)
+{
+    uint64_t z = (uint64_t)step * 0x9e3779b97f4a7c15ull + 0x243f6a8885a308d3ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return 1 + (int64_t)((z ^ (z >> 31)) % (uint64_t)max_rows);
+}
+
 sg_ctx *sg_cli_ctx(const char *cmd, sg_backend b, bool quiet)
 {
     sg_ctx_options o = sg_ctx_options_default();

@@ -28,6 +28,11 @@ static const char *train_usage =
     "  --warmup N          eager steps before capture (default 3)\n"
     "  --on-capture-fail P error (default) or eager: run a region that cannot be captured\n"
     "                      eagerly, and say why\n"
+    "  --batch-sizes L     batch buckets, e.g. 8,16,32 (at most the model's batch); a step of n\n"
+    "                      rows runs padded to its bucket, the padding masked out of the loss;\n"
+    "                      step scope keeps one graph per bucket (eager and step scopes only)\n"
+    "  --vary-batch        draw each step's rows from 1..largest bucket (needs --batch-sizes)\n"
+    "  --cache-budget MIB  step scope with buckets: evict least-recently-used graphs above it\n"
     "  --quiet             no per-step lines; the summary only\n"
     "  -h, --help          this text\n"
     "\n"
@@ -43,6 +48,8 @@ typedef struct train_opts {
     double lr, wd;
     bool lr_set, quiet;
     sg_trainer_options tr;
+    int64_t buckets[32];
+    bool vary;
 } train_opts;
 
 static int parse(int argc, char **argv, train_opts *o)
@@ -57,6 +64,15 @@ static int parse(int argc, char **argv, train_opts *o)
             exit(0);
         } else if (!strcmp(argv[i], "--quiet")) {
             o->quiet = true, i++;
+        } else if (!strcmp(argv[i], "--vary-batch")) {
+            o->vary = true, i++;
+        } else if (sg_cli_opt(argc, argv, &i, "--batch-sizes", &v, &bad)) {
+            bad = bad || !sg_cli_buckets("train", v, o->buckets, &o->tr.n_buckets, 32);
+            o->tr.batch_buckets = o->buckets;
+        } else if (sg_cli_opt(argc, argv, &i, "--cache-budget", &v, &bad)) {
+            double mib = 0;
+            bad = bad || !sg_cli_float("train", "--cache-budget", v, 0, 1e9, &mib);
+            o->tr.cache_budget = (size_t)(mib * 1048576.0);
         } else if (sg_cli_opt(argc, argv, &i, "--model", &v, &bad)) {
             o->model = v;
         } else if (sg_cli_opt(argc, argv, &i, "--steps", &v, &bad)) {
@@ -101,6 +117,10 @@ static int parse(int argc, char **argv, train_opts *o)
             fprintf(stderr, "stepgraph train: unknown option '%s' (see stepgraph train --help)\n", argv[i]);
             bad = true;
         }
+    }
+    if (!bad && o->vary && !o->tr.n_buckets) {
+        fprintf(stderr, "stepgraph train: --vary-batch needs --batch-sizes\n");
+        bad = true;
     }
     if (!bad && !o->model) {
         fprintf(stderr, "stepgraph train: --model is required (see stepgraph train --help)\n");
@@ -165,7 +185,14 @@ int sg_cmd_train(int argc, char **argv)
     /* The last step of set-up: step 1 eagerly (plans, scratch), the capture step otherwise. */
     long long setup_step = o.tr.scope != SG_SCOPE_EAGER ? o.tr.warmup : 0;
     for (long long s = 0; s < o.steps; s++) {
-        if (sg_trainer_step(tr, s) != SG_OK) {
+        sg_status sst;
+        if (o.tr.n_buckets) {
+            int64_t max = o.buckets[o.tr.n_buckets - 1];
+            sst = sg_trainer_step_rows(tr, s, o.vary ? sg_cli_vary_rows(s, max) : max);
+        } else {
+            sst = sg_trainer_step(tr, s);
+        }
+        if (sst != SG_OK) {
             rc = fail(ctx, "step");
             goto out;
         }
@@ -219,6 +246,17 @@ int sg_cmd_train(int argc, char **argv)
         printf("graphs: %d (%d nodes), captured in %.2f ms, instantiated in %.2f ms, %llu replays\n",
                ts.graphs, ts.nodes, ts.capture_ms, ts.instantiate_ms, (unsigned long long)ts.replays);
         if (ts.fell_back) printf("capture fell back to eager: %s\n", ts.fallback_reason);
+        if (o.tr.n_buckets && o.tr.scope == SG_SCOPE_STEP) {
+            printf("bucket cache: %d graphs held, %llu hits, %llu misses, %llu captures, %llu evictions, "
+                   "%.2f MiB\n", ts.cache.cached, (unsigned long long)ts.cache.hits,
+                   (unsigned long long)ts.cache.misses, (unsigned long long)ts.cache.captures,
+                   (unsigned long long)ts.cache.evictions, ts.cache.bytes / 1048576.0);
+            if (ts.cache.recapture_warning)
+                fprintf(stderr, "stepgraph train: warning: graph cache re-captured %llu graphs for %llu "
+                        "shapes: the budget evicts graphs that are used again; raise --cache-budget "
+                        "or use fewer buckets\n", (unsigned long long)ts.cache.captures,
+                        (unsigned long long)ts.cache.distinct_keys);
+        }
     }
 out:
     sg_trainer_destroy(tr);

@@ -114,6 +114,8 @@ typedef struct sg_capture {
     sg_block **deferred;       /* blocks of other pools freed during capture (graph keeps them) */
     sg_pool **deferred_pool;
     int n_deferred, cap_deferred;
+    sg_tensor **dead;          /* CPU: tensors destroyed during capture; the plan still names them */
+    int n_dead;
 } sg_capture;
 
 /* ---- context ---- */
@@ -213,6 +215,7 @@ struct sg_tensor {
     sg_pool *pool;           /* NULL for views */
     sg_block *block;         /* NULL for views */
     const sg_tensor *base;   /* views: the tensor they point into */
+    int64_t cap_rows;        /* rows its storage holds: sg_tensor_set_rows may use fewer */
     char name[64];
 };
 
@@ -253,6 +256,10 @@ sg_status sg_check_shape2(const sg_ctx *ctx, const char *fn, const char *what, c
                           int64_t rows, int64_t cols);
 /* "(32, 512) f32" into buf. */
 const char *sg_shape_str(const sg_tensor *t, char *buf, size_t n);
+
+/* Makes t use its first `rows` rows (dimension 0) of the storage it was created with: one set
+ * of buffers serves every batch bucket. No allocation, no device work. */
+sg_status sg_tensor_set_rows(sg_tensor *t, int64_t rows);
 
 /* Writes nbytes (<= 64) from host memory into t's storage at byte offset off, as a
  * stream-ordered device write (a kernel on CUDA): no host sync, safe inside capture. */

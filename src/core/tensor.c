@@ -68,6 +68,7 @@ static sg_status set_shape(sg_ctx *ctx, const char *fn, sg_tensor *t, sg_dtype d
     t->dtype = dt;
     t->ndim = ndim;
     t->numel = n;
+    t->cap_rows = shape[0];
     return SG_OK;
 }
 
@@ -146,6 +147,17 @@ void sg_tensor_destroy(sg_tensor *t)
     if (t->block) {
         if (ctx->cap.active && t->pool != ctx->cap.pool) defer_free(ctx, t->pool, t->block);
         else sg_pool_free(t->pool, t->block);
+    }
+    /* A CPU plan refers to tensors by their structs: one recorded and destroyed during capture
+     * stays allocated (its block already returned) until the graph goes. */
+    if (ctx->cap.active && ctx->cap.plan) {
+        sg_tensor **d = realloc(ctx->cap.dead, (size_t)(ctx->cap.n_dead + 1) * sizeof *d);
+        if (d) {
+            ctx->cap.dead = d;
+            d[ctx->cap.n_dead++] = t;
+            t->block = NULL;
+            return;
+        }
     }
     free(t);
 }
@@ -237,6 +249,17 @@ static sg_status check_nbytes(const sg_tensor *t, const char *fn, size_t nbytes,
     if (nbytes != sg_tensor_nbytes(t))
         return sg_fail(t->ctx, SG_ERR_SHAPE, "%s: %zu bytes given, tensor '%s' holds %zu", fn,
                        nbytes, t->name, sg_tensor_nbytes(t));
+    return SG_OK;
+}
+
+sg_status sg_tensor_set_rows(sg_tensor *t, int64_t rows)
+{
+    if (!t) return SG_ERR_NULL;
+    if (rows < 1 || rows > t->cap_rows)
+        return sg_fail(t->ctx, SG_ERR_SHAPE, "sg_tensor_set_rows: '%s' holds 1 to %lld rows, %lld asked for",
+                       t->name, (long long)t->cap_rows, (long long)rows);
+    t->numel = t->numel / t->shape[0] * rows;
+    t->shape[0] = rows;
     return SG_OK;
 }
 

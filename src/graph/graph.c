@@ -66,6 +66,8 @@ void sg_graph_destroy(sg_graph *g)
     for (int i = 0; i < g->n_deferred; i++) sg_pool_free(g->deferred_pool[i], g->deferred[i]);
     free(g->deferred);
     free(g->deferred_pool);
+    for (int i = 0; i < g->n_dead; i++) free(g->dead[i]);
+    free(g->dead);
     unlink_graph(g);
     if (g->own_pool && sg_pool_destroy(g->pool) != SG_OK) {
         /* Live tensors of the pool remain (the caller's): the pool stays with the context. */
@@ -88,6 +90,12 @@ static void end_capture_state(sg_ctx *ctx, sg_graph *g, sg_pool *prev_pool)
     }
     free(c->deferred);
     free(c->deferred_pool);
+    sg_tensor **d = realloc(g->dead, (size_t)(g->n_dead + c->n_dead + 1) * sizeof *d);
+    if (d) {
+        g->dead = d;
+        for (int i = 0; i < c->n_dead; i++) d[g->n_dead++] = c->dead[i];
+    }
+    free(c->dead);
     memset(c, 0, sizeof *c);
     ctx->cur_pool = prev_pool;
 }

@@ -30,6 +30,8 @@ struct sg_graph {
     sg_block **deferred;         /* blocks freed during capture, released with the graph */
     sg_pool **deferred_pool;
     int n_deferred;
+    sg_tensor **dead;            /* CPU: tensor structs the plan still names */
+    int n_dead;
     sg_graph_stats st;
     struct sg_graph *next;       /* ctx->graphs */
 };

@@ -26,7 +26,7 @@ void sg_model_destroy(sg_model *m)
 {
     if (!m) return;
     sg_module_destroy(m->net);
-    sg_tensor *ts[] = {m->x_view, m->t_view, m->x_static, m->t_static, m->loss, m->dlogits, m->data_x, m->data_y};
+    sg_tensor *ts[] = {m->x_pad, m->t_pad, m->x_view, m->t_view, m->x_static, m->t_static, m->loss, m->dlogits, m->data_x, m->data_y};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
     sg_params_release(&m->params);
     free(m);
@@ -66,6 +66,8 @@ sg_tensor *sg_model_params(sg_model *m) { return m ? m->params.flat : NULL; }
 sg_tensor *sg_model_grads(sg_model *m) { return m ? m->params.grad_flat : NULL; }
 const sg_tensor *sg_model_loss(const sg_model *m) { return m ? m->loss : NULL; }
 
+static sg_status set_rows(sg_model *m, int64_t rows);
+
 /* Eager steps rebind the input views to the batch in place: no copy, no launch. Captured
  * steps need fixed addresses: the batch is copied into the static inputs (two device copies). */
 sg_status sg_model_load_batch(sg_model *m, int64_t index)
@@ -78,6 +80,7 @@ sg_status sg_model_load_batch(sg_model *m, int64_t index)
     m->x_view->data = (char *)m->data_x->data + (size_t)(i * m->x_view->numel) * sizeof(float);
     m->t_view->data = (char *)m->data_y->data + (size_t)(i * m->t_view->numel) * sizeof(int32_t);
     if (!m->x_static) return SG_OK;
+    SG_TRY(set_rows(m, m->x_view->cap_rows)); /* a padded step may have left fewer */
     SG_TRY(sg_tensor_copy(m->x_static, m->x_view));
     return sg_tensor_copy(m->t_static, m->t_view);
 }
@@ -87,7 +90,42 @@ sg_status sg_model_use_static_inputs(sg_model *m)
     if (m->x_static) return SG_OK;
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_F32, m->x_view->ndim, m->x_view->shape, "input.static", &m->x_static));
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_I32, m->t_view->ndim, m->t_view->shape, "targets.static", &m->t_static));
+    SG_TRY(sg_tensor_view(m->x_static, 0, m->x_static->ndim, m->x_static->shape, "input.pad", &m->x_pad));
+    SG_TRY(sg_tensor_view(m->t_static, 0, m->t_static->ndim, m->t_static->shape, "targets.pad", &m->t_pad));
     m->x = m->x_static, m->targets = m->t_static;
+    return SG_OK;
+}
+
+/* Rows of every per-batch tensor the step touches. */
+static sg_status set_rows(sg_model *m, int64_t rows)
+{
+    SG_TRY(sg_tensor_set_rows(m->x_static, rows));
+    SG_TRY(sg_tensor_set_rows(m->t_static, rows));
+    SG_TRY(sg_tensor_set_rows(m->dlogits, rows));
+    return sg_module_set_rows(m->net, rows);
+}
+
+sg_status sg_model_load_padded(sg_model *m, int64_t index, int64_t rows, int64_t bucket)
+{
+    if (!m) return SG_ERR_NULL;
+    int64_t B = m->x_view->cap_rows;
+    if (!m->x_static)
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_model_load_padded: '%s' has no static inputs", m->name);
+    if (rows < 1 || bucket < rows || bucket > B)
+        return sg_fail(m->ctx, SG_ERR_SHAPE,
+                       "sg_model_load_padded: %lld rows in a bucket of %lld: expected 1 <= rows <= "
+                       "bucket <= %lld (the model's batch)", (long long)rows, (long long)bucket, (long long)B);
+    SG_TRY(sg_model_load_batch(m, index)); /* rebinds the views; copies the full batch */
+    SG_TRY(set_rows(m, bucket));
+    if (rows < bucket) {
+        int64_t W = m->x_static->shape[1];
+        m->x_pad->data = (char *)m->x_static->data + (size_t)(rows * W) * sizeof(float);
+        m->t_pad->data = (char *)m->t_static->data + (size_t)rows * sizeof(int32_t);
+        SG_TRY(sg_tensor_set_rows(m->x_pad, bucket - rows));
+        SG_TRY(sg_tensor_set_rows(m->t_pad, bucket - rows));
+        SG_TRY(sg_tensor_fill(m->x_pad, 0.0));
+        SG_TRY(sg_tensor_fill(m->t_pad, -1.0));
+    }
     return SG_OK;
 }
 

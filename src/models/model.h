@@ -21,6 +21,7 @@ struct sg_model {
     sg_tensor *targets;        /* (B) I32: t_view or t_static */
     sg_tensor *x_view, *t_view;/* views into data_x / data_y, rebound per batch */
     sg_tensor *x_static, *t_static; /* captured scopes: own memory, the batch is copied in */
+    sg_tensor *x_pad, *t_pad;  /* windows onto x_static / t_static past the real rows */
     sg_tensor *loss;           /* (1) F32 */
     sg_tensor *dlogits;        /* (B, classes) F32: written with the loss, in one pass */
     const sg_tensor *logits;   /* the net's output (owned by its last module) */
@@ -34,6 +35,10 @@ sg_status sg_mlp_build(sg_model *m, uint64_t seed);
 /* From now on the net reads static input tensors and each batch is copied into them (as
  * captured graphs need fixed addresses). */
 sg_status sg_model_use_static_inputs(sg_model *m);
+/* Copies the first `rows` rows of batch `index` into the static inputs and pads them up to
+ * `bucket` rows (inputs 0, targets -1, which the loss masks out); the net, the loss and its
+ * gradient then run on `bucket` rows. */
+sg_status sg_model_load_padded(sg_model *m, int64_t index, int64_t rows, int64_t bucket);
 /* Fills data_x with N(0,1) inputs and data_y with the argmax of a fixed random linear
  * teacher over `classes` outputs: a learnable task, identical on every backend. */
 sg_status sg_data_teacher(sg_model *m, uint64_t seed);

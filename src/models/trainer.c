@@ -25,6 +25,9 @@ struct sg_trainer {
     sg_pool *pool;               /* shared by the trainer's graphs (they never run at once) */
     graphed_module *wrapped[64];
     int n_wrapped;
+    int64_t buckets[32];
+    bool bucket_warm[32];        /* the bucket ran one eager step: its lazy set-up is done */
+    sg_graph_cache *cache;       /* variable batch under step scope: a graph per bucket */
 };
 
 sg_trainer_options sg_trainer_options_default(void)
@@ -165,7 +168,13 @@ static void graphed_destroy(sg_module *m)
     free(g);
 }
 
-static const sg_module_i graphed_i = {"graphed", graphed_forward, graphed_backward, graphed_destroy};
+static sg_status graphed_set_rows(sg_module *m, int64_t rows)
+{
+    return sg_module_set_rows(((graphed_module *)m)->inner, rows);
+}
+
+static const sg_module_i graphed_i = {"graphed", graphed_forward, graphed_backward, graphed_destroy,
+                                      graphed_set_rows};
 
 /* Is child i (named name) among the comma-separated names or indices of list (NULL: all)? */
 static bool chosen(const char *list, int i, const char *name)
@@ -282,7 +291,26 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     snprintf(t->modules, sizeof t->modules, "%s", op.graph_modules ? op.graph_modules : "");
     t->opts.graph_modules = t->modules;
     sg_status st = SG_OK;
-    if (op.scope != SG_SCOPE_EAGER) st = sg_model_use_static_inputs(m);
+    if (op.n_buckets) {
+        int64_t B = m->x_view->cap_rows;
+        bool ok = op.batch_buckets && op.n_buckets > 0 && op.n_buckets <= 32 &&
+                  (op.scope == SG_SCOPE_EAGER || op.scope == SG_SCOPE_STEP);
+        for (int i = 0; ok && i < op.n_buckets; i++) {
+            t->buckets[i] = op.batch_buckets[i];
+            ok = op.batch_buckets[i] >= 1 && op.batch_buckets[i] <= B &&
+                 (i == 0 || op.batch_buckets[i] > op.batch_buckets[i - 1]);
+        }
+        if (!ok) st = sg_fail(m->ctx, SG_ERR_INVALID,
+                              "sg_trainer_create: batch buckets must be 1 to 32 increasing sizes from 1 to "
+                              "the model's batch %lld, under eager or step scope (scope %s)",
+                              (long long)B, sg_scope_name(op.scope));
+        t->opts.batch_buckets = t->buckets;
+        /* Padding needs static inputs to pad, even eagerly. */
+        if (st == SG_OK) st = sg_model_use_static_inputs(m);
+        if (st == SG_OK && op.scope == SG_SCOPE_STEP)
+            st = sg_graph_cache_create(m->ctx, op.cache_budget, 0, &t->cache);
+    }
+    if (st == SG_OK && op.scope != SG_SCOPE_EAGER) st = sg_model_use_static_inputs(m);
     if (st == SG_OK && op.scope == SG_SCOPE_LAYER) st = wrap_modules(t);
     if (st != SG_OK) {
         sg_trainer_destroy(t);
@@ -299,6 +327,7 @@ void sg_trainer_destroy(sg_trainer *t)
     sg_graph_destroy(t->g_step);
     sg_graph_destroy(t->g_fwd);
     sg_graph_destroy(t->g_bwd);
+    sg_graph_cache_destroy(t->cache);
     free(t);
 }
 
@@ -357,6 +386,48 @@ sg_status sg_trainer_step(sg_trainer *t, int64_t index)
     return st;
 }
 
+sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows)
+{
+    if (!t) return SG_ERR_NULL;
+    if (!t->opts.n_buckets)
+        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_step_rows: the trainer has no batch buckets");
+    int64_t b = sg_bucket_for(t->buckets, t->opts.n_buckets, rows);
+    if (b < 0)
+        return sg_fail(t->ctx, SG_ERR_SHAPE, "sg_trainer_step_rows: %lld rows: expected 1 to %lld (the largest bucket)",
+                       (long long)rows, (long long)t->buckets[t->opts.n_buckets - 1]);
+    SG_TRY(sg_model_load_padded(t->m, index, rows, b));
+    int k = 0;
+    while (t->buckets[k] != b) k++;
+    /* Each bucket's first step (after the trainer's warm-up) runs eagerly, as the warm-up of
+     * its graph: a real step, so training is the same as eager's. */
+    t->armed = t->steps >= t->opts.warmup && !t->fallback && t->opts.scope == SG_SCOPE_STEP &&
+               t->bucket_warm[k];
+    sg_status st;
+    if (!t->armed) {
+        st = eager_step(t);
+        if (st == SG_OK && t->steps >= t->opts.warmup) t->bucket_warm[k] = true;
+    } else {
+        const sg_tensor *in[] = {t->m->x, t->m->targets};
+        sg_graph_options o = sg_graph_options_default();
+        char name[32];
+        snprintf(name, sizeof name, "step.b%lld", (long long)b);
+        o.name = name;
+        o.warmup = 0;
+        o.static_inputs = in;
+        o.n_static_inputs = 2;
+        sg_graph *g;
+        st = sg_graph_cache_get(t->cache, b, run_step, t, &o, &g);
+        if (st != SG_OK) {
+            SG_TRY(capture_failed(t, st, name, true));
+            st = eager_step(t);
+        } else {
+            st = sg_graph_replay(g);
+        }
+    }
+    if (st == SG_OK) t->steps++;
+    return st;
+}
+
 static void add_graph(sg_trainer_stats *s, const sg_graph *g)
 {
     sg_graph_stats gs;
@@ -383,6 +454,10 @@ sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out)
         if (t->wrapped[i]->failed) out->fell_back = 1;
     }
     out->fell_back |= t->fallback;
+    if (t->cache) {
+        sg_graph_cache_get_stats(t->cache, &out->cache);
+        out->graphs += out->cache.cached;
+    }
     snprintf(out->fallback_reason, sizeof out->fallback_reason, "%s", t->reason);
     return SG_OK;
 }

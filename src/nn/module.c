@@ -49,7 +49,17 @@ static void linear_destroy(sg_module *m)
     free(l);
 }
 
-static const sg_module_i linear_i = {"linear", linear_forward, linear_backward, linear_destroy};
+static sg_status linear_set_rows(sg_module *m, int64_t rows)
+{
+    linear_module *l = (linear_module *)m;
+    SG_TRY(sg_tensor_set_rows(l->y, rows));
+    if (l->pre) SG_TRY(sg_tensor_set_rows(l->pre, rows));
+    if (l->dx) SG_TRY(sg_tensor_set_rows(l->dx, rows));
+    return SG_OK;
+}
+
+static const sg_module_i linear_i = {"linear", linear_forward, linear_backward, linear_destroy,
+                                     linear_set_rows};
 
 sg_status sg_linear_create(sg_ctx *ctx, const char *name, int64_t rows, sg_tensor *w,
                            sg_tensor *b, sg_tensor *dw, sg_tensor *db, sg_activation act,
@@ -126,7 +136,14 @@ static void act_destroy(sg_module *m)
     free(a);
 }
 
-static const sg_module_i act_i = {"activation", act_forward, act_backward, act_destroy};
+static sg_status act_set_rows(sg_module *m, int64_t rows)
+{
+    act_module *a = (act_module *)m;
+    SG_TRY(sg_tensor_set_rows(a->y, rows));
+    return sg_tensor_set_rows(a->dx, rows);
+}
+
+static const sg_module_i act_i = {"activation", act_forward, act_backward, act_destroy, act_set_rows};
 
 sg_status sg_activation_create(sg_ctx *ctx, const char *name, sg_activation act, int ndim,
                                const int64_t *shape, sg_module **out)
@@ -188,7 +205,14 @@ static void seq_destroy(sg_module *m)
     free(s);
 }
 
-static const sg_module_i seq_i = {"sequential", seq_forward, seq_backward, seq_destroy};
+static sg_status seq_set_rows(sg_module *m, int64_t rows)
+{
+    seq_module *s = (seq_module *)m;
+    for (int i = 0; i < s->n; i++) SG_TRY(sg_module_set_rows(s->child[i], rows));
+    return SG_OK;
+}
+
+static const sg_module_i seq_i = {"sequential", seq_forward, seq_backward, seq_destroy, seq_set_rows};
 
 int sg_sequential_count(const sg_module *seq)
 {

@@ -71,6 +71,8 @@ typedef struct sg_module_i {
      * first module of the model, the input gradient into the module's own dx (*dx). */
     sg_status (*backward)(sg_module *m, sg_tensor *dy, sg_tensor **dx);
     void (*destroy)(sg_module *m);
+    /* Optional: run the next passes on the first `rows` rows of the module's buffers. */
+    sg_status (*set_rows)(sg_module *m, int64_t rows);
 } sg_module_i;
 
 struct sg_module {
@@ -108,6 +110,12 @@ static inline sg_status sg_module_backward(sg_module *m, sg_tensor *dy, sg_tenso
     sg_status st = m->vt->backward(m, dy, dx);
     sg_ctx_set_module(m->ctx, prev);
     return st;
+}
+
+/* Sets the batch rows of m (and its children); a module without the slot keeps its rows. */
+static inline sg_status sg_module_set_rows(sg_module *m, int64_t rows)
+{
+    return m->vt->set_rows ? m->vt->set_rows(m, rows) : SG_OK;
 }
 
 /* A Sequential's children, for wrappers that replace one (graphed modules). */
