@@ -25,6 +25,8 @@ mkdir -p "$OUT"
 BUILD=build-gpu
 DEADLINE=${GPU_CHECK_DEADLINE_S:-480}
 MODELS=${GPU_CHECK_MODELS:-mlp-512-6-32,mlp-2048-6-256}
+SCOPES=${GPU_CHECK_SCOPES:-all}
+TORCH_MODES=${GPU_CHECK_TORCH_MODES:-eager,graph,graphed_callables,graphed_layers,compile}
 SANITIZE_SKIP=${SANITIZE_SKIP-prof}
 SANITIZE_JOBS=${SANITIZE_JOBS:-4}
 JOBS=$(nproc 2>/dev/null || echo 4)
@@ -196,12 +198,12 @@ export -f bench_to_jsonl
 if [ $NO_BENCH -eq 0 ]; then
     if [ $BUILT -eq 1 ] && [ -x "$BUILD/stepgraph" ]; then
         stage "bench: stepgraph" "$OUT/bench.log" 150 \
-            bench_to_jsonl "$BUILD/stepgraph" bench --model "$MODELS" --json || true
+            bench_to_jsonl "$BUILD/stepgraph" bench --model "$MODELS" --scope "$SCOPES" --json || true
     else
         record "bench: stepgraph" FAIL "not run: no $BUILD/stepgraph (build failed)"
     fi
-    stage "bench: pytorch eager" "$OUT/bench.log" 200 \
-        bench_to_jsonl python3 bench/torch_ref.py --model "$MODELS" --mode eager --json || true
+    stage "bench: pytorch" "$OUT/bench.log" 300 \
+        bench_to_jsonl python3 bench/torch_ref.py --model "$MODELS" --mode "$TORCH_MODES" --json || true
 fi
 
 # ---- sanitizers --------------------------------------------------------------------------
@@ -299,17 +301,16 @@ for line in "${RESULTS[@]}"; do say "$line"; done
 if [ -s "$OUT/bench.jsonl" ]; then
     say ""
     python3 - "$OUT/bench.jsonl" <<'EOF' 2>&1 | tee -a "$SUMMARY"
-# stepgraph vs PyTorch, eager, per model; ratio = stepgraph ms / PyTorch ms (< 1: faster).
+# Every stepgraph scope and PyTorch mode per model, side by side; ratios against PyTorch eager
+# and PyTorch's whole-step graph, measured in this run.
 import json, sys
-rows, order = {}, []
+rows, order = [], []
 for line in open(sys.argv[1]):
     try:
         r = json.loads(line)
     except ValueError:
         continue
-    if r.get("mode", "eager") != "eager":
-        continue
-    rows[(r.get("framework"), r.get("model"))] = r
+    rows.append(r)
     if r.get("model") not in order:
         order.append(r.get("model"))
 
@@ -317,24 +318,29 @@ def g(r, k, spec):
     v = r.get(k) if r else None
     return "n/a" if v is None else format(v, spec)
 
-print(f"{'model':<16} {'sg ms':>8} {'torch ms':>9} {'sg/torch':>8} {'sg host':>8} {'pt host':>8} "
-      f"{'sg kern':>8} {'pt kern':>8} {'sg busy':>8} {'pt busy':>8} {'sg MiB':>7} {'pt MiB':>7}")
+print(f"{'model':<15} {'who':<9} {'mode':<18} {'ms/step':>8} {'/pt eag':>7} {'/pt grf':>7} {'host ms':>8} "
+      f"{'kern':>6} {'busy ms':>8} {'capt ms':>8} {'MiB':>6}")
 for m in order:
-    sg, pt = rows.get(("stepgraph", m)), rows.get(("pytorch", m))
-    for name, r in (("stepgraph", sg), ("pytorch", pt)):
-        if r and "error" in r:
-            print(f"{m:<16} {name} error: {r['error']}")
-    ratio = "n/a"
-    if sg and pt and sg.get("ms_per_step") and pt.get("ms_per_step"):
-        ratio = format(sg["ms_per_step"] / pt["ms_per_step"], ".3f")
-    print(f"{m:<16} {g(sg, 'ms_per_step', '.4f'):>8} {g(pt, 'ms_per_step', '.4f'):>9} {ratio:>8} "
-          f"{g(sg, 'host_ms_per_step', '.4f'):>8} {g(pt, 'host_ms_per_step', '.4f'):>8} "
-          f"{g(sg, 'kernels_per_step', '.1f'):>8} {g(pt, 'kernels_per_step', '.1f'):>8} "
-          f"{g(sg, 'gpu_busy_ms_per_step', '.4f'):>8} {g(pt, 'gpu_busy_ms_per_step', '.4f'):>8} "
-          f"{g(sg, 'peak_mib', '.0f'):>7} {g(pt, 'peak_mib', '.0f'):>7}")
-dev = next((r.get("device") for r in rows.values() if r.get("device")), "?")
-tv = next((r.get("torch_version") for r in rows.values() if r.get("torch_version")), "?")
-print(f"ms: median over blocks; kern: kernels/step; busy: GPU-busy ms/step; device {dev}; torch {tv}")
+    mine = [r for r in rows if r.get("model") == m]
+    ref = {r.get("mode"): r for r in mine if r.get("framework") == "pytorch"}
+    pe, pg = ref.get("eager", {}).get("ms_per_step"), ref.get("graph", {}).get("ms_per_step")
+    for r in mine:
+        if "error" in r:
+            print(f"{m:<15} {r.get('framework','?'):<9} {r.get('mode','?'):<18} error: {r['error'][:60]}")
+            continue
+        ms = r.get("ms_per_step")
+        re = format(ms / pe, ".3f") if ms and pe else "n/a"
+        rg = format(ms / pg, ".3f") if ms and pg else "n/a"
+        capt = r.get("capture_ms", 0) + r.get("instantiate_ms", 0) if "capture_ms" in r else None
+        mib = r.get("peak_reserved_mib", r.get("peak_mib"))
+        print(f"{m:<15} {r.get('framework'):<9} {r.get('mode'):<18} {g(r, 'ms_per_step', '.4f'):>8} {re:>7} {rg:>7} "
+              f"{g(r, 'host_ms_per_step', '.4f'):>8} {g(r, 'kernels_per_step', '.1f'):>6} "
+              f"{g(r, 'gpu_busy_ms_per_step', '.4f'):>8} {'n/a' if capt is None else format(capt, '.2f'):>8} "
+              f"{'n/a' if mib is None else format(mib, '.0f'):>6}")
+dev = next((r.get("device") for r in rows if r.get("device")), "?")
+tv = next((r.get("torch_version") for r in rows if r.get("torch_version")), "?")
+print(f"ms: median over blocks; kern: kernels (stepgraph: launches incl. graph launches) per step; "
+      f"busy: GPU-busy ms/step (CUPTI); MiB: peak reserved; device {dev}; torch {tv}")
 EOF
 fi
 

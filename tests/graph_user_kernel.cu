@@ -32,6 +32,27 @@ extern "C" int tg_axpb_launch(void *stream, const float *x, float *y, long long 
     return (int)cudaPeekAtLastError();
 }
 
+/* A user's side stream, forked from the capturing stream by an event and never joined back:
+ * CUDA must refuse to end such a capture (cudaErrorStreamCaptureUnjoined). The stream and the
+ * event are made before any capture (tg_fork_setup) and kept for the process. */
+static cudaStream_t fork_stream;
+static cudaEvent_t fork_event;
+
+extern "C" int tg_fork_setup(void)
+{
+    cudaError_t e = cudaStreamCreateWithFlags(&fork_stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&fork_event, cudaEventDisableTiming);
+    return (int)e;
+}
+
+extern "C" int tg_fork_launch(void *capturing, const float *x, float *y, long long n)
+{
+    cudaError_t e = cudaEventRecord(fork_event, (cudaStream_t)capturing);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(fork_stream, fork_event, 0);
+    if (e != cudaSuccess) return (int)e;
+    return tg_axpb_launch(fork_stream, x, y, n, 2.f, 1.f);
+}
+
 /* cudaMalloc as a step might call it; *out is NULL unless it succeeded. */
 extern "C" int tg_cuda_malloc(size_t bytes, void **out)
 {
@@ -49,5 +70,5 @@ extern "C" void tg_cuda_free(void *p)
 /* Waits for the whole device (every stream, the legacy one included). */
 extern "C" int tg_device_sync(void) { return (int)cudaDeviceSynchronize(); }
 
-/* The thread's pending CUDA error, cleared. */
-extern "C" int tg_cuda_take_error(void) { return (int)cudaGetLastError(); }
+/* The thread's pending CUDA error, left in place. */
+extern "C" int tg_cuda_peek_error(void) { return (int)cudaPeekAtLastError(); }

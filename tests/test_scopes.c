@@ -215,6 +215,8 @@ int main(int argc, char **argv)
     sg_backend be = gpu ? SG_BACKEND_CUDA : SG_BACKEND_CPU;
     const char *name = gpu ? "mlp-512-6-32" : "mlp-64-2-32";
     int steps = gpu ? 50 : 20;
+    /* SG_TEST_MODEL: a smaller run for the sanitizers, which slow cuBLAS down 100x. */
+    if (getenv("SG_TEST_MODEL")) name = getenv("SG_TEST_MODEL"), steps = 10;
     if (gpu) tu_ctx(be); /* skips (77) without a GPU, before any work */
     for (int sc = SG_SCOPE_LAYER; sc <= SG_SCOPE_STEP; sc++) against_eager(be, name, (sg_scope)sc, steps, false, NULL);
     against_eager(be, name, SG_SCOPE_STEP, steps, true, NULL);
