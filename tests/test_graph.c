@@ -555,6 +555,12 @@ static void test_forbidden_calls(sg_backend be)
 #endif
 
     int n_kinds = be == SG_BACKEND_CUDA ? F_COUNT : F_LIBRARY_COUNT;
+    /* Under compute-sanitizer (gpu-check.sh sets SG_TEST_MODEL) the CUDA-call cases are left out:
+     * the CUDA errors they provoke on purpose would count as the sanitizer's reports. */
+    if (be == SG_BACKEND_CUDA && getenv("SG_TEST_MODEL")) {
+        printf("note: CUDA-call capture cases skipped under the sanitizer (SG_TEST_MODEL set)\n");
+        n_kinds = F_LIBRARY_COUNT;
+    }
     for (int kind = 0; kind < n_kinds; kind++) {
         f.kind = kind;
         f.propagate = kind < F_LIBRARY_COUNT && kind % 2 == 0;

@@ -81,7 +81,11 @@ sg_status sg_graph_cuda_update(sg_graph *g, void *graph)
 {
     cudaGraph_t gr = (cudaGraph_t)graph;
     cudaGraphExecUpdateResultInfo info;
-    cudaError_t e = cudaGraphExecUpdate((cudaGraphExec_t)g->cuda_exec, gr, &info);
+    /* A different node count cannot be updated in place: skip straight to re-instantiation
+     * (asking would only make CUDA report an error, which sanitizers then flag). */
+    cudaError_t e = count_nodes(gr) == count_nodes((cudaGraph_t)g->cuda_graph)
+                        ? cudaGraphExecUpdate((cudaGraphExec_t)g->cuda_exec, gr, &info)
+                        : cudaErrorGraphExecUpdateFailure;
     if (e == cudaSuccess) {
         cudaGraphDestroy((cudaGraph_t)g->cuda_graph);
         g->cuda_graph = gr;

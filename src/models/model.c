@@ -26,7 +26,7 @@ void sg_model_destroy(sg_model *m)
 {
     if (!m) return;
     sg_module_destroy(m->net);
-    sg_tensor *ts[] = {m->x_pad, m->t_pad, m->x_view, m->t_view, m->x_static, m->t_static, m->loss, m->dlogits, m->data_x, m->data_y};
+    sg_tensor *ts[] = {m->batch_idx, m->x_pad, m->t_pad, m->x_view, m->t_view, m->x_static, m->t_static, m->loss, m->dlogits, m->data_x, m->data_y};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
     sg_params_release(&m->params);
     free(m);
@@ -81,8 +81,50 @@ sg_status sg_model_load_batch(sg_model *m, int64_t index)
     m->t_view->data = (char *)m->data_y->data + (size_t)(i * m->t_view->numel) * sizeof(int32_t);
     if (!m->x_static) return SG_OK;
     SG_TRY(set_rows(m, m->x_view->cap_rows)); /* a padded step may have left fewer */
-    SG_TRY(sg_tensor_copy(m->x_static, m->x_view));
-    return sg_tensor_copy(m->t_static, m->t_view);
+    SG_TRY(sg_model_set_batch_index(m, index));
+    return sg_model_gather_batch(m);
+}
+
+sg_status sg_model_set_batch_index(sg_model *m, int64_t index)
+{
+    int32_t i = (int32_t)(index % m->n_batches);
+    return sg_tensor_write_small(m->batch_idx, 0, &i, sizeof i);
+}
+
+typedef struct gather_args {
+    sg_model *m;
+    bool advance;
+} gather_args;
+
+static sg_status gather_cpu(sg_ctx *ctx, const void *p)
+{
+    const gather_args *a = p;
+    sg_model *m = a->m;
+    int32_t *idx = m->batch_idx->data;
+    if (a->advance) {
+        *idx += 1;
+        return SG_OK;
+    }
+    int64_t b = ((int64_t)*idx % m->n_batches + m->n_batches) % m->n_batches;
+    memcpy(m->x_static->data, (const float *)m->data_x->data + b * m->x_static->numel,
+           sg_tensor_nbytes(m->x_static));
+    memcpy(m->t_static->data, (const int32_t *)m->data_y->data + b * m->t_static->numel,
+           sg_tensor_nbytes(m->t_static));
+    return SG_OK;
+}
+
+sg_status sg_model_gather_batch(sg_model *m)
+{
+    if (m->ctx->backend == SG_BACKEND_CPU)
+        return sg_cpu_run(m->ctx, gather_cpu, &(gather_args){m, false}, sizeof(gather_args));
+    return SG_CUDA_DISPATCH(m->ctx, sg_gather_batch_cuda(m));
+}
+
+sg_status sg_model_advance_batch(sg_model *m)
+{
+    if (m->ctx->backend == SG_BACKEND_CPU)
+        return sg_cpu_run(m->ctx, gather_cpu, &(gather_args){m, true}, sizeof(gather_args));
+    return SG_CUDA_DISPATCH(m->ctx, sg_advance_batch_cuda(m));
 }
 
 sg_status sg_model_use_static_inputs(sg_model *m)
@@ -90,6 +132,7 @@ sg_status sg_model_use_static_inputs(sg_model *m)
     if (m->x_static) return SG_OK;
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_F32, m->x_view->ndim, m->x_view->shape, "input.static", &m->x_static));
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_I32, m->t_view->ndim, m->t_view->shape, "targets.static", &m->t_static));
+    SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "batch.index", &m->batch_idx));
     SG_TRY(sg_tensor_view(m->x_static, 0, m->x_static->ndim, m->x_static->shape, "input.pad", &m->x_pad));
     SG_TRY(sg_tensor_view(m->t_static, 0, m->t_static->ndim, m->t_static->shape, "targets.pad", &m->t_pad));
     m->x = m->x_static, m->targets = m->t_static;

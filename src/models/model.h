@@ -6,6 +6,10 @@
 
 #include "nn/nn.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct sg_model_spec {
     char kind[16];             /* "mlp" */
     int64_t width, depth, batch, seq;
@@ -22,6 +26,7 @@ struct sg_model {
     sg_tensor *x_view, *t_view;/* views into data_x / data_y, rebound per batch */
     sg_tensor *x_static, *t_static; /* captured scopes: own memory, the batch is copied in */
     sg_tensor *x_pad, *t_pad;  /* windows onto x_static / t_static past the real rows */
+    sg_tensor *batch_idx;      /* (1) I32 on the device: the batch the gather loads next */
     sg_tensor *loss;           /* (1) F32 */
     sg_tensor *dlogits;        /* (B, classes) F32: written with the loss, in one pass */
     const sg_tensor *logits;   /* the net's output (owned by its last module) */
@@ -35,6 +40,15 @@ sg_status sg_mlp_build(sg_model *m, uint64_t seed);
 /* From now on the net reads static input tensors and each batch is copied into them (as
  * captured graphs need fixed addresses). */
 sg_status sg_model_use_static_inputs(sg_model *m);
+/* Device-indexed loading (what a captured step uses): gather copies batch batch_idx into the
+ * static inputs; advance adds one to batch_idx. Both are device work, capturable. */
+sg_status sg_model_gather_batch(sg_model *m);
+sg_status sg_model_advance_batch(sg_model *m);
+sg_status sg_model_set_batch_index(sg_model *m, int64_t index);
+#ifdef SG_HAVE_CUDA
+sg_status sg_gather_batch_cuda(sg_model *m);
+sg_status sg_advance_batch_cuda(sg_model *m);
+#endif
 /* Copies the first `rows` rows of batch `index` into the static inputs and pads them up to
  * `bucket` rows (inputs 0, targets -1, which the loss masks out); the net, the loss and its
  * gradient then run on `bucket` rows. */
@@ -43,4 +57,7 @@ sg_status sg_model_load_padded(sg_model *m, int64_t index, int64_t rows, int64_t
  * teacher over `classes` outputs: a learnable task, identical on every backend. */
 sg_status sg_data_teacher(sg_model *m, uint64_t seed);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -28,6 +28,7 @@ struct sg_trainer {
     int64_t buckets[32];
     bool bucket_warm[32];        /* the bucket ran one eager step: its lazy set-up is done */
     sg_graph_cache *cache;       /* variable batch under step scope: a graph per bucket */
+    int64_t next_index;          /* step scope: the batch index the graph's counter holds */
 };
 
 sg_trainer_options sg_trainer_options_default(void)
@@ -333,17 +334,32 @@ void sg_trainer_destroy(sg_trainer *t)
 
 static sg_status eager_step(sg_trainer *t) { return run_step(t); }
 
-static sg_status step_scope(sg_trainer *t)
+/* The step graph loads its own batch: gather (index from device memory), the step, and an
+ * advance of the index, so consecutive steps need nothing from the host but the launch. */
+static sg_status run_indexed_step(void *u)
+{
+    sg_trainer *t = u;
+    SG_TRY(sg_model_gather_batch(t->m));
+    SG_TRY(run_step(t));
+    return sg_model_advance_batch(t->m);
+}
+
+static sg_status step_scope(sg_trainer *t, int64_t index)
 {
     if (!t->g_step) {
-        const sg_tensor *in[] = {t->m->x, t->m->targets};
-        sg_status st = capture(t, "step", run_step, t, in, 2, &t->g_step);
+        const sg_tensor *in[] = {t->m->batch_idx};
+        sg_status st = capture(t, "step", run_indexed_step, t, in, 1, &t->g_step);
         if (st != SG_OK) {
             SG_TRY(capture_failed(t, st, "step", true));
+            SG_TRY(sg_model_load_batch(t->m, index));
             return eager_step(t);
         }
+        t->next_index = -1;
     }
-    return sg_graph_replay(t->g_step);
+    if (index != t->next_index) SG_TRY(sg_model_set_batch_index(t->m, index));
+    SG_TRY(sg_graph_replay(t->g_step));
+    t->next_index = index + 1;
+    return SG_OK;
 }
 
 static sg_status model_scope(sg_trainer *t)
@@ -375,11 +391,12 @@ static sg_status model_scope(sg_trainer *t)
 sg_status sg_trainer_step(sg_trainer *t, int64_t index)
 {
     if (!t) return SG_ERR_NULL;
-    SG_TRY(sg_model_load_batch(t->m, index));
     t->armed = t->steps >= t->opts.warmup && !t->fallback && t->opts.scope != SG_SCOPE_EAGER;
+    /* The step graph gathers its own batch; everything else loads it first. */
+    if (!(t->armed && t->opts.scope == SG_SCOPE_STEP)) SG_TRY(sg_model_load_batch(t->m, index));
     sg_status st;
     if (!t->armed) st = eager_step(t);
-    else if (t->opts.scope == SG_SCOPE_STEP) st = step_scope(t);
+    else if (t->opts.scope == SG_SCOPE_STEP) st = step_scope(t, index);
     else if (t->opts.scope == SG_SCOPE_MODEL) st = model_scope(t);
     else st = eager_step(t); /* layer: the wrapped modules replay their graphs */
     if (st == SG_OK) t->steps++;
