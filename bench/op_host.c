@@ -16,6 +16,12 @@ static double now_us(void)
     return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
+#define SG_TRY_OP(call)                                                                      \
+    do {                                                                                      \
+        sg_status st_ = (call);                                                               \
+        if (st_ != SG_OK) return st_;                                                         \
+    } while (0)
+
 #define CHECK(call)                                                                           \
     do {                                                                                      \
         if ((call) != SG_OK) {                                                                \
@@ -44,6 +50,38 @@ static sg_tensor *tensor(sg_dtype dt, int64_t r, int64_t c, double lo, double hi
         free(v);
     }
     return t;
+}
+
+typedef struct fill_step {
+    sg_tensor *t;
+    int n;
+} fill_step;
+
+/* A region of n tiny kernels, to time graph launches of a known size. */
+static sg_status fill_fn(void *u)
+{
+    fill_step *f = u;
+    for (int i = 0; i < f->n; i++) SG_TRY_OP(sg_tensor_fill(f->t, i));
+    return SG_OK;
+}
+
+/* Host and wall microseconds per replay of a graph of n kernel nodes. */
+static void time_graph(sg_tensor *t, int n, int calls)
+{
+    fill_step f = {t, n};
+    sg_graph *g;
+    CHECK(sg_graph_capture(ctx, fill_fn, &f, NULL, &g));
+    for (int i = 0; i < 20; i++) CHECK(sg_graph_replay(g));
+    CHECK(sg_ctx_sync(ctx));
+    double t0 = now_us();
+    for (int i = 0; i < calls; i++) CHECK(sg_graph_replay(g));
+    double t1 = now_us();
+    CHECK(sg_ctx_sync(ctx));
+    double t2 = now_us();
+    char name[64];
+    snprintf(name, sizeof name, "graph replay, %d nodes", n);
+    printf("%-28s %12.2f %12.2f %10.1f\n", name, (t1 - t0) / calls, (t2 - t0) / calls, 1.0);
+    sg_graph_destroy(g);
 }
 
 typedef enum { OP_FWD_RELU, OP_FWD_HEAD, OP_XENT, OP_BWD_RELU_DX, OP_BWD_FIRST, OP_RELU, OP_FILL, OP_COUNT } op_id;
@@ -103,6 +141,8 @@ int main(int argc, char **argv)
                        (double)(sg_ctx_launch_count(ctx) - k0) / n);
         }
     }
+    time_graph(dx, 1, calls);
+    time_graph(dx, 44, calls);
     float l;
     CHECK(sg_tensor_copy_to_host(loss, &l, 4));
     if (!isfinite(l)) {

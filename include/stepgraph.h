@@ -392,6 +392,10 @@ typedef struct sg_trainer_options {
     const int64_t *batch_buckets;
     int n_buckets;
     size_t cache_budget;
+    /* Optimizer steps per sg_trainer_step call (default 1). Under step scope the graph holds
+     * that many consecutive steps, so one launch serves them all and the host cost per step
+     * falls by that factor; the loss read afterwards is the last step's. */
+    int steps_per_call;
 } sg_trainer_options;
 
 typedef struct sg_trainer_stats {
@@ -415,8 +419,8 @@ sg_status sg_scope_parse(const char *s, sg_scope *out);
 sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *opts,
                             sg_trainer **out);
 void sg_trainer_destroy(sg_trainer *t);
-/* One training step on batch `index`: the first `warmup` steps run eagerly, the next captures,
- * later ones replay. */
+/* One training step on batch `index` (steps_per_call steps: batches index, index+1, ...): the
+ * first `warmup` calls run eagerly, the next captures, later ones replay. */
 sg_status sg_trainer_step(sg_trainer *t, int64_t index);
 /* The same with only the first `rows` rows of the batch (variable batch: needs buckets). */
 sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows);

@@ -199,6 +199,8 @@ if [ $NO_BENCH -eq 0 ]; then
     if [ $BUILT -eq 1 ] && [ -x "$BUILD/stepgraph" ]; then
         stage "bench: stepgraph" "$OUT/bench.log" 150 \
             bench_to_jsonl "$BUILD/stepgraph" bench --model "$MODELS" --scope "$SCOPES" --json || true
+        stage "bench: stepgraph step x8" "$OUT/bench.log" 100 \
+            bench_to_jsonl "$BUILD/stepgraph" bench --model "$MODELS" --scope step --steps-per-graph 8 --json || true
     else
         record "bench: stepgraph" FAIL "not run: no $BUILD/stepgraph (build failed)"
     fi
@@ -333,6 +335,8 @@ for m in order:
         rg = format(ms / pg, ".3f") if ms and pg else "n/a"
         capt = r.get("capture_ms", 0) + r.get("instantiate_ms", 0) if "capture_ms" in r else None
         mib = r.get("peak_reserved_mib", r.get("peak_mib"))
+        if r.get("steps_per_graph", 1) > 1:
+            r = dict(r, mode=f"{r['mode']} x{r['steps_per_graph']}")
         print(f"{m:<15} {r.get('framework'):<9} {r.get('mode'):<18} {g(r, 'ms_per_step', '.4f'):>8} {re:>7} {rg:>7} "
               f"{g(r, 'host_ms_per_step', '.4f'):>8} {g(r, 'kernels_per_step', '.1f'):>6} "
               f"{g(r, 'gpu_busy_ms_per_step', '.4f'):>8} {'n/a' if capt is None else format(capt, '.2f'):>8} "

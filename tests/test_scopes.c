@@ -140,6 +140,31 @@ static void vary_batch(sg_backend be, const char *name, int steps)
     sg_ctx_destroy(ctx);
 }
 
+/* A step graph of K consecutive steps (one launch for K steps) against eager one at a time. */
+static void multi_step_graph(sg_backend be, const char *name, int calls, int K)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    uint64_t seed = tu_next();
+    sg_trainer_options eo = sg_trainer_options_default(), go = sg_trainer_options_default();
+    go.scope = SG_SCOPE_STEP;
+    go.steps_per_call = K;
+    side e = make(ctx, name, seed, &eo), g = make(ctx, name, seed, &go);
+    bool ok = true;
+    uint64_t launches = 0;
+    for (int c = 0; c < calls && ok; c++) {
+        for (int k = 0; k < K; k++) TU_OK(ctx, sg_trainer_step(e.t, (int64_t)c * K + k));
+        uint64_t l0 = sg_ctx_launch_count(ctx);
+        TU_OK(ctx, sg_trainer_step(g.t, (int64_t)c * K));
+        if (c == calls - 1) launches = sg_ctx_launch_count(ctx) - l0;
+        ok = same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss (K-step graph)", (c + 1) * K) &&
+             same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters (K-step graph)", (c + 1) * K);
+    }
+    if (be == SG_BACKEND_CUDA) TU_CHECK(launches == 1, "a replay of %d steps made %llu launches", K, (unsigned long long)launches);
+    printf("step graph of %d steps on %s: %d calls bit-exact with eager\n", K, name, calls);
+    drop(&g), drop(&e);
+    sg_ctx_destroy(ctx);
+}
+
 static void bad_options(sg_backend be)
 {
     sg_ctx *ctx = tu_ctx(be);
@@ -222,6 +247,7 @@ int main(int argc, char **argv)
     against_eager(be, name, SG_SCOPE_STEP, steps, true, NULL);
     against_eager(be, name, SG_SCOPE_LAYER, steps, true, "1,layers.3");
     vary_batch(be, name, steps);
+    multi_step_graph(be, name, 8, 4);
     bad_options(be);
     if (gpu) gpu_fallback();
     return tu_finish("test_scopes");

@@ -30,6 +30,8 @@ static const char *bench_usage =
     "  --scope LIST        comma-separated scopes: eager, layer, model, step, or all\n"
     "                      (default eager)\n"
     "  --backend B         cpu, cuda or auto (default auto)\n"
+    "  --steps-per-graph K optimizer steps per trainer call: under step scope, one graph launch\n"
+    "                      runs K steps (default 1); --steps is rounded up to a multiple of K\n"
     "  --json              one JSON object per model on stdout instead of a table\n"
     "  -h, --help          this text\n";
 
@@ -53,9 +55,12 @@ static int cmp_double(const void *a, const void *b)
         if (st_ != SG_OK) return st_;                                                         \
     } while (0)
 
+static int steps_per_call = 1;
+
+/* n optimizer steps from batch `from` (n a multiple of steps_per_call). */
 static sg_status steps(sg_trainer *t, long long from, long long n)
 {
-    for (long long s = from; s < from + n; s++) SG_TRY_CLI(sg_trainer_step(t, s));
+    for (long long s = from; s < from + n; s += steps_per_call) SG_TRY_CLI(sg_trainer_step(t, s));
     return SG_OK;
 }
 
@@ -84,6 +89,7 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     sg_trainer *t = NULL;
     sg_trainer_options to = sg_trainer_options_default();
     to.scope = scope;
+    to.steps_per_call = steps_per_call;
     int rc = SG_EXIT_FAIL;
     double *ms = calloc((size_t)repeats, sizeof *ms), *host = calloc((size_t)repeats, sizeof *host);
     memset(r, 0, sizeof *r);
@@ -96,7 +102,7 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
         goto fail;
     /* Validate: the mean loss on fixed batches must fall over the warm-up. */
     if (held_out_loss(m, &l0) != SG_OK) goto fail;
-    if (steps(t, 0, warmup + 1) != SG_OK || held_out_loss(m, &l1) != SG_OK) goto fail;
+    if (steps(t, 0, (warmup + 1) * steps_per_call) != SG_OK || held_out_loss(m, &l1) != SG_OK) goto fail;
     r->loss0 = l0, r->loss1 = l1;
     if (!isfinite(l0) || !isfinite(l1)) {
         fprintf(stderr, "stepgraph bench: %s: the loss is not finite (%g -> %g); not timing a broken step\n",
@@ -110,7 +116,7 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     sg_alloc_stats a0, a1;
     sg_ctx_alloc_stats(ctx, &a0);
     uint64_t k0 = sg_ctx_launch_count(ctx);
-    long long s = warmup + 1;
+    long long s = (warmup + 1) * steps_per_call;
     for (long long rep = 0; rep < repeats; rep++, s += nsteps) {
         if (sg_ctx_sync(ctx) != SG_OK) goto fail;
         double t0 = sg_cli_now_ms();
@@ -135,6 +141,7 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     if (sg_ctx_backend(ctx) == SG_BACKEND_CUDA && sg_prof_create(ctx, &p) == SG_OK) {
         sg_prof_result pr;
         long long n = nsteps < 20 ? nsteps : 20;
+        n = (n + steps_per_call - 1) / steps_per_call * steps_per_call;
         if (sg_ctx_sync(ctx) == SG_OK && sg_prof_start(p) == SG_OK && steps(t, s, n) == SG_OK &&
             sg_prof_stop(p, &pr) == SG_OK) {
             r->busy_ms = pr.busy_us / 1000.0 / (double)n;
@@ -180,6 +187,10 @@ int sg_cmd_bench(int argc, char **argv)
             bad = bad || !sg_cli_int("bench", "--warmup", v, 1, 1000000, &warmup);
         } else if (sg_cli_opt(argc, argv, &i, "--backend", &v, &bad)) {
             bad = bad || !sg_cli_backend("bench", v, &backend);
+        } else if (sg_cli_opt(argc, argv, &i, "--steps-per-graph", &v, &bad)) {
+            long long k = 1;
+            bad = bad || !sg_cli_int("bench", "--steps-per-graph", v, 1, 1024, &k);
+            steps_per_call = (int)k;
         } else if (sg_cli_opt(argc, argv, &i, "--scope", &v, &bad)) {
             scopes = !strcmp(v, "all") ? "eager,layer,model,step" : v;
         } else {
@@ -192,6 +203,7 @@ int sg_cmd_bench(int argc, char **argv)
         bad = true;
     }
     if (bad) return SG_EXIT_USAGE;
+    nsteps = (nsteps + steps_per_call - 1) / steps_per_call * steps_per_call;
 
     /* The commit the binary was built from; SG_COMMIT overrides it (a copy without .git). */
     const char *commit = getenv("SG_COMMIT") ? getenv("SG_COMMIT") : SG_GIT_COMMIT;
@@ -227,11 +239,11 @@ int sg_cmd_bench(int argc, char **argv)
                        r.model, sg_scope_name(r.scope), r.ms, r.host_ms, r.kernels);
                 if (r.busy_ok) printf("%.5f, \"kernels_per_step_cupti\": %.2f", r.busy_ms, r.cupti_kernels);
                 else printf("null");
-                printf(", \"graphs\": %d, \"graph_nodes\": %d, \"capture_ms\": %.3f, \"instantiate_ms\": %.3f, "
+                printf(", \"graphs\": %d, \"graph_nodes\": %d, \"steps_per_graph\": %d, \"capture_ms\": %.3f, \"instantiate_ms\": %.3f, "
                        "\"graph_exec_mib\": %.2f, \"fell_back\": %s, \"allocs_per_100_steps\": %.2f, "
                        "\"peak_mib\": %.1f, \"loss_first\": %.4f, \"loss_after_warmup\": %.4f, "
                        "\"device\": \"%s\", \"commit\": \"%s\"}\n",
-                       r.ts.graphs, r.ts.nodes, r.ts.capture_ms, r.ts.instantiate_ms,
+                       r.ts.graphs, r.ts.nodes, steps_per_call, r.ts.capture_ms, r.ts.instantiate_ms,
                        r.ts.exec_bytes / 1048576.0, r.ts.fell_back ? "true" : "false", r.allocs100,
                        r.peak_mib, r.loss0, r.loss1, r.device, commit);
             } else {

@@ -33,6 +33,8 @@ static const char *train_usage =
     "                      step scope keeps one graph per bucket (eager and step scopes only)\n"
     "  --vary-batch        draw each step's rows from 1..largest bucket (needs --batch-sizes)\n"
     "  --cache-budget MIB  step scope with buckets: evict least-recently-used graphs above it\n"
+    "  --steps-per-graph K step scope: one graph holds K consecutive steps, so one launch runs\n"
+    "                      K steps (default 1); the loss is read every K steps at most\n"
     "  --quiet             no per-step lines; the summary only\n"
     "  -h, --help          this text\n"
     "\n"
@@ -69,6 +71,10 @@ static int parse(int argc, char **argv, train_opts *o)
         } else if (sg_cli_opt(argc, argv, &i, "--batch-sizes", &v, &bad)) {
             bad = bad || !sg_cli_buckets("train", v, o->buckets, &o->tr.n_buckets, 32);
             o->tr.batch_buckets = o->buckets;
+        } else if (sg_cli_opt(argc, argv, &i, "--steps-per-graph", &v, &bad)) {
+            long long k = 1;
+            bad = bad || !sg_cli_int("train", "--steps-per-graph", v, 1, 1024, &k);
+            o->tr.steps_per_call = (int)k;
         } else if (sg_cli_opt(argc, argv, &i, "--cache-budget", &v, &bad)) {
             double mib = 0;
             bad = bad || !sg_cli_float("train", "--cache-budget", v, 0, 1e9, &mib);
@@ -182,9 +188,13 @@ int sg_cmd_train(int argc, char **argv)
     float loss = 0, first_loss = -1;
     double t0 = 0, t_start = sg_cli_now_ms();
     sg_alloc_stats a0 = {0}, a1;
-    /* The last step of set-up: step 1 eagerly (plans, scratch), the capture step otherwise. */
-    long long setup_step = o.tr.scope != SG_SCOPE_EAGER ? o.tr.warmup : 0;
-    for (long long s = 0; s < o.steps; s++) {
+    /* Each call runs K steps (--steps-per-graph); the step count is rounded up to K. */
+    long long K = o.tr.steps_per_call > 0 ? o.tr.steps_per_call : 1;
+    o.steps = (o.steps + K - 1) / K * K;
+    /* The first step of the last set-up call: step 1 eagerly (plans, scratch), the capture
+     * call otherwise. Timing starts after it. */
+    long long setup_step = (o.tr.scope != SG_SCOPE_EAGER ? o.tr.warmup : 0) * K;
+    for (long long s = 0; s < o.steps; s += K) {
         sg_status sst;
         if (o.tr.n_buckets) {
             int64_t max = o.buckets[o.tr.n_buckets - 1];
@@ -196,7 +206,8 @@ int sg_cmd_train(int argc, char **argv)
             rc = fail(ctx, "step");
             goto out;
         }
-        bool log = s % o.log_every == 0 || s == o.steps - 1;
+        long long last = s + K - 1; /* the step whose loss the loss tensor now holds */
+        bool log = s == 0 || last / o.log_every != (s - 1) / o.log_every || last == o.steps - 1;
         if (log) {
             /* The previous read-back has long finished: print it, then start this one. */
             if (pending >= 0) {
@@ -211,7 +222,7 @@ int sg_cmd_train(int argc, char **argv)
                 rc = fail(ctx, "loss read-back");
                 goto out;
             }
-            pending = s;
+            pending = last;
         }
         if (s == setup_step) {
             /* Warm-up steps and the capture pay for set-up: time and count from the step after. */
@@ -222,8 +233,8 @@ int sg_cmd_train(int argc, char **argv)
             sg_ctx_alloc_stats(ctx, &a0);
             t0 = sg_cli_now_ms();
         }
-        if (tty && s % 10 == 9)
-            fprintf(stderr, "\r  step %lld/%lld  %.0f ms  ", s + 1, o.steps, sg_cli_now_ms() - t_start);
+        if (tty && (last / 10 != (s - 1) / 10 || s == 0))
+            fprintf(stderr, "\r  step %lld/%lld  %.0f ms  ", last + 1, o.steps, sg_cli_now_ms() - t_start);
     }
     if (sg_ctx_sync(ctx) != SG_OK || sg_readback_wait(rb, &loss, sizeof loss) != SG_OK) {
         rc = fail(ctx, "sync");
@@ -232,7 +243,7 @@ int sg_cmd_train(int argc, char **argv)
     if (tty) fprintf(stderr, "\r%40s\r", "");
     if (first_loss < 0) first_loss = loss;
     if (!o.quiet) printf("step %7lld  loss %.4f\n", pending + 1, loss);
-    long long first_timed = setup_step + 1;
+    long long first_timed = setup_step + K;
     long long timed = o.steps - first_timed;
     double ms = timed > 0 ? (sg_cli_now_ms() - t0) / (double)timed : sg_cli_now_ms() - t_start;
     sg_ctx_alloc_stats(ctx, &a1);

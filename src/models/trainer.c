@@ -37,6 +37,7 @@ sg_trainer_options sg_trainer_options_default(void)
     memset(&o, 0, sizeof o);
     o.scope = SG_SCOPE_EAGER;
     o.warmup = 3;
+    o.steps_per_call = 1;
     return o;
 }
 
@@ -283,9 +284,12 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     if (!m || !o || !out) return SG_ERR_NULL;
     *out = NULL;
     sg_trainer_options op = opts ? *opts : sg_trainer_options_default();
-    if (op.scope < SG_SCOPE_EAGER || op.scope > SG_SCOPE_STEP || op.warmup < 0)
-        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: scope %d, warmup %d: expected a "
-                       "scope of sg_scope and warmup >= 0", (int)op.scope, op.warmup);
+    if (op.steps_per_call == 0) op.steps_per_call = 1;
+    if (op.scope < SG_SCOPE_EAGER || op.scope > SG_SCOPE_STEP || op.warmup < 0 ||
+        op.steps_per_call < 1 || op.steps_per_call > 1024 || (op.steps_per_call > 1 && op.n_buckets))
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: scope %d, warmup %d, %d steps per "
+                       "call: expected a scope of sg_scope, warmup >= 0 and 1 to 1024 steps per call "
+                       "(1 with batch buckets)", (int)op.scope, op.warmup, op.steps_per_call);
     sg_trainer *t = calloc(1, sizeof *t);
     if (!t) return sg_fail(m->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
     t->ctx = m->ctx, t->m = m, t->o = o, t->opts = op;
@@ -339,10 +343,15 @@ static sg_status eager_step(sg_trainer *t) { return run_step(t); }
 static sg_status run_indexed_step(void *u)
 {
     sg_trainer *t = u;
-    SG_TRY(sg_model_gather_batch(t->m));
-    SG_TRY(run_step(t));
-    return sg_model_advance_batch(t->m);
+    for (int k = 0; k < t->opts.steps_per_call; k++) {
+        SG_TRY(sg_model_gather_batch(t->m));
+        SG_TRY(run_step(t));
+        SG_TRY(sg_model_advance_batch(t->m));
+    }
+    return SG_OK;
 }
+
+static sg_status one_step(sg_trainer *t, int64_t index);
 
 static sg_status step_scope(sg_trainer *t, int64_t index)
 {
@@ -351,14 +360,15 @@ static sg_status step_scope(sg_trainer *t, int64_t index)
         sg_status st = capture(t, "step", run_indexed_step, t, in, 1, &t->g_step);
         if (st != SG_OK) {
             SG_TRY(capture_failed(t, st, "step", true));
-            SG_TRY(sg_model_load_batch(t->m, index));
-            return eager_step(t);
+            t->armed = false;
+            for (int k = 0; k < t->opts.steps_per_call; k++) SG_TRY(one_step(t, index + k));
+            return SG_OK;
         }
         t->next_index = -1;
     }
     if (index != t->next_index) SG_TRY(sg_model_set_batch_index(t->m, index));
     SG_TRY(sg_graph_replay(t->g_step));
-    t->next_index = index + 1;
+    t->next_index = index + t->opts.steps_per_call;
     return SG_OK;
 }
 
@@ -388,17 +398,25 @@ static sg_status model_scope(sg_trainer *t)
     return run_optim(t);
 }
 
+/* One optimizer step (of a call of several, outside a step graph). */
+static sg_status one_step(sg_trainer *t, int64_t index)
+{
+    SG_TRY(sg_model_load_batch(t->m, index));
+    if (!t->armed) return eager_step(t);
+    if (t->opts.scope == SG_SCOPE_MODEL) return model_scope(t);
+    return eager_step(t); /* layer: the wrapped modules replay their graphs; step: fell back */
+}
+
 sg_status sg_trainer_step(sg_trainer *t, int64_t index)
 {
     if (!t) return SG_ERR_NULL;
     t->armed = t->steps >= t->opts.warmup && !t->fallback && t->opts.scope != SG_SCOPE_EAGER;
-    /* The step graph gathers its own batch; everything else loads it first. */
-    if (!(t->armed && t->opts.scope == SG_SCOPE_STEP)) SG_TRY(sg_model_load_batch(t->m, index));
-    sg_status st;
-    if (!t->armed) st = eager_step(t);
-    else if (t->opts.scope == SG_SCOPE_STEP) st = step_scope(t, index);
-    else if (t->opts.scope == SG_SCOPE_MODEL) st = model_scope(t);
-    else st = eager_step(t); /* layer: the wrapped modules replay their graphs */
+    sg_status st = SG_OK;
+    if (t->armed && t->opts.scope == SG_SCOPE_STEP) {
+        st = step_scope(t, index); /* the graph gathers its own batches */
+    } else {
+        for (int k = 0; k < t->opts.steps_per_call && st == SG_OK; k++) st = one_step(t, index + k);
+    }
     if (st == SG_OK) t->steps++;
     return st;
 }
