@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""bench/torch_ref.py: the PyTorch reference for stepgraph's canonical MLP workloads.
+"""bench/torch_ref.py: the PyTorch reference for stepgraph's canonical MLP and GPT workloads.
 
 Run on the GPU machine in the same run as `stepgraph bench` (only ratios measured in one run
 count, see shared/DESIGN.md). Needs PyTorch with CUDA; no network.
 
     python3 bench/torch_ref.py --model mlp-512-6-32,mlp-2048-6-256 --mode eager --json
+    python3 bench/torch_ref.py --model gpt-256-4-8-128 --mode eager,graph --precision bf16 --json
 
 Model mlp-WIDTH-DEPTH-BATCH: input dim WIDTH; DEPTH blocks Linear(WIDTH, WIDTH) + ReLU (the
 first takes the input); a Linear(WIDTH, 10) head; cross-entropy loss; torch.optim.Adam (lr 1e-3,
@@ -13,18 +14,50 @@ CUDA, reported as adam_impl); fp32 with TF32 off. Data: 64 batches generated on 
 (inputs N(0,1), labels the argmax of a fixed random linear teacher, as stepgraph's data.c), and
 step i uses batch i % 64, so a step copies nothing from the host.
 
+Model gpt-WIDTH-DEPTH-BATCH-SEQ (C, L, B, T), as stepgraph's src/models/gpt.c: a decoder-only
+transformer over bytes (vocabulary 256), heads H = C / 64 (C must be a multiple of 64). Children,
+in order (so graphed_layers graphs each one):
+  embedding   int64 tokens (B, T) -> x = wte[tokens] + wpe (B, T, C); wte (256, C), wpe (T, C),
+              both N(0, 0.02); dropout --dropout (default 0: no dropout op at all)
+  block x L   pre-LayerNorm: h = LN1(x); q, k, v = Linear(C, 3C)(h).split(C); causal multi-head
+              attention, by default the explicit math (q @ k^T * 1/8, masked_fill of s > t with
+              -inf, softmax, @ v: the same steps as stepgraph's kernels), with --sdpa
+              F.scaled_dot_product_attention(is_causal=True) instead; x = x + dropout(Linear(C,
+              C)(attn)); x = x + dropout(Linear(4C, C)(GELU-tanh(Linear(C, 4C)(LN2(x)))))
+  ln_f        LayerNorm(C)
+  head        Linear(C, 256, bias=False), not tied to wte
+LayerNorms: eps 1e-5, weight 1, bias 0. Linear weights N(0, 0.02), biases 0. Loss: cross-entropy
+of the logits (B*T, 256) against the next byte (B*T). torch.optim.Adam (lr 3e-4, otherwise as
+for the MLP). Data: the bytes of a text file (--data; default the first that exists of
+/usr/share/common-licenses/GPL-3, GPL-2, Apache-2.0 and /usr/share/dict/words, as stepgraph's
+text.c, else a deterministic pseudo-random 100 KiB byte string from a seeded torch Generator,
+reported as "data": "synthetic"), its first 90% (n - floor(0.1 n) bytes) as training data; 64 batches of random windows (B, T+1) drawn once on the device (tokens =
+window[:, :T], targets = window[:, 1:]); step i uses batch i % 64.
+
+Options for both kinds: --clip X applies torch.nn.utils.clip_grad_norm_(params, X) (foreach,
+capturable) between backward and the optimizer step, in every mode (default: no clipping).
+--precision fp32|bf16 (default fp32; bf16 for gpt models only): bf16 runs the forward and the loss
+under torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) with fp32 master weights,
+fp32 gradients and fp32 Adam; in the graph mode the autocast region lies inside the captured
+region. (make_graphed_callables requires the autocast cache off; every mode runs with it off so
+that all modes do the same work: each weight is cast once per forward, so the cache would save
+no cast.) TF32 stays off in both precisions.
+
 Modes:
-  eager               zero_grad(set_to_none=True), forward, loss, backward, step
+  eager               zero_grad(set_to_none=True), forward, loss, backward, [clip,] step
   graph               the whole step captured with torch.cuda.graph (Adam capturable=True);
                       each step copies its batch into the static inputs, then replays
   graphed_callables   torch.cuda.make_graphed_callables on the whole model (forward and
                       backward graphs); loss and optimizer stay eager
-  graphed_layers      make_graphed_callables on each block (Linear+ReLU) and the head
+  graphed_layers      make_graphed_callables on each child: MLP blocks (Linear+ReLU) and head;
+                      GPT embedding (its sample input: integer tokens), blocks, ln_f, head
   compile             torch.compile(model, mode="reduce-overhead") (model only; loss and
                       optimizer stay eager)
 
-Measured per model and mode, after validating that the loss is finite and falls over the
-warm-up (mean loss on batches 0-3, before training and after the warm-up):
+Measured per model, precision and mode, after validating that the loss is finite and falls over
+the warm-up (mean loss on batches 0-3, before training and after the warm-up, computed in fp32
+without autograd and without dropout from the original modules, which graphs and compiled code
+update in place):
   ms_per_step           median over --repeats blocks of the block's mean, timed with CUDA events
   host_ms_per_step      median over the same blocks of host time spent queuing the block
                         (perf_counter around the loop, no sync inside)
@@ -37,6 +70,8 @@ warm-up (mean loss on batches 0-3, before training and after the warm-up):
 """
 
 import argparse
+import collections
+import contextlib
 import gc
 import json
 import math
@@ -50,22 +85,43 @@ import traceback
 NUM_CLASSES = 10
 NUM_BATCHES = 64
 MODES = ("eager", "graph", "graphed_callables", "graphed_layers", "compile")
+PRECISIONS = ("fp32", "bf16")
+GPT_VOCAB = 256
+GPT_HEAD_DIM = 64
+# stepgraph's default texts (src/models/text.c), in its order.
+GPT_TEXTS = ("/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/GPL-2",
+             "/usr/share/common-licenses/Apache-2.0", "/usr/share/dict/words")
+GPT_VAL_FRACTION = 0.1  # as text.c: validation = floor(0.1 n) last bytes, training the rest
+SYNTHETIC_BYTES = 100 * 1024
+LR = {"mlp": 1e-3, "gpt": 3e-4}
 
 torch = None  # imported in main(), so that --help works without PyTorch
 nn = None
 F = None
 
 
+ModelSpec = collections.namedtuple("ModelSpec", "kind width depth batch seq")
+
+
 def parse_model(name):
-    """'mlp-512-6-32' -> (512, 6, 32)."""
+    """'mlp-512-6-32' -> ModelSpec('mlp', 512, 6, 32, None);
+    'gpt-256-4-8-128' -> ModelSpec('gpt', 256, 4, 8, 128)."""
     parts = name.split("-")
-    if len(parts) != 4 or parts[0] != "mlp" or not all(p.isdigit() for p in parts[1:]):
-        raise ValueError(f"model '{name}': expected mlp-WIDTH-DEPTH-BATCH, e.g. mlp-512-6-32 "
-                         "(only the MLP workloads have a PyTorch reference here)")
-    width, depth, batch = (int(p) for p in parts[1:])
-    if width <= 0 or depth <= 0 or batch <= 0:
-        raise ValueError(f"model '{name}': width, depth and batch must be positive")
-    return width, depth, batch
+    nums = {"mlp": 3, "gpt": 4}.get(parts[0])
+    if (nums is None or len(parts) != 1 + nums
+            or not all(p.isdigit() for p in parts[1:])):
+        raise ValueError(f"model '{name}': expected mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32) "
+                         "or gpt-WIDTH-DEPTH-BATCH-SEQ (e.g. gpt-256-4-8-128)")
+    values = [int(p) for p in parts[1:]]
+    if any(v <= 0 for v in values):
+        what = "width, depth, batch and seq" if parts[0] == "gpt" else "width, depth and batch"
+        raise ValueError(f"model '{name}': {what} must be positive")
+    if parts[0] == "mlp":
+        return ModelSpec("mlp", values[0], values[1], values[2], None)
+    if values[0] % GPT_HEAD_DIM:
+        raise ValueError(f"model '{name}': width {values[0]} is not a multiple of the head size "
+                         f"{GPT_HEAD_DIM}")
+    return ModelSpec("gpt", *values)
 
 
 def split_list(values, allowed=None, what="value"):
@@ -119,6 +175,150 @@ def make_data(width, batch, seed):
     return x, y
 
 
+_GPT_MODULES = None
+
+
+def gpt_modules():
+    """The GPT's own module classes, defined once torch is imported (main() imports it)."""
+    global _GPT_MODULES
+    if _GPT_MODULES is None:
+        _GPT_MODULES = _define_gpt_modules()
+    return _GPT_MODULES
+
+
+def _define_gpt_modules():
+    class GPTEmbedding(nn.Module):
+        """int64 tokens (B, T) -> x (B, T, C) = wte[tokens] + wpe[0..T-1], then dropout."""
+
+        def __init__(self, width, seq, dropout):
+            super().__init__()
+            self.wte = nn.Parameter(torch.empty(GPT_VOCAB, width))
+            self.wpe = nn.Parameter(torch.empty(seq, width))
+            self.p = dropout
+
+        def forward(self, tokens):
+            return self.run(tokens, self.p if self.training else 0.0)
+
+        def run(self, tokens, p):
+            x = F.embedding(tokens, self.wte) + self.wpe  # wpe (T, C) broadcast over the batch
+            return F.dropout(x, p) if p > 0 else x
+
+    class GPTBlock(nn.Module):
+        """x (B, T, C) -> x + drop(proj(attn(ln1(x)))) -> that + drop(mlp(ln2(that)))."""
+
+        def __init__(self, width, seq, dropout, sdpa):
+            super().__init__()
+            self.heads = width // GPT_HEAD_DIM
+            self.scale = 1.0 / math.sqrt(GPT_HEAD_DIM)
+            self.p, self.sdpa = dropout, sdpa
+            self.ln1 = nn.LayerNorm(width, eps=1e-5)
+            self.qkv = nn.Linear(width, 3 * width)
+            self.proj = nn.Linear(width, width)
+            self.ln2 = nn.LayerNorm(width, eps=1e-5)
+            self.fc = nn.Linear(width, 4 * width)
+            self.mlp_proj = nn.Linear(4 * width, width)
+            # True where s > t (the future): those scores become -inf before the softmax.
+            self.register_buffer("future", torch.ones(seq, seq, dtype=torch.bool).triu(1),
+                                 persistent=False)
+
+        def forward(self, x):
+            return self.run(x, self.p if self.training else 0.0)
+
+        def attend(self, q, k, v):
+            """q, k, v (B, H, T, 64) -> (B, H, T, 64), causal."""
+            if self.sdpa:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            s = torch.matmul(q, k.transpose(-2, -1)) * self.scale
+            s = s.masked_fill(self.future, float("-inf"))
+            return torch.matmul(F.softmax(s, dim=-1), v)
+
+        def run(self, x, p):
+            B, T, C = x.shape
+            H, hs = self.heads, C // self.heads
+            q, k, v = self.qkv(self.ln1(x)).split(C, dim=-1)
+            q, k, v = (t.view(B, T, H, hs).transpose(1, 2) for t in (q, k, v))
+            y = self.attend(q, k, v).transpose(1, 2).contiguous().view(B, T, C)
+            a = self.proj(y)
+            if p > 0:
+                a = F.dropout(a, p)
+            x = x + a
+            m = self.mlp_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+            if p > 0:
+                m = F.dropout(m, p)
+            return x + m
+
+    return collections.namedtuple("GPTModules", "Embedding Block")(GPTEmbedding, GPTBlock)
+
+
+def build_gpt(width, depth, seq, dropout, sdpa):
+    """Children [embedding, block x depth, ln_f, head], so graphed_layers can graph each one."""
+    mods = gpt_modules()
+    embedding = mods.Embedding(width, seq, dropout)
+    blocks = [mods.Block(width, seq, dropout, sdpa) for _ in range(depth)]
+    model = nn.Sequential(embedding, *blocks, nn.LayerNorm(width, eps=1e-5),
+                          nn.Linear(width, GPT_VOCAB, bias=False))
+    with torch.no_grad():
+        nn.init.normal_(embedding.wte, mean=0.0, std=0.02)
+        nn.init.normal_(embedding.wpe, mean=0.0, std=0.02)
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+    return model
+
+
+def run_unwrapped(mod, x):
+    """mod's own computation with dropout off. make_graphed_callables replaces the forward of
+    the module instance; the class's functions stay the originals, so call those."""
+    run = getattr(type(mod), "run", None)
+    if run is not None:
+        return run(mod, x, 0.0)
+    return type(mod).forward(mod, x)
+
+
+def load_text(path, seed):
+    """(bytes as a uint8 CPU tensor, what the JSON row calls the data). path None: the first
+    default text that exists, else synthetic bytes."""
+    if path is None:
+        path = next((t for t in GPT_TEXTS if os.path.isfile(t)), None)
+    if path is not None:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if not raw:
+            raise ValueError(f"{path}: empty file")
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone(), path
+    # No text on this machine: skewed pseudo-random bytes (a random Zipf-like ranking of the 256
+    # values), so that the loss can fall below ln 256 and the validation still means something.
+    g = torch.Generator()
+    g.manual_seed(seed)
+    rank = torch.randperm(GPT_VOCAB, generator=g).double()
+    probs = 1.0 / (rank + 1.0)
+    data = torch.multinomial(probs, SYNTHETIC_BYTES, replacement=True, generator=g)
+    return data.to(torch.uint8), "synthetic"
+
+
+def make_text_data(batch, seq, seed, path):
+    """(64, B, T) int64 tokens and (64, B, T) int64 next-byte targets on the device, from random
+    windows of the training part (the first 90%) of the text; and the data's name."""
+    text, source = load_text(path, seed)
+    n_train = text.numel() - math.floor(GPT_VAL_FRACTION * text.numel())
+    if n_train < seq + 1:
+        raise ValueError(f"{source}: {n_train} training bytes, too few for windows of {seq + 1}")
+    train = text[:n_train].cuda()
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    starts = torch.randint(0, n_train - seq, (NUM_BATCHES, batch), device="cuda", generator=g)
+    windows = train[starts.unsqueeze(-1) + torch.arange(seq + 1, device="cuda")].long()
+    tokens = windows[..., :seq].contiguous()
+    targets = windows[..., 1:].contiguous()
+    del train, starts, windows
+    return tokens, targets, source
+
+
 def adam_impl(params, opt):
     """Which Adam implementation runs: the user's choice, else PyTorch's default."""
     d = opt.defaults
@@ -143,32 +343,57 @@ def torch_no_grad(fn):
 
 
 class Workload:
-    """One model in one mode: step(i) queues training step i and returns the loss tensor
-    (no host sync)."""
+    """One model in one precision and mode: step(i) queues training step i and returns the loss
+    tensor (no host sync)."""
 
-    def __init__(self, name, mode, seed):
-        width, depth, batch = parse_model(name)
-        self.name, self.mode = name, mode
+    def __init__(self, name, mode, precision, args):
+        spec = parse_model(name)
+        if spec.kind == "mlp" and precision != "fp32":
+            raise ValueError(f"{name}: precision {precision} is defined for gpt models only")
+        self.name, self.mode, self.spec, self.kind = name, mode, spec, spec.kind
+        self.precision, self.clip, self.lr = precision, args.clip, LR[spec.kind]
+        seed = args.seed
         torch.manual_seed(seed)
-        self.x, self.y = make_data(width, batch, seed + 1)
+        if self.kind == "mlp":
+            self.x, self.y = make_data(spec.width, spec.batch, seed + 1)
+            self.data_source = None
+        else:
+            self.x, self.y, self.data_source = make_text_data(spec.batch, spec.seq, seed + 1,
+                                                              args.data)
         self.data_mib = (self.x.numel() * self.x.element_size()
                          + self.y.numel() * self.y.element_size()) / 2**20
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        self.model = build_mlp(width, depth).cuda()
-        self.params = list(self.model.parameters())  # (weight, bias) per layer, in order
+        if self.kind == "mlp":
+            self.model = build_mlp(spec.width, spec.depth).cuda()
+            self.act_shape = (spec.batch, spec.width)  # what each later child takes
+        else:
+            self.model = build_gpt(spec.width, spec.depth, spec.seq, args.dropout,
+                                   args.sdpa).cuda()
+            self.act_shape = (spec.batch, spec.seq, spec.width)
+        # The original children, kept before any mode wraps or patches the model: probe_loss
+        # runs them (graphs and compiled code update their parameters in place).
+        self.orig_children = tuple(self.model.children())
+        self.params = list(self.model.parameters())  # (weight, bias) per layer, in order for mlp
         self.param_count = sum(p.numel() for p in self.params)
         self.probe_before = self.probe_loss()
-        self.step = getattr(self, "_setup_" + mode)(width, depth, batch)
+        self.step = getattr(self, "_setup_" + mode)()
 
     @torch_no_grad
     def probe_loss(self, nbatches=4):
-        """Mean loss over the first batches, computed from the parameters directly, so it reads
-        the same model in every mode (graphs and compiled code update these tensors in place).
-        The validation compares it before training and after the warm-up: one batch's loss
-        against another's would be mostly noise."""
+        """Mean loss over the first batches, computed from the parameters directly (MLP) or by
+        the original, unwrapped children (GPT: run_unwrapped, dropout off), so it reads the same
+        model in every mode (graphs and compiled code update these tensors in place). The
+        validation compares it before training and after the warm-up: one batch's loss against
+        another's would be mostly noise. fp32 in both precisions (no autocast)."""
         total = 0.0
         for b in range(nbatches):
+            if self.kind == "gpt":
+                h = self.x[b]
+                for child in self.orig_children:
+                    h = run_unwrapped(child, h)
+                total += float(self._loss(h, self.y[b]))
+                continue
             h = self.x[b]
             for k in range(0, len(self.params), 2):
                 h = F.linear(h, self.params[k], self.params[k + 1])
@@ -180,25 +405,42 @@ class Workload:
     def _batch(self, i):
         return self.x[i % NUM_BATCHES], self.y[i % NUM_BATCHES]
 
+    def _loss(self, out, target):
+        if self.kind == "gpt":  # logits (B, T, 256) -> (B*T, 256) against targets (B*T)
+            return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+        return F.cross_entropy(out, target)
+
+    def _autocast(self):
+        """The region of the forward and the loss: bf16 autocast, or nothing for fp32."""
+        if self.precision == "bf16":
+            return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
+        return contextlib.nullcontext()
+
     def _adam(self, **kw):
-        opt = torch.optim.Adam(self.model.parameters(), lr=1e-3, **kw)
+        opt = torch.optim.Adam(self.model.parameters(), lr=self.lr, **kw)
         self.adam_impl = adam_impl(self.model.parameters(), opt)
         return opt
+
+    def _clip_and_step(self, opt):
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)  # foreach, no host sync
+        opt.step()
 
     def _eager_step(self, fwd, opt):
         def step(i):
             xb, yb = self._batch(i)
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(fwd(xb), yb)
+            with self._autocast():
+                loss = self._loss(fwd(xb), yb)
             loss.backward()
-            opt.step()
+            self._clip_and_step(opt)
             return loss
         return step
 
-    def _setup_eager(self, width, depth, batch):
+    def _setup_eager(self):
         return self._eager_step(self.model, self._adam())
 
-    def _setup_graph(self, width, depth, batch):
+    def _setup_graph(self):
         opt = self._adam(capturable=True)
         static_x, static_y = (t.clone() for t in self._batch(0))
         # Warm up on a side stream (the documented recipe): optimizer state and cuBLAS
@@ -208,15 +450,19 @@ class Workload:
         with torch.cuda.stream(s):
             for _ in range(3):
                 opt.zero_grad(set_to_none=True)
-                F.cross_entropy(self.model(static_x), static_y).backward()
-                opt.step()
+                with self._autocast():
+                    loss = self._loss(self.model(static_x), static_y)
+                loss.backward()
+                self._clip_and_step(opt)
         torch.cuda.current_stream().wait_stream(s)
+        del loss
         graph = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)  # grads are allocated inside the graph's pool
         with torch.cuda.graph(graph):
-            static_loss = F.cross_entropy(self.model(static_x), static_y)
+            with self._autocast():  # bf16: the autocast region lies inside the capture
+                static_loss = self._loss(self.model(static_x), static_y)
             static_loss.backward()
-            opt.step()
+            self._clip_and_step(opt)
         self.graph = graph  # keeps the graph (and its pool) alive
 
         def step(i):
@@ -227,22 +473,26 @@ class Workload:
             return static_loss
         return step
 
-    def _setup_graphed_callables(self, width, depth, batch):
+    def _setup_graphed_callables(self):
         sample = self._batch(0)[0].clone()  # requires_grad False, as the real inputs
-        self.model = torch.cuda.make_graphed_callables(self.model, (sample,))
+        with self._autocast():  # bf16: warm-up and capture run under the step's autocast
+            self.model = torch.cuda.make_graphed_callables(self.model, (sample,))
         return self._eager_step(self.model, self._adam())
 
-    def _setup_graphed_layers(self, width, depth, batch):
-        blocks = tuple(self.model.children())
-        # The first block's input is data (no grad); every later input is an activation.
+    def _setup_graphed_layers(self):
+        blocks = self.orig_children
+        # The first child's input is data (no grad; integer tokens for the GPT); every later
+        # input is a float activation that requires grad (fp32 in both precisions: the GPT's
+        # residual stream and LayerNorm outputs stay fp32 under autocast).
         samples = [(self._batch(0)[0].clone(),)]
-        samples += [(torch.randn(batch, width, device="cuda", requires_grad=True),)
+        samples += [(torch.randn(*self.act_shape, device="cuda", requires_grad=True),)
                     for _ in blocks[1:]]
-        graphed = torch.cuda.make_graphed_callables(blocks, tuple(samples))
+        with self._autocast():
+            graphed = torch.cuda.make_graphed_callables(blocks, tuple(samples))
         self.model = nn.Sequential(*graphed)
         return self._eager_step(self.model, self._adam())
 
-    def _setup_compile(self, width, depth, batch):
+    def _setup_compile(self):
         compiled = torch.compile(self.model, mode="reduce-overhead")
         inner = self._eager_step(compiled, self._adam())
 
@@ -297,8 +547,8 @@ def profile_steps(step, first, n):
     return kernels / n, busy_us / 1000.0 / n
 
 
-def run_one(name, mode, args):
-    w = Workload(name, mode, args.seed)
+def run_one(name, mode, precision, args):
+    w = Workload(name, mode, precision, args)
     it = 0
     loss_first = float(w.step(it))  # a host sync, before any timing
     it += 1
@@ -307,13 +557,13 @@ def run_one(name, mode, args):
         it += 1
     probe_after = w.probe_loss()
     if not (math.isfinite(loss_first) and math.isfinite(probe_after)):
-        raise RuntimeError(f"{name} {mode}: loss is not finite (first step {loss_first}, "
-                           f"after warm-up {probe_after})")
+        raise RuntimeError(f"{name} {precision} {mode}: loss is not finite (first step "
+                           f"{loss_first}, after warm-up {probe_after})")
     loss_fell = probe_after < w.probe_before
     if not loss_fell:
-        print(f"torch_ref.py: warning: {name} {mode}: the loss on batches 0-3 did not fall over "
-              f"the set-up and {args.warmup + 1} warm-up steps ({w.probe_before:.4f} -> "
-              f"{probe_after:.4f})", file=sys.stderr)
+        print(f"torch_ref.py: warning: {name} {precision} {mode}: the loss on batches 0-3 did "
+              f"not fall over the set-up and {args.warmup + 1} warm-up steps "
+              f"({w.probe_before:.4f} -> {probe_after:.4f})", file=sys.stderr)
 
     block = max(1, args.steps // args.repeats)
     dev_ms, host_ms = [], []
@@ -338,8 +588,9 @@ def run_one(name, mode, args):
     if args.profile_steps > 0:
         kernels, busy_ms = profile_steps(w.step, it, args.profile_steps)
         if kernels is None:
-            print(f"torch_ref.py: warning: {name} {mode}: the profiler trace holds no device "
-                  "activity (CUPTI unavailable?); kernels and GPU-busy are null", file=sys.stderr)
+            print(f"torch_ref.py: warning: {name} {precision} {mode}: the profiler trace holds "
+                  "no device activity (CUPTI unavailable?); kernels and GPU-busy are null",
+                  file=sys.stderr)
     torch.cuda.synchronize()
     peak_mib = torch.cuda.max_memory_allocated() / 2**20
     peak_reserved_mib = torch.cuda.max_memory_reserved() / 2**20
@@ -349,6 +600,7 @@ def run_one(name, mode, args):
         "framework": "pytorch",
         "model": name,
         "mode": mode,
+        "precision": precision,
         "ms_per_step": round(statistics.median(dev_ms), 5),
         "host_ms_per_step": round(statistics.median(host_ms), 5),
         "kernels_per_step": None if kernels is None else round(kernels, 2),
@@ -359,6 +611,8 @@ def run_one(name, mode, args):
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "adam_impl": w.adam_impl,
+        "lr": w.lr,
+        "clip": w.clip,
         "tf32": tf32_state(),
         "params": w.param_count,
         "data_mib": round(w.data_mib, 1),
@@ -373,6 +627,15 @@ def run_one(name, mode, args):
         "probe_loss_after_warmup": round(probe_after, 5),
         "loss_fell": loss_fell,
     }
+    if w.kind == "gpt":
+        row.update({
+            "seq": w.spec.seq,
+            "heads": w.spec.width // GPT_HEAD_DIM,
+            "vocab": GPT_VOCAB,
+            "dropout": args.dropout,
+            "attention": "sdpa" if args.sdpa else "math",
+            "data": w.data_source,
+        })
     del w
     return row
 
@@ -394,16 +657,16 @@ def fmt(v, spec):
 
 
 def print_table(rows):
-    head = (f"{'model':<16} {'mode':<18} {'ms/step':>9} {'host ms':>9} {'kernels':>8} "
+    head = (f"{'model':<16} {'prec':<5} {'mode':<18} {'ms/step':>9} {'host ms':>9} {'kernels':>8} "
             f"{'busy ms':>9} {'peak MiB':>9} {'loss':>15}")
     print(head)
     print("-" * len(head))
     for r in rows:
         if "error" in r:
-            print(f"{r['model']:<16} {r['mode']:<18} ERROR: {r['error']}")
+            print(f"{r['model']:<16} {r['precision']:<5} {r['mode']:<18} ERROR: {r['error']}")
             continue
         loss = f"{r['loss_first']:.3f}->{r['loss_last']:.3f}"
-        print(f"{r['model']:<16} {r['mode']:<18} {r['ms_per_step']:>9.4f} "
+        print(f"{r['model']:<16} {r['precision']:<5} {r['mode']:<18} {r['ms_per_step']:>9.4f} "
               f"{r['host_ms_per_step']:>9.4f} {fmt(r['kernels_per_step'], '8.1f'):>8} "
               f"{fmt(r['gpu_busy_ms_per_step'], '9.4f'):>9} {r['peak_mib']:>9.1f} {loss:>15}")
     if rows and "device" in rows[0]:
@@ -413,30 +676,64 @@ def print_table(rows):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(
-        description="PyTorch reference timings for stepgraph's MLP workloads (see the file's "
-                    "docstring for what each number means).")
+        description="PyTorch reference timings for stepgraph's MLP and GPT workloads (see the "
+                    "file's docstring for what each number means).")
     ap.add_argument("--model", action="append", required=True,
-                    help="mlp-WIDTH-DEPTH-BATCH; repeat the flag or give a comma list")
+                    help="mlp-WIDTH-DEPTH-BATCH or gpt-WIDTH-DEPTH-BATCH-SEQ; repeat the flag "
+                         "or give a comma list")
     ap.add_argument("--mode", action="append", default=None,
                     help=f"one of {', '.join(MODES)} (repeat or comma list; default eager)")
+    ap.add_argument("--precision", action="append", default=None,
+                    help="fp32 or bf16 (autocast; gpt models only), repeat or comma list "
+                         "(default fp32)")
     ap.add_argument("--steps", type=int, default=200,
                     help="timed steps in all, split into --repeats blocks (default 200)")
     ap.add_argument("--repeats", type=int, default=5, help="timed blocks (default 5)")
     ap.add_argument("--warmup", type=int, default=30, help="untimed steps first (default 30)")
     ap.add_argument("--profile-steps", type=int, default=5,
                     help="steps profiled for kernels and GPU-busy (default 5; 0: skip)")
+    ap.add_argument("--clip", type=float, default=None,
+                    help="clip_grad_norm_ to this norm before each optimizer step (default: "
+                         "no clipping)")
+    ap.add_argument("--data", default=None,
+                    help="gpt: text file to train on (default: the first of "
+                         f"{', '.join(GPT_TEXTS)} that exists, else synthetic bytes)")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="gpt: dropout probability on the embedding and after each attention "
+                         "and MLP projection (default 0)")
+    ap.add_argument("--sdpa", action="store_true",
+                    help="gpt: attention through F.scaled_dot_product_attention instead of the "
+                         "explicit math (matmul, masked_fill, softmax, matmul)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.repeats < 1 or args.warmup < 0 or args.profile_steps < 0:
         ap.error("--steps and --repeats must be >= 1; --warmup and --profile-steps >= 0")
+    if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
+        ap.error("--clip must be a positive number")
+    if not 0.0 <= args.dropout < 1.0:
+        ap.error("--dropout must be in [0, 1)")
+    if args.data is not None and not os.path.isfile(args.data):
+        ap.error(f"--data {args.data}: no such file")
     models = split_list(args.model)
     modes = split_list(args.mode or ["eager"], MODES, "mode")
+    precisions = split_list(args.precision or ["fp32"], PRECISIONS, "precision")
+    kinds = {}
     for m in models:
         try:
-            parse_model(m)
+            kinds[m] = parse_model(m).kind
         except ValueError as e:
             ap.error(str(e))
+    # bf16 is defined for the GPT workloads only: (mlp, bf16) pairs are left out.
+    runs = [(name, prec) for name in models for prec in precisions
+            if kinds[name] == "gpt" or prec == "fp32"]
+    skipped = [f"{name} {prec}" for name in models for prec in precisions
+               if (name, prec) not in runs]
+    if not runs:
+        ap.error("--precision bf16 applies to gpt models only")
+    if skipped:
+        print(f"torch_ref.py: note: bf16 is defined for gpt models only; skipping "
+              f"{', '.join(skipped)}", file=sys.stderr)
 
     global torch, nn, F
     try:
@@ -454,14 +751,15 @@ def main(argv=None):
     set_fp32_no_tf32()
 
     rows, failed = [], False
-    for name in models:
+    for name, precision in runs:
         for mode in modes:
             try:
-                row = run_one(name, mode, args)
+                row = run_one(name, mode, precision, args)
             except Exception as e:  # one failing mode must not hide the others' numbers
                 traceback.print_exc()
                 failed = True
                 row = {"framework": "pytorch", "model": name, "mode": mode,
+                       "precision": precision,
                        "error": f"{type(e).__name__}: {str(e)[:300]}",
                        "torch_version": torch.__version__}
             cleanup(mode)

@@ -215,6 +215,57 @@ sg_status sg_softmax_xent(sg_ctx *ctx, const sg_tensor *logits, const sg_tensor 
 sg_status sg_mse(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *target, float grad_scale,
                  sg_tensor *loss, sg_tensor *dx);
 
+/* LayerNorm over the last dim C of x (M, C) (leading dims flatten into M):
+ * y = (x - mean) * rstd * gamma + beta, rstd = 1/sqrt(var + eps) (biased variance).
+ * mean (M), rstd (M): F32, saved for the backward. */
+sg_status sg_layernorm_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
+                               const sg_tensor *beta, float eps, sg_tensor *y, sg_tensor *mean,
+                               sg_tensor *rstd);
+/* dx (M, C), dgamma (C), dbeta (C) are written (not accumulated); reductions deterministic. */
+sg_status sg_layernorm_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
+                                const sg_tensor *mean, const sg_tensor *rstd, const sg_tensor *dy,
+                                sg_tensor *dx, sg_tensor *dgamma, sg_tensor *dbeta);
+
+/* Token + position embedding: y (B, T, C) = wte[tokens[b, t]] + wpe[t]; tokens (B, T) I32,
+ * wte (V, C), wpe (Tmax >= T, C). A token outside 0..V-1 is an error on the CPU; on CUDA its
+ * row reads as zeros (no out-of-bounds read). */
+sg_status sg_embedding_forward(sg_ctx *ctx, const sg_tensor *tokens, const sg_tensor *wte,
+                               const sg_tensor *wpe, sg_tensor *y);
+/* dwte (V, C) and dwpe (Tmax, C) are written in full (rows no token used are zero),
+ * deterministically (no float atomics). */
+sg_status sg_embedding_backward(sg_ctx *ctx, const sg_tensor *tokens, const sg_tensor *dy,
+                                sg_tensor *dwte, sg_tensor *dwpe);
+
+/* Causal multi-head self-attention. qkv (B, T, 3C): q, k, v side by side, each C = heads x hs.
+ * out (B, T, C); att (B, heads, T, T): the softmax probabilities, saved for the backward
+ * (entries above the diagonal are 0). Scale 1/sqrt(hs). work: scratch of at least
+ * sg_attention_work_elems(B, T, C, heads) F32 elements. */
+int64_t sg_attention_work_elems(int64_t B, int64_t T, int64_t C, int heads);
+sg_status sg_attention_forward(sg_ctx *ctx, const sg_tensor *qkv, int heads, sg_tensor *out,
+                               sg_tensor *att, sg_tensor *work);
+/* dqkv (B, T, 3C) is written; dout is not modified. */
+sg_status sg_attention_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *att,
+                                const sg_tensor *dout, int heads, sg_tensor *dqkv,
+                                sg_tensor *work);
+
+/* Dropout with a counter-based generator (Philox-4x32-10): the keep mask of element i at call
+ * site `site` is a pure function of (seed, offset, site, i), where seed and offset live in rng
+ * (4 I32 on the device: seed lo, seed hi, offset lo, offset hi). The backward at the same site
+ * regenerates the same mask; sg_rng_advance adds one to the offset (once per step), so replays
+ * of a captured step draw fresh masks, and eager and captured runs with the same seed draw the
+ * same ones. y = x * keep / (1 - p); p = 0 copies. */
+sg_status sg_dropout_forward(sg_ctx *ctx, const sg_tensor *x, float p, const sg_tensor *rng,
+                             uint32_t site, sg_tensor *y);
+sg_status sg_dropout_backward(sg_ctx *ctx, const sg_tensor *dy, float p, const sg_tensor *rng,
+                              uint32_t site, sg_tensor *dx);
+sg_status sg_rng_advance(sg_ctx *ctx, sg_tensor *rng);
+
+/* Global-norm gradient clipping over a flat buffer: norm = sqrt(sum g^2) (deterministic order),
+ * g *= min(1, max_norm / (norm + 1e-6)); norm (1 F32) and nonfinite (1 I32: 1 when a value is
+ * inf or NaN, then g is left unscaled) are written on the device. max_norm <= 0: only measure. */
+sg_status sg_clip_grad_norm(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_tensor *norm,
+                            sg_tensor *nonfinite);
+
 /* Optimizer hyperparameters, as they live in device memory (read by the kernels). */
 typedef struct sg_optim_hparams {
     float lr, beta1, beta2, eps, weight_decay;  /* AdamW */
@@ -332,6 +383,15 @@ typedef struct sg_optim sg_optim;
 
 typedef enum sg_optim_kind { SG_OPTIM_ADAMW = 0, SG_OPTIM_SGD } sg_optim_kind;
 
+typedef struct sg_model_options {
+    const char *data_path;     /* gpt: the text to train on (NULL: a licence text of the system) */
+    float dropout;             /* gpt: dropout probability after the embedding and each branch */
+} sg_model_options;
+
+/* As sg_model_create, with options (NULL: defaults). "gpt-WIDTH-DEPTH-BATCH-SEQ" names a GPT
+ * over bytes: heads = WIDTH/64, vocabulary 256. */
+sg_status sg_model_create_ex(sg_ctx *ctx, const char *name, uint64_t seed,
+                             const sg_model_options *opts, sg_model **out);
 /* Builds a model from its canonical name, e.g. "mlp-512-6-32" (kind-width-depth-batch):
  * parameters in one allocation, initialised from seed; activations and gradients allocated
  * now, so steps allocate nothing. Fails with SG_ERR_INVALID on an unknown name. */
@@ -396,6 +456,8 @@ typedef struct sg_trainer_options {
      * that many consecutive steps, so one launch serves them all and the host cost per step
      * falls by that factor; the loss read afterwards is the last step's. */
     int steps_per_call;
+    /* Clip gradients to this global norm inside the step (0: no clipping). */
+    float clip;
 } sg_trainer_options;
 
 typedef struct sg_trainer_stats {

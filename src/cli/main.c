@@ -20,7 +20,8 @@ static const char *usage =
     "  verify   check that a captured scope computes what eager computes, step by step\n"
     "\n"
     "Run 'stepgraph <command> --help' for a command's options.\n"
-    "Models: mlp-WIDTH-DEPTH-BATCH, e.g. mlp-512-6-32.\n"
+    "Models: mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32), gpt-WIDTH-DEPTH-BATCH-SEQ (e.g.\n"
+    "gpt-256-4-8-128: a byte-level transformer trained on a text file).\n"
     "Backend: CUDA when a GPU is usable, else the CPU reference (--backend to choose).\n";
 
 double sg_cli_now_ms(void)

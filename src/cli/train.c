@@ -14,7 +14,12 @@ static const char *train_usage =
     "prints the loss every K steps, then ms/step and device allocations per step.\n"
     "\n"
     "options:\n"
-    "  --model NAME        mlp-WIDTH-DEPTH-BATCH, e.g. mlp-512-6-32 (required)\n"
+    "  --model NAME        mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32) or\n"
+    "                      gpt-WIDTH-DEPTH-BATCH-SEQ (e.g. gpt-256-4-8-128) (required)\n"
+    "  --data PATH         gpt: text to train on, bytes as tokens (default: a licence text\n"
+    "                      under /usr/share/common-licenses)\n"
+    "  --dropout P         gpt: dropout probability (default 0)\n"
+    "  --clip X            clip gradients to global norm X inside the step (default off)\n"
     "  --steps N           training steps (default 200)\n"
     "  --backend B         cpu, cuda or auto (default auto: CUDA if a GPU is usable)\n"
     "  --optim O           adamw or sgd (default adamw)\n"
@@ -52,6 +57,7 @@ typedef struct train_opts {
     sg_trainer_options tr;
     int64_t buckets[32];
     bool vary;
+    sg_model_options mo;
 } train_opts;
 
 static int parse(int argc, char **argv, train_opts *o)
@@ -71,6 +77,16 @@ static int parse(int argc, char **argv, train_opts *o)
         } else if (sg_cli_opt(argc, argv, &i, "--batch-sizes", &v, &bad)) {
             bad = bad || !sg_cli_buckets("train", v, o->buckets, &o->tr.n_buckets, 32);
             o->tr.batch_buckets = o->buckets;
+        } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
+            o->mo.data_path = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
+            double p = 0;
+            bad = bad || !sg_cli_float("train", "--dropout", v, 0, 0.99, &p);
+            o->mo.dropout = (float)p;
+        } else if (sg_cli_opt(argc, argv, &i, "--clip", &v, &bad)) {
+            double c = 0;
+            bad = bad || !sg_cli_float("train", "--clip", v, 0, 1e9, &c);
+            o->tr.clip = (float)c;
         } else if (sg_cli_opt(argc, argv, &i, "--steps-per-graph", &v, &bad)) {
             long long k = 1;
             bad = bad || !sg_cli_int("train", "--steps-per-graph", v, 1, 1024, &k);
@@ -154,7 +170,7 @@ int sg_cmd_train(int argc, char **argv)
     sg_readback *rb = NULL;
     sg_trainer *tr = NULL;
     rc = 0;
-    if (sg_model_create(ctx, o.model, (uint64_t)o.seed, &m) != SG_OK) {
+    if (sg_model_create_ex(ctx, o.model, (uint64_t)o.seed, &o.mo, &m) != SG_OK) {
         rc = fail(ctx, "model");
         goto out;
     }

@@ -1,6 +1,7 @@
 /* model.c: the public sg_model_* and sg_optim_create calls: parse a canonical name, build
  * the model kind, bind batches, run forward (loss included) and backward. */
 #include "models/model.h"
+#include "models/text.h"
 
 #include <stdlib.h>
 
@@ -12,10 +13,12 @@ sg_status sg_model_parse(sg_ctx *ctx, const char *name, sg_model_spec *out)
     char kind[16] = {0}, extra = 0;
     int n = sscanf(name, "%15[a-z]-%lld-%lld-%lld-%lld%c", kind, &w, &d, &b, &s, &extra);
     bool mlp = !strcmp(kind, "mlp") && n == 4;
-    if (!mlp || w <= 0 || d <= 0 || b <= 0 || w > (1 << 16) || d > 64 || b > (1 << 20))
+    bool gpt = !strcmp(kind, "gpt") && n == 5 && s > 0 && s <= 65536;
+    if (!(mlp || gpt) || w <= 0 || d <= 0 || b <= 0 || w > (1 << 16) || d > 64 || b > (1 << 20))
         return sg_fail(ctx, SG_ERR_INVALID,
-                       "sg_model_create: unknown model '%s'; expected mlp-WIDTH-DEPTH-BATCH, e.g. "
-                       "mlp-512-6-32 (width <= 65536, depth 1..64)",
+                       "sg_model_create: unknown model '%s'; expected mlp-WIDTH-DEPTH-BATCH (e.g. "
+                       "mlp-512-6-32) or gpt-WIDTH-DEPTH-BATCH-SEQ (e.g. gpt-256-4-8-128); width <= "
+                       "65536, depth 1..64",
                        name);
     snprintf(out->kind, sizeof out->kind, "%s", kind);
     out->width = w, out->depth = d, out->batch = b, out->seq = s;
@@ -26,13 +29,20 @@ void sg_model_destroy(sg_model *m)
 {
     if (!m) return;
     sg_module_destroy(m->net);
-    sg_tensor *ts[] = {m->batch_idx, m->x_pad, m->t_pad, m->x_view, m->t_view, m->x_static, m->t_static, m->loss, m->dlogits, m->data_x, m->data_y};
+    sg_text_close(m->text);
+    sg_tensor *ts[] = {m->rng, m->gnorm, m->nonfinite, m->batch_idx, m->x_pad, m->t_pad, m->x_view, m->t_view, m->x_static, m->t_static, m->loss, m->dlogits, m->data_x, m->data_y};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
     sg_params_release(&m->params);
     free(m);
 }
 
 sg_status sg_model_create(sg_ctx *ctx, const char *name, uint64_t seed, sg_model **out)
+{
+    return sg_model_create_ex(ctx, name, seed, NULL, out);
+}
+
+sg_status sg_model_create_ex(sg_ctx *ctx, const char *name, uint64_t seed,
+                             const sg_model_options *opts, sg_model **out)
 {
     if (!ctx) return SG_ERR_NULL;
     if (!out) return sg_fail(ctx, SG_ERR_NULL, "sg_model_create: out is NULL");
@@ -45,7 +55,18 @@ sg_status sg_model_create(sg_ctx *ctx, const char *name, uint64_t seed, sg_model
     m->spec = spec;
     m->params.ctx = ctx;
     snprintf(m->name, sizeof m->name, "%s", name);
-    sg_status st = sg_mlp_build(m, seed);
+    sg_status st = SG_OK;
+    if (opts) {
+        if (!(opts->dropout >= 0.f && opts->dropout < 1.f))
+            st = sg_fail(ctx, SG_ERR_INVALID, "sg_model_create: dropout %g: expected 0 <= p < 1", opts->dropout);
+        m->dropout = opts->dropout;
+        snprintf(m->data_path, sizeof m->data_path, "%s", opts->data_path ? opts->data_path : "");
+    }
+    if (st == SG_OK && (m->dropout > 0 || m->data_path[0]) && strcmp(spec.kind, "gpt"))
+        st = sg_fail(ctx, SG_ERR_INVALID, "sg_model_create: data paths and dropout are for gpt models, not '%s'", name);
+    if (st == SG_OK) st = !strcmp(spec.kind, "gpt") ? sg_gpt_build(m, seed) : sg_mlp_build(m, seed);
+    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, (int64_t[]){1}, "grad.norm", &m->gnorm);
+    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "grad.nonfinite", &m->nonfinite);
     if (st == SG_OK) st = sg_model_load_batch(m, 0);
     if (st != SG_OK) {
         sg_model_destroy(m);
@@ -76,6 +97,7 @@ sg_status sg_model_load_batch(sg_model *m, int64_t index)
     if (index < 0)
         return sg_fail(m->ctx, SG_ERR_INVALID, "sg_model_load_batch: batch index %lld < 0",
                        (long long)index);
+    if (m->text) return sg_text_batch_host(m->text, 0, m->data_seed, index, m->x_static, m->t_view);
     int64_t i = index % m->n_batches;
     m->x_view->data = (char *)m->data_x->data + (size_t)(i * m->x_view->numel) * sizeof(float);
     m->t_view->data = (char *)m->data_y->data + (size_t)(i * m->t_view->numel) * sizeof(int32_t);
@@ -87,7 +109,7 @@ sg_status sg_model_load_batch(sg_model *m, int64_t index)
 
 sg_status sg_model_set_batch_index(sg_model *m, int64_t index)
 {
-    int32_t i = (int32_t)(index % m->n_batches);
+    int32_t i = (int32_t)(m->text ? index : index % m->n_batches);
     return sg_tensor_write_small(m->batch_idx, 0, &i, sizeof i);
 }
 
@@ -115,6 +137,7 @@ static sg_status gather_cpu(sg_ctx *ctx, const void *p)
 
 sg_status sg_model_gather_batch(sg_model *m)
 {
+    if (m->text) return sg_text_batch_device(m->text, 0, m->data_seed, m->batch_idx, m->x_static, m->t_view);
     if (m->ctx->backend == SG_BACKEND_CPU)
         return sg_cpu_run(m->ctx, gather_cpu, &(gather_args){m, false}, sizeof(gather_args));
     return SG_CUDA_DISPATCH(m->ctx, sg_gather_batch_cuda(m));
@@ -129,7 +152,7 @@ sg_status sg_model_advance_batch(sg_model *m)
 
 sg_status sg_model_use_static_inputs(sg_model *m)
 {
-    if (m->x_static) return SG_OK;
+    if (m->x_static) return SG_OK; /* (gpt models are built with them) */
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_F32, m->x_view->ndim, m->x_view->shape, "input.static", &m->x_static));
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_I32, m->t_view->ndim, m->t_view->shape, "targets.static", &m->t_static));
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "batch.index", &m->batch_idx));

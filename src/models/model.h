@@ -32,11 +32,19 @@ struct sg_model {
     const sg_tensor *logits;   /* the net's output (owned by its last module) */
     sg_tensor *data_x, *data_y;/* (nb, B, in) and (nb, B): the synthetic data set */
     int64_t n_batches, in_dim, classes;
+    /* gpt */
+    struct sg_text *text;      /* byte data set, train and validation */
+    uint64_t data_seed;
+    char data_path[512];
+    float dropout;
+    sg_tensor *rng;            /* (4) I32: dropout seed and offset */
+    sg_tensor *gnorm, *nonfinite; /* clipping results, (1) F32 and (1) I32 */
 };
 
 /* "mlp-512-6-32" -> spec; SG_ERR_INVALID with a message listing the accepted forms. */
 sg_status sg_model_parse(sg_ctx *ctx, const char *name, sg_model_spec *out);
 sg_status sg_mlp_build(sg_model *m, uint64_t seed);
+sg_status sg_gpt_build(sg_model *m, uint64_t seed);
 /* From now on the net reads static input tensors and each batch is copied into them (as
  * captured graphs need fixed addresses). */
 sg_status sg_model_use_static_inputs(sg_model *m);

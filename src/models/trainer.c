@@ -261,10 +261,16 @@ static sg_status run_backward(void *u)
     return sg_module_backward(m->net, m->dlogits, &dx);
 }
 
+/* Clipping, the optimizer, and the end of the step: the dropout offset moves on, so the next
+ * step (or replay) draws fresh masks. */
 static sg_status run_optim(sg_trainer *t)
 {
+    sg_model *m = t->m;
     const char *prev = sg_ctx_set_module(t->ctx, "optimizer");
-    sg_status st = sg_optim_step(t->o);
+    sg_status st = SG_OK;
+    if (t->opts.clip > 0) st = sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
+    if (st == SG_OK) st = sg_optim_step(t->o);
+    if (st == SG_OK && m->rng && m->dropout > 0) st = sg_rng_advance(t->ctx, m->rng);
     sg_ctx_set_module(t->ctx, prev);
     return st;
 }
@@ -285,7 +291,7 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     *out = NULL;
     sg_trainer_options op = opts ? *opts : sg_trainer_options_default();
     if (op.steps_per_call == 0) op.steps_per_call = 1;
-    if (op.scope < SG_SCOPE_EAGER || op.scope > SG_SCOPE_STEP || op.warmup < 0 ||
+    if (!(op.clip >= 0.f) || op.scope < SG_SCOPE_EAGER || op.scope > SG_SCOPE_STEP || op.warmup < 0 ||
         op.steps_per_call < 1 || op.steps_per_call > 1024 || (op.steps_per_call > 1 && op.n_buckets))
         return sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: scope %d, warmup %d, %d steps per "
                        "call: expected a scope of sg_scope, warmup >= 0 and 1 to 1024 steps per call "
@@ -296,7 +302,10 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     snprintf(t->modules, sizeof t->modules, "%s", op.graph_modules ? op.graph_modules : "");
     t->opts.graph_modules = t->modules;
     sg_status st = SG_OK;
-    if (op.n_buckets) {
+    if (op.n_buckets && !m->x_view)
+        st = sg_fail(m->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: batch buckets are for mlp models; '%s' "
+                     "cannot vary its batch yet", m->name);
+    else if (op.n_buckets) {
         int64_t B = m->x_view->cap_rows;
         bool ok = op.batch_buckets && op.n_buckets > 0 && op.n_buckets <= 32 &&
                   (op.scope == SG_SCOPE_EAGER || op.scope == SG_SCOPE_STEP);

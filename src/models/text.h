@@ -1,0 +1,87 @@
+/* text.h: a byte-level text data set from any file, for the GPT models: the bytes (0..255 as
+ * I32 tokens) split into train and validation parts on the device, and a batch gather that
+ * writes B windows of T+1 consecutive bytes as tokens and next-byte targets. Window starts are
+ * a counter-based hash of (seed, step, row), the same on the CPU and on CUDA, so a step's batch
+ * depends on nothing but its number, and a captured step can gather its own batch by reading
+ * the step from device memory (sg_text_batch_device). text.c holds the host side and the CPU
+ * gather, text_cuda.cu the kernel. */
+#ifndef SG_MODELS_TEXT_H
+#define SG_MODELS_TEXT_H
+
+#include "core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sg_text sg_text;
+
+/* Reads the whole file and splits its n bytes: the first n - floor(val_fraction * n) are the
+ * train split, the rest the validation split (empty when val_fraction is 0). Both are uploaded
+ * as 1-D I32 tensors. val_fraction in [0, 1). SG_ERR_IO (naming the file) when it cannot be
+ * read; SG_ERR_INVALID when it is empty or a split asked for would be empty. Not during
+ * capture (it copies from the host). */
+sg_status sg_text_open(sg_ctx *ctx, const char *path, double val_fraction, sg_text **out);
+void sg_text_close(sg_text *t);
+
+/* The first of these that is readable, or NULL: /usr/share/common-licenses/GPL-3, GPL-2,
+ * Apache-2.0, /usr/share/dict/words. Plain English text found on most Linux machines. */
+const char *sg_text_default_path(void);
+
+/* Bytes in split 0 (train) or 1 (validation); -1 for another split number. */
+int64_t sg_text_size(const sg_text *t, int split);
+const char *sg_text_path(const sg_text *t);
+
+/* Batch of step `step`: row b of tokens (B, T) I32 holds bytes [s, s + T) of the split, row b
+ * of targets the bytes [s + 1, s + T + 1) (targets: I32, (B, T) or (B*T)), where
+ * s = sg_text_window_start(seed, step, b, size - T). SG_ERR_INVALID (naming the file and the
+ * split) when the split is shorter than T + 1 bytes. Device work (a kernel on CUDA, a thunk
+ * queued through sg_cpu_run on the CPU): no host sync, no allocation, capturable. A captured
+ * sg_text_batch_host replays its step as recorded. */
+sg_status sg_text_batch_host(sg_text *t, int split, uint64_t seed, int64_t step, sg_tensor *tokens,
+                             sg_tensor *targets);
+/* The same, with the step read when the work runs from step_tensor: one I32 element in device
+ * memory (read as a signed 32-bit step). Each replay of a captured step gathers the batch of
+ * the step the tensor holds then: sg_text_batch_host with that step gives the same batch. */
+sg_status sg_text_batch_device(sg_text *t, int split, uint64_t seed, const sg_tensor *step_tensor,
+                               sg_tensor *tokens, sg_tensor *targets);
+
+/* ---- the window hash, shared by the CPU gather and the CUDA kernel (one definition) ---- */
+
+#ifdef __CUDACC__
+#define SG_TEXT_HD __host__ __device__
+#else
+#define SG_TEXT_HD
+#endif
+
+/* splitmix64's finaliser: a bijection of 64-bit words that mixes every input bit. */
+static inline SG_TEXT_HD uint64_t sg_text_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The start of row b's window at step `step`, uniform over 0..n_starts-1 (n_starts >= 1; the
+ * modulo's bias is below n_starts / 2^64). */
+static inline SG_TEXT_HD int64_t sg_text_window_start(uint64_t seed, int64_t step, int64_t b,
+                                                      int64_t n_starts)
+{
+    uint64_t h = sg_text_mix(seed + 0x9e3779b97f4a7c15ull);
+    h = sg_text_mix(h ^ (uint64_t)step);
+    h = sg_text_mix(h + 0x9e3779b97f4a7c15ull * ((uint64_t)b + 1));
+    return (int64_t)(h % (uint64_t)n_starts);
+}
+
+#ifdef SG_HAVE_CUDA
+/* text_cuda.cu: tokens/targets (B*T) from data (n_starts + T bytes as I32); the step is
+ * *step_dev when step_dev is not NULL, else `step`. */
+sg_status sg_text_batch_cuda(sg_ctx *ctx, const int32_t *data, int64_t n_starts, uint64_t seed,
+                             int64_t step, const int32_t *step_dev, int32_t *tokens,
+                             int32_t *targets, int64_t B, int64_t T);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SG_MODELS_TEXT_H */

@@ -1,0 +1,179 @@
+/* attention.c: public entry points of causal self-attention: check every argument (dtypes,
+ * shapes, heads dividing C, the work size, outputs that overlap inputs), then run the CPU
+ * reference or the CUDA path. Messages name the call and the tensor. Activations are
+ * (B,T,cols) or (B*T,cols); B and T come from qkv when it is 3-D, else from att. */
+#include "ops/attention.h"
+
+int64_t sg_attention_work_elems(int64_t B, int64_t T, int64_t C, int heads)
+{
+    if (B < 1 || T < 1 || C < 1 || heads < 1 || C % heads) return -1;
+    /* 4 (B,H,T,hs) regions and one (B,H,T,T); -1 where that overflows int64. */
+    const int64_t lim = INT64_MAX / 8;
+    if (B > lim / T || B * T > lim / C || B * T > lim / heads || B * T * heads > lim / T)
+        return -1;
+    return 4 * B * T * C + B * heads * T * T;
+}
+
+/* t is exactly (d0, .., d{n-1}) of dtype dt. */
+static sg_status check_dims(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
+                            sg_dtype dt, int n, const int64_t *dims, const char *layout)
+{
+    SG_TRY(sg_check_dtype(ctx, fn, what, t, dt));
+    bool ok = t->ndim == n;
+    for (int i = 0; ok && i < n; i++) ok = t->shape[i] == dims[i];
+    if (!ok) {
+        char s[96], want[96];
+        int k = snprintf(want, sizeof want, "(");
+        for (int i = 0; i < n && k < (int)sizeof want; i++)
+            k += snprintf(want + k, sizeof want - k, "%s%lld", i ? ", " : "", (long long)dims[i]);
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' is %s, expected %s) %s", fn, what,
+                       sg_shape_str(t, s, sizeof s), want, layout);
+    }
+    return SG_OK;
+}
+
+/* An activation of B*T rows: (B, T, cols), or (B*T, cols) with the rows flattened as the
+ * linear layer takes them. */
+static sg_status check_act(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
+                           sg_dtype dt, sg_attn_dims d, int64_t cols, const char *layout)
+{
+    SG_TRY(sg_check_dtype(ctx, fn, what, t, dt));
+    bool ok = (t->ndim == 3 && t->shape[0] == d.B && t->shape[1] == d.T && t->shape[2] == cols) ||
+              (t->ndim == 2 && t->shape[0] == d.B * d.T && t->shape[1] == cols);
+    if (!ok) {
+        char s[96];
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' is %s, expected (%lld, %lld, %lld) %s or "
+                       "(%lld, %lld) with B*T rows",
+                       fn, what, sg_shape_str(t, s, sizeof s), (long long)d.B, (long long)d.T,
+                       (long long)cols, layout, (long long)(d.B * d.T), (long long)cols);
+    }
+    return SG_OK;
+}
+
+/* qkv (B,T,3C) or (B*T,3C) of a float dtype, heads dividing C, and att (B,heads,T,T) of
+ * qkv's dtype: fills d. B and T come from qkv when it is 3-D, else from att. */
+static sg_status check_problem(sg_ctx *ctx, const char *fn, const sg_tensor *qkv,
+                               const sg_tensor *att, int heads, sg_attn_dims *d)
+{
+    SG_TRY(sg_check_float(ctx, fn, "qkv", qkv));
+    char s[96];
+    if ((qkv->ndim != 2 && qkv->ndim != 3) || qkv->shape[qkv->ndim - 1] % 3)
+        return sg_fail(ctx, SG_ERR_SHAPE,
+                       "%s: 'qkv' is %s, expected (B, T, 3C) or (B*T, 3C): q, k, v side by side",
+                       fn, sg_shape_str(qkv, s, sizeof s));
+    if (heads < 1)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: heads is %d, expected >= 1", fn, heads);
+    d->C = qkv->shape[qkv->ndim - 1] / 3;
+    d->H = heads;
+    if (d->C % heads)
+        return sg_fail(ctx, SG_ERR_SHAPE,
+                       "%s: 'qkv' is %s, so C = %lld, which heads = %d does not divide (head size "
+                       "C / heads must be whole)",
+                       fn, sg_shape_str(qkv, s, sizeof s), (long long)d->C, heads);
+    d->hs = d->C / heads;
+    SG_TRY(sg_check_dtype(ctx, fn, "att", att, qkv->dtype));
+    if (qkv->ndim == 3) {
+        d->B = qkv->shape[0];
+        d->T = qkv->shape[1];
+        const int64_t att_dims[4] = {d->B, d->H, d->T, d->T};
+        return check_dims(ctx, fn, "att", att, qkv->dtype, 4, att_dims, "(B, heads, T, T)");
+    }
+    if (att->ndim != 4 || att->shape[1] != heads || att->shape[2] != att->shape[3])
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'att' is %s, expected (B, %d, T, T) (B, heads, T, T)",
+                       fn, sg_shape_str(att, s, sizeof s), heads);
+    d->B = att->shape[0];
+    d->T = att->shape[2];
+    return check_act(ctx, fn, "qkv", qkv, qkv->dtype, *d, 3 * d->C, "(B, T, 3C)");
+}
+
+static sg_status check_work(sg_ctx *ctx, const char *fn, const sg_tensor *work, sg_attn_dims d)
+{
+    SG_TRY(sg_check_dtype(ctx, fn, "work", work, SG_DTYPE_F32));
+    int64_t need = sg_attention_work_elems(d.B, d.T, d.C, (int)d.H);
+    if (need < 0 || work->numel < need)
+        return sg_fail(ctx, SG_ERR_SHAPE,
+                       "%s: 'work' has %lld elements, expected at least %lld "
+                       "(sg_attention_work_elems(B=%lld, T=%lld, C=%lld, heads=%lld))",
+                       fn, (long long)work->numel, (long long)need, (long long)d.B, (long long)d.T,
+                       (long long)d.C, (long long)d.H);
+    return SG_OK;
+}
+
+/* Outputs must not share bytes with anything else the call reads or writes. */
+static bool overlap(const sg_tensor *a, const sg_tensor *b)
+{
+    const char *pa = a->data, *pb = b->data;
+    return pa < pb + sg_tensor_nbytes(b) && pb < pa + sg_tensor_nbytes(a);
+}
+
+static sg_status check_disjoint(sg_ctx *ctx, const char *fn, const char *const *names,
+                                const sg_tensor *const *ts, int n_out, int n)
+{
+    for (int o = 0; o < n_out; o++)
+        for (int i = o + 1; i < n; i++)
+            if (overlap(ts[o], ts[i]))
+                return sg_fail(ctx, SG_ERR_INVALID, "%s: output '%s' overlaps '%s' in memory", fn,
+                               names[o], names[i]);
+    return SG_OK;
+}
+
+/* The CPU reference runs through sg_cpu_run, so a CPU capture records it. */
+typedef struct attn_args {
+    const sg_tensor *qkv, *att_in, *dout;
+    sg_tensor *out, *att; /* forward: out, att; backward: out is dqkv */
+    sg_attn_dims d;
+} attn_args;
+
+static sg_status attn_fwd_cpu(sg_ctx *ctx, const void *p)
+{
+    const attn_args *a = p;
+    return sg_attention_forward_cpu(ctx, a->qkv, a->out, a->att, a->d);
+}
+
+static sg_status attn_bwd_cpu(sg_ctx *ctx, const void *p)
+{
+    const attn_args *a = p;
+    return sg_attention_backward_cpu(ctx, a->qkv, a->att_in, a->dout, a->out, a->d);
+}
+
+sg_status sg_attention_forward(sg_ctx *ctx, const sg_tensor *qkv, int heads, sg_tensor *out,
+                               sg_tensor *att, sg_tensor *work)
+{
+    static const char fn[] = "sg_attention_forward";
+    if (!ctx) return SG_ERR_NULL;
+    sg_attn_dims d;
+    SG_TRY(check_problem(ctx, fn, qkv, att, heads, &d));
+    SG_TRY(check_act(ctx, fn, "out", out, qkv->dtype, d, d.C, "(B, T, C)"));
+    SG_TRY(check_work(ctx, fn, work, d));
+    const char *names[] = {"out", "att", "work", "qkv"};
+    const sg_tensor *ts[] = {out, att, work, qkv};
+    SG_TRY(check_disjoint(ctx, fn, names, ts, 3, 4));
+
+    if (ctx->backend == SG_BACKEND_CPU) {
+        attn_args a = {qkv, NULL, NULL, out, att, d};
+        return sg_cpu_run(ctx, attn_fwd_cpu, &a, sizeof a);
+    }
+    return SG_CUDA_DISPATCH(ctx, sg_attention_forward_cuda(ctx, qkv, out, att, work, d));
+}
+
+sg_status sg_attention_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *att,
+                                const sg_tensor *dout, int heads, sg_tensor *dqkv,
+                                sg_tensor *work)
+{
+    static const char fn[] = "sg_attention_backward";
+    if (!ctx) return SG_ERR_NULL;
+    sg_attn_dims d;
+    SG_TRY(check_problem(ctx, fn, qkv, att, heads, &d));
+    SG_TRY(check_act(ctx, fn, "dout", dout, qkv->dtype, d, d.C, "(B, T, C)"));
+    SG_TRY(check_act(ctx, fn, "dqkv", dqkv, qkv->dtype, d, 3 * d.C, "(B, T, 3C)"));
+    SG_TRY(check_work(ctx, fn, work, d));
+    const char *names[] = {"dqkv", "work", "qkv", "att", "dout"};
+    const sg_tensor *ts[] = {dqkv, work, qkv, att, dout};
+    SG_TRY(check_disjoint(ctx, fn, names, ts, 2, 5));
+
+    if (ctx->backend == SG_BACKEND_CPU) {
+        attn_args a = {qkv, att, dout, dqkv, NULL, d};
+        return sg_cpu_run(ctx, attn_bwd_cpu, &a, sizeof a);
+    }
+    return SG_CUDA_DISPATCH(ctx, sg_attention_backward_cuda(ctx, qkv, att, dout, dqkv, work, d));
+}

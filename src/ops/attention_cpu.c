@@ -1,0 +1,151 @@
+/* attention_cpu.c: the reference causal self-attention, forward and backward, computed in
+ * double for f32 and f64 tensors. It is the oracle the CUDA path is tested against and it
+ * trains small GPTs in CI, so loops run per (batch, head, query row) with contiguous inner
+ * loops over the head's hs columns. Sums run in a fixed order: results are deterministic. */
+#include "ops/attention.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* The tensor's elements as doubles: f64 tensors in place (*owned stays NULL), others
+ * converted into a new buffer (*owned, freed by the caller). NULL when out of memory. */
+static const double *as_f64(const sg_tensor *t, double **owned)
+{
+    *owned = NULL;
+    if (t->dtype == SG_DTYPE_F64) return t->data;
+    double *d = malloc((size_t)t->numel * sizeof *d);
+    if (!d) return NULL;
+    if (t->dtype == SG_DTYPE_F32) {
+        const float *f = t->data;
+        for (int64_t i = 0; i < t->numel; i++) d[i] = f[i];
+    } else {
+        for (int64_t i = 0; i < t->numel; i++) d[i] = sg_ld(t, i);
+    }
+    *owned = d;
+    return d;
+}
+
+/* t[off .. off+n) = v[0 .. n). */
+static void store(sg_tensor *t, int64_t off, const double *v, int64_t n)
+{
+    switch (t->dtype) {
+    case SG_DTYPE_F64: memcpy((double *)t->data + off, v, (size_t)n * sizeof *v); break;
+    case SG_DTYPE_F32: {
+        float *f = (float *)t->data + off;
+        for (int64_t i = 0; i < n; i++) f[i] = (float)v[i];
+        break;
+    }
+    default:
+        for (int64_t i = 0; i < n; i++) sg_st(t, off + i, v[i]);
+    }
+}
+
+static sg_status oom(sg_ctx *ctx, const char *fn)
+{
+    return sg_fail(ctx, SG_ERR_OOM, "%s: out of host memory for the CPU reference's buffers", fn);
+}
+
+static double dot(const double *a, const double *b, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* Per (b, h, t): p(T) = softmax over s <= t of q_t . k_s / sqrt(hs), zeros for s > t, into
+ * att[b,h,t,:]; out[b,t,h*hs:(h+1)*hs] = sum_s p[s] v_s. */
+sg_status sg_attention_forward_cpu(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
+                                   sg_tensor *att, sg_attn_dims d)
+{
+    const int64_t T = d.T, C = d.C, H = d.H, hs = d.hs, C3 = 3 * C;
+    const double scale = 1.0 / sqrt((double)hs);
+    double *qo = NULL;
+    const double *x = as_f64(qkv, &qo);
+    double *p = malloc((size_t)T * sizeof *p), *acc = malloc((size_t)hs * sizeof *acc);
+    sg_status st = SG_OK;
+    if (!x || !p || !acc) {
+        st = oom(ctx, "sg_attention_forward");
+        goto done;
+    }
+    for (int64_t b = 0; b < d.B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++) {
+                const double *q = x + (b * T + t) * C3 + h * hs;
+                double mx = -INFINITY;
+                for (int64_t s = 0; s <= t; s++) {
+                    p[s] = scale * dot(q, x + (b * T + s) * C3 + C + h * hs, hs);
+                    mx = p[s] > mx ? p[s] : mx;
+                }
+                double sum = 0;
+                for (int64_t s = 0; s <= t; s++) sum += p[s] = exp(p[s] - mx);
+                for (int64_t s = 0; s <= t; s++) p[s] /= sum;
+                for (int64_t s = t + 1; s < T; s++) p[s] = 0;
+                store(att, ((b * H + h) * T + t) * T, p, T);
+
+                for (int64_t i = 0; i < hs; i++) acc[i] = 0;
+                for (int64_t s = 0; s <= t; s++) {
+                    const double a = p[s], *restrict v = x + (b * T + s) * C3 + 2 * C + h * hs;
+                    double *restrict o = acc;
+                    for (int64_t i = 0; i < hs; i++) o[i] += a * v[i];
+                }
+                store(out, (b * T + t) * C + h * hs, acc, hs);
+            }
+done:
+    free(qo);
+    free(p);
+    free(acc);
+    return st;
+}
+
+/* With p = att[b,h,t,:] (the forward's, as saved) and g = dout[b,t,h-th head]:
+ *   dv_s += p[s] g;  dp[s] = g . v_s;  dpre[s] = p[s] (dp[s] - sum_r p[r] dp[r]) / sqrt(hs);
+ *   dq_t += dpre[s] k_s;  dk_s += dpre[s] q_t   (s <= t; the mask passes no gradient).
+ * Accumulated in a double copy of dqkv, stored once. */
+sg_status sg_attention_backward_cpu(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *att,
+                                    const sg_tensor *dout, sg_tensor *dqkv, sg_attn_dims d)
+{
+    const int64_t T = d.T, C = d.C, H = d.H, hs = d.hs, C3 = 3 * C;
+    const double scale = 1.0 / sqrt((double)hs);
+    double *xo = NULL, *ao = NULL, *go = NULL;
+    const double *x = as_f64(qkv, &xo), *pa = as_f64(att, &ao), *ga = as_f64(dout, &go);
+    double *dx = calloc((size_t)dqkv->numel, sizeof *dx), *dp = malloc((size_t)T * sizeof *dp);
+    sg_status st = SG_OK;
+    if (!x || !pa || !ga || !dx || !dp) {
+        st = oom(ctx, "sg_attention_backward");
+        goto done;
+    }
+    for (int64_t b = 0; b < d.B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++) {
+                const double *p = pa + ((b * H + h) * T + t) * T;
+                const double *g = ga + (b * T + t) * C + h * hs;
+                const double *q = x + (b * T + t) * C3 + h * hs;
+                double *dq = dx + (b * T + t) * C3 + h * hs;
+                double sum = 0;
+                for (int64_t s = 0; s <= t; s++) {
+                    const int64_t row = (b * T + s) * C3 + h * hs;
+                    double *restrict dv = dx + row + 2 * C;
+                    dp[s] = dot(g, x + row + 2 * C, hs);
+                    sum += p[s] * dp[s];
+                    for (int64_t i = 0; i < hs; i++) dv[i] += p[s] * g[i];
+                }
+                for (int64_t s = 0; s <= t; s++) {
+                    const int64_t row = (b * T + s) * C3 + h * hs;
+                    const double dpre = scale * p[s] * (dp[s] - sum);
+                    const double *restrict k = x + row + C;
+                    double *restrict dk = dx + row + C;
+                    for (int64_t i = 0; i < hs; i++) {
+                        dq[i] += dpre * k[i];
+                        dk[i] += dpre * q[i];
+                    }
+                }
+            }
+    store(dqkv, 0, dx, dqkv->numel);
+done:
+    free(xo);
+    free(ao);
+    free(go);
+    free(dx);
+    free(dp);
+    return st;
+}

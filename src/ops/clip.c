@@ -1,0 +1,65 @@
+/* clip.c: public entry point of global-norm gradient clipping: check grad, norm, nonfinite and
+ * max_norm, then run the CPU reference (through sg_cpu_run, so a CPU capture records it) or
+ * the CUDA kernels. Nothing is written before every check has passed. */
+#include "ops/clip.h"
+
+#include <stdint.h>
+
+/* A one-element output of dtype want. */
+static sg_status check_scalar(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
+                              sg_dtype want)
+{
+    SG_TRY(sg_check_dtype(ctx, fn, what, t, want));
+    if (t->numel != 1) {
+        char s[96];
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' is %s, expected 1 element", fn, what,
+                       sg_shape_str(t, s, sizeof s));
+    }
+    return SG_OK;
+}
+
+/* An output inside grad's storage would be overwritten by the scaling (or feed it). */
+static sg_status check_apart(sg_ctx *ctx, const char *fn, const sg_tensor *grad,
+                             const char *what, const sg_tensor *t)
+{
+    uintptr_t g0 = (uintptr_t)grad->data, g1 = g0 + sg_tensor_nbytes(grad);
+    uintptr_t t0 = (uintptr_t)t->data, t1 = t0 + sg_tensor_nbytes(t);
+    if (t0 < g1 && g0 < t1)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: '%s' (%s) overlaps grad's storage; expected a "
+                       "buffer of its own", fn, what, t->name);
+    return SG_OK;
+}
+
+typedef struct clip_args {
+    sg_tensor *grad, *norm, *nonfinite;
+    float max_norm;
+} clip_args;
+
+static sg_status clip_cpu(sg_ctx *ctx, const void *p)
+{
+    const clip_args *a = p;
+    sg_clip_grad_norm_cpu(a->grad, a->max_norm, a->norm, a->nonfinite);
+    return SG_OK;
+}
+
+/* grad: any shape, read as flat (P). max_norm NaN is refused (it would silently measure
+ * only); +inf is allowed and never scales. */
+sg_status sg_clip_grad_norm(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_tensor *norm,
+                            sg_tensor *nonfinite)
+{
+    const char *fn = "sg_clip_grad_norm";
+    if (!ctx) return SG_ERR_NULL;
+    SG_TRY(sg_check_float(ctx, fn, "grad", grad));
+    SG_TRY(check_scalar(ctx, fn, "norm", norm, SG_DTYPE_F32));
+    SG_TRY(check_scalar(ctx, fn, "nonfinite", nonfinite, SG_DTYPE_I32));
+    SG_TRY(check_apart(ctx, fn, grad, "norm", norm));
+    SG_TRY(check_apart(ctx, fn, grad, "nonfinite", nonfinite));
+    if (max_norm != max_norm)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: max_norm is NaN; expected a number (<= 0: "
+                       "measure only)", fn);
+    if (ctx->backend == SG_BACKEND_CPU) {
+        clip_args a = {grad, norm, nonfinite, max_norm};
+        return sg_cpu_run(ctx, clip_cpu, &a, sizeof a);
+    }
+    return SG_CUDA_DISPATCH(ctx, sg_clip_grad_norm_cuda(ctx, grad, max_norm, norm, nonfinite));
+}

@@ -1,0 +1,41 @@
+/* clip.h: global-norm gradient clipping over one flat buffer: the CPU reference (clip_cpu.c),
+ * the CUDA kernels (clip_cuda.cu: a deterministic sum of squares, then an in-place scale that
+ * reads the norm from device memory, so no host sync and capture-safe), and the public entry
+ * point (clip.c). */
+#ifndef SG_OPS_CLIP_H
+#define SG_OPS_CLIP_H
+
+#include "core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The sg_ctx_scratch slot of the CUDA reduction (per-block partials, the "last block done"
+ * counter, the norm in double for the scale kernel). */
+#define SG_SLOT_CLIP (SG_SLOT_COUNT - 2)
+
+/* The grid of the sum of squares never exceeds this many blocks (H100: 132 SMs x 4 = 528). */
+#define SG_CLIP_MAX_BLOCKS 2048
+/* Bytes of sg_ctx_scratch(ctx, SG_SLOT_CLIP, ...) the CUDA path uses: the counter at byte 0,
+ * the norm (double) at byte 8, partials (double) from byte 256. The first call of a context
+ * allocates and zero-fills it (one extra launch, not allowed during capture); reserve it up
+ * front with exactly this size so that every call (and capture) allocates nothing and the
+ * address stays put. */
+#define SG_CLIP_SCRATCH_BYTES (256 + 8 * SG_CLIP_MAX_BLOCKS)
+
+/* grad (P) f32 or f64, norm (1) F32, nonfinite (1) I32. In double: norm = sqrt(sum g^2) in
+ * index order (rescaled by the largest |g| when the f64 sum overflows); nonfinite = any g is
+ * inf or NaN; when neither that nor max_norm <= 0, g *= coef with coef = max_norm / (norm +
+ * 1e-6) if coef < 1 (min(1, coef): a factor 1 is skipped). */
+void sg_clip_grad_norm_cpu(sg_tensor *grad, float max_norm, sg_tensor *norm,
+                           sg_tensor *nonfinite);
+
+/* f32: one launch (max_norm <= 0: measure only) or two (measure, then scale). */
+sg_status sg_clip_grad_norm_cuda(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_tensor *norm,
+                                 sg_tensor *nonfinite);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

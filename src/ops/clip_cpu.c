@@ -1,0 +1,49 @@
+/* clip_cpu.c: reference global-norm gradient clipping (torch.nn.utils.clip_grad_norm_ with
+ * error_if_nonfinite=False, but leaving g alone when it holds an inf or a NaN), in double for
+ * every dtype. The oracle the CUDA kernels are tested against. */
+#include "ops/clip.h"
+
+#include <math.h>
+
+/* sqrt(sum g^2), all of g finite. Squares of f32 values cannot overflow a double sum (below
+ * 2^256 * 2^63); f64 ones can, and then the sum is redone on g / max|g|. */
+static double norm2(const sg_tensor *g)
+{
+    double s = 0;
+    for (int64_t i = 0; i < g->numel; i++) {
+        double v = sg_ld(g, i);
+        s += v * v;
+    }
+    if (isfinite(s)) return sqrt(s);
+    double amax = 0;
+    for (int64_t i = 0; i < g->numel; i++) amax = fmax(amax, fabs(sg_ld(g, i)));
+    s = 0;
+    for (int64_t i = 0; i < g->numel; i++) {
+        double v = sg_ld(g, i) / amax;
+        s += v * v;
+    }
+    return amax * sqrt(s);
+}
+
+void sg_clip_grad_norm_cpu(sg_tensor *grad, float max_norm, sg_tensor *norm, sg_tensor *nonfinite)
+{
+    int bad = 0;
+    double s = 0; /* with an inf or NaN in g: inf or NaN, what the norm reads then */
+    for (int64_t i = 0; i < grad->numel && !bad; i++) bad = !isfinite(sg_ld(grad, i));
+    double nd;
+    if (bad) {
+        for (int64_t i = 0; i < grad->numel; i++) {
+            double v = sg_ld(grad, i);
+            s += v * v;
+        }
+        nd = sqrt(s);
+    } else {
+        nd = norm2(grad);
+    }
+    sg_st(norm, 0, nd);
+    sg_st(nonfinite, 0, bad);
+    if (bad || !(max_norm > 0)) return;
+    double coef = (double)max_norm / (nd + 1e-6);
+    if (!(coef < 1.0)) return;
+    for (int64_t i = 0; i < grad->numel; i++) sg_st(grad, i, sg_ld(grad, i) * coef);
+}

@@ -1,0 +1,203 @@
+/* embedding_cuda.cu: token + position embedding kernels and their launchers. Storage type T
+ * (f32 now; bf16 is a template argument away: add its to_f/from_f and a case in the
+ * dispatch). One launch for the forward, one for the backward; deterministic, no atomics.
+ *
+ * Forward: a thread per (row i, V consecutive columns), 16-byte accesses where C and the
+ * pointers allow: y[i] = wte[tokens[i]] + wpe[i % T]; a token outside 0..V-1 reads as a zero
+ * row (no out-of-bounds read).
+ *
+ * Backward: block (row, chunk) owns 256 columns of one output row. Rows 0..V-1 are dwte: the
+ * block scans all B*T tokens in order, 256 at a time (one coalesced load, a warp ballot per
+ * 32), and each thread adds dy[i, c] in double for every position i whose token is that row,
+ * in increasing i; rows no token used come out zero. Rows V..V+Tmax-1 are dwpe: position t
+ * sums dy[b, t, c] over b in order (zero for t >= T). Cost: the scan reads V*ceil(C/256)*B*T
+ * tokens (V = 256, B*T = 2048, C = 768: 1.5M 4-byte loads, from L2) and the sums read each
+ * dy element once for dwte and once for dwpe. Sort-free and atomic-free; for a large
+ * vocabulary (50k) the scan grows with V and a sort-based kernel would pay. */
+#include "ops/embedding.h"
+
+#include <cuda_runtime.h>
+
+#define EMB_THREADS 256
+#define EMB_WARPS (EMB_THREADS / 32)
+#define EMB_FWD_BLOCKS_PER_SM 16 /* forward grid cap (grid-stride beyond it) */
+#define FULL_MASK 0xffffffffu
+
+/* ---- storage types ---- */
+
+__device__ __forceinline__ float to_f(float v)
+{
+    return v;
+}
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v)
+{
+    return v;
+}
+
+/* V consecutive elements, loaded and stored as one access (16 bytes when V = 16/sizeof(T)). */
+template <typename T, int V> struct alignas(sizeof(T) * V) vec_t {
+    T e[V];
+};
+
+/* ---- forward ---- */
+
+/* tokens (BT); wte (vocab, C); wpe (>= T, C); y (BT, C). C % V == 0. */
+template <typename T, int V>
+__global__ void __launch_bounds__(EMB_THREADS)
+    emb_forward_kernel(const int *__restrict__ tokens, const T *__restrict__ wte,
+                       const T *__restrict__ wpe, T *__restrict__ y, int64_t BT, int64_t T_len,
+                       int64_t C, int64_t vocab)
+{
+    typedef vec_t<T, V> vec;
+    const int64_t nv = C / V, n = BT * nv;
+    const int64_t stride = (int64_t)gridDim.x * EMB_THREADS;
+    for (int64_t k = (int64_t)blockIdx.x * EMB_THREADS + threadIdx.x; k < n; k += stride) {
+        const int64_t i = k / nv, j = k % nv;
+        const int tok = tokens[i];
+        const vec p = reinterpret_cast<const vec *>(wpe + (i % T_len) * C)[j];
+        vec out;
+        if (tok >= 0 && tok < vocab) {
+            const vec w = reinterpret_cast<const vec *>(wte + (int64_t)tok * C)[j];
+#pragma unroll
+            for (int e = 0; e < V; e++) out.e[e] = from_f<T>(to_f(w.e[e]) + to_f(p.e[e]));
+        } else {
+            out = p;
+        }
+        reinterpret_cast<vec *>(y + i * C)[j] = out;
+    }
+}
+
+/* ---- backward ---- */
+
+/* tokens (B*T); dy (B*T, C); dwte (vocab, C); dwpe (Tmax, C). Block b: output row b / chunks
+ * (dwte rows first, then dwpe rows), columns (b % chunks)*EMB_THREADS + threadIdx.x. Every
+ * branch on the row is uniform over the block. */
+template <typename T>
+__global__ void __launch_bounds__(EMB_THREADS)
+    emb_backward_kernel(const int *__restrict__ tokens, const T *__restrict__ dy,
+                        T *__restrict__ dwte, T *__restrict__ dwpe, int64_t B, int64_t T_len,
+                        int64_t C, int64_t vocab, int chunks)
+{
+    __shared__ unsigned sh_hits[EMB_WARPS];
+    const int64_t row = blockIdx.x / chunks;
+    const int64_t c = (int64_t)(blockIdx.x % chunks) * EMB_THREADS + threadIdx.x;
+    const bool col = c < C;
+    double acc = 0;
+    if (row < vocab) {
+        const int v = (int)row;
+        const int64_t BT = B * T_len;
+        for (int64_t base = 0; base < BT; base += EMB_THREADS) {
+            const int64_t i = base + threadIdx.x;
+            const unsigned hits = __ballot_sync(FULL_MASK, i < BT && tokens[i] == v);
+            if ((threadIdx.x & 31) == 0) sh_hits[threadIdx.x >> 5] = hits;
+            __syncthreads();
+            /* The tile's matching positions in increasing order: warp by warp, bit by bit. */
+            for (int w = 0; w < EMB_WARPS; w++) {
+                for (unsigned m = sh_hits[w]; m; m &= m - 1) {
+                    const int64_t pos = base + w * 32 + (__ffs(m) - 1);
+                    if (col) acc += (double)to_f(dy[pos * C + c]);
+                }
+            }
+            __syncthreads(); /* sh_hits is rewritten by the next tile */
+        }
+        if (col) dwte[row * C + c] = from_f<T>((float)acc);
+    } else if (col) {
+        const int64_t t = row - vocab;
+        if (t < T_len)
+            for (int64_t b = 0; b < B; b++) acc += (double)to_f(dy[(b * T_len + t) * C + c]);
+        dwpe[t * C + c] = from_f<T>((float)acc);
+    }
+}
+
+/* ---- launchers ---- */
+
+static bool aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+template <typename T, int V>
+static void launch_forward(int blocks, cudaStream_t st, const sg_tensor *tokens,
+                           const sg_tensor *wte, const sg_tensor *wpe, sg_tensor *y, int64_t BT,
+                           int64_t T_len, int64_t C, int64_t vocab)
+{
+    emb_forward_kernel<T, V>
+        <<<blocks, EMB_THREADS, 0, st>>>((const int *)tokens->data, (const T *)wte->data,
+                                         (const T *)wpe->data, (T *)y->data, BT, T_len, C, vocab);
+}
+
+template <typename T>
+static sg_status forward_t(sg_ctx *ctx, const sg_tensor *tokens, const sg_tensor *wte,
+                           const sg_tensor *wpe, sg_tensor *y)
+{
+    constexpr int VEC = 16 / sizeof(T);
+    const int64_t BT = tokens->numel, T_len = tokens->shape[1];
+    const int64_t vocab = wte->shape[0], C = wte->shape[1];
+    const bool vec =
+        C % VEC == 0 && aligned16(wte->data) && aligned16(wpe->data) && aligned16(y->data);
+    const int64_t per = vec ? VEC : 1;
+    const int64_t want = (BT * (C / per) + EMB_THREADS - 1) / EMB_THREADS;
+    const int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * EMB_FWD_BLOCKS_PER_SM;
+    const int blocks = (int)(want < 1 ? 1 : (want < cap ? want : cap));
+    cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
+    if (vec)
+        launch_forward<T, VEC>(blocks, st, tokens, wte, wpe, y, BT, T_len, C, vocab);
+    else
+        launch_forward<T, 1>(blocks, st, tokens, wte, wpe, y, BT, T_len, C, vocab);
+    SG_CUDA_CHECK_LAUNCH(ctx, "emb_forward_kernel");
+    sg_ctx_count_launches(ctx, 1);
+    return SG_OK;
+}
+
+template <typename T>
+static sg_status backward_t(sg_ctx *ctx, const sg_tensor *tokens, const sg_tensor *dy,
+                            sg_tensor *dwte, sg_tensor *dwpe)
+{
+    const int64_t B = tokens->shape[0], T_len = tokens->shape[1];
+    const int64_t vocab = dwte->shape[0], C = dwte->shape[1], Tmax = dwpe->shape[0];
+    const int64_t chunks = (C + EMB_THREADS - 1) / EMB_THREADS;
+    const int64_t blocks = (vocab + Tmax) * chunks;
+    if (blocks > INT32_MAX || vocab > INT32_MAX)
+        return sg_fail(ctx, SG_ERR_UNSUPPORTED,
+                       "sg_embedding_backward: (%lld + %lld) rows of "
+                       "%lld columns need %lld blocks; the CUDA kernel takes at most %d",
+                       (long long)vocab, (long long)Tmax, (long long)C, (long long)blocks,
+                       INT32_MAX);
+    emb_backward_kernel<T><<<(int)blocks, EMB_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
+        (const int *)tokens->data, (const T *)dy->data, (T *)dwte->data, (T *)dwpe->data, B, T_len,
+        C, vocab, (int)chunks);
+    SG_CUDA_CHECK_LAUNCH(ctx, "emb_backward_kernel");
+    sg_ctx_count_launches(ctx, 1);
+    return SG_OK;
+}
+
+extern "C" sg_status sg_embedding_forward_cuda(sg_ctx *ctx, const sg_tensor *tokens,
+                                               const sg_tensor *wte, const sg_tensor *wpe,
+                                               sg_tensor *y)
+{
+    switch (wte->dtype) {
+    case SG_DTYPE_F32:
+        return forward_t<float>(ctx, tokens, wte, wpe, y);
+    default:
+        return sg_fail(ctx, SG_ERR_DTYPE,
+                       "sg_embedding_forward: 'wte' is %s; the CUDA kernel "
+                       "takes f32",
+                       sg_dtype_name(wte->dtype));
+    }
+}
+
+extern "C" sg_status sg_embedding_backward_cuda(sg_ctx *ctx, const sg_tensor *tokens,
+                                                const sg_tensor *dy, sg_tensor *dwte,
+                                                sg_tensor *dwpe)
+{
+    switch (dy->dtype) {
+    case SG_DTYPE_F32:
+        return backward_t<float>(ctx, tokens, dy, dwte, dwpe);
+    default:
+        return sg_fail(ctx, SG_ERR_DTYPE,
+                       "sg_embedding_backward: 'dy' is %s; the CUDA kernel "
+                       "takes f32",
+                       sg_dtype_name(dy->dtype));
+    }
+}

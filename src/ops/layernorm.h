@@ -1,0 +1,39 @@
+/* layernorm.h: LayerNorm over the last dim, forward and backward: CPU references
+ * (layernorm_cpu.c), CUDA kernels (layernorm_cuda.cu), and the public entry points that check
+ * arguments (layernorm.c). Shapes: x (M, C) with leading dims flattened into M. */
+#ifndef SG_OPS_LAYERNORM_H
+#define SG_OPS_LAYERNORM_H
+
+#include "core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Columns the CUDA backward takes at most: its per-block dgamma/dbeta partials (double) live
+ * in a scratch buffer of fixed size, which must hold at least one block's 2*C partials. */
+#define SG_LAYERNORM_CUDA_MAX_C ((int64_t)1 << 18)
+
+/* x, y (M, C); gamma, beta (C); mean, rstd (M). Computed in double for every dtype; mean and
+ * rstd are stored in their own dtype (F32, or F64 for f64 gradient checks). */
+void sg_layernorm_forward_cpu(const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *beta,
+                              double eps, sg_tensor *y, sg_tensor *mean, sg_tensor *rstd);
+/* dx (M, C), dgamma (C), dbeta (C) written from x, gamma, the saved mean and rstd, and dy. */
+void sg_layernorm_backward_cpu(const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *mean,
+                               const sg_tensor *rstd, const sg_tensor *dy, sg_tensor *dx,
+                               sg_tensor *dgamma, sg_tensor *dbeta);
+
+/* f32 (mean, rstd f32). Forward: one launch. Backward: two launches (rows, then the column
+ * reduction of the per-block partials), deterministic; C <= SG_LAYERNORM_CUDA_MAX_C. */
+sg_status sg_layernorm_forward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
+                                    const sg_tensor *beta, float eps, sg_tensor *y, sg_tensor *mean,
+                                    sg_tensor *rstd);
+sg_status sg_layernorm_backward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
+                                     const sg_tensor *mean, const sg_tensor *rstd,
+                                     const sg_tensor *dy, sg_tensor *dx, sg_tensor *dgamma,
+                                     sg_tensor *dbeta);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

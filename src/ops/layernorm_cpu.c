@@ -1,0 +1,70 @@
+/* layernorm_cpu.c: reference LayerNorm over the last dim, forward and backward, computed in
+ * double for every dtype through sg_ld/sg_st. The oracle the CUDA kernels are tested against.
+ * Shapes: x, y, dy, dx (M, C); gamma, beta, dgamma, dbeta (C); mean, rstd (M). */
+#include "ops/layernorm.h"
+
+#include <math.h>
+
+/* Two passes per row: the mean, then the biased variance of (x - mean), so a large common
+ * offset does not cancel catastrophically as E[x^2] - mean^2 would. */
+void sg_layernorm_forward_cpu(const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *beta,
+                              double eps, sg_tensor *y, sg_tensor *mean, sg_tensor *rstd)
+{
+    int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
+    for (int64_t r = 0; r < M; r++) {
+        const int64_t o = r * C;
+        double m = 0;
+        for (int64_t c = 0; c < C; c++) m += sg_ld(x, o + c);
+        m /= (double)C;
+        double v = 0;
+        for (int64_t c = 0; c < C; c++) {
+            double d = sg_ld(x, o + c) - m;
+            v += d * d;
+        }
+        v /= (double)C;
+        double s = 1.0 / sqrt(v + eps);
+        for (int64_t c = 0; c < C; c++)
+            sg_st(y, o + c, (sg_ld(x, o + c) - m) * s * sg_ld(gamma, c) + sg_ld(beta, c));
+        sg_st(mean, r, m);
+        sg_st(rstd, r, s);
+    }
+}
+
+/* With xhat = (x - mean) * rstd and g = dy * gamma, per row:
+ *   dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)),
+ * and over rows: dgamma = sum_r dy * xhat, dbeta = sum_r dy. The statistics are the saved
+ * ones (as the CUDA kernels read them), not recomputed. dgamma and dbeta are summed column by
+ * column (strided reads, no temporary buffer: replaying a captured plan allocates nothing). */
+void sg_layernorm_backward_cpu(const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *mean,
+                               const sg_tensor *rstd, const sg_tensor *dy, sg_tensor *dx,
+                               sg_tensor *dgamma, sg_tensor *dbeta)
+{
+    int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
+    for (int64_t r = 0; r < M; r++) {
+        const int64_t o = r * C;
+        double m = sg_ld(mean, r), s = sg_ld(rstd, r);
+        double g_mean = 0, gx_mean = 0;
+        for (int64_t c = 0; c < C; c++) {
+            double g = sg_ld(dy, o + c) * sg_ld(gamma, c);
+            g_mean += g;
+            gx_mean += g * (sg_ld(x, o + c) - m) * s;
+        }
+        g_mean /= (double)C;
+        gx_mean /= (double)C;
+        for (int64_t c = 0; c < C; c++) {
+            double g = sg_ld(dy, o + c) * sg_ld(gamma, c);
+            double xhat = (sg_ld(x, o + c) - m) * s;
+            sg_st(dx, o + c, s * (g - g_mean - xhat * gx_mean));
+        }
+    }
+    for (int64_t c = 0; c < C; c++) {
+        double dg = 0, db = 0;
+        for (int64_t r = 0; r < M; r++) {
+            double d = sg_ld(dy, r * C + c);
+            dg += d * (sg_ld(x, r * C + c) - sg_ld(mean, r)) * sg_ld(rstd, r);
+            db += d;
+        }
+        sg_st(dgamma, c, dg);
+        sg_st(dbeta, c, db);
+    }
+}

@@ -1,0 +1,469 @@
+/* test_clip.c: global-norm gradient clipping. `cpu`: the reference's norm against a
+ * compensated double sum written here, scaling only above max_norm (by max_norm / (norm +
+ * 1e-6)), measure-only for max_norm <= 0, nonfinite detection (inf, -inf, NaN) with g left
+ * alone, an f64 sum that overflows, argument errors, and a CPU capture replayed on new
+ * gradients. `gpu`: the CUDA kernels against the CPU reference for P from 1 to ~25M (norm and
+ * scaled g to 1 f32 ulp), bitwise determinism, one or two launches, the scratch counter back
+ * at 0, misaligned buffers, nonfinite detection, and a CUDA Graph of the whole clip (no host
+ * sync inside) replayed on new gradients. */
+#include "testutil.h"
+
+#include "ops/clip.h"
+
+/* sqrt(sum g^2) by Kahan-Babuska (Neumaier) summation: another order and another rounding
+ * than the reference's plain index-order sum. */
+static double naive_norm(const double *g, int64_t n)
+{
+    double s = 0, c = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double v = g[i] * g[i], t = s + v;
+        c += fabs(s) >= fabs(v) ? (s - t) + v : (v - t) + s;
+        s = t;
+    }
+    return sqrt(s + c);
+}
+
+static double read1(const sg_tensor *t)
+{
+    double *v = tu_get(t);
+    double x = v[0];
+    free(v);
+    return x;
+}
+
+/* g's bits are what they were (host copy `before`, dtype-rounded). */
+static void expect_unchanged(const char *what, const sg_tensor *g, const double *before)
+{
+    double *now = tu_get(g);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < g->numel; i++)
+        bad += memcmp(&now[i], &before[i], sizeof(double)) != 0;
+    TU_CHECK(bad == 0, "%s: %lld of %lld elements of g changed", what, (long long)bad,
+             (long long)g->numel);
+    free(now);
+}
+
+/* ---- cpu ---- */
+
+/* The f32 norm is the double norm rounded once: within half an f32 ulp (2^-24) of the exact
+ * value, and the two double sums differ by far less, so rtol 2^-23 holds. For f64 gradients
+ * the norm is still stored in f32 (the API's norm tensor is F32): the same bound. */
+static const tu_tol norm_tol = {0, 1.1920928955078125e-07};
+
+/* On random g of P elements in (-mag, mag): measure only (max_norm 0 and -1), then max_norm
+ * above the norm (no change), below it (scaled), and +inf (no change). */
+static void cpu_norm_and_scale(sg_dtype dt, int64_t P, double mag)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    const char *dn = sg_dtype_name(dt);
+    sg_tensor *g = tu_tensor1(ctx, dt, P, "grad");
+    sg_tensor *norm = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm");
+    sg_tensor *nf = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nonfinite");
+    free(tu_random(g, -mag, mag));
+    double *g0 = tu_get(g); /* as stored (f32-rounded when dt is) */
+    double ref = naive_norm(g0, P);
+    char what[128];
+
+    const float measure[2] = {0.f, -1.f};
+    for (int k = 0; k < 2; k++) {
+        tu_poison(norm), tu_poison(nf);
+        TU_OK(ctx, sg_clip_grad_norm(ctx, g, measure[k], norm, nf));
+        double got = read1(norm);
+        snprintf(what, sizeof what, "cpu %s P=%lld max_norm %g: norm", dn, (long long)P,
+                 (double)measure[k]);
+        tu_close(what, &got, &ref, 1, norm_tol);
+        TU_CHECK(read1(nf) == 0, "%s: nonfinite is %g", what, read1(nf));
+        expect_unchanged(what, g, g0);
+    }
+
+    /* coef = max_norm / (norm + 1e-6) >= 1: g untouched. (As PyTorch's clip_grad_norm_, the
+     * 1e-6 counts: with tiny gradients a max_norm just above the norm still scales.) */
+    TU_OK(ctx, sg_clip_grad_norm(ctx, g, (float)((ref + 1e-6) * 1.01), norm, nf));
+    snprintf(what, sizeof what, "cpu %s P=%lld max_norm above the norm", dn, (long long)P);
+    expect_unchanged(what, g, g0);
+
+    /* max_norm below it: g *= max_norm / (norm + 1e-6), rounded once to the dtype. The test's
+     * coef uses its own sum, which differs from the reference's by ~1e-16 relative; so f32
+     * results may differ by 1 ulp (rtol 2^-23), f64 by a few (rtol 1e-14). */
+    float max_norm = (float)(ref * 0.5);
+    TU_OK(ctx, sg_clip_grad_norm(ctx, g, max_norm, norm, nf));
+    double coef = (double)max_norm / (ref + 1e-6);
+    double *want = malloc((size_t)P * sizeof *want), *got = tu_get(g);
+    for (int64_t i = 0; i < P; i++) want[i] = dt == SG_DTYPE_F32 ? (float)(g0[i] * coef) : g0[i] * coef;
+    tu_tol tol = dt == SG_DTYPE_F32 ? (tu_tol){0, 1.1920928955078125e-07} : (tu_tol){0, 1e-14};
+    snprintf(what, sizeof what, "cpu %s P=%lld clipped to %g: g", dn, (long long)P, (double)max_norm);
+    tu_close(what, got, want, P, tol);
+    TU_CHECK(read1(nf) == 0, "%s: nonfinite is set", what);
+    /* Measured again, the norm is max_norm * norm / (norm + 1e-6). */
+    TU_OK(ctx, sg_clip_grad_norm(ctx, g, 0.f, norm, nf));
+    double after = read1(norm), after_ref = (double)max_norm * ref / (ref + 1e-6);
+    snprintf(what, sizeof what, "cpu %s P=%lld: the norm after clipping", dn, (long long)P);
+    tu_close(what, &after, &after_ref, 1, (tu_tol){0, 2.4e-7});
+    /* max_norm = +inf never scales. */
+    free(got);
+    got = tu_get(g);
+    TU_OK(ctx, sg_clip_grad_norm(ctx, g, INFINITY, norm, nf));
+    expect_unchanged("cpu max_norm inf", g, got);
+
+    free(g0), free(want), free(got);
+    sg_tensor_destroy(g), sg_tensor_destroy(norm), sg_tensor_destroy(nf);
+    sg_ctx_destroy(ctx);
+}
+
+/* An inf, a -inf, a NaN (and inf with NaN) set nonfinite, leave g as it was although max_norm
+ * is far below the norm, and show in the norm (inf, or NaN); a clean g clears the flag. */
+static void check_nonfinite(sg_ctx *ctx, sg_dtype dt, int64_t P)
+{
+    const char *be = sg_backend_name(ctx->backend);
+    sg_tensor *g = tu_tensor1(ctx, dt, P, "grad");
+    sg_tensor *norm = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm");
+    sg_tensor *nf = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nonfinite");
+    double *clean = malloc((size_t)P * sizeof *clean);
+    for (int64_t i = 0; i < P; i++) clean[i] = tu_uniform(-1, 1);
+    struct {
+        const char *what;
+        double v1, v2;
+        int norm_nan;
+    } cases[] = {{"inf", INFINITY, 0.5, 0}, {"-inf", -INFINITY, 0.5, 0},
+                 {"NaN", NAN, 0.5, 1}, {"inf and NaN", INFINITY, NAN, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        if (P < 2 && !isfinite(cases[c].v2)) continue; /* two bad values need two elements */
+        /* One bad value anywhere before the last element, the other in the last element (on
+         * CUDA, the float4 part and the tail when P % 4 != 0). */
+        int64_t i1 = P < 2 ? 0 : (int64_t)(tu_next() % (uint64_t)(P - 1)), i2 = P - 1;
+        double keep1 = clean[i1], keep2 = clean[i2];
+        clean[i2] = cases[c].v2;
+        clean[i1] = cases[c].v1;
+        tu_set(g, clean);
+        double *before = tu_get(g);
+        tu_poison(norm), tu_poison(nf);
+        TU_OK(ctx, sg_clip_grad_norm(ctx, g, 1e-3f, norm, nf));
+        char what[128];
+        snprintf(what, sizeof what, "%s %s P=%lld with %s", be, sg_dtype_name(dt), (long long)P,
+                 cases[c].what);
+        TU_CHECK(read1(nf) == 1, "%s: nonfinite is %g, expected 1", what, read1(nf));
+        double nv = read1(norm);
+        TU_CHECK(cases[c].norm_nan ? isnan(nv) : (isinf(nv) && nv > 0), "%s: norm is %g", what, nv);
+        expect_unchanged(what, g, before);
+        free(before);
+        clean[i2] = keep2;
+        clean[i1] = keep1;
+    }
+    tu_set(g, clean);
+    TU_OK(ctx, sg_clip_grad_norm(ctx, g, 0.f, norm, nf));
+    TU_CHECK(read1(nf) == 0, "%s: nonfinite is %g on a clean g after a bad one", be, read1(nf));
+    free(clean);
+    sg_tensor_destroy(g), sg_tensor_destroy(norm), sg_tensor_destroy(nf);
+}
+
+/* f64 squares can overflow the sum though every value is finite: nonfinite stays 0 and the
+ * scaling uses the true norm (the f32 norm tensor reads inf: it cannot hold 1.45e200). */
+static void cpu_f64_overflow(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    sg_tensor *g = tu_tensor1(ctx, SG_DTYPE_F64, 3, "grad");
+    sg_tensor *norm = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm");
+    sg_tensor *nf = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nonfinite");
+    double v[3] = {1e200, -1e200, 3e199}, true_norm = 1e200 * sqrt(2.09);
+    tu_set(g, v);
+    TU_OK(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm, nf));
+    TU_CHECK(read1(nf) == 0, "f64 overflow: nonfinite is set though every value is finite");
+    double *got = tu_get(g), want[3];
+    for (int i = 0; i < 3; i++) want[i] = v[i] / true_norm;
+    tu_close("f64 overflow: g clipped to norm 1", got, want, 3, (tu_tol){0, 1e-12});
+    free(got);
+    sg_tensor_destroy(g), sg_tensor_destroy(norm), sg_tensor_destroy(nf);
+    sg_ctx_destroy(ctx);
+}
+
+/* Every argument check, each failing before anything is written; the context stays usable. */
+static void cpu_errors(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU), *other = tu_ctx(SG_BACKEND_CPU);
+    const int64_t P = 10;
+    sg_tensor *g = tu_tensor1(ctx, SG_DTYPE_F32, P, "grad"), *g_i32 = tu_tensor1(ctx, SG_DTYPE_I32, P, "g_i32");
+    sg_tensor *norm = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm"), *nf = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nonfinite");
+    sg_tensor *norm64 = tu_tensor1(ctx, SG_DTYPE_F64, 1, "norm64"), *norm2 = tu_tensor1(ctx, SG_DTYPE_F32, 2, "norm2");
+    sg_tensor *nf_f32 = tu_tensor1(ctx, SG_DTYPE_F32, 1, "nf_f32"), *nf2 = tu_tensor1(ctx, SG_DTYPE_I32, 2, "nf2");
+    sg_tensor *norm_other = tu_tensor1(other, SG_DTYPE_F32, 1, "norm_other");
+    int64_t one = 1;
+    sg_tensor *norm_in_g = NULL;
+    TU_OK(ctx, sg_tensor_view(g, 3, 1, &one, "norm_in_g", &norm_in_g));
+    free(tu_random(g, -1, 1));
+    double *g0 = tu_get(g);
+    tu_poison(norm), tu_poison(nf);
+
+    TU_FAILS(ctx, sg_clip_grad_norm(ctx, NULL, 1.f, norm, nf), SG_ERR_NULL, "'grad'");
+    TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, NULL, nf), SG_ERR_NULL, "'norm'");
+    TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm, NULL), SG_ERR_NULL, "'nonfinite'");
+    TU_FAILS(ctx, sg_clip_grad_norm(ctx, g_i32, 1.f, norm, nf), SG_ERR_DTYPE, "'grad'");
+    TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm64, nf), SG_ERR_DTYPE, "'norm'");
+    TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm2, nf), SG_ERR_SHAPE, "expected 1 element");
+    TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm, nf_f32), SG_ERR_DTYPE, "sg_clip_grad_norm: tensor 'nonfinite'");
+    TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm, nf2), SG_ERR_SHAPE, "'nonfinite'");
+    TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm_other, nf), SG_ERR_BACKEND, "another context");
+    TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, NAN, norm, nf), SG_ERR_INVALID, "max_norm is NaN");
+    TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm_in_g, nf), SG_ERR_INVALID, "overlaps");
+    TU_CHECK(sg_clip_grad_norm(NULL, g, 1.f, norm, nf) == SG_ERR_NULL, "NULL ctx accepted");
+
+    /* Nothing was written by the rejected calls. */
+    expect_unchanged("g after rejected calls", g, g0);
+    TU_CHECK(isnan(read1(norm)), "norm written by rejected calls");
+    TU_CHECK(read1(nf) == -123456789.0, "nonfinite written by rejected calls");
+    /* The context works: a valid call clips. */
+    TU_OK(ctx, sg_clip_grad_norm(ctx, g, 1e-3f, norm, nf));
+    TU_CHECK(read1(nf) == 0 && read1(norm) > 0, "the valid call after the errors did not measure");
+    free(g0);
+    sg_tensor *ts[] = {norm_in_g, g, g_i32, norm, nf, norm64, norm2, nf_f32, nf2, norm_other};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+    sg_ctx_destroy(other);
+    sg_ctx_destroy(ctx);
+}
+
+/* ---- capture: the clip alone, replayed on new gradients ---- */
+
+typedef struct clip_step {
+    sg_ctx *ctx;
+    sg_tensor *g, *norm, *nf;
+    float max_norm;
+} clip_step;
+
+static sg_status clip_step_fn(void *u)
+{
+    clip_step *s = u;
+    return sg_clip_grad_norm(s->ctx, s->g, s->max_norm, s->norm, s->nf);
+}
+
+/* Captures the clip on ctx (on CUDA: inside a stream capture, where a host sync or read
+ * would fail it), then for two new gradients (copied in outside the graph) one replay each
+ * must match the CPU reference on ref_ctx. nodes: the expected node count. */
+static void check_capture(sg_ctx *ctx, sg_ctx *ref_ctx, int64_t P, int nodes)
+{
+    const char *be = sg_backend_name(ctx->backend);
+    sg_tensor *g = tu_tensor1(ctx, SG_DTYPE_F32, P, "grad"), *gr = tu_tensor1(ref_ctx, SG_DTYPE_F32, P, "grad_ref");
+    sg_tensor *norm = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm"), *nf = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nf");
+    sg_tensor *norm_r = tu_tensor1(ref_ctx, SG_DTYPE_F32, 1, "norm_ref");
+    sg_tensor *nf_r = tu_tensor1(ref_ctx, SG_DTYPE_I32, 1, "nf_ref");
+    free(tu_random(g, -1, 1));
+    tu_poison(norm), tu_poison(nf);
+    /* max_norm: about half the norm of uniform(-1, 1) values, sqrt(P / 3). */
+    clip_step s = {ctx, g, norm, nf, (float)(0.5 * sqrt(P / 3.0))};
+    sg_graph_options o = sg_graph_options_default();
+    o.name = "clip";
+    o.warmup = 0;
+    sg_graph *gph = NULL;
+    TU_OK(ctx, sg_graph_capture(ctx, clip_step_fn, &s, &o, &gph));
+    if (!sg_graphs_disabled()) {
+        sg_graph_stats st;
+        TU_OK(ctx, sg_graph_get_stats(gph, &st));
+        TU_CHECK(st.nodes == nodes, "%s: the clip graph holds %d nodes, expected %d", be, st.nodes,
+                 nodes);
+        TU_CHECK(isnan(read1(norm)), "%s: capture ran the clip", be);
+    }
+    for (int k = 0; k < 2; k++) {
+        double *v = tu_random(g, -1, 1);
+        tu_set(gr, v);
+        free(v);
+        tu_poison(norm), tu_poison(nf);
+        TU_OK(ctx, sg_graph_replay(gph));
+        TU_OK(ref_ctx, sg_clip_grad_norm(ref_ctx, gr, s.max_norm, norm_r, nf_r));
+        char what[96];
+        snprintf(what, sizeof what, "%s: clip replay %d: g", be, k);
+        tu_close_tensors(what, g, gr, (tu_tol){0, 1.1920928955078125e-07});
+        snprintf(what, sizeof what, "%s: clip replay %d: norm", be, k);
+        tu_close_tensors(what, norm, norm_r, norm_tol);
+        TU_CHECK(read1(nf) == 0, "%s: clip replay %d: nonfinite %g", be, k, read1(nf));
+    }
+    sg_graph_destroy(gph);
+    sg_tensor *ts[] = {g, gr, norm, nf, norm_r, nf_r};
+    for (int i = 0; i < 6; i++) sg_tensor_destroy(ts[i]);
+}
+
+static void cpu_tests(void)
+{
+    const int64_t Ps[] = {1, 5, 1000, 100003};
+    for (size_t i = 0; i < sizeof Ps / sizeof *Ps; i++) {
+        cpu_norm_and_scale(SG_DTYPE_F32, Ps[i], 1.0);
+        cpu_norm_and_scale(SG_DTYPE_F64, Ps[i], 1.0);
+    }
+    cpu_norm_and_scale(SG_DTYPE_F32, 4099, 1e-20); /* tiny gradients: norm + 1e-6 is 1e-6 */
+    cpu_norm_and_scale(SG_DTYPE_F32, 4099, 1e15);
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    check_nonfinite(ctx, SG_DTYPE_F32, 1001);
+    check_nonfinite(ctx, SG_DTYPE_F64, 7);
+    check_nonfinite(ctx, SG_DTYPE_F32, 1);
+    check_capture(ctx, ctx, 1001, 1);
+    sg_ctx_destroy(ctx);
+    cpu_f64_overflow();
+    cpu_errors();
+}
+
+/* ---- gpu ---- */
+
+/* Host f32 data straight into a tensor (no double staging: P reaches 25M). */
+static void set_f32(sg_tensor *t, const float *v)
+{
+    TU_OK(t->ctx, sg_tensor_copy_from_host(t, v, (size_t)t->numel * sizeof(float)));
+    TU_OK(t->ctx, sg_ctx_sync(t->ctx));
+}
+
+static void get_f32(const sg_tensor *t, float *v)
+{
+    TU_OK(t->ctx, sg_tensor_copy_to_host(t, v, (size_t)t->numel * sizeof(float)));
+}
+
+/* Elements of a and b (n) more than 1 f32 ulp (rtol 2^-23) apart; prints the worst. */
+static void close_f32(const char *what, const float *got, const float *ref, int64_t n)
+{
+    int64_t bad = 0, worst = -1;
+    double worst_rel = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]), lim = 1.1920928955078125e-07 * fabs((double)ref[i]);
+        if (!(d <= lim)) {
+            bad++;
+            double rel = ref[i] != 0 ? d / fabs((double)ref[i]) : INFINITY;
+            if (worst < 0 || !(rel <= worst_rel)) worst = i, worst_rel = rel;
+        }
+    }
+    TU_CHECK(bad == 0, "%s: %lld of %lld elements more than 1 ulp from the reference; worst [%lld] "
+             "got %.9g ref %.9g", what, (long long)bad, (long long)n, (long long)worst,
+             worst < 0 ? 0.0 : got[worst], worst < 0 ? 0.0 : ref[worst]);
+}
+
+/* The "last block done" counter in scratch is back at 0 for the next call or replay. */
+static void expect_counter_zero(sg_ctx *gpu, const char *what)
+{
+    double *c = tu_get(gpu->scratch[SG_SLOT_CLIP]);
+    TU_CHECK(c[0] == 0, "%s: the block counter is %g, expected 0", what, c[0]);
+    free(c);
+}
+
+/* Raw bits of a one-element tensor. */
+static uint32_t bits1(const sg_tensor *t)
+{
+    uint32_t b;
+    TU_OK(t->ctx, sg_tensor_copy_to_host(t, &b, 4));
+    return b;
+}
+
+/* P elements: measure only (1 launch), twice (bitwise the same norm), against the CPU; then
+ * max_norm above the norm (2 launches, g untouched) and below it (g scaled), twice from the
+ * same input (bitwise the same g), against the CPU. misaligned: views at element 1.
+ *
+ * Tolerances: the GPU sums in double in another order than the CPU's index-order double sum;
+ * both are within P * 2^-53 (3e-9 at 25M) of the exact sum, so the f32 norms differ by at most
+ * 1 ulp (rtol 2^-23); the scale factors then differ by about 1e-9 relative at most, so each
+ * scaled element, rounded once to f32, is within 1 ulp of the reference as well. */
+static void gpu_run(sg_ctx *gpu, sg_ctx *cpu, int64_t P, int misaligned)
+{
+    char what[160];
+    snprintf(what, sizeof what, "gpu P=%lld%s", (long long)P, misaligned ? " misaligned" : "");
+    sg_tensor *base = NULL, *g;
+    if (misaligned) {
+        base = tu_tensor1(gpu, SG_DTYPE_F32, P + 1, "base");
+        TU_OK(gpu, sg_tensor_view(base, 1, 1, &P, "grad", &g));
+    } else {
+        g = tu_tensor1(gpu, SG_DTYPE_F32, P, "grad");
+    }
+    sg_tensor *gc = tu_tensor1(cpu, SG_DTYPE_F32, P, "grad_ref");
+    sg_tensor *norm = tu_tensor1(gpu, SG_DTYPE_F32, 1, "norm"), *nf = tu_tensor1(gpu, SG_DTYPE_I32, 1, "nf");
+    sg_tensor *norm_c = tu_tensor1(cpu, SG_DTYPE_F32, 1, "norm_ref"), *nf_c = tu_tensor1(cpu, SG_DTYPE_I32, 1, "nf_ref");
+    float *g0 = malloc((size_t)P * sizeof *g0), *a = malloc((size_t)P * sizeof *a);
+    float *b = malloc((size_t)P * sizeof *b);
+    for (int64_t i = 0; i < P; i++) g0[i] = (float)tu_uniform(-1, 1);
+    set_f32(g, g0);
+    set_f32(gc, g0);
+
+    /* Measure only. */
+    tu_poison(norm), tu_poison(nf);
+    uint64_t before = sg_ctx_launch_count(gpu);
+    TU_OK(gpu, sg_clip_grad_norm(gpu, g, 0.f, norm, nf));
+    uint64_t launches = sg_ctx_launch_count(gpu) - before;
+    TU_CHECK(launches == 1, "%s: %llu launches to measure, expected 1", what, (unsigned long long)launches);
+    uint32_t bits = bits1(norm);
+    TU_OK(gpu, sg_clip_grad_norm(gpu, g, -1.f, norm, nf));
+    TU_CHECK(bits1(norm) == bits, "%s: two runs gave norms %08x and %08x: not deterministic", what,
+             (unsigned)bits, (unsigned)bits1(norm));
+    TU_OK(cpu, sg_clip_grad_norm(cpu, gc, 0.f, norm_c, nf_c));
+    char label[200];
+    snprintf(label, sizeof label, "%s: norm", what);
+    tu_close_tensors(label, norm, norm_c, norm_tol);
+    TU_CHECK(read1(nf) == 0, "%s: nonfinite is %g", what, read1(nf));
+    get_f32(g, a);
+    TU_CHECK(memcmp(a, g0, (size_t)P * sizeof *a) == 0, "%s: measuring changed g", what);
+    expect_counter_zero(gpu, what);
+    double nd = read1(norm_c);
+
+    /* max_norm above norm + 1e-6 (coef >= 1): two launches, g untouched. */
+    before = sg_ctx_launch_count(gpu);
+    TU_OK(gpu, sg_clip_grad_norm(gpu, g, (float)((nd + 1e-6) * 1.01), norm, nf));
+    launches = sg_ctx_launch_count(gpu) - before;
+    TU_CHECK(launches == 2, "%s: %llu launches to clip, expected 2", what, (unsigned long long)launches);
+    get_f32(g, a);
+    TU_CHECK(memcmp(a, g0, (size_t)P * sizeof *a) == 0, "%s: g changed though its norm is below max_norm",
+             what);
+
+    /* max_norm below it: scaled; twice from the same input, the same bits. */
+    float max_norm = (float)(nd * 0.5);
+    for (int rep = 0; rep < 2; rep++) {
+        set_f32(g, g0);
+        TU_OK(gpu, sg_clip_grad_norm(gpu, g, max_norm, norm, nf));
+        get_f32(g, rep == 0 ? a : b);
+    }
+    TU_CHECK(memcmp(a, b, (size_t)P * sizeof *a) == 0, "%s: two clips of the same g differ in their "
+             "bits: not deterministic", what);
+    TU_OK(cpu, sg_clip_grad_norm(cpu, gc, max_norm, norm_c, nf_c));
+    get_f32(gc, b);
+    snprintf(label, sizeof label, "%s: g clipped to %g", what, (double)max_norm);
+    close_f32(label, a, b, P);
+    expect_counter_zero(gpu, what);
+
+    free(g0), free(a), free(b);
+    sg_tensor *ts[] = {g, base, gc, norm, nf, norm_c, nf_c};
+    for (int i = 0; i < 7; i++) sg_tensor_destroy(ts[i]);
+}
+
+/* The checks CUDA can make without reading device memory. */
+static void gpu_errors(sg_ctx *gpu, sg_ctx *cpu)
+{
+    sg_tensor *g = tu_tensor1(gpu, SG_DTYPE_F32, 8, "grad"), *g_bf16 = tu_tensor1(gpu, SG_DTYPE_BF16, 8, "g_bf16");
+    sg_tensor *norm = tu_tensor1(gpu, SG_DTYPE_F32, 1, "norm"), *nf = tu_tensor1(gpu, SG_DTYPE_I32, 1, "nf");
+    sg_tensor *norm_cpu = tu_tensor1(cpu, SG_DTYPE_F32, 1, "norm_cpu");
+    TU_FAILS(gpu, sg_clip_grad_norm(gpu, g_bf16, 1.f, norm, nf), SG_ERR_DTYPE, "'grad'");
+    TU_FAILS(gpu, sg_clip_grad_norm(gpu, g, 1.f, norm_cpu, nf), SG_ERR_BACKEND, "another context");
+    TU_FAILS(gpu, sg_clip_grad_norm(gpu, g, 1.f, nf, nf), SG_ERR_DTYPE, "'norm'");
+    free(tu_random(g, -1, 1));
+    TU_OK(gpu, sg_clip_grad_norm(gpu, g, 1.f, norm, nf)); /* the context still works */
+    sg_tensor *ts[] = {g, g_bf16, norm, nf, norm_cpu};
+    for (int i = 0; i < 5; i++) sg_tensor_destroy(ts[i]);
+}
+
+static void gpu_tests(void)
+{
+    sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
+    sg_ctx *cpu = tu_ctx(SG_BACKEND_CPU);
+    /* The first call of a context allocates and zero-fills the scratch (one more launch, and
+     * an allocation capture forbids); reserve it up front, as a trainer does. */
+    void *scratch;
+    TU_OK(gpu, sg_ctx_scratch(gpu, SG_SLOT_CLIP, SG_CLIP_SCRATCH_BYTES, &scratch));
+    /* Single elements, the float4 tail, one block, many blocks, and a GPT-2-small-sized
+     * buffer (more float4s than threads of the grid: the grid-stride loop). */
+    const int64_t Ps[] = {1, 5, 1000, (1 << 20) + 7, 25198602};
+    for (size_t i = 0; i < sizeof Ps / sizeof *Ps; i++) gpu_run(gpu, cpu, Ps[i], 0);
+    gpu_run(gpu, cpu, 1001, 1);
+    check_nonfinite(gpu, SG_DTYPE_F32, (1 << 20) + 3);
+    check_nonfinite(gpu, SG_DTYPE_F32, 1);
+    check_capture(gpu, cpu, (1 << 20) + 5, 2);
+    gpu_errors(gpu, cpu);
+    sg_ctx_destroy(cpu);
+    sg_ctx_destroy(gpu);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "cpu";
+    tu_seed("test_clip");
+    if (!strcmp(mode, "gpu")) gpu_tests();
+    else cpu_tests();
+    return tu_finish("test_clip");
+}

@@ -1,0 +1,576 @@
+/* test_layernorm.c: LayerNorm forward and backward. `cpu`: the forward against the formula
+ * written here, float64 finite differences of dx, dgamma and dbeta (N-D x, C odd and even),
+ * argument errors (the context usable afterwards), and a captured plan that replays it.
+ * `gpu`: the CUDA kernels against the CPU reference on fresh random inputs (warp-per-row and
+ * block-per-row, 16-byte and scalar paths), outputs poisoned first; bitwise determinism; the
+ * launches per call; a captured graph that reproduces the eager results bit for bit. */
+#include "ops/layernorm.h" /* SG_LAYERNORM_CUDA_MAX_C */
+#include "testutil.h"
+
+/* ---- shared helpers ---- */
+
+/* x values: uniform in [-2, 2) plus an offset per row in [-off, off), so the mean is not ~0
+ * and the variance pass must subtract it. Two elements of each row (C >= 2) sit at offset
+ * -+1.5, so no row's variance is tiny by chance: f32 cannot resolve x - mean of such a row
+ * (an f32 mean is off by up to half an ulp of |mean|, and y scales that by rstd), whatever
+ * the kernel. Returns host doubles (caller frees). */
+static double *random_rows(sg_tensor *x, double off)
+{
+    int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
+    double *v = malloc((size_t)x->numel * sizeof *v);
+    for (int64_t r = 0; r < M; r++) {
+        double o = off > 0 ? tu_uniform(-off, off) : 0;
+        for (int64_t c = 0; c < C; c++) v[r * C + c] = o + tu_uniform(-2, 2);
+        if (C >= 2) {
+            int64_t p = tu_randint(0, (int)C - 1), q = (p + tu_randint(1, (int)C - 1)) % C;
+            v[r * C + p] = o - 1.5;
+            v[r * C + q] = o + 1.5;
+        }
+    }
+    tu_set(x, v);
+    return v;
+}
+
+/* The definition, written out: mean, biased variance, y = (x - mean) / sqrt(var + eps) * g + b. */
+static void naive_layernorm(const double *x, const double *g, const double *b, int64_t M, int64_t C,
+                            double eps, double *y, double *mean, double *rstd)
+{
+    for (int64_t r = 0; r < M; r++) {
+        const double *xr = x + r * C;
+        double s = 0, q = 0;
+        for (int64_t c = 0; c < C; c++) s += xr[c];
+        double m = s / C;
+        for (int64_t c = 0; c < C; c++) q += (xr[c] - m) * (xr[c] - m);
+        double sd = sqrt(q / C + eps);
+        for (int64_t c = 0; c < C; c++) y[r * C + c] = (xr[c] - m) / sd * g[c] + b[c];
+        mean[r] = m;
+        rstd[r] = 1 / sd;
+    }
+}
+
+static void destroy_all(sg_tensor **ts, size_t n)
+{
+    for (size_t i = 0; i < n; i++) sg_tensor_destroy(ts[i]);
+}
+
+/* Compares t's values with ref (n host doubles). */
+static void close_vals(const char *what, const sg_tensor *t, const double *ref, int64_t n,
+                       tu_tol tol)
+{
+    double *got = tu_get(t);
+    tu_close(what, got, ref, n, tol);
+    free(got);
+}
+
+/* Compares two tensors under the label "<what> <name>". */
+static void close_named(const char *what, const char *name, const sg_tensor *got,
+                        const sg_tensor *ref, tu_tol tol)
+{
+    char w[320];
+    snprintf(w, sizeof w, "%s %s", what, name);
+    tu_close_tensors(w, got, ref, tol);
+}
+
+static int64_t rows_of(const sg_tensor *x)
+{
+    return x->numel / x->shape[x->ndim - 1];
+}
+
+/* ---- cpu: formula, finite differences, capture, errors ---- */
+
+typedef struct ln_case {
+    sg_ctx *ctx;
+    sg_tensor *x, *g, *b, *y, *mean, *rstd, *r;
+    float eps;
+} ln_case;
+
+/* L = sum(y * r): dL/dy = r, so the backward with dy = r gives dL/dx, dL/dgamma, dL/dbeta. */
+static double ln_loss(void *u)
+{
+    ln_case *c = u;
+    TU_OK(c->ctx, sg_layernorm_forward(c->ctx, c->x, c->g, c->b, c->eps, c->y, c->mean, c->rstd));
+    return tu_dot(c->y, c->r);
+}
+
+/* x of shape `shape` (last dim C), f64; mean and rstd as x's leading dims when stats_nd. */
+static void cpu_gradcheck(sg_ctx *ctx, int ndim, const int64_t *shape, bool stats_nd)
+{
+    const int64_t C = shape[ndim - 1];
+    sg_tensor *x = tu_tensor(ctx, SG_DTYPE_F64, ndim, shape, "x");
+    const int64_t M = rows_of(x);
+    sg_tensor *y = tu_tensor(ctx, SG_DTYPE_F64, ndim, shape, "y"),
+              *r = tu_tensor(ctx, SG_DTYPE_F64, ndim, shape, "r"),
+              *dx = tu_tensor(ctx, SG_DTYPE_F64, ndim, shape, "dx");
+    sg_tensor *g = tu_tensor1(ctx, SG_DTYPE_F64, C, "gamma"),
+              *b = tu_tensor1(ctx, SG_DTYPE_F64, C, "beta"),
+              *dg = tu_tensor1(ctx, SG_DTYPE_F64, C, "dgamma"),
+              *db = tu_tensor1(ctx, SG_DTYPE_F64, C, "dbeta");
+    sg_tensor *mean, *rstd;
+    if (stats_nd && ndim > 1) {
+        mean = tu_tensor(ctx, SG_DTYPE_F64, ndim - 1, shape, "mean");
+        rstd = tu_tensor(ctx, SG_DTYPE_F64, ndim - 1, shape, "rstd");
+    } else {
+        mean = tu_tensor1(ctx, SG_DTYPE_F64, M, "mean");
+        rstd = tu_tensor1(ctx, SG_DTYPE_F64, M, "rstd");
+    }
+    double *xv = random_rows(x, 1.0), *gv = tu_random(g, -1.5, 1.5), *bv = tu_random(b, -1, 1);
+    free(tu_random(r, -1, 1));
+    float eps = (float)tu_uniform(1e-5, 1e-2);
+
+    char what[128];
+    int k = snprintf(what, sizeof what, "layernorm f64 (");
+    for (int i = 0; i < ndim; i++)
+        k += snprintf(what + k, sizeof what - k, "%s%lld", i ? "," : "", (long long)shape[i]);
+    snprintf(what + k, sizeof what - k, ")");
+
+    /* Forward against the formula. */
+    tu_poison(y), tu_poison(mean), tu_poison(rstd);
+    TU_OK(ctx, sg_layernorm_forward(ctx, x, g, b, eps, y, mean, rstd));
+    double *ye = malloc((size_t)x->numel * sizeof *ye), *me = malloc((size_t)M * sizeof *me),
+           *re = malloc((size_t)M * sizeof *re);
+    naive_layernorm(xv, gv, bv, M, C, eps, ye, me, re);
+    char w[160];
+    snprintf(w, sizeof w, "%s y vs formula", what);
+    close_vals(w, y, ye, x->numel, tu_tol_for(SG_DTYPE_F64));
+    snprintf(w, sizeof w, "%s mean vs formula", what);
+    close_vals(w, mean, me, M, tu_tol_for(SG_DTYPE_F64));
+    snprintf(w, sizeof w, "%s rstd vs formula", what);
+    close_vals(w, rstd, re, M, tu_tol_for(SG_DTYPE_F64));
+
+    /* Backward with dy = r, then central differences of L through the forward alone. */
+    tu_poison(dx), tu_poison(dg), tu_poison(db);
+    TU_OK(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, r, dx, dg, db));
+    ln_case c = {ctx, x, g, b, y, mean, rstd, r, eps};
+    /* h = 1e-5: truncation ~h^2 f''' and rounding ~1e-16 |L| / h both stay under 1e-8. */
+    tu_tol tol = {1e-8, 1e-6};
+    snprintf(w, sizeof w, "%s dx", what);
+    tu_gradcheck(w, ln_loss, &c, x, dx, 0, 1e-5, tol);
+    snprintf(w, sizeof w, "%s dgamma", what);
+    tu_gradcheck(w, ln_loss, &c, g, dg, 0, 1e-5, tol);
+    snprintf(w, sizeof w, "%s dbeta", what);
+    tu_gradcheck(w, ln_loss, &c, b, db, 0, 1e-5, tol);
+
+    /* Each row of dx sums to 0 (y is invariant to adding a constant to a row of x). */
+    for (int64_t row = 0; row < M; row++) {
+        double s = 0, a = 0;
+        for (int64_t j = 0; j < C; j++)
+            s += sg_ld(dx, row * C + j), a += fabs(sg_ld(dx, row * C + j));
+        TU_CHECK(fabs(s) <= 1e-12 * (1 + a), "%s: row %lld of dx sums to %g", what, (long long)row,
+                 s);
+    }
+    free(xv), free(gv), free(bv), free(ye), free(me), free(re);
+    sg_tensor *ts[] = {x, y, r, dx, g, b, dg, db, mean, rstd};
+    destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
+/* The f32 path (the GPU test's oracle) against the formula, f32 statistics. */
+static void cpu_f32(sg_ctx *ctx)
+{
+    int64_t M = tu_randint(1, 40), C = tu_randint(1, 300);
+    sg_tensor *x = tu_tensor2(ctx, SG_DTYPE_F32, M, C, "x"),
+              *y = tu_tensor2(ctx, SG_DTYPE_F32, M, C, "y");
+    sg_tensor *g = tu_tensor1(ctx, SG_DTYPE_F32, C, "gamma"),
+              *b = tu_tensor1(ctx, SG_DTYPE_F32, C, "beta");
+    sg_tensor *mean = tu_tensor1(ctx, SG_DTYPE_F32, M, "mean"),
+              *rstd = tu_tensor1(ctx, SG_DTYPE_F32, M, "rstd");
+    free(random_rows(x, 3.0));
+    free(tu_random(g, -1.5, 1.5));
+    free(tu_random(b, -1, 1));
+    double *xv = tu_get(x), *gv = tu_get(g), *bv = tu_get(b); /* as stored in f32 */
+    double *ye = malloc((size_t)(M * C) * sizeof *ye), *me = malloc((size_t)M * sizeof *me),
+           *re = malloc((size_t)M * sizeof *re);
+    naive_layernorm(xv, gv, bv, M, C, 1e-5, ye, me, re);
+    TU_OK(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, y, mean, rstd));
+    close_vals("layernorm f32 cpu y vs formula", y, ye, M * C, tu_tol_for(SG_DTYPE_F32));
+    close_vals("layernorm f32 cpu mean vs formula", mean, me, M, tu_tol_for(SG_DTYPE_F32));
+    close_vals("layernorm f32 cpu rstd vs formula", rstd, re, M, tu_tol_for(SG_DTYPE_F32));
+    free(xv), free(gv), free(bv), free(ye), free(me), free(re);
+    sg_tensor *ts[] = {x, y, g, b, mean, rstd};
+    destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
+static void cpu_errors(sg_ctx *ctx)
+{
+    int64_t M = 3, C = 5;
+    sg_tensor *x = tu_tensor2(ctx, SG_DTYPE_F64, M, C, "x"),
+              *y = tu_tensor2(ctx, SG_DTYPE_F64, M, C, "y");
+    sg_tensor *g = tu_tensor1(ctx, SG_DTYPE_F64, C, "gamma"),
+              *b = tu_tensor1(ctx, SG_DTYPE_F64, C, "beta");
+    sg_tensor *mean = tu_tensor1(ctx, SG_DTYPE_F64, M, "mean"),
+              *rstd = tu_tensor1(ctx, SG_DTYPE_F64, M, "rstd");
+    sg_tensor *dy = tu_tensor2(ctx, SG_DTYPE_F64, M, C, "dy"),
+              *dx = tu_tensor2(ctx, SG_DTYPE_F64, M, C, "dx");
+    sg_tensor *dg = tu_tensor1(ctx, SG_DTYPE_F64, C, "dgamma"),
+              *db = tu_tensor1(ctx, SG_DTYPE_F64, C, "dbeta");
+    sg_tensor *g6 = tu_tensor1(ctx, SG_DTYPE_F64, C + 1, "g6"),
+              *b32 = tu_tensor1(ctx, SG_DTYPE_F32, C, "b32");
+    sg_tensor *y36 = tu_tensor2(ctx, SG_DTYPE_F64, M, C + 1, "y36"),
+              *m4 = tu_tensor1(ctx, SG_DTYPE_F64, M + 1, "m4");
+    sg_tensor *mi = tu_tensor1(ctx, SG_DTYPE_I32, M, "mi"),
+              *xb = tu_tensor2(ctx, SG_DTYPE_BF16, M, C, "xb");
+    sg_tensor *x32 = tu_tensor2(ctx, SG_DTYPE_F32, M, C, "x32"),
+              *y32 = tu_tensor2(ctx, SG_DTYPE_F32, M, C, "y32");
+    sg_tensor *g32 = tu_tensor1(ctx, SG_DTYPE_F32, C, "g32"),
+              *dx32 = tu_tensor2(ctx, SG_DTYPE_F32, M, C, "dx32");
+    sg_tensor *g2d = tu_tensor2(ctx, SG_DTYPE_F64, 1, C, "g2d");
+    double *xv = random_rows(x, 1.0), *gv = tu_random(g, -1, 1), *bv = tu_random(b, -1, 1);
+    free(tu_random(dy, -1, 1));
+    free(tu_random(x32, -1, 1));
+    free(tu_random(g32, -1, 1));
+    free(tu_random(b32, -1, 1));
+
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, NULL, g, b, 1e-5f, y, mean, rstd), SG_ERR_NULL,
+             "sg_layernorm_forward: tensor 'x' is NULL");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, NULL, b, 1e-5f, y, mean, rstd), SG_ERR_NULL,
+             "tensor 'gamma' is NULL");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, NULL, 1e-5f, y, mean, rstd), SG_ERR_NULL,
+             "tensor 'beta' is NULL");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, NULL, mean, rstd), SG_ERR_NULL,
+             "tensor 'y' is NULL");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, y, mean, NULL), SG_ERR_NULL,
+             "tensor 'rstd' is NULL");
+    TU_CHECK(sg_layernorm_forward(NULL, x, g, b, 1e-5f, y, mean, rstd) == SG_ERR_NULL, "ctx NULL");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g6, b, 1e-5f, y, mean, rstd), SG_ERR_SHAPE,
+             "'gamma' is (6) f64, expected (5) f64");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g2d, b, 1e-5f, y, mean, rstd), SG_ERR_SHAPE,
+             "'gamma' is (1, 5) f64");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, b32, 1e-5f, y, mean, rstd), SG_ERR_DTYPE,
+             "tensor 'beta' is f32, expected f64");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, y36, mean, rstd), SG_ERR_SHAPE,
+             "but 'y' is (3, 6) f64");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, y, m4, rstd), SG_ERR_SHAPE,
+             "'mean' is (4) f64 but 'x' is (3, 5) f64; expected (3)");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, y, mean, mi), SG_ERR_DTYPE,
+             "tensor 'rstd' is i32, expected f32 or f64");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x32, g32, b32, 1e-5f, y32, mean, rstd), SG_ERR_DTYPE,
+             "tensor 'mean' is f64, expected f32");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, xb, g, b, 1e-5f, y, mean, rstd), SG_ERR_DTYPE,
+             "tensor 'x' is bf16, expected f32 or f64");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, b, -1e-3f, y, mean, rstd), SG_ERR_INVALID,
+             "eps is -0.001");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, b, NAN, y, mean, rstd), SG_ERR_INVALID,
+             "expected a finite value >= 0");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, x, mean, rstd), SG_ERR_INVALID,
+             "output 'y' overlaps 'x' in memory");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, y, mean, mean), SG_ERR_INVALID,
+             "output 'mean' overlaps 'rstd'");
+
+    sg_ctx *other = tu_ctx(SG_BACKEND_CPU);
+    sg_tensor *go = tu_tensor1(other, SG_DTYPE_F64, C, "gamma_other");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, x, go, b, 1e-5f, y, mean, rstd), SG_ERR_BACKEND,
+             "'gamma' (gamma_other) belongs to another context");
+
+    /* The forward, for the backward's statistics; then the backward's argument errors. */
+    TU_OK(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, y, mean, rstd));
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, dy, dx, NULL, db), SG_ERR_NULL,
+             "sg_layernorm_backward: tensor 'dgamma' is NULL");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, NULL, dx, dg, db), SG_ERR_NULL,
+             "tensor 'dy' is NULL");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, x, g, NULL, rstd, dy, dx, dg, db), SG_ERR_NULL,
+             "tensor 'mean' is NULL");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, y36, dx, dg, db), SG_ERR_SHAPE,
+             "but 'dy' is (3, 6) f64");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, dy, dx32, dg, db), SG_ERR_DTYPE,
+             "but 'dx' is (3, 5) f32");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, dy, dx, g6, db), SG_ERR_SHAPE,
+             "'dgamma' is (6) f64, expected (5) f64");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, x, g, mean, m4, dy, dx, dg, db), SG_ERR_SHAPE,
+             "'rstd' is (4) f64");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, dy, dy, dg, db), SG_ERR_INVALID,
+             "output 'dx' overlaps 'dy'");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, dy, dx, dg, dg), SG_ERR_INVALID,
+             "output 'dgamma' overlaps 'dbeta'");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, dy, dx, g, db), SG_ERR_INVALID,
+             "output 'dgamma' overlaps 'gamma'");
+
+    /* A failed call writes nothing. */
+    TU_OK(ctx, sg_tensor_fill(dg, 12345.0));
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, dy, dy, dg, db), SG_ERR_INVALID,
+             "overlaps");
+    TU_CHECK(sg_ld(dg, 0) == 12345.0 && sg_ld(dg, C - 1) == 12345.0, "a failed call wrote dgamma");
+
+    /* The context is still usable, and computes the right thing. */
+    tu_poison(y);
+    TU_OK(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, y, mean, rstd));
+    double ye[15], me[3], re[3];
+    naive_layernorm(xv, gv, bv, M, C, 1e-5f, ye, me, re);
+    close_vals("layernorm after errors: y", y, ye, M * C, tu_tol_for(SG_DTYPE_F64));
+    TU_OK(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, dy, dx, dg, db));
+    TU_CHECK(isfinite(sg_ld(dg, 0)) && sg_ld(dg, 0) != 12345.0, "layernorm after errors: dgamma %g",
+             sg_ld(dg, 0));
+    free(xv), free(gv), free(bv);
+    sg_tensor_destroy(go);
+    sg_ctx_destroy(other);
+    sg_tensor *ts[] = {x,   y,   g,  b,  mean, rstd, dy,  dx,  dg,   db, g6,
+                       b32, y36, m4, mi, xb,   x32,  y32, g32, dx32, g2d};
+    destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
+/* ---- capture: the op recorded into a graph (CPU: a plan) replays what eager computes ---- */
+
+typedef struct ln_step {
+    sg_ctx *ctx;
+    const sg_tensor *x, *g, *b, *dy;
+    sg_tensor *y, *mean, *rstd, *dx, *dg, *db;
+} ln_step;
+
+static sg_status ln_step_fn(void *u)
+{
+    ln_step *s = u;
+    SG_TRY(sg_layernorm_forward(s->ctx, s->x, s->g, s->b, 1e-5f, s->y, s->mean, s->rstd));
+    return sg_layernorm_backward(s->ctx, s->x, s->g, s->mean, s->rstd, s->dy, s->dx, s->dg, s->db);
+}
+
+static void poison_step(ln_step *s)
+{
+    sg_tensor *o[] = {s->y, s->mean, s->rstd, s->dx, s->dg, s->db};
+    for (int i = 0; i < 6; i++) tu_poison(o[i]);
+}
+
+/* Two sets of outputs (eager, graph) compared bit for bit, for two input fills. */
+static void capture_case(sg_ctx *ctx, int64_t M, int64_t C)
+{
+    sg_dtype dt = SG_DTYPE_F32;
+    sg_tensor *x = tu_tensor2(ctx, dt, M, C, "x"), *dy = tu_tensor2(ctx, dt, M, C, "dy");
+    sg_tensor *g = tu_tensor1(ctx, dt, C, "gamma"), *b = tu_tensor1(ctx, dt, C, "beta");
+    ln_step e = {.ctx = ctx, .x = x, .g = g, .b = b, .dy = dy}, r = e;
+    ln_step *both[2] = {&e, &r};
+    for (int k = 0; k < 2; k++) {
+        ln_step *s = both[k];
+        s->y = tu_tensor2(ctx, dt, M, C, "y"), s->dx = tu_tensor2(ctx, dt, M, C, "dx");
+        s->mean = tu_tensor1(ctx, dt, M, "mean"), s->rstd = tu_tensor1(ctx, dt, M, "rstd");
+        s->dg = tu_tensor1(ctx, dt, C, "dgamma"), s->db = tu_tensor1(ctx, dt, C, "dbeta");
+    }
+    free(random_rows(x, 2.0));
+    free(tu_random(dy, -1, 1));
+    free(tu_random(g, -1.5, 1.5));
+    free(tu_random(b, -1, 1));
+
+    const sg_tensor *ins[2] = {x, dy};
+    sg_graph_options o = sg_graph_options_default();
+    o.name = "layernorm";
+    o.warmup = 1;
+    o.static_inputs = ins;
+    o.n_static_inputs = 2;
+    sg_graph *graph = NULL;
+    TU_OK(ctx, sg_graph_capture(ctx, ln_step_fn, &r, &o, &graph));
+    for (int round = 0; round < 2; round++) {
+        if (round) { /* new inputs, refilled in place */
+            free(random_rows(x, 2.0));
+            free(tu_random(dy, -1, 1));
+        }
+        poison_step(&e), poison_step(&r);
+        TU_OK(ctx, ln_step_fn(&e));
+        TU_OK(ctx, sg_graph_replay(graph));
+        const sg_tensor *ge[] = {e.y, e.mean, e.rstd, e.dx, e.dg, e.db};
+        const sg_tensor *gr[] = {r.y, r.mean, r.rstd, r.dx, r.dg, r.db};
+        for (int i = 0; i < 6; i++) {
+            char w[128];
+            snprintf(w, sizeof w, "layernorm (%lld,%lld) replay %d: %s vs eager", (long long)M,
+                     (long long)C, round, ge[i]->name);
+            tu_close_tensors(w, gr[i], ge[i], (tu_tol){0, 0});
+        }
+    }
+    sg_graph_destroy(graph);
+    sg_tensor *ts[] = {x,    dy,   g,   b,      e.y,    e.mean, e.rstd, e.dx,
+                       e.dg, e.db, r.y, r.mean, r.rstd, r.dx,   r.dg,   r.db};
+    destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
+static void cpu_tests(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    int64_t s2[2] = {tu_randint(1, 6), 2 * tu_randint(1, 6)}; /* C even */
+    cpu_gradcheck(ctx, 2, s2, false);
+    int64_t s3[3] = {2, tu_randint(1, 3), 2 * tu_randint(0, 4) + 1}; /* C odd, stats (2, T) */
+    cpu_gradcheck(ctx, 3, s3, true);
+    int64_t s4[4] = {2, 1, 2, tu_randint(2, 7)}; /* 4-D, stats (M) */
+    cpu_gradcheck(ctx, 4, s4, false);
+    int64_t s1[1] = {tu_randint(2, 9)}; /* one row */
+    cpu_gradcheck(ctx, 1, s1, false);
+    int64_t c1[2] = {3, 1}; /* C = 1: y = beta */
+    cpu_gradcheck(ctx, 2, c1, false);
+    cpu_f32(ctx);
+    cpu_errors(ctx);
+    capture_case(ctx, tu_randint(1, 20), tu_randint(1, 40));
+    sg_ctx_destroy(ctx);
+}
+
+/* ---- gpu: CUDA against the CPU reference ---- */
+
+static float *raw(const sg_tensor *t)
+{
+    float *v = malloc(sg_tensor_nbytes(t));
+    TU_OK(t->ctx, sg_tensor_copy_to_host(t, v, sg_tensor_nbytes(t)));
+    return v;
+}
+
+static int same_bits(const sg_tensor *a, const float *b)
+{
+    float *v = raw(a);
+    int same = memcmp(v, b, sg_tensor_nbytes(a)) == 0;
+    free(v);
+    return same;
+}
+
+/* A tensor of `shape`, as a view one element into a larger buffer when `odd` (its address is
+ * then 4 mod 16: the kernels must take their scalar path). *base: the buffer, or NULL. */
+static sg_tensor *maybe_view(sg_ctx *ctx, int ndim, const int64_t *shape, bool odd,
+                             const char *name, sg_tensor **base)
+{
+    *base = NULL;
+    if (!odd) return tu_tensor(ctx, SG_DTYPE_F32, ndim, shape, name);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    n += 1;
+    *base = tu_tensor1(ctx, SG_DTYPE_F32, n, "base");
+    sg_tensor *v = NULL;
+    TU_OK(ctx, sg_tensor_view(*base, 1, ndim, shape, name, &v));
+    return v;
+}
+
+/* One shape: forward against the reference (outputs poisoned), backward against the
+ * reference from the same statistics, then both again: bitwise the same, and 1 + 2 launches.
+ * Tolerance: f32's rule holds as is. y, mean and rstd: f32 sums of at most a few thousand
+ * terms, far below 1e-4 relative. dx: per-row f32 sums, errors ~1e-7 * rstd. dgamma, dbeta:
+ * summed in double on the GPU, so only the final rounding to f32 differs. */
+static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, bool odd)
+{
+    const int64_t C = shape[ndim - 1];
+    char what[128];
+    int k = snprintf(what, sizeof what, "layernorm (");
+    for (int i = 0; i < ndim; i++)
+        k += snprintf(what + k, sizeof what - k, "%s%lld", i ? "," : "", (long long)shape[i]);
+    snprintf(what + k, sizeof what - k, ")%s", odd ? " unaligned views" : "");
+
+    sg_tensor *xbase, *gbase;
+    sg_tensor *x = maybe_view(gpu, ndim, shape, odd, "x", &xbase);
+    sg_tensor *g = maybe_view(gpu, 1, &C, odd, "gamma", &gbase);
+    const int64_t M = rows_of(x);
+    sg_tensor *b = tu_tensor1(gpu, SG_DTYPE_F32, C, "beta"),
+              *dy = tu_tensor(gpu, SG_DTYPE_F32, ndim, shape, "dy");
+    sg_tensor *y = tu_tensor(gpu, SG_DTYPE_F32, ndim, shape, "y"),
+              *dx = tu_tensor(gpu, SG_DTYPE_F32, ndim, shape, "dx");
+    sg_tensor *mean = tu_tensor1(gpu, SG_DTYPE_F32, M, "mean"),
+              *rstd = tu_tensor1(gpu, SG_DTYPE_F32, M, "rstd");
+    sg_tensor *dg = tu_tensor1(gpu, SG_DTYPE_F32, C, "dgamma"),
+              *db = tu_tensor1(gpu, SG_DTYPE_F32, C, "dbeta");
+    free(random_rows(x, 3.0));
+    free(tu_random(g, -1.5, 1.5));
+    free(tu_random(b, -1, 1));
+    free(tu_random(dy, -1, 1));
+
+    sg_tensor *xc = tu_clone_to(cpu, x, SG_DTYPE_F32), *gc = tu_clone_to(cpu, g, SG_DTYPE_F32),
+              *bc = tu_clone_to(cpu, b, SG_DTYPE_F32), *dyc = tu_clone_to(cpu, dy, SG_DTYPE_F32);
+    sg_tensor *yc = tu_tensor(cpu, SG_DTYPE_F32, ndim, shape, "y_ref"),
+              *dxc = tu_tensor(cpu, SG_DTYPE_F32, ndim, shape, "dx_ref");
+    sg_tensor *mc = tu_tensor1(cpu, SG_DTYPE_F32, M, "mean_ref"),
+              *rc = tu_tensor1(cpu, SG_DTYPE_F32, M, "rstd_ref");
+    sg_tensor *dgc = tu_tensor1(cpu, SG_DTYPE_F32, C, "dgamma_ref"),
+              *dbc = tu_tensor1(cpu, SG_DTYPE_F32, C, "dbeta_ref");
+    TU_OK(cpu, sg_layernorm_forward(cpu, xc, gc, bc, 1e-5f, yc, mc, rc));
+    TU_OK(cpu, sg_layernorm_backward(cpu, xc, gc, mc, rc, dyc, dxc, dgc, dbc));
+
+    tu_tol tol = tu_tol_for(SG_DTYPE_F32);
+    tu_poison(y), tu_poison(mean), tu_poison(rstd);
+    TU_OK(gpu, sg_layernorm_forward(gpu, x, g, b, 1e-5f, y, mean, rstd));
+    close_named(what, "y", y, yc, tol);
+    close_named(what, "mean", mean, mc, tol);
+    close_named(what, "rstd", rstd, rc, tol);
+
+    /* The backward reads the reference's statistics, so both sides start from the same. */
+    sg_tensor *mg = tu_clone_to(gpu, mc, SG_DTYPE_F32), *rg = tu_clone_to(gpu, rc, SG_DTYPE_F32);
+    tu_poison(dx), tu_poison(dg), tu_poison(db);
+    TU_OK(gpu, sg_layernorm_backward(gpu, x, g, mg, rg, dy, dx, dg, db));
+    close_named(what, "dx", dx, dxc, tol);
+    close_named(what, "dgamma", dg, dgc, tol);
+    close_named(what, "dbeta", db, dbc, tol);
+
+    /* Again: the same bits, and the documented launches. */
+    const sg_tensor *outs[6] = {y, mean, rstd, dx, dg, db};
+    float *first[6];
+    for (int i = 0; i < 6; i++) first[i] = raw(outs[i]);
+    for (int i = 0; i < 6; i++) tu_poison((sg_tensor *)outs[i]);
+    uint64_t n0 = sg_ctx_launch_count(gpu);
+    TU_OK(gpu, sg_layernorm_forward(gpu, x, g, b, 1e-5f, y, mean, rstd));
+    uint64_t n1 = sg_ctx_launch_count(gpu);
+    TU_OK(gpu, sg_layernorm_backward(gpu, x, g, mg, rg, dy, dx, dg, db));
+    uint64_t n2 = sg_ctx_launch_count(gpu);
+    TU_CHECK(n1 - n0 == 1, "%s: forward made %llu launches, expected 1", what,
+             (unsigned long long)(n1 - n0));
+    TU_CHECK(n2 - n1 == 2, "%s: backward made %llu launches, expected 2", what,
+             (unsigned long long)(n2 - n1));
+    for (int i = 0; i < 6; i++) {
+        TU_CHECK(same_bits(outs[i], first[i]), "%s: %s differs between two identical runs", what,
+                 outs[i]->name);
+        free(first[i]);
+    }
+
+    sg_tensor *ts[] = {x,  g,  b,  dy,  y,  dx,  mean, rstd, dg,  db,  xbase, gbase,
+                       xc, gc, bc, dyc, yc, dxc, mc,   rc,   dgc, dbc, mg,    rg};
+    destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
+/* Documented limits: bf16 is not taken yet; the backward's column cap. */
+static void gpu_edges(sg_ctx *gpu)
+{
+    int64_t M = 4, C = 8;
+    sg_tensor *xb = tu_tensor2(gpu, SG_DTYPE_BF16, M, C, "xb"),
+              *yb = tu_tensor2(gpu, SG_DTYPE_BF16, M, C, "yb");
+    sg_tensor *gb = tu_tensor1(gpu, SG_DTYPE_BF16, C, "gb"),
+              *bb = tu_tensor1(gpu, SG_DTYPE_BF16, C, "bb");
+    sg_tensor *mean = tu_tensor1(gpu, SG_DTYPE_F32, M, "mean"),
+              *rstd = tu_tensor1(gpu, SG_DTYPE_F32, M, "rstd");
+    TU_FAILS(gpu, sg_layernorm_forward(gpu, xb, gb, bb, 1e-5f, yb, mean, rstd), SG_ERR_DTYPE,
+             "tensor 'x' is bf16, expected f32");
+
+    int64_t big = SG_LAYERNORM_CUDA_MAX_C + 1;
+    sg_tensor *x = tu_tensor2(gpu, SG_DTYPE_F32, 1, big, "x"),
+              *dy = tu_tensor2(gpu, SG_DTYPE_F32, 1, big, "dy");
+    sg_tensor *dx = tu_tensor2(gpu, SG_DTYPE_F32, 1, big, "dx"),
+              *g = tu_tensor1(gpu, SG_DTYPE_F32, big, "gamma");
+    sg_tensor *dg = tu_tensor1(gpu, SG_DTYPE_F32, big, "dgamma"),
+              *db = tu_tensor1(gpu, SG_DTYPE_F32, big, "dbeta");
+    sg_tensor *m1 = tu_tensor1(gpu, SG_DTYPE_F32, 1, "m1"),
+              *r1 = tu_tensor1(gpu, SG_DTYPE_F32, 1, "r1");
+    TU_FAILS(gpu, sg_layernorm_backward(gpu, x, g, m1, r1, dy, dx, dg, db), SG_ERR_UNSUPPORTED,
+             "the CUDA backward takes at most");
+    sg_tensor *ts[] = {xb, yb, gb, bb, mean, rstd, x, dy, dx, g, dg, db, m1, r1};
+    destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
+static void gpu_tests(void)
+{
+    sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
+    sg_ctx *cpu = tu_ctx(SG_BACKEND_CPU);
+    int64_t rm = tu_randint(1, 3000), rc = tu_randint(1, 6000);
+    if (rm * rc > (4 << 20)) rm = (4 << 20) / rc; /* keep the double reference quick */
+    /* Warp per row (C < 2048) and block per row; C % 4 == 0 (16-byte path) and not. */
+    int64_t shapes[][2] = {{1, 1},    {7, 33},  {2048, 256}, {2048, 768}, {64, 4096},
+                           {5, 3001}, {300, 2}, {1, 2048},   {8, 100000}, {rm, rc}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        gpu_case(gpu, cpu, 2, shapes[s], false);
+    int64_t s3[3] = {4, 16, 33};
+    gpu_case(gpu, cpu, 3, s3, false);
+    int64_t s3b[3] = {8, 128, 256};
+    gpu_case(gpu, cpu, 3, s3b, false);
+    int64_t v1[2] = {37, 256}, v2[2] = {3, 4096}; /* C % 4 == 0 but unaligned: scalar path */
+    gpu_case(gpu, cpu, 2, v1, true);
+    gpu_case(gpu, cpu, 2, v2, true);
+    capture_case(gpu, 256, 768);
+    capture_case(gpu, 33, 4100);
+    gpu_edges(gpu);
+    sg_ctx_destroy(cpu);
+    sg_ctx_destroy(gpu);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "cpu";
+    tu_seed("test_layernorm");
+    if (!strcmp(mode, "gpu"))
+        gpu_tests();
+    else
+        cpu_tests();
+    return tu_finish("test_layernorm");
+}
