@@ -250,6 +250,8 @@ sg_status sg_check_dtype(const sg_ctx *ctx, const char *fn, const char *what, co
                          sg_dtype want);
 /* Float dtypes the backend computes in: F32 (both), F64 (CPU), BF16 where supported. */
 sg_status sg_check_float(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t);
+/* As sg_check_float, and BF16 too (ops with bf16 kernels: mixed precision). */
+sg_status sg_check_float_or_bf16(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t);
 sg_status sg_check_same_shape(const sg_ctx *ctx, const char *fn, const char *wa,
                               const sg_tensor *a, const char *wb, const sg_tensor *b);
 sg_status sg_check_shape2(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,

@@ -211,6 +211,13 @@ sg_status sg_check_float(const sg_ctx *ctx, const char *fn, const char *what, co
                    sg_dtype_name(t->dtype), ctx->backend == SG_BACKEND_CPU ? " or f64" : "");
 }
 
+sg_status sg_check_float_or_bf16(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t)
+{
+    SG_TRY(sg_check_tensor(ctx, fn, what, t));
+    if (t->dtype == SG_DTYPE_BF16) return SG_OK;
+    return sg_check_float(ctx, fn, what, t);
+}
+
 sg_status sg_check_same_shape(const sg_ctx *ctx, const char *fn, const char *wa,
                               const sg_tensor *a, const char *wb, const sg_tensor *b)
 {
