@@ -487,6 +487,20 @@ sg_status sg_trainer_step(sg_trainer *t, int64_t index);
 /* The same with only the first `rows` rows of the batch (variable batch: needs buckets). */
 sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows);
 sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out);
+/* Mean loss over n_batches batches of a split (0 train, 1 validation: gpt models hold one out),
+ * forward only, eagerly, dropout off; a host sync. */
+sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out);
+/* A checkpoint in the safetensors format: every parameter by name, the optimizer's state
+ * (moments, hyperparameters and step count), the dropout generator, and `step` in the metadata;
+ * written to a temporary file, flushed and renamed. */
+sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path);
+/* Loads such a checkpoint into the trainer's model and optimizer (names, shapes and dtypes
+ * validated first; nothing changes unless the whole file is valid); *step: the next step. */
+sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step);
+/* The model's logits of the last forward, (M, classes) on the device. */
+const sg_tensor *sg_model_logits(const sg_model *m);
+/* The model's token input (gpt: (B, T) I32), for callers that fill it themselves (sampling). */
+sg_tensor *sg_model_input(sg_model *m);
 
 #ifdef __cplusplus
 }

@@ -48,6 +48,28 @@ if [ "$rc" != 1 ] || ! grep -q "MISMATCH at step 3: first tensor that differs: l
 else
     echo "ok: verify names an injected mismatch"
 fi
+# GPT: checkpoint and resume give the loss curve of an uninterrupted run (dropout and clipping
+# on, the resumed half under step scope); sample generates from the checkpoint.
+tmp=$(mktemp -d)
+g="--model gpt-64-1-2-16 --backend cpu --log-every 5 --dropout 0.1 --clip 1"
+full=$("$bin" train $g --steps 20 2>&1 | grep -E '^step ')
+"$bin" train $g --steps 10 --save "$tmp/ck.safetensors" >/dev/null 2>&1
+half=$("$bin" train $g --steps 10 --resume "$tmp/ck.safetensors" --scope step 2>&1 | grep -E '^step ')
+if [ -z "$half" ] || [ "$(tail -n 3 <<<"$full")" != "$(tail -n 3 <<<"$half")" ]; then
+    echo "FAIL: resume: uninterrupted tail:"; tail -n 3 <<<"$full"; echo "resumed:"; echo "$half"; fails=$((fails + 1))
+else
+    echo "ok: resume continues the uninterrupted loss curve: $(tail -n 1 <<<"$half")"
+fi
+out=$("$bin" sample --model gpt-64-1-2-16 --resume "$tmp/ck.safetensors" --prompt "GNU" --length 30 --backend cpu 2>&1); rc=$?
+if [ "$rc" != 0 ] || [ "$(printf '%s' "$out" | head -c 3)" != "GNU" ] || [ "$(printf '%s' "$out" | wc -c)" -lt 33 ]; then
+    echo "FAIL: sample: exit $rc: $out"; fails=$((fails + 1))
+else
+    echo "ok: sample generated $(printf '%s' "$out" | wc -c) bytes"
+fi
+head -c 100 "$tmp/ck.safetensors" > "$tmp/cut.safetensors"
+expect 1 "cut.safetensors" -- train $g --steps 2 --resume "$tmp/cut.safetensors"
+expect 1 "/nonexistent/file.txt" -- train --model gpt-64-1-2-16 --backend cpu --steps 1 --data /nonexistent/file.txt
+rm -rf "$tmp"
 # The loss printed at the end is below the first.
 out=$("$bin" train --model mlp-32-2-16 --steps 150 --backend cpu --lr 3e-3 --quiet 2>&1)
 l=$(sed -nE 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/p' <<<"$out")
@@ -56,5 +78,5 @@ if ! awk -v a="${l% *}" -v b="${l#* }" 'BEGIN { exit !(b < a / 2) }'; then
 else
     echo "ok: loss $l"
 fi
-echo "$((24 + 2 - fails)) passed, $fails failed"
+echo "$((24 + 6 - fails)) passed, $fails failed"
 [ "$fails" = 0 ]

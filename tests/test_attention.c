@@ -1,10 +1,11 @@
 /* test_attention.c: causal multi-head self-attention. `cpu`: the reference's forward (out and
  * att) against a naive float64 loop written here, att's rows (sum to 1, zero above the
- * diagonal), float64 finite differences of dqkv (T = 1 and T > 1), f32 against f64, a CPU
- * capture replayed against eager, and argument errors. `gpu`: the CUDA path against the CPU
- * reference (f32 both) on the shapes a GPT uses and a random one, outputs and work poisoned
- * first; launch counts; bitwise repeatability without allocation; a captured forward+backward
- * replayed against eager; the capture refusal when the cuBLAS handle would be created. */
+ * diagonal), float64 finite differences of dqkv (T = 1 and T > 1), f32 against f64, bf16
+ * against f64 on the same (bf16) values, a CPU capture replayed against eager, and argument
+ * errors (mixed dtypes included). `gpu`: the CUDA path against the CPU reference (f32 both,
+ * then bf16 both) on the shapes a GPT uses and a random one, outputs and work poisoned first;
+ * launch counts; bitwise repeatability without allocation; captured forward+backward (f32 and
+ * bf16) replayed against eager; the capture refusal when the cuBLAS handle would be created. */
 #include "testutil.h"
 
 /* Tensors of one case, destroyed together. */
@@ -153,6 +154,37 @@ static int same_values(const sg_tensor *t, const double *ref)
     return same;
 }
 
+/* ---- bf16: the dtype rule, and a relative Frobenius error over the whole tensor ---- */
+
+/* ||got - ref|| / ||ref|| (Frobenius); 0 when both are 0. */
+static double rel_frobenius(const sg_tensor *got, const sg_tensor *ref)
+{
+    double *g = tu_get(got), *r = tu_get(ref), num = 0, den = 0;
+    for (int64_t i = 0; i < ref->numel; i++) {
+        num += (g[i] - r[i]) * (g[i] - r[i]);
+        den += r[i] * r[i];
+    }
+    free(g);
+    free(r);
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* A bf16 result against its reference: every element under the bf16 rule (tu_tol_for: 4 bf16
+ * units of roundoff relative, plus 1e-2 absolute for entries that cancel), and the whole
+ * tensor within 2e-2 relative Frobenius error (about 5 units of roundoff, 2^-8 each: a
+ * systematic error the elementwise rule would let through on small entries). NaN fails. */
+static void check_bf16(const char *label, const sg_tensor *got, const sg_tensor *ref)
+{
+    tu_close_tensors(label, got, ref, tu_tol_for(SG_DTYPE_BF16));
+    const double e = rel_frobenius(got, ref);
+    TU_CHECK(e < 2e-2, "%s: relative Frobenius error %.3g, expected < 2e-2", label, e);
+    printf("%s: relative Frobenius error %.3g\n", label, e);
+}
+
+/* Row sums of a bf16 att: each entry is rounded once (through f32) to bf16, within 2^-8
+ * relative (plus 2^-24), so a row summing to 1 before rounding is off by at most about 2^-8. */
+#define BF16_ROW_SUM_TOL (0x1p-8 * 1.001)
+
 /* ---- cpu ---- */
 
 static void cpu_forward_naive(void)
@@ -278,6 +310,50 @@ static void cpu_f32_vs_f64(void)
     snprintf(label, sizeof label, "%s: dqkv", what);
     tu_close_tensors(label, s32.dqkv, s64.dqkv, tu_tol_for(SG_DTYPE_F32));
     free_live();
+    sg_ctx_destroy(ctx);
+}
+
+/* The bf16 path of the reference (bf16 tensors, F32 work) against its f64 path on the same
+ * values: qkv and dout rounded to bf16 first, so only what the bf16 call rounds is measured
+ * (out, att and dqkv, once each, and the backward reading the rounded att as saved). */
+static void cpu_bf16_vs_f64(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    for (int rep = 0; rep < 4; rep++) {
+        const int H = tu_randint(1, 4);
+        dims d = {tu_randint(1, 3), rep == 0 ? 1 : tu_randint(2, 24),
+                  (int64_t)H * tu_randint(1, 12), H};
+        const int flat = rep % 2;
+        att_set sb = make_set(ctx, SG_DTYPE_BF16, d, 0, flat);
+        att_set s64 = make_set(ctx, SG_DTYPE_F64, d, 0, !flat);
+        free(tu_random(sb.qkv, -2, 2));
+        free(tu_random(sb.dout, -1, 1));
+        double *v = tu_get(sb.qkv); /* the bf16 values */
+        tu_set(s64.qkv, v);
+        free(v);
+        v = tu_get(sb.dout);
+        tu_set(s64.dout, v);
+        free(v);
+        tu_poison(sb.out);
+        tu_poison(sb.att);
+        tu_poison(sb.dqkv);
+        att_set *sets[2] = {&sb, &s64};
+        for (int k = 0; k < 2; k++) {
+            att_set *s = sets[k];
+            TU_OK(ctx, sg_attention_forward(ctx, s->qkv, d.H, s->out, s->att, s->work));
+            TU_OK(ctx, sg_attention_backward(ctx, s->qkv, s->att, s->dout, d.H, s->dqkv, s->work));
+        }
+        char what[128], label[200];
+        dims_str(what, sizeof what, "cpu bf16 vs f64", d, SG_DTYPE_BF16, flat);
+        snprintf(label, sizeof label, "%s: out", what);
+        check_bf16(label, sb.out, s64.out);
+        snprintf(label, sizeof label, "%s: att", what);
+        check_bf16(label, sb.att, s64.att);
+        check_att_rows(what, sb.att, BF16_ROW_SUM_TOL);
+        snprintf(label, sizeof label, "%s: dqkv", what);
+        check_bf16(label, sb.dqkv, s64.dqkv);
+        free_live();
+    }
     sg_ctx_destroy(ctx);
 }
 
@@ -424,6 +500,64 @@ static void cpu_errors(void)
     sg_ctx_destroy(ctx);
 }
 
+/* bf16 is taken for every activation but work; mixing it with f32 or f64 fails naming the
+ * tensor that differs from qkv (att included: it has qkv's dtype), before anything runs. */
+static void cpu_mixed_dtypes(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    dims d = {2, 3, 8, 2};
+    att_set b = make_set(ctx, SG_DTYPE_BF16, d, 0, 0), f = make_set(ctx, SG_DTYPE_F32, d, 0, 0);
+    att_set w = make_set(ctx, SG_DTYPE_F64, d, 0, 0);
+    const int64_t wn = sg_attention_work_elems(2, 3, 8, 2);
+    sg_tensor *wb = keep(tu_tensor1(ctx, SG_DTYPE_BF16, wn, "work_bf16"));
+    sg_tensor *w64 = keep(tu_tensor1(ctx, SG_DTYPE_F64, wn, "work_f64"));
+    free(tu_random(b.qkv, -1, 1));
+    free(tu_random(b.dout, -1, 1));
+    tu_poison(b.out);
+    tu_poison(b.dqkv);
+    TU_FAILS(ctx, sg_attention_forward(ctx, b.qkv, 2, b.out, f.att, b.work), SG_ERR_DTYPE,
+             "sg_attention_forward: tensor 'att' is f32, expected bf16");
+    TU_FAILS(ctx, sg_attention_forward(ctx, b.qkv, 2, f.out, b.att, b.work), SG_ERR_DTYPE,
+             "tensor 'out' is f32, expected bf16");
+    TU_FAILS(ctx, sg_attention_forward(ctx, f.qkv, 2, f.out, b.att, f.work), SG_ERR_DTYPE,
+             "tensor 'att' is bf16, expected f32");
+    TU_FAILS(ctx, sg_attention_forward(ctx, f.qkv, 2, b.out, f.att, f.work), SG_ERR_DTYPE,
+             "tensor 'out' is bf16, expected f32");
+    TU_FAILS(ctx, sg_attention_forward(ctx, w.qkv, 2, w.out, b.att, w.work), SG_ERR_DTYPE,
+             "tensor 'att' is bf16, expected f64");
+    TU_FAILS(ctx, sg_attention_forward(ctx, b.qkv, 2, b.out, b.att, wb), SG_ERR_DTYPE,
+             "tensor 'work' is bf16, expected f32");
+    TU_FAILS(ctx, sg_attention_forward(ctx, b.qkv, 2, b.out, b.att, w64), SG_ERR_DTYPE,
+             "tensor 'work' is f64, expected f32");
+    TU_FAILS(ctx, sg_attention_backward(ctx, b.qkv, f.att, b.dout, 2, b.dqkv, b.work),
+             SG_ERR_DTYPE, "sg_attention_backward: tensor 'att' is f32, expected bf16");
+    TU_FAILS(ctx, sg_attention_backward(ctx, b.qkv, b.att, f.dout, 2, b.dqkv, b.work),
+             SG_ERR_DTYPE, "tensor 'dout' is f32, expected bf16");
+    TU_FAILS(ctx, sg_attention_backward(ctx, b.qkv, b.att, b.dout, 2, f.dqkv, b.work),
+             SG_ERR_DTYPE, "tensor 'dqkv' is f32, expected bf16");
+    TU_FAILS(ctx, sg_attention_backward(ctx, f.qkv, f.att, b.dout, 2, f.dqkv, f.work),
+             SG_ERR_DTYPE, "tensor 'dout' is bf16, expected f32");
+    TU_FAILS(ctx, sg_attention_backward(ctx, w.qkv, w.att, w.dout, 2, b.dqkv, w.work),
+             SG_ERR_DTYPE, "tensor 'dqkv' is bf16, expected f64");
+    TU_FAILS(ctx, sg_attention_backward(ctx, b.qkv, b.att, b.dout, 2, b.dqkv, wb), SG_ERR_DTYPE,
+             "tensor 'work' is bf16, expected f32");
+
+    /* Rejected calls wrote nothing; the all-bf16 calls (F32 work) then run. */
+    double *o = tu_get(b.out), *g = tu_get(b.dqkv);
+    int64_t written = 0;
+    for (int64_t i = 0; i < b.out->numel; i++) written += !isnan(o[i]);
+    for (int64_t i = 0; i < b.dqkv->numel; i++) written += !isnan(g[i]);
+    TU_CHECK(written == 0, "cpu mixed dtypes: rejected calls wrote %lld elements",
+             (long long)written);
+    free(o);
+    free(g);
+    TU_OK(ctx, sg_attention_forward(ctx, b.qkv, 2, b.out, b.att, b.work));
+    TU_OK(ctx, sg_attention_backward(ctx, b.qkv, b.att, b.dout, 2, b.dqkv, b.work));
+    check_forward_naive("cpu bf16 after mixed-dtype errors", &b, d, tu_tol_for(SG_DTYPE_BF16));
+    free_live();
+    sg_ctx_destroy(ctx);
+}
+
 /* ---- capture: forward + backward recorded once, replayed on new inputs ---- */
 
 typedef struct {
@@ -441,15 +575,15 @@ static sg_status att_step_fn(void *u)
 }
 
 /* Captures the step (warm-up `warmup`), then replays it on fresh inputs: out, att and dqkv
- * must equal an eager run of the same calls bit for bit. */
-static void check_capture(sg_ctx *ctx, dims d, int warmup, int flat, const char *what)
+ * (of dtype dt) must equal an eager run of the same calls bit for bit. */
+static void check_capture(sg_ctx *ctx, dims d, int warmup, int flat, sg_dtype dt, const char *what)
 {
     if (sg_graphs_disabled()) {
         printf("%s: skipped (STEPGRAPH_DISABLE_GRAPHS=1)\n", what);
         return;
     }
-    att_step st = {ctx, make_set(ctx, SG_DTYPE_F32, d, 0, flat), d.H};
-    att_set ref = make_set(ctx, SG_DTYPE_F32, d, 0, flat);
+    att_step st = {ctx, make_set(ctx, dt, d, 0, flat), d.H};
+    att_set ref = make_set(ctx, dt, d, 0, flat);
     free(tu_random(st.s.qkv, -1, 1));
     free(tu_random(st.s.dout, -1, 1));
     const sg_tensor *ins[2] = {st.s.qkv, st.s.dout};
@@ -488,7 +622,8 @@ static void cpu_capture(void)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
     /* No warm-up: the CPU path needs no lazy set-up, and the plan must hold both calls. */
-    check_capture(ctx, (dims){2, 5, 12, 3}, 0, 1, "cpu capture");
+    check_capture(ctx, (dims){2, 5, 12, 3}, 0, 1, SG_DTYPE_F32, "cpu capture");
+    check_capture(ctx, (dims){2, 5, 12, 3}, 0, 0, SG_DTYPE_BF16, "cpu capture bf16");
     sg_ctx_destroy(ctx);
 }
 
@@ -517,15 +652,27 @@ static double max_abs_diff(const sg_tensor *a, const sg_tensor *b)
 
 enum { FWD_LAUNCHES = 5, BWD_LAUNCHES = 7 };
 
-static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, dims d, int mis, int flat)
+/* One result of dtype f against the CPU's: f32 under gemm_tol(len), bf16 under check_bf16.
+ * bf16 needs no wider rule than its own: the CPU rounds each output once from double, the
+ * GPU once from fp32 sums of exact bf16 products, and the GPU's extra roundings (att before
+ * att v; d(scores) before dq and dk) are 2^-8 relative per term, summed over terms whose
+ * total is O(1) here, far below the rule's 1e-2 absolute. */
+static void check_result(const char *label, const sg_tensor *got, const sg_tensor *ref,
+                         sg_dtype f, int64_t len)
 {
-    const sg_dtype f = SG_DTYPE_F32;
+    if (f == SG_DTYPE_BF16) check_bf16(label, got, ref);
+    else tu_close_tensors(label, got, ref, gemm_tol(len));
+}
+
+static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, dims d, int mis, int flat, sg_dtype f)
+{
     const int64_t hs = d.C / d.H;
     char what[160], label[224];
     dims_str(what, sizeof what, mis ? "gpu (misaligned views)" : "gpu", d, f, flat);
     att_set g = make_set(gpu, f, d, mis, flat), c = make_set(cpu, f, d, 0, flat);
     /* |q.k|/sqrt(hs) of a few units: softmax rows far from uniform. x and dy: the values as
-     * stored (f32), to check later that the calls left qkv and dout alone. */
+     * stored (f32 or bf16), to check later that the calls left qkv and dout alone; the CPU
+     * reference gets the same values in the same dtype. */
     free(tu_random(g.qkv, -2, 2));
     free(tu_random(g.dout, -1, 1));
     double *x = tu_get(g.qkv), *dy = tu_get(g.dout);
@@ -542,10 +689,11 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, dims d, int mis, int flat)
              what, (unsigned long long)(sg_ctx_launch_count(gpu) - l0), FWD_LAUNCHES);
     TU_OK(cpu, sg_attention_forward(cpu, c.qkv, d.H, c.out, c.att, c.work));
     snprintf(label, sizeof label, "%s: out", what);
-    tu_close_tensors(label, g.out, c.out, gemm_tol(d.T + hs));
+    check_result(label, g.out, c.out, f, d.T + hs);
     snprintf(label, sizeof label, "%s: att", what);
-    tu_close_tensors(label, g.att, c.att, gemm_tol(hs));
-    check_att_rows(what, g.att, 1e-6 + 1.2e-7 * (double)d.T);
+    check_result(label, g.att, c.att, f, hs);
+    check_att_rows(what, g.att,
+                   1e-6 + 1.2e-7 * (double)d.T + (f == SG_DTYPE_BF16 ? BF16_ROW_SUM_TOL : 0));
     printf("%s: max |out - ref| %.3g, max |att - ref| %.3g\n", what, max_abs_diff(g.out, c.out),
            max_abs_diff(g.att, c.att));
 
@@ -560,7 +708,7 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, dims d, int mis, int flat)
              what, (unsigned long long)(sg_ctx_launch_count(gpu) - l0), BWD_LAUNCHES);
     TU_OK(cpu, sg_attention_backward(cpu, c.qkv, catt, c.dout, d.H, c.dqkv, c.work));
     snprintf(label, sizeof label, "%s: dqkv", what);
-    tu_close_tensors(label, g.dqkv, c.dqkv, gemm_tol(d.T + hs));
+    check_result(label, g.dqkv, c.dqkv, f, d.T + hs);
     printf("%s: max |dqkv - ref| %.3g\n", what, max_abs_diff(g.dqkv, c.dqkv));
     TU_CHECK(same_values(g.dout, dy), "%s: the backward modified dout", what);
     TU_CHECK(same_values(g.qkv, x), "%s: qkv was modified", what);
@@ -629,18 +777,23 @@ static void gpu_vs_cpu(void)
         {tu_randint(1, 4), tu_randint(1, 40), (int64_t)H * tu_randint(1, 20), H},
     };
     const size_t n_shapes = sizeof shapes / sizeof *shapes;
-    for (size_t i = 0; i < n_shapes; i++) gpu_case(gpu, cpu, shapes[i], 0, i == n_shapes - 1);
-    /* Views one element into their buffers: every pointer only 4-byte aligned; hs = 5. */
-    gpu_case(gpu, cpu, (dims){2, 9, 15, 3}, 1, 0);
+    const sg_dtype dts[2] = {SG_DTYPE_F32, SG_DTYPE_BF16};
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < n_shapes; i++)
+            gpu_case(gpu, cpu, shapes[i], 0, i == n_shapes - 1, dts[k]);
+        /* Views one element into their buffers: every pointer only 4-byte (f32, and bf16's
+         * work) or 2-byte (bf16 activations) aligned; hs = 5. */
+        gpu_case(gpu, cpu, (dims){2, 9, 15, 3}, 1, 0, dts[k]);
+    }
 
-    /* CUDA takes f32 only (for now): other dtypes fail naming the tensor. */
+    /* f32 and bf16 do not mix: the tensor that differs from qkv is named. */
     dims d = {1, 4, 8, 2};
     att_set s = make_set(gpu, SG_DTYPE_F32, d, 0, 0);
     sg_tensor *qh = keep(tu_tensor(gpu, SG_DTYPE_BF16, 3, s.qkv->shape, "qkv_bf16"));
     sg_tensor *oh = keep(tu_tensor(gpu, SG_DTYPE_BF16, 3, s.out->shape, "out_bf16"));
     sg_tensor *wh = keep(tu_tensor1(gpu, SG_DTYPE_BF16, sg_attention_work_elems(1, 4, 8, 2), "work_bf16"));
     TU_FAILS(gpu, sg_attention_forward(gpu, qh, 2, s.out, s.att, s.work), SG_ERR_DTYPE,
-             "'qkv' is bf16, expected f32");
+             "'att' is f32, expected bf16");
     TU_FAILS(gpu, sg_attention_forward(gpu, s.qkv, 2, oh, s.att, s.work), SG_ERR_DTYPE,
              "'out' is bf16, expected f32");
     TU_FAILS(gpu, sg_attention_backward(gpu, s.qkv, s.att, s.dout, 2, s.dqkv, wh), SG_ERR_DTYPE,
@@ -648,7 +801,8 @@ static void gpu_vs_cpu(void)
     free_live();
 
     /* Captured forward + backward (the handle exists by now) replays as eager runs. */
-    check_capture(gpu, (dims){2, 33, 48, 3}, 1, 1, "gpu capture");
+    check_capture(gpu, (dims){2, 33, 48, 3}, 1, 1, SG_DTYPE_F32, "gpu capture");
+    check_capture(gpu, (dims){2, 33, 48, 3}, 1, 0, SG_DTYPE_BF16, "gpu capture bf16");
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
     gpu_capture_refused();
@@ -665,8 +819,10 @@ int main(int argc, char **argv)
         cpu_forward_naive();
         cpu_gradchecks();
         cpu_f32_vs_f64();
+        cpu_bf16_vs_f64();
         cpu_capture();
         cpu_errors();
+        cpu_mixed_dtypes();
     }
     return tu_finish("test_attention");
 }

@@ -1,11 +1,13 @@
 /* test_dropout.c: dropout (Philox-4x32-10 masks) and sg_rng_advance. `cpu`: Philox against
  * Random123's known answers; the reference against the counter mapping documented in
- * ops/dropout.h, re-derived here; the keep fraction within 4 sigma of 1 - p; masks that change
- * with the site, the seed and the offset (both words) and come back when the offset is reset;
- * the offset's carry; backward against forward; float64 finite differences; argument errors;
- * a CPU capture whose replays draw a fresh mask after each advance. `gpu`: the kernel against
- * the CPU reference bit for bit (forward, backward, p = 0, in place, misaligned views, the
- * float4 tail), one launch per call, and a CUDA Graph replayed with fresh masks. */
+ * ops/dropout.h, re-derived here (f32, f64, bf16); the keep fraction within 4 sigma of 1 - p;
+ * masks that change with the site, the seed and the offset (both words) and come back when
+ * the offset is reset; the offset's carry; backward against forward; bf16 masks equal to f32
+ * ones bit for bit, kept values the f32 ones rounded; float64 finite differences; argument
+ * errors (mixed dtypes included); a CPU capture whose replays draw a fresh mask after each
+ * advance. `gpu`: the kernel against the CPU reference bit for bit, f32 and bf16 (forward,
+ * backward, p = 0, in place, misaligned views, the 4-element tail), one launch per call, bf16
+ * against f32 on the GPU, and CUDA Graphs (f32, bf16) replayed with fresh masks. */
 #include "testutil.h"
 
 #include "ops/dropout.h"
@@ -60,6 +62,14 @@ static int mapped_keep(uint64_t seed, uint64_t offset, uint32_t site, int64_t i,
 
 /* The probability of keeping an element: (2^24 - ceil(p 2^24)) / 2^24. */
 static double keep_prob(float p) { return (16777216.0 - ceil((double)p * 16777216.0)) / 16777216.0; }
+
+/* v rounded to dt as a store of it does (bf16: through f32, to nearest even, as sg_st). */
+static double round_to(sg_dtype dt, double v)
+{
+    if (dt == SG_DTYPE_F32) return (float)v;
+    if (dt == SG_DTYPE_BF16) return sg_bf16_to_double(sg_double_to_bf16(v));
+    return v;
+}
 
 /* ---- comparisons ---- */
 
@@ -134,14 +144,13 @@ static void cpu_mapping(sg_dtype dt, float p)
     sg_tensor *rng = rng_new(ctx, seed, offset);
     sg_tensor *x = tu_tensor1(ctx, dt, n, "x"), *y = tu_tensor1(ctx, dt, n, "y");
     free(tu_random(x, -2, 2));
-    double *xv = tu_get(x); /* as stored: rounded to f32 when dt is */
+    double *xv = tu_get(x); /* as stored: rounded to f32 or bf16 when dt is */
     tu_poison(y);
     TU_OK(ctx, sg_dropout_forward(ctx, x, p, rng, site, y));
     double *yv = tu_get(y), scale = 1.0 / (1.0 - (double)p);
     int64_t bad = 0, first = -1;
     for (int64_t i = 0; i < n; i++) {
-        double want = mapped_keep(seed, offset, site, i, p) ? xv[i] * scale : 0.0;
-        if (dt == SG_DTYPE_F32) want = (float)want;
+        double want = round_to(dt, mapped_keep(seed, offset, site, i, p) ? xv[i] * scale : 0.0);
         if (yv[i] != want && first < 0) first = i;
         bad += yv[i] != want;
     }
@@ -279,8 +288,7 @@ static void cpu_backward(sg_dtype dt)
     double *yv = tu_get(y), *dxv = tu_get(dx), scale = 1.0 / (1.0 - (double)p);
     int64_t n = x->numel, bad = 0, kept = 0;
     for (int64_t i = 0; i < n; i++) {
-        double want = yv[i] != 0 ? dyv[i] * scale : 0.0;
-        if (dt == SG_DTYPE_F32) want = (float)want;
+        double want = round_to(dt, yv[i] != 0 ? dyv[i] * scale : 0.0);
         bad += dxv[i] != want;
         kept += yv[i] != 0;
     }
@@ -298,6 +306,74 @@ static void cpu_backward(sg_dtype dt)
     free(xv), free(dyv), free(yv), free(dxv);
     sg_tensor *ts[] = {rng, x, y, dy, dx};
     for (int i = 0; i < 5; i++) sg_tensor_destroy(ts[i]);
+    sg_ctx_destroy(ctx);
+}
+
+/* bf16 against f32 on ctx (either backend), on the same values (bf16 ones, stored in both
+ * dtypes, no zeros) at the same (seed, offset, site): the keep masks are equal bit for bit,
+ * and every bf16 output element holds the bits of the f32 output's value rounded to bf16
+ * (sg_double_to_bf16, nearest even): the mask is dtype-independent, the scale is applied as
+ * in f32 and the result rounded to bf16 once. Forward and backward, n not a multiple of 4. */
+static void check_bf16_vs_f32(sg_ctx *ctx, int64_t n, float p, const char *be)
+{
+    uint64_t seed = tu_next(), offset = tu_next();
+    uint32_t site = (uint32_t)tu_next();
+    sg_tensor *rng = rng_new(ctx, seed, offset);
+    sg_tensor *xb = tu_tensor1(ctx, SG_DTYPE_BF16, n, "xb");
+    sg_tensor *yb = tu_tensor1(ctx, SG_DTYPE_BF16, n, "yb");
+    sg_tensor *xf = tu_tensor1(ctx, SG_DTYPE_F32, n, "xf"), *yf = tu_tensor1(ctx, SG_DTYPE_F32, n, "yf");
+    double *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = (tu_next() & 1 ? 1 : -1) * tu_uniform(0.25, 4);
+    tu_set(xb, v);
+    free(v);
+    v = tu_get(xb); /* bf16 values: exact in f32 too */
+    tu_set(xf, v);
+    free(v);
+    for (int pass = 0; pass < 2; pass++) {
+        tu_poison(yb), tu_poison(yf);
+        if (pass == 0) {
+            TU_OK(ctx, sg_dropout_forward(ctx, xb, p, rng, site, yb));
+            TU_OK(ctx, sg_dropout_forward(ctx, xf, p, rng, site, yf));
+        } else {
+            TU_OK(ctx, sg_dropout_backward(ctx, xb, p, rng, site, yb));
+            TU_OK(ctx, sg_dropout_backward(ctx, xf, p, rng, site, yf));
+        }
+        uint16_t *hb = malloc((size_t)n * sizeof *hb);
+        float *hf = malloc((size_t)n * sizeof *hf);
+        TU_OK(ctx, sg_tensor_copy_to_host(yb, hb, (size_t)n * sizeof *hb));
+        TU_OK(ctx, sg_tensor_copy_to_host(yf, hf, (size_t)n * sizeof *hf));
+        unsigned char *mb = malloc((size_t)n), *mf = malloc((size_t)n);
+        int64_t bad_bits = 0, first = -1, kept = 0;
+        for (int64_t i = 0; i < n; i++) {
+            mb[i] = sg_bf16_to_double(hb[i]) != 0.0;
+            mf[i] = hf[i] != 0.f;
+            kept += mf[i];
+            if (hb[i] != sg_double_to_bf16(hf[i])) {
+                if (first < 0) first = i;
+                bad_bits++;
+            }
+        }
+        const char *dir = pass ? "backward" : "forward";
+        TU_CHECK(!memcmp(mb, mf, (size_t)n),
+                 "%s p=%g %s: the bf16 keep mask differs from the f32 one", be, (double)p, dir);
+        TU_CHECK(bad_bits == 0,
+                 "%s p=%g %s: %lld of %lld bf16 outputs are not the f32 output rounded "
+                 "(first [%lld]: %#06x, f32 %.9g)", be, (double)p, dir, (long long)bad_bits,
+                 (long long)n, (long long)first, first < 0 ? 0u : (unsigned)hb[first],
+                 first < 0 ? 0.0 : (double)hf[first]);
+        TU_CHECK(p == 0.f || (kept > 0 && kept < n), "%s p=%g %s: %lld of %lld kept", be, (double)p,
+                 dir, (long long)kept, (long long)n);
+        free(hb), free(hf), free(mb), free(mf);
+    }
+    sg_tensor *ts[] = {rng, xb, yb, xf, yf};
+    for (int i = 0; i < 5; i++) sg_tensor_destroy(ts[i]);
+}
+
+static void cpu_bf16_vs_f32(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    const float ps[] = {0.f, 0.1f, 0.5f, 0.9f};
+    for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) check_bf16_vs_f32(ctx, 1003, ps[k], "cpu");
     sg_ctx_destroy(ctx);
 }
 
@@ -342,12 +418,16 @@ static void cpu_errors(void)
     sg_tensor *x = tu_tensor1(ctx, SG_DTYPE_F32, n, "x"), *y = tu_tensor1(ctx, SG_DTYPE_F32, n, "y");
     sg_tensor *y11 = tu_tensor1(ctx, SG_DTYPE_F32, n - 1, "y11"), *y64 = tu_tensor1(ctx, SG_DTYPE_F64, n, "y64");
     sg_tensor *x_i32 = tu_tensor1(ctx, SG_DTYPE_I32, n, "x_i32");
+    sg_tensor *x_bf16 = tu_tensor1(ctx, SG_DTYPE_BF16, n, "x_bf16");
+    sg_tensor *y_bf16 = tu_tensor1(ctx, SG_DTYPE_BF16, n, "y_bf16");
     sg_tensor *rng = rng_new(ctx, 1, 2), *rng3 = tu_tensor1(ctx, SG_DTYPE_I32, 3, "rng3");
     sg_tensor *rng_f32 = tu_tensor1(ctx, SG_DTYPE_F32, 4, "rng_f32"), *rng_other = rng_new(other, 1, 2);
     int64_t s22[2] = {2, 2};
     sg_tensor *rng22 = tu_tensor(ctx, SG_DTYPE_I32, 2, s22, "rng22");
     free(tu_random(x, -1, 1));
+    free(tu_random(x_bf16, -1, 1));
     tu_poison(y);
+    tu_poison(y_bf16);
     const char *fwd = "sg_dropout_forward", *bwd = "sg_dropout_backward";
 
     TU_FAILS(ctx, sg_dropout_forward(ctx, x, -0.1f, rng, 0, y), SG_ERR_INVALID, "p is -0.1");
@@ -363,6 +443,15 @@ static void cpu_errors(void)
     TU_FAILS(ctx, sg_dropout_forward(ctx, x, 0.5f, rng, 0, y11), SG_ERR_SHAPE, "'y'");
     TU_FAILS(ctx, sg_dropout_backward(ctx, x, 0.5f, rng, 0, y11), SG_ERR_SHAPE, "'dx'");
     TU_FAILS(ctx, sg_dropout_forward(ctx, x, 0.5f, rng, 0, y64), SG_ERR_DTYPE, "'y'");
+    /* bf16 is taken, but only with bf16 on the other side. */
+    TU_FAILS(ctx, sg_dropout_forward(ctx, x, 0.5f, rng, 0, y_bf16), SG_ERR_DTYPE,
+             "sg_dropout_forward: 'x' is (12) f32 but 'y' is (12) bf16");
+    TU_FAILS(ctx, sg_dropout_forward(ctx, x_bf16, 0.5f, rng, 0, y), SG_ERR_DTYPE,
+             "'x' is (12) bf16 but 'y' is (12) f32");
+    TU_FAILS(ctx, sg_dropout_backward(ctx, x_bf16, 0.5f, rng, 0, y64), SG_ERR_DTYPE,
+             "sg_dropout_backward: 'dy' is (12) bf16 but 'dx' is (12) f64");
+    TU_FAILS(ctx, sg_dropout_backward(ctx, x_i32, 0.5f, rng, 0, y_bf16), SG_ERR_DTYPE,
+             "'dy' is i32");
     TU_FAILS(ctx, sg_dropout_forward(ctx, x_i32, 0.5f, rng, 0, y), SG_ERR_DTYPE, "'x'");
     TU_FAILS(ctx, sg_dropout_forward(ctx, NULL, 0.5f, rng, 0, y), SG_ERR_NULL, "'x'");
     TU_FAILS(ctx, sg_dropout_backward(ctx, x, 0.5f, rng, 0, NULL), SG_ERR_NULL, "'dx'");
@@ -376,7 +465,11 @@ static void cpu_errors(void)
     double *yv = tu_get(y);
     int64_t written = 0;
     for (int64_t i = 0; i < n; i++) written += !isnan(yv[i]);
-    TU_CHECK(written == 0, "%lld elements of y written by rejected calls", (long long)written);
+    free(yv);
+    yv = tu_get(y_bf16);
+    for (int64_t i = 0; i < n; i++) written += !isnan(yv[i]);
+    TU_CHECK(written == 0, "%lld elements of y, y_bf16 written by rejected calls",
+             (long long)written);
     free(yv);
     uint64_t s, o;
     rng_read(rng, &s, &o);
@@ -385,8 +478,9 @@ static void cpu_errors(void)
     TU_OK(ctx, sg_tensor_fill(rng22, 0.0));
     TU_OK(ctx, sg_dropout_forward(ctx, x, 0.5f, rng22, 0, y));
     TU_OK(ctx, sg_dropout_forward(ctx, x, 0.5f, rng, 0, y));
+    TU_OK(ctx, sg_dropout_forward(ctx, x_bf16, 0.5f, rng, 0, y_bf16));
     TU_OK(ctx, sg_rng_advance(ctx, rng));
-    sg_tensor *ts[] = {x, y, y11, y64, x_i32, rng, rng3, rng_f32, rng_other, rng22};
+    sg_tensor *ts[] = {x, y, y11, y64, x_i32, x_bf16, y_bf16, rng, rng3, rng_f32, rng_other, rng22};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
     sg_ctx_destroy(other);
     sg_ctx_destroy(ctx);
@@ -413,14 +507,15 @@ static sg_status drop_step_fn(void *u)
  * CPU reference at offset offset0 + k and leave the offset at offset0 + k + 1: the kernel
  * reads the state from memory, so the graph draws a fresh mask each replay. ref_ctx: a CPU
  * context (ctx itself on the CPU). */
-static void check_capture(sg_ctx *ctx, sg_ctx *ref_ctx, int64_t n)
+static void check_capture(sg_ctx *ctx, sg_ctx *ref_ctx, int64_t n, sg_dtype dt)
 {
-    const char *be = sg_backend_name(ctx->backend);
+    char be[48];
+    snprintf(be, sizeof be, "%s %s", sg_backend_name(ctx->backend), sg_dtype_name(dt));
     uint64_t seed = tu_next(), offset0 = tu_next() >> 1;
     sg_tensor *rng = rng_new(ctx, seed, 0), *rng_ref = rng_new(ref_ctx, seed, 0);
-    sg_tensor *x = tu_tensor1(ctx, SG_DTYPE_F32, n, "x"), *y = tu_tensor1(ctx, SG_DTYPE_F32, n, "y");
-    sg_tensor *x_ref = tu_tensor1(ref_ctx, SG_DTYPE_F32, n, "x_ref");
-    sg_tensor *y_ref = tu_tensor1(ref_ctx, SG_DTYPE_F32, n, "y_ref");
+    sg_tensor *x = tu_tensor1(ctx, dt, n, "x"), *y = tu_tensor1(ctx, dt, n, "y");
+    sg_tensor *x_ref = tu_tensor1(ref_ctx, dt, n, "x_ref");
+    sg_tensor *y_ref = tu_tensor1(ref_ctx, dt, n, "y_ref");
     double *xv = tu_random(x, -1, 1);
     tu_set(x_ref, xv);
     free(xv);
@@ -467,16 +562,20 @@ static void cpu_tests(void)
     for (int i = 0; i < 4; i++) {
         cpu_mapping(SG_DTYPE_F32, ps[i]);
         cpu_mapping(SG_DTYPE_F64, ps[i]);
+        cpu_mapping(SG_DTYPE_BF16, ps[i]);
         cpu_keep_fraction(ps[i]);
     }
     cpu_keep_fraction(0.25f);
     cpu_mask_changes();
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
     check_advance(ctx, "cpu");
-    check_capture(ctx, ctx, 1001);
+    check_capture(ctx, ctx, 1001, SG_DTYPE_F32);
+    check_capture(ctx, ctx, 1001, SG_DTYPE_BF16);
     sg_ctx_destroy(ctx);
     cpu_backward(SG_DTYPE_F32);
     cpu_backward(SG_DTYPE_F64);
+    cpu_backward(SG_DTYPE_BF16);
+    cpu_bf16_vs_f32();
     cpu_gradcheck(0.3f);
     cpu_gradcheck(0.8f);
     cpu_errors();
@@ -484,10 +583,10 @@ static void cpu_tests(void)
 
 /* ---- gpu ---- */
 
-/* Forward and backward of n elements at p on the GPU against the CPU reference, bit for bit,
- * outputs poisoned first, one launch each. misaligned: the GPU tensors are views at element 1
- * (the kernel's element-by-element path). */
-static void gpu_run(sg_ctx *gpu, sg_ctx *cpu, int64_t n, float p, int misaligned)
+/* Forward and backward of n elements of dtype dt at p on the GPU against the CPU reference
+ * (same dtype), bit for bit, outputs poisoned first, one launch each. misaligned: the GPU
+ * tensors are views at element 1 (the kernel's element-by-element path). */
+static void gpu_run(sg_ctx *gpu, sg_ctx *cpu, int64_t n, float p, int misaligned, sg_dtype dt)
 {
     uint64_t seed = tu_next(), offset = tu_next();
     uint32_t site = (uint32_t)tu_next();
@@ -496,50 +595,48 @@ static void gpu_run(sg_ctx *gpu, sg_ctx *cpu, int64_t n, float p, int misaligned
     sg_tensor *base[4] = {NULL}, *tg[4], *tc[4];
     for (int j = 0; j < 4; j++) {
         if (misaligned) {
-            base[j] = tu_tensor1(gpu, SG_DTYPE_F32, n + 1, "base");
+            base[j] = tu_tensor1(gpu, dt, n + 1, "base");
             TU_OK(gpu, sg_tensor_view(base[j], 1, 1, &n, names[j], &tg[j]));
         } else {
-            tg[j] = tu_tensor1(gpu, SG_DTYPE_F32, n, names[j]);
+            tg[j] = tu_tensor1(gpu, dt, n, names[j]);
         }
-        tc[j] = tu_tensor1(cpu, SG_DTYPE_F32, n, names[j]);
+        tc[j] = tu_tensor1(cpu, dt, n, names[j]);
     }
-    for (int j = 0; j < 4; j += 2) { /* x, dy: the same f32 values on both sides */
+    for (int j = 0; j < 4; j += 2) { /* x, dy: the same values (of dt) on both sides */
         double *v = tu_random(tg[j], -2, 2);
         tu_set(tc[j], v);
         free(v);
     }
     tu_poison(tg[1]), tu_poison(tg[3]);
-    char what[128];
+    char what[160], tag[96];
+    snprintf(tag, sizeof tag, "gpu %s n=%lld p=%g%s", sg_dtype_name(dt), (long long)n, (double)p,
+             misaligned ? " misaligned" : "");
     uint64_t before = sg_ctx_launch_count(gpu);
     TU_OK(gpu, sg_dropout_forward(gpu, tg[0], p, rg, site, tg[1]));
     uint64_t launches = sg_ctx_launch_count(gpu) - before;
-    TU_CHECK(launches == 1, "gpu n=%lld p=%g: %llu launches for the forward, expected 1",
-             (long long)n, (double)p, (unsigned long long)launches);
+    TU_CHECK(launches == 1, "%s: %llu launches for the forward, expected 1", tag,
+             (unsigned long long)launches);
     before = sg_ctx_launch_count(gpu);
     TU_OK(gpu, sg_dropout_backward(gpu, tg[2], p, rg, site, tg[3]));
     launches = sg_ctx_launch_count(gpu) - before;
-    TU_CHECK(launches == 1, "gpu n=%lld p=%g: %llu launches for the backward, expected 1",
-             (long long)n, (double)p, (unsigned long long)launches);
+    TU_CHECK(launches == 1, "%s: %llu launches for the backward, expected 1", tag,
+             (unsigned long long)launches);
     TU_OK(cpu, sg_dropout_forward(cpu, tc[0], p, rc, site, tc[1]));
     TU_OK(cpu, sg_dropout_backward(cpu, tc[2], p, rc, site, tc[3]));
-    snprintf(what, sizeof what, "gpu n=%lld p=%g%s: y", (long long)n, (double)p,
-             misaligned ? " misaligned" : "");
+    snprintf(what, sizeof what, "%s: y", tag);
     expect_bitwise(what, tg[1], tc[1]);
-    snprintf(what, sizeof what, "gpu n=%lld p=%g%s: dx", (long long)n, (double)p,
-             misaligned ? " misaligned" : "");
+    snprintf(what, sizeof what, "%s: dx", tag);
     expect_bitwise(what, tg[3], tc[3]);
     /* In place (x overwritten by y) gives the same bits. */
     TU_OK(gpu, sg_dropout_forward(gpu, tg[0], p, rg, site, tg[0]));
-    snprintf(what, sizeof what, "gpu n=%lld p=%g%s: in place", (long long)n, (double)p,
-             misaligned ? " misaligned" : "");
+    snprintf(what, sizeof what, "%s: in place", tag);
     expect_bitwise(what, tg[0], tc[1]);
     /* After an advance on both sides, they still agree (and the state was read on device). */
     TU_OK(gpu, sg_rng_advance(gpu, rg));
     TU_OK(cpu, sg_rng_advance(cpu, rc));
     TU_OK(gpu, sg_dropout_backward(gpu, tg[2], p, rg, site, tg[3]));
     TU_OK(cpu, sg_dropout_backward(cpu, tc[2], p, rc, site, tc[3]));
-    snprintf(what, sizeof what, "gpu n=%lld p=%g%s: dx after sg_rng_advance", (long long)n,
-             (double)p, misaligned ? " misaligned" : "");
+    snprintf(what, sizeof what, "%s: dx after sg_rng_advance", tag);
     expect_bitwise(what, tg[3], tc[3]);
     for (int j = 0; j < 4; j++) {
         sg_tensor_destroy(tg[j]);
@@ -555,9 +652,15 @@ static void gpu_errors(sg_ctx *gpu, sg_ctx *cpu)
     const int64_t n = 8;
     sg_tensor *x = tu_tensor1(gpu, SG_DTYPE_F32, n, "x"), *y = tu_tensor1(gpu, SG_DTYPE_F32, n, "y");
     sg_tensor *x_bf16 = tu_tensor1(gpu, SG_DTYPE_BF16, n, "x_bf16");
+    sg_tensor *y_bf16 = tu_tensor1(gpu, SG_DTYPE_BF16, n, "y_bf16");
     sg_tensor *rng = rng_new(gpu, 3, 4), *rng_cpu = rng_new(cpu, 3, 4);
     sg_tensor *rng5 = tu_tensor1(gpu, SG_DTYPE_I32, 5, "rng5");
+    /* f32 and bf16 do not mix. */
     TU_FAILS(gpu, sg_dropout_forward(gpu, x_bf16, 0.5f, rng, 0, y), SG_ERR_DTYPE, "'x'");
+    TU_FAILS(gpu, sg_dropout_forward(gpu, x, 0.5f, rng, 0, y_bf16), SG_ERR_DTYPE,
+             "'x' is (8) f32 but 'y' is (8) bf16");
+    TU_FAILS(gpu, sg_dropout_backward(gpu, x, 0.5f, rng, 0, y_bf16), SG_ERR_DTYPE,
+             "sg_dropout_backward: 'dy' is (8) f32 but 'dx' is (8) bf16");
     TU_FAILS(gpu, sg_dropout_forward(gpu, x, 0.5f, rng_cpu, 0, y), SG_ERR_BACKEND, "another context");
     TU_FAILS(gpu, sg_dropout_forward(gpu, x, 1.0f, rng, 0, y), SG_ERR_INVALID, "0 <= p < 1");
     TU_FAILS(gpu, sg_dropout_backward(gpu, x, 0.5f, rng5, 0, y), SG_ERR_SHAPE, "'rng'");
@@ -566,24 +669,36 @@ static void gpu_errors(sg_ctx *gpu, sg_ctx *cpu)
     rng_read(rng, &s, &o);
     TU_CHECK(s == 3 && o == 4, "gpu: rng changed by rejected calls");
     TU_OK(gpu, sg_dropout_forward(gpu, x, 0.5f, rng, 0, y)); /* the context still works */
-    sg_tensor *ts[] = {x, y, x_bf16, rng, rng_cpu, rng5};
-    for (int i = 0; i < 6; i++) sg_tensor_destroy(ts[i]);
+    TU_OK(gpu, sg_tensor_fill(x_bf16, 1.0));
+    TU_OK(gpu, sg_dropout_forward(gpu, x_bf16, 0.5f, rng, 0, y_bf16));
+    sg_tensor *ts[] = {x, y, x_bf16, y_bf16, rng, rng_cpu, rng5};
+    for (int i = 0; i < 7; i++) sg_tensor_destroy(ts[i]);
 }
 
 static void gpu_tests(void)
 {
     sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
     sg_ctx *cpu = tu_ctx(SG_BACKEND_CPU);
-    /* Single elements, the float4 tail (n % 4 = 1..3), several blocks, and more groups than
-     * threads of the grid (the grid-stride loop). */
+    /* Single elements, the 4-element tail (n % 4 = 1..3), several blocks, and more groups
+     * than threads of the grid (the grid-stride loop); f32, then bf16. */
     const int64_t ns[] = {1, 3, 4, 5, 1000, 4099, (1 << 20) + 3, (1 << 23) + 2};
     const float ps[] = {0.f, 0.1f, 0.5f, 0.9f};
-    for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
-        for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) gpu_run(gpu, cpu, ns[i], ps[k], 0);
-    gpu_run(gpu, cpu, 1001, 0.5f, 1);
-    gpu_run(gpu, cpu, 1001, 0.f, 1);
+    const sg_dtype dts[] = {SG_DTYPE_F32, SG_DTYPE_BF16};
+    for (int d = 0; d < 2; d++) {
+        for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
+            for (size_t k = 0; k < sizeof ps / sizeof *ps; k++)
+                gpu_run(gpu, cpu, ns[i], ps[k], 0, dts[d]);
+        gpu_run(gpu, cpu, 1001, 0.5f, 1, dts[d]);
+        gpu_run(gpu, cpu, 1001, 0.f, 1, dts[d]);
+    }
+    /* bf16 against f32 on the GPU itself: the same mask, values rounded once. */
+    for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) {
+        check_bf16_vs_f32(gpu, 4099, ps[k], "gpu");
+        check_bf16_vs_f32(gpu, (1 << 20) + 3, ps[k], "gpu");
+    }
     check_advance(gpu, "gpu");
-    check_capture(gpu, cpu, (1 << 16) + 1);
+    check_capture(gpu, cpu, (1 << 16) + 1, SG_DTYPE_F32);
+    check_capture(gpu, cpu, (1 << 16) + 1, SG_DTYPE_BF16);
     gpu_errors(gpu, cpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);

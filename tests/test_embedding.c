@@ -1,8 +1,9 @@
 /* test_embedding.c: token + position embedding, forward and backward. `cpu`: the forward
  * against the formula written here, float64 finite differences of dwte and dwpe (random tokens
- * with repeats, T < Tmax, unused vocabulary rows), argument errors (tokens out of range
- * included; the context usable afterwards), and a captured plan that replays it. `gpu`: the
- * CUDA kernels against the CPU reference on fresh random inputs, outputs poisoned first;
+ * with repeats, T < Tmax, unused vocabulary rows), bf16 storage against f64 on the same bf16
+ * values, argument errors (tokens out of range and mixed dtypes included; the context usable
+ * afterwards), and a captured plan that replays it. `gpu`: the CUDA kernels, f32 and bf16,
+ * against the CPU reference in the same dtype on fresh random inputs, outputs poisoned first;
  * out-of-range tokens (zero rows, no gradient); bitwise determinism; one launch per call; a
  * captured graph that reproduces the eager results bit for bit. */
 #include "testutil.h"
@@ -73,16 +74,17 @@ static void naive_forward(const double *tok, const double *wte, const double *wp
             y[i * C + c] = wte[(int64_t)tok[i] * C + c] + wpe[(i % T) * C + c];
 }
 
-static float *raw(const sg_tensor *t)
+/* The tensor's bytes, any dtype (caller frees). */
+static void *raw(const sg_tensor *t)
 {
-    float *v = malloc(sg_tensor_nbytes(t));
+    void *v = malloc(sg_tensor_nbytes(t));
     TU_OK(t->ctx, sg_tensor_copy_to_host(t, v, sg_tensor_nbytes(t)));
     return v;
 }
 
-static int same_bits(const sg_tensor *a, const float *b)
+static int same_bits(const sg_tensor *a, const void *b)
 {
-    float *v = raw(a);
+    void *v = raw(a);
     int same = memcmp(v, b, sg_tensor_nbytes(a)) == 0;
     free(v);
     return same;
@@ -172,6 +174,77 @@ static void cpu_f32(sg_ctx *ctx)
     destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
+/* bf16 on the CPU: wte, wpe, y, dy, dwte, dwpe bf16. The forward against the formula on the
+ * bf16 values, the backward against the f64 backward (checked by finite differences above) on
+ * the same dy: the reference adds and sums in double and rounds only the outputs, so it sits
+ * within half a bf16 ulp of f64, inside the bf16 rule. Repeated tokens: dwte rows are sums. */
+static void cpu_bf16(sg_ctx *ctx)
+{
+    emb_shape s = {tu_randint(1, 4),  tu_randint(1, 9),  0,
+                   tu_randint(1, 40), tu_randint(1, 30), tu_randint(0, 1)};
+    s.Tmax = s.T + tu_randint(0, 3);
+    const sg_dtype bf = SG_DTYPE_BF16, f64 = SG_DTYPE_F64;
+    sg_tensor *tokens = tu_tensor2(ctx, SG_DTYPE_I32, s.B, s.T, "tokens");
+    sg_tensor *wte = tu_tensor2(ctx, bf, s.V, s.C, "wte"),
+              *wpe = tu_tensor2(ctx, bf, s.Tmax, s.C, "wpe");
+    sg_tensor *dwte = tu_tensor2(ctx, bf, s.V, s.C, "dwte"),
+              *dwpe = tu_tensor2(ctx, bf, s.Tmax, s.C, "dwpe");
+    sg_tensor *y = act_tensor(ctx, bf, &s, "y"), *dy = act_tensor(ctx, bf, &s, "dy");
+    double *tv = random_tokens(tokens, (int)s.V - 1);
+    free(tu_random(wte, -1, 1)), free(tu_random(wpe, -1, 1)), free(tu_random(dy, -1, 1));
+    double *ev = tu_get(wte), *pv = tu_get(wpe); /* as stored in bf16 */
+    int64_t BT = s.B * s.T;
+    double *ye = malloc((size_t)(BT * s.C) * sizeof *ye);
+    naive_forward(tv, ev, pv, BT, s.T, s.C, ye);
+    tu_poison(y);
+    TU_OK(ctx, sg_embedding_forward(ctx, tokens, wte, wpe, y));
+    close_vals("embedding bf16 cpu y vs formula", y, ye, BT * s.C, tu_tol_for(bf));
+
+    sg_tensor *dy64 = tu_clone_to(ctx, dy, f64);
+    sg_tensor *dwte64 = tu_tensor2(ctx, f64, s.V, s.C, "dwte64"),
+              *dwpe64 = tu_tensor2(ctx, f64, s.Tmax, s.C, "dwpe64");
+    TU_OK(ctx, sg_embedding_backward(ctx, tokens, dy64, dwte64, dwpe64));
+    tu_poison(dwte), tu_poison(dwpe);
+    TU_OK(ctx, sg_embedding_backward(ctx, tokens, dy, dwte, dwpe));
+    tu_close_tensors("embedding bf16 cpu dwte vs f64", dwte, dwte64, tu_tol_for(bf));
+    tu_close_tensors("embedding bf16 cpu dwpe vs f64", dwpe, dwpe64, tu_tol_for(bf));
+    free(tv), free(ev), free(pv), free(ye);
+    sg_tensor *ts[] = {tokens, wte, wpe, dwte, dwpe, y, dy, dy64, dwte64, dwpe64};
+    destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
+/* Mixed float dtypes: wte (forward) or dy (backward) sets the dtype of every float tensor; the
+ * first that differs is named. No f64 tensors, so it runs on either backend. */
+static void mixed_dtypes(sg_ctx *ctx)
+{
+    const int64_t B = 2, T = 3, C = 4, V = 7;
+    const sg_dtype bf = SG_DTYPE_BF16, f32 = SG_DTYPE_F32;
+    sg_tensor *tokens = tu_tensor2(ctx, SG_DTYPE_I32, B, T, "tokens");
+    sg_tensor *wteb = tu_tensor2(ctx, bf, V, C, "wteb"), *wpeb = tu_tensor2(ctx, bf, T, C, "wpeb");
+    sg_tensor *wtef = tu_tensor2(ctx, f32, V, C, "wtef"),
+              *wpef = tu_tensor2(ctx, f32, T, C, "wpef");
+    sg_tensor *yb = tu_tensor(ctx, bf, 3, (int64_t[]){B, T, C}, "yb"),
+              *yf = tu_tensor(ctx, f32, 3, (int64_t[]){B, T, C}, "yf");
+    free(random_tokens(tokens, (int)V - 1));
+    free(tu_random(wteb, -1, 1)), free(tu_random(wpeb, -1, 1)), free(tu_random(yb, -1, 1));
+    TU_FAILS(ctx, sg_embedding_forward(ctx, tokens, wteb, wpef, yb), SG_ERR_DTYPE,
+             "sg_embedding_forward: tensor 'wpe' is f32, expected bf16");
+    TU_FAILS(ctx, sg_embedding_forward(ctx, tokens, wtef, wpeb, yf), SG_ERR_DTYPE,
+             "tensor 'wpe' is bf16, expected f32");
+    TU_FAILS(ctx, sg_embedding_forward(ctx, tokens, wteb, wpeb, yf), SG_ERR_DTYPE,
+             "'y' is (2, 3, 4) f32 but 'wte' is (7, 4) bf16; expected C = 4 and the same dtype");
+    TU_OK(ctx, sg_embedding_forward(ctx, tokens, wteb, wpeb, yb));
+    TU_FAILS(ctx, sg_embedding_backward(ctx, tokens, yb, wtef, wpeb), SG_ERR_DTYPE,
+             "sg_embedding_backward: tensor 'dwte' is f32, expected bf16");
+    TU_FAILS(ctx, sg_embedding_backward(ctx, tokens, yb, wteb, wpef), SG_ERR_DTYPE,
+             "tensor 'dwpe' is f32, expected bf16");
+    TU_FAILS(ctx, sg_embedding_backward(ctx, tokens, yf, wteb, wpef), SG_ERR_DTYPE,
+             "tensor 'dwte' is bf16, expected f32");
+    TU_OK(ctx, sg_embedding_backward(ctx, tokens, yb, wteb, wpeb));
+    sg_tensor *ts[] = {tokens, wteb, wpeb, wtef, wpef, yb, yf};
+    destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
 static void cpu_errors(sg_ctx *ctx)
 {
     const int64_t B = 2, T = 3, C = 4, V = 7;
@@ -214,8 +287,11 @@ static void cpu_errors(sg_ctx *ctx)
              "tensor 'tokens' is f32, expected i32");
     TU_FAILS(ctx, sg_embedding_forward(ctx, t_1d, wte, wpe, y), SG_ERR_SHAPE,
              "'tokens' is (6) i32, expected (B, T) i32");
+    TU_FAILS(ctx, sg_embedding_forward(ctx, tokens, t_1d, wpe, y), SG_ERR_DTYPE,
+             "tensor 'wte' is i32, expected f32 or f64");
+    /* bf16 wte is taken (mixed precision); then wpe must be bf16 too. */
     TU_FAILS(ctx, sg_embedding_forward(ctx, tokens, wte_b, wpe, y), SG_ERR_DTYPE,
-             "tensor 'wte' is bf16");
+             "tensor 'wpe' is f64, expected bf16");
     TU_FAILS(ctx, sg_embedding_forward(ctx, tokens, wte_1d, wpe, y), SG_ERR_SHAPE,
              "'wte' is (4) f64, expected (V, 4) f64");
     TU_FAILS(ctx, sg_embedding_forward(ctx, tokens, wte, wpe_short, y), SG_ERR_SHAPE,
@@ -307,11 +383,12 @@ static sg_status emb_step_fn(void *u)
     return sg_embedding_backward(s->ctx, s->tokens, s->dy, s->dwte, s->dwpe);
 }
 
-static void capture_case(sg_ctx *ctx, emb_shape s)
+/* dt: f32 or bf16. */
+static void capture_case(sg_ctx *ctx, emb_shape s, sg_dtype dt)
 {
     char what[160];
     shape_name(&s, what, sizeof what);
-    sg_dtype dt = SG_DTYPE_F32;
+    snprintf(what + strlen(what), sizeof what - strlen(what), " %s", sg_dtype_name(dt));
     sg_tensor *tokens = tu_tensor2(ctx, SG_DTYPE_I32, s.B, s.T, "tokens");
     sg_tensor *wte = tu_tensor2(ctx, dt, s.V, s.C, "wte"),
               *wpe = tu_tensor2(ctx, dt, s.Tmax, s.C, "wpe");
@@ -372,50 +449,56 @@ static void cpu_tests(void)
     emb_shape c = {1, 1, 1, 1, 2, false};
     cpu_gradcheck(ctx, c);
     cpu_f32(ctx);
+    cpu_bf16(ctx);
     cpu_errors(ctx);
+    mixed_dtypes(ctx);
     emb_shape d = {tu_randint(1, 4), 5, 7, tu_randint(1, 20), tu_randint(2, 30), false};
-    capture_case(ctx, d);
+    capture_case(ctx, d, SG_DTYPE_F32);
+    capture_case(ctx, d, SG_DTYPE_BF16);
     sg_ctx_destroy(ctx);
 }
 
 /* ---- gpu: CUDA against the CPU reference ---- */
 
-/* One shape: forward and backward against the reference, outputs poisoned; then again:
- * bitwise the same and one launch each. Tolerance: f32's rule holds as is. y is one f32 add,
- * correctly rounded on both sides (exact); the GPU sums dwte and dwpe in double in the
- * reference's order, so only the final rounding to f32 can differ. When `odd`, wte is a view
- * one element into a buffer (4 mod 16): the forward must take its scalar path. */
-static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, emb_shape s, bool odd)
+/* One shape, one dtype dt (f32 or bf16): forward and backward against the CPU reference in dt,
+ * outputs poisoned; then again: bitwise the same and one launch each. Tolerance: dt's rule
+ * holds as is. y is one add, correctly rounded on both sides (in bf16 the f32 sum of two bf16
+ * values is exact, or its rounding to bf16 is the same as the double's); the GPU sums dwte and
+ * dwpe in double in the reference's order, so only the final rounding to dt can differ. When
+ * `odd`, wte is a view one element into a buffer (4 or 2 mod 16): the forward must take its
+ * scalar path. */
+static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, emb_shape s, bool odd, sg_dtype dt)
 {
     char what[192];
     shape_name(&s, what, sizeof what);
-    if (odd) snprintf(what + strlen(what), sizeof what - strlen(what), " unaligned wte");
+    snprintf(what + strlen(what), sizeof what - strlen(what), " %s%s", sg_dtype_name(dt),
+             odd ? " unaligned wte" : "");
     sg_tensor *tokens = tu_tensor2(gpu, SG_DTYPE_I32, s.B, s.T, "tokens");
     sg_tensor *wbase = NULL, *wte;
     if (odd) {
-        wbase = tu_tensor1(gpu, SG_DTYPE_F32, s.V * s.C + 1, "wte_base");
+        wbase = tu_tensor1(gpu, dt, s.V * s.C + 1, "wte_base");
         TU_OK(gpu, sg_tensor_view(wbase, 1, 2, (int64_t[]){s.V, s.C}, "wte", &wte));
     } else {
-        wte = tu_tensor2(gpu, SG_DTYPE_F32, s.V, s.C, "wte");
+        wte = tu_tensor2(gpu, dt, s.V, s.C, "wte");
     }
-    sg_tensor *wpe = tu_tensor2(gpu, SG_DTYPE_F32, s.Tmax, s.C, "wpe");
-    sg_tensor *y = act_tensor(gpu, SG_DTYPE_F32, &s, "y"),
-              *dy = act_tensor(gpu, SG_DTYPE_F32, &s, "dy");
-    sg_tensor *dwte = tu_tensor2(gpu, SG_DTYPE_F32, s.V, s.C, "dwte"),
-              *dwpe = tu_tensor2(gpu, SG_DTYPE_F32, s.Tmax, s.C, "dwpe");
+    sg_tensor *wpe = tu_tensor2(gpu, dt, s.Tmax, s.C, "wpe");
+    sg_tensor *y = act_tensor(gpu, dt, &s, "y"),
+              *dy = act_tensor(gpu, dt, &s, "dy");
+    sg_tensor *dwte = tu_tensor2(gpu, dt, s.V, s.C, "dwte"),
+              *dwpe = tu_tensor2(gpu, dt, s.Tmax, s.C, "dwpe");
     free(random_tokens(tokens, (int)s.V - 1));
     free(tu_random(wte, -1, 1)), free(tu_random(wpe, -1, 1)), free(tu_random(dy, -1, 1));
 
     sg_tensor *tc = tu_clone_to(cpu, tokens, SG_DTYPE_I32),
-              *ec = tu_clone_to(cpu, wte, SG_DTYPE_F32), *pc = tu_clone_to(cpu, wpe, SG_DTYPE_F32),
-              *dyc = tu_clone_to(cpu, dy, SG_DTYPE_F32);
-    sg_tensor *yc = act_tensor(cpu, SG_DTYPE_F32, &s, "y_ref");
-    sg_tensor *dec = tu_tensor2(cpu, SG_DTYPE_F32, s.V, s.C, "dwte_ref"),
-              *dpc = tu_tensor2(cpu, SG_DTYPE_F32, s.Tmax, s.C, "dwpe_ref");
+              *ec = tu_clone_to(cpu, wte, dt), *pc = tu_clone_to(cpu, wpe, dt),
+              *dyc = tu_clone_to(cpu, dy, dt);
+    sg_tensor *yc = act_tensor(cpu, dt, &s, "y_ref");
+    sg_tensor *dec = tu_tensor2(cpu, dt, s.V, s.C, "dwte_ref"),
+              *dpc = tu_tensor2(cpu, dt, s.Tmax, s.C, "dwpe_ref");
     TU_OK(cpu, sg_embedding_forward(cpu, tc, ec, pc, yc));
     TU_OK(cpu, sg_embedding_backward(cpu, tc, dyc, dec, dpc));
 
-    tu_tol tol = tu_tol_for(SG_DTYPE_F32);
+    tu_tol tol = tu_tol_for(dt);
     tu_poison(y);
     TU_OK(gpu, sg_embedding_forward(gpu, tokens, wte, wpe, y));
     close_named(what, "y", y, yc, tol);
@@ -425,7 +508,7 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, emb_shape s, bool odd)
     close_named(what, "dwpe", dwpe, dpc, tol);
 
     sg_tensor *outs[3] = {y, dwte, dwpe};
-    float *first[3];
+    void *first[3];
     for (int i = 0; i < 3; i++) first[i] = raw(outs[i]), tu_poison(outs[i]);
     uint64_t n0 = sg_ctx_launch_count(gpu);
     TU_OK(gpu, sg_embedding_forward(gpu, tokens, wte, wpe, y));
@@ -448,16 +531,16 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, emb_shape s, bool odd)
 /* Tokens outside 0..V-1 on CUDA (documented): the forward reads a zero wte row, the backward
  * gives that position's dy to no dwte row (dwpe still gets it). Expected values: the CPU
  * reference with one extra, zero, wte row V that every bad token is mapped to. */
-static void gpu_bad_tokens(sg_ctx *gpu, sg_ctx *cpu)
+static void gpu_bad_tokens(sg_ctx *gpu, sg_ctx *cpu, sg_dtype dt)
 {
     emb_shape s = {3, 17, 20, 12, 9, false};
     sg_tensor *tokens = tu_tensor2(gpu, SG_DTYPE_I32, s.B, s.T, "tokens");
-    sg_tensor *wte = tu_tensor2(gpu, SG_DTYPE_F32, s.V, s.C, "wte"),
-              *wpe = tu_tensor2(gpu, SG_DTYPE_F32, s.Tmax, s.C, "wpe");
-    sg_tensor *y = act_tensor(gpu, SG_DTYPE_F32, &s, "y"),
-              *dy = act_tensor(gpu, SG_DTYPE_F32, &s, "dy");
-    sg_tensor *dwte = tu_tensor2(gpu, SG_DTYPE_F32, s.V, s.C, "dwte"),
-              *dwpe = tu_tensor2(gpu, SG_DTYPE_F32, s.Tmax, s.C, "dwpe");
+    sg_tensor *wte = tu_tensor2(gpu, dt, s.V, s.C, "wte"),
+              *wpe = tu_tensor2(gpu, dt, s.Tmax, s.C, "wpe");
+    sg_tensor *y = act_tensor(gpu, dt, &s, "y"),
+              *dy = act_tensor(gpu, dt, &s, "dy");
+    sg_tensor *dwte = tu_tensor2(gpu, dt, s.V, s.C, "dwte"),
+              *dwpe = tu_tensor2(gpu, dt, s.Tmax, s.C, "dwpe");
     double *tv = random_tokens(tokens, (int)s.V - 1);
     const int32_t bad[4] = {-1, (int32_t)s.V, INT32_MAX, INT32_MIN};
     for (int k = 0; k < 4; k++) tv[tu_randint(0, (int)(s.B * s.T) - 1)] = bad[k];
@@ -466,11 +549,11 @@ static void gpu_bad_tokens(sg_ctx *gpu, sg_ctx *cpu)
     free(tu_random(wpe, -1, 1)), free(tu_random(dy, -1, 1));
 
     sg_tensor *tc = tu_tensor2(cpu, SG_DTYPE_I32, s.B, s.T, "tokens_ref");
-    sg_tensor *ec = tu_tensor2(cpu, SG_DTYPE_F32, s.V + 1, s.C, "wte_ref");
-    sg_tensor *pc = tu_clone_to(cpu, wpe, SG_DTYPE_F32), *dyc = tu_clone_to(cpu, dy, SG_DTYPE_F32);
-    sg_tensor *yc = act_tensor(cpu, SG_DTYPE_F32, &s, "y_ref");
-    sg_tensor *dec = tu_tensor2(cpu, SG_DTYPE_F32, s.V + 1, s.C, "dwte_ref"),
-              *dpc = tu_tensor2(cpu, SG_DTYPE_F32, s.Tmax, s.C, "dwpe_ref");
+    sg_tensor *ec = tu_tensor2(cpu, dt, s.V + 1, s.C, "wte_ref");
+    sg_tensor *pc = tu_clone_to(cpu, wpe, dt), *dyc = tu_clone_to(cpu, dy, dt);
+    sg_tensor *yc = act_tensor(cpu, dt, &s, "y_ref");
+    sg_tensor *dec = tu_tensor2(cpu, dt, s.V + 1, s.C, "dwte_ref"),
+              *dpc = tu_tensor2(cpu, dt, s.Tmax, s.C, "dwpe_ref");
     for (int64_t i = 0; i < s.B * s.T; i++)
         tv[i] = (tv[i] < 0 || tv[i] >= s.V) ? (double)s.V : tv[i];
     tu_set(tc, tv);
@@ -480,20 +563,20 @@ static void gpu_bad_tokens(sg_ctx *gpu, sg_ctx *cpu)
     TU_OK(cpu, sg_embedding_forward(cpu, tc, ec, pc, yc));
     TU_OK(cpu, sg_embedding_backward(cpu, tc, dyc, dec, dpc));
 
+    char what_y[64], what_dwpe[64], what_dwte[64];
+    snprintf(what_y, sizeof what_y, "embedding bad tokens %s: y", sg_dtype_name(dt));
+    snprintf(what_dwpe, sizeof what_dwpe, "embedding bad tokens %s: dwpe", sg_dtype_name(dt));
+    snprintf(what_dwte, sizeof what_dwte, "embedding bad tokens %s: dwte", sg_dtype_name(dt));
     tu_poison(y), tu_poison(dwte), tu_poison(dwpe);
     TU_OK(gpu, sg_embedding_forward(gpu, tokens, wte, wpe, y));
     TU_OK(gpu, sg_embedding_backward(gpu, tokens, dy, dwte, dwpe));
-    tu_close_tensors("embedding bad tokens: y", y, yc, tu_tol_for(SG_DTYPE_F32));
-    tu_close_tensors("embedding bad tokens: dwpe", dwpe, dpc, tu_tol_for(SG_DTYPE_F32));
+    tu_close_tensors(what_y, y, yc, tu_tol_for(dt));
+    tu_close_tensors(what_dwpe, dwpe, dpc, tu_tol_for(dt));
     double *got = tu_get(dwte), *ref = tu_get(dec); /* the first V rows of the reference */
-    tu_close("embedding bad tokens: dwte", got, ref, s.V * s.C, tu_tol_for(SG_DTYPE_F32));
+    tu_close(what_dwte, got, ref, s.V * s.C, tu_tol_for(dt));
     free(got), free(ref), free(tv), free(ev), free(ext);
 
-    /* bf16 is not taken yet. */
-    sg_tensor *wb = tu_tensor2(gpu, SG_DTYPE_BF16, s.V, s.C, "wte_bf16");
-    TU_FAILS(gpu, sg_embedding_forward(gpu, tokens, wb, wpe, y), SG_ERR_DTYPE,
-             "tensor 'wte' is bf16, expected f32");
-    sg_tensor *ts[] = {tokens, wte, wpe, y, dy, dwte, dwpe, tc, ec, pc, dyc, yc, dec, dpc, wb};
+    sg_tensor *ts[] = {tokens, wte, wpe, y, dy, dwte, dwpe, tc, ec, pc, dyc, yc, dec, dpc};
     destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
@@ -502,6 +585,7 @@ static void gpu_tests(void)
     sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
     sg_ctx *cpu = tu_ctx(SG_BACKEND_CPU);
     int64_t T = tu_randint(1, 256);
+    /* The same shapes in both dtypes; C % 4 (f32) or C % 8 (bf16) == 0 takes 16-byte accesses. */
     emb_shape shapes[] = {
         {1, 1, 1, 4, 256, false},
         {8, 128, 128, 256, 256, false},
@@ -513,13 +597,18 @@ static void gpu_tests(void)
         {tu_randint(1, 8), T, T + tu_randint(0, 40), tu_randint(1, 1000), tu_randint(1, 300),
          tu_randint(0, 1)},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
-        gpu_case(gpu, cpu, shapes[i], false);
-    emb_shape u = {8, 32, 32, 256, 256, false};
-    gpu_case(gpu, cpu, u, true);
-    gpu_bad_tokens(gpu, cpu);
-    emb_shape c = {8, 256, 256, 768, 256, false};
-    capture_case(gpu, c);
+    const sg_dtype dts[2] = {SG_DTYPE_F32, SG_DTYPE_BF16};
+    for (int d = 0; d < 2; d++) {
+        sg_dtype dt = dts[d];
+        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+            gpu_case(gpu, cpu, shapes[i], false, dt);
+        emb_shape u = {8, 32, 32, 256, 256, false};
+        gpu_case(gpu, cpu, u, true, dt);
+        gpu_bad_tokens(gpu, cpu, dt);
+        emb_shape c = {8, 256, 256, 768, 256, false};
+        capture_case(gpu, c, dt);
+    }
+    mixed_dtypes(gpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
 }

@@ -1,9 +1,11 @@
 /* test_layernorm.c: LayerNorm forward and backward. `cpu`: the forward against the formula
  * written here, float64 finite differences of dx, dgamma and dbeta (N-D x, C odd and even),
- * argument errors (the context usable afterwards), and a captured plan that replays it.
- * `gpu`: the CUDA kernels against the CPU reference on fresh random inputs (warp-per-row and
- * block-per-row, 16-byte and scalar paths), outputs poisoned first; bitwise determinism; the
- * launches per call; a captured graph that reproduces the eager results bit for bit. */
+ * bf16 storage against f64 on the same bf16 values, argument errors (mixed dtypes included;
+ * the context usable afterwards), and a captured plan that replays it. `gpu`: the CUDA
+ * kernels, f32 and bf16, against the CPU reference in the same dtype on fresh random inputs
+ * (warp-per-row and block-per-row, 16-byte and scalar paths), outputs poisoned first; bitwise
+ * determinism; the launches per call; a captured graph that reproduces the eager results bit
+ * for bit. */
 #include "ops/layernorm.h" /* SG_LAYERNORM_CUDA_MAX_C */
 #include "testutil.h"
 
@@ -189,6 +191,100 @@ static void cpu_f32(sg_ctx *ctx)
     destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
+/* bf16 on the CPU: x, gamma, beta, y, dy, dx, dgamma, dbeta bf16; mean and rstd f32. The
+ * forward against the formula on the bf16 values, the backward against the f64 backward
+ * (checked by finite differences above) on the same values: the reference computes in double
+ * and rounds only the outputs, so bf16 outputs sit within half a bf16 ulp of f64 (inside the
+ * bf16 rule) and mean, rstd within f32 rounding (inside the f32 rule). */
+static void cpu_bf16(sg_ctx *ctx)
+{
+    int64_t M = tu_randint(1, 40), C = tu_randint(1, 300);
+    const sg_dtype bf = SG_DTYPE_BF16, f64 = SG_DTYPE_F64;
+    sg_tensor *x = tu_tensor2(ctx, bf, M, C, "x"), *y = tu_tensor2(ctx, bf, M, C, "y"),
+              *dy = tu_tensor2(ctx, bf, M, C, "dy"), *dx = tu_tensor2(ctx, bf, M, C, "dx");
+    sg_tensor *g = tu_tensor1(ctx, bf, C, "gamma"), *b = tu_tensor1(ctx, bf, C, "beta"),
+              *dg = tu_tensor1(ctx, bf, C, "dgamma"), *db = tu_tensor1(ctx, bf, C, "dbeta");
+    sg_tensor *mean = tu_tensor1(ctx, SG_DTYPE_F32, M, "mean"),
+              *rstd = tu_tensor1(ctx, SG_DTYPE_F32, M, "rstd");
+    free(random_rows(x, 3.0));
+    free(tu_random(g, -1.5, 1.5));
+    free(tu_random(b, -1, 1));
+    free(tu_random(dy, -1, 1));
+    double *xv = tu_get(x), *gv = tu_get(g), *bv = tu_get(b); /* as stored in bf16 */
+    double *ye = malloc((size_t)(M * C) * sizeof *ye), *me = malloc((size_t)M * sizeof *me),
+           *re = malloc((size_t)M * sizeof *re);
+    naive_layernorm(xv, gv, bv, M, C, 1e-5f, ye, me, re);
+    tu_poison(y), tu_poison(mean), tu_poison(rstd);
+    TU_OK(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, y, mean, rstd));
+    close_vals("layernorm bf16 cpu y vs formula", y, ye, M * C, tu_tol_for(SG_DTYPE_BF16));
+    close_vals("layernorm bf16 cpu mean vs formula", mean, me, M, tu_tol_for(SG_DTYPE_F32));
+    close_vals("layernorm bf16 cpu rstd vs formula", rstd, re, M, tu_tol_for(SG_DTYPE_F32));
+
+    /* The f64 reference: the same values, its own f64 statistics. */
+    sg_tensor *x64 = tu_clone_to(ctx, x, f64), *g64 = tu_clone_to(ctx, g, f64),
+              *b64 = tu_clone_to(ctx, b, f64), *dy64 = tu_clone_to(ctx, dy, f64);
+    sg_tensor *y64 = tu_tensor2(ctx, f64, M, C, "y64"), *dx64 = tu_tensor2(ctx, f64, M, C, "dx64");
+    sg_tensor *m64 = tu_tensor1(ctx, f64, M, "mean64"), *r64 = tu_tensor1(ctx, f64, M, "rstd64");
+    sg_tensor *dg64 = tu_tensor1(ctx, f64, C, "dgamma64"),
+              *db64 = tu_tensor1(ctx, f64, C, "dbeta64");
+    TU_OK(ctx, sg_layernorm_forward(ctx, x64, g64, b64, 1e-5f, y64, m64, r64));
+    TU_OK(ctx, sg_layernorm_backward(ctx, x64, g64, m64, r64, dy64, dx64, dg64, db64));
+    tu_poison(dx), tu_poison(dg), tu_poison(db);
+    TU_OK(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, dy, dx, dg, db));
+    tu_tol tol = tu_tol_for(SG_DTYPE_BF16);
+    tu_close_tensors("layernorm bf16 cpu dx vs f64", dx, dx64, tol);
+    tu_close_tensors("layernorm bf16 cpu dgamma vs f64", dg, dg64, tol);
+    tu_close_tensors("layernorm bf16 cpu dbeta vs f64", db, db64, tol);
+    free(xv), free(gv), free(bv), free(ye), free(me), free(re);
+    sg_tensor *ts[] = {x,   y,   dy,   dx,  g,   b,   dg,  db,   mean, rstd, x64,
+                       g64, b64, dy64, y64, dx64, m64, r64, dg64, db64};
+    destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
+/* Mixed float dtypes: x sets the dtype of every tensor but mean and rstd (f32 for bf16 x); the
+ * first tensor that differs is named. No f64 tensors, so it runs on either backend. */
+static void mixed_dtypes(sg_ctx *ctx)
+{
+    int64_t M = 3, C = 8;
+    const sg_dtype bf = SG_DTYPE_BF16, f32 = SG_DTYPE_F32;
+    sg_tensor *xb = tu_tensor2(ctx, bf, M, C, "xb"), *yb = tu_tensor2(ctx, bf, M, C, "yb"),
+              *dyb = tu_tensor2(ctx, bf, M, C, "dyb"), *dxb = tu_tensor2(ctx, bf, M, C, "dxb");
+    sg_tensor *gb = tu_tensor1(ctx, bf, C, "gb"), *bb = tu_tensor1(ctx, bf, C, "bb"),
+              *dgb = tu_tensor1(ctx, bf, C, "dgb"), *dbb = tu_tensor1(ctx, bf, C, "dbb");
+    sg_tensor *xf = tu_tensor2(ctx, f32, M, C, "xf"), *yf = tu_tensor2(ctx, f32, M, C, "yf");
+    sg_tensor *gf = tu_tensor1(ctx, f32, C, "gf"), *bf32 = tu_tensor1(ctx, f32, C, "bf32");
+    sg_tensor *mean = tu_tensor1(ctx, f32, M, "mean"), *rstd = tu_tensor1(ctx, f32, M, "rstd"),
+              *mb = tu_tensor1(ctx, bf, M, "mb");
+    free(random_rows(xb, 1.0));
+    free(tu_random(gb, -1, 1)), free(tu_random(bb, -1, 1)), free(tu_random(dyb, -1, 1));
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, xb, gf, bb, 1e-5f, yb, mean, rstd), SG_ERR_DTYPE,
+             "sg_layernorm_forward: tensor 'gamma' is f32, expected bf16");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, xb, gb, bf32, 1e-5f, yb, mean, rstd), SG_ERR_DTYPE,
+             "tensor 'beta' is f32, expected bf16");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, xb, gb, bb, 1e-5f, yf, mean, rstd), SG_ERR_DTYPE,
+             "'x' is (3, 8) bf16 but 'y' is (3, 8) f32");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, xb, gb, bb, 1e-5f, yb, mb, rstd), SG_ERR_DTYPE,
+             "tensor 'mean' is bf16, expected f32");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, xf, gb, bf32, 1e-5f, yf, mean, rstd), SG_ERR_DTYPE,
+             "tensor 'gamma' is bf16, expected f32");
+    TU_OK(ctx, sg_layernorm_forward(ctx, xb, gb, bb, 1e-5f, yb, mean, rstd));
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, xb, gf, mean, rstd, dyb, dxb, dgb, dbb),
+             SG_ERR_DTYPE, "sg_layernorm_backward: tensor 'gamma' is f32, expected bf16");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, xb, gb, mean, mb, dyb, dxb, dgb, dbb), SG_ERR_DTYPE,
+             "tensor 'rstd' is bf16, expected f32");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, xb, gb, mean, rstd, yf, dxb, dgb, dbb), SG_ERR_DTYPE,
+             "'x' is (3, 8) bf16 but 'dy' is (3, 8) f32");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, xb, gb, mean, rstd, dyb, xf, dgb, dbb), SG_ERR_DTYPE,
+             "'x' is (3, 8) bf16 but 'dx' is (3, 8) f32");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, xb, gb, mean, rstd, dyb, dxb, gf, dbb), SG_ERR_DTYPE,
+             "tensor 'dgamma' is f32, expected bf16");
+    TU_FAILS(ctx, sg_layernorm_backward(ctx, xb, gb, mean, rstd, dyb, dxb, dgb, bf32),
+             SG_ERR_DTYPE, "tensor 'dbeta' is f32, expected bf16");
+    TU_OK(ctx, sg_layernorm_backward(ctx, xb, gb, mean, rstd, dyb, dxb, dgb, dbb));
+    sg_tensor *ts[] = {xb, yb, dyb, dxb, gb, bb, dgb, dbb, xf, yf, gf, bf32, mean, rstd, mb};
+    destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
 static void cpu_errors(sg_ctx *ctx)
 {
     int64_t M = 3, C = 5;
@@ -244,8 +340,11 @@ static void cpu_errors(sg_ctx *ctx)
              "tensor 'rstd' is i32, expected f32 or f64");
     TU_FAILS(ctx, sg_layernorm_forward(ctx, x32, g32, b32, 1e-5f, y32, mean, rstd), SG_ERR_DTYPE,
              "tensor 'mean' is f64, expected f32");
+    TU_FAILS(ctx, sg_layernorm_forward(ctx, mi, g, b, 1e-5f, y, mean, rstd), SG_ERR_DTYPE,
+             "tensor 'x' is i32, expected f32 or f64");
+    /* bf16 x is taken (mixed precision); then gamma must be bf16 too. */
     TU_FAILS(ctx, sg_layernorm_forward(ctx, xb, g, b, 1e-5f, y, mean, rstd), SG_ERR_DTYPE,
-             "tensor 'x' is bf16, expected f32 or f64");
+             "tensor 'gamma' is f64, expected bf16");
     TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, b, -1e-3f, y, mean, rstd), SG_ERR_INVALID,
              "eps is -0.001");
     TU_FAILS(ctx, sg_layernorm_forward(ctx, x, g, b, NAN, y, mean, rstd), SG_ERR_INVALID,
@@ -327,10 +426,10 @@ static void poison_step(ln_step *s)
     for (int i = 0; i < 6; i++) tu_poison(o[i]);
 }
 
-/* Two sets of outputs (eager, graph) compared bit for bit, for two input fills. */
-static void capture_case(sg_ctx *ctx, int64_t M, int64_t C)
+/* Two sets of outputs (eager, graph) compared bit for bit, for two input fills. dt: f32 or
+ * bf16 (the statistics f32 either way). */
+static void capture_case(sg_ctx *ctx, int64_t M, int64_t C, sg_dtype dt)
 {
-    sg_dtype dt = SG_DTYPE_F32;
     sg_tensor *x = tu_tensor2(ctx, dt, M, C, "x"), *dy = tu_tensor2(ctx, dt, M, C, "dy");
     sg_tensor *g = tu_tensor1(ctx, dt, C, "gamma"), *b = tu_tensor1(ctx, dt, C, "beta");
     ln_step e = {.ctx = ctx, .x = x, .g = g, .b = b, .dy = dy}, r = e;
@@ -338,7 +437,8 @@ static void capture_case(sg_ctx *ctx, int64_t M, int64_t C)
     for (int k = 0; k < 2; k++) {
         ln_step *s = both[k];
         s->y = tu_tensor2(ctx, dt, M, C, "y"), s->dx = tu_tensor2(ctx, dt, M, C, "dx");
-        s->mean = tu_tensor1(ctx, dt, M, "mean"), s->rstd = tu_tensor1(ctx, dt, M, "rstd");
+        s->mean = tu_tensor1(ctx, SG_DTYPE_F32, M, "mean");
+        s->rstd = tu_tensor1(ctx, SG_DTYPE_F32, M, "rstd");
         s->dg = tu_tensor1(ctx, dt, C, "dgamma"), s->db = tu_tensor1(ctx, dt, C, "dbeta");
     }
     free(random_rows(x, 2.0));
@@ -366,8 +466,8 @@ static void capture_case(sg_ctx *ctx, int64_t M, int64_t C)
         const sg_tensor *gr[] = {r.y, r.mean, r.rstd, r.dx, r.dg, r.db};
         for (int i = 0; i < 6; i++) {
             char w[128];
-            snprintf(w, sizeof w, "layernorm (%lld,%lld) replay %d: %s vs eager", (long long)M,
-                     (long long)C, round, ge[i]->name);
+            snprintf(w, sizeof w, "layernorm %s (%lld,%lld) replay %d: %s vs eager",
+                     sg_dtype_name(dt), (long long)M, (long long)C, round, ge[i]->name);
             tu_close_tensors(w, gr[i], ge[i], (tu_tol){0, 0});
         }
     }
@@ -391,92 +491,100 @@ static void cpu_tests(void)
     int64_t c1[2] = {3, 1}; /* C = 1: y = beta */
     cpu_gradcheck(ctx, 2, c1, false);
     cpu_f32(ctx);
+    cpu_bf16(ctx);
     cpu_errors(ctx);
-    capture_case(ctx, tu_randint(1, 20), tu_randint(1, 40));
+    mixed_dtypes(ctx);
+    capture_case(ctx, tu_randint(1, 20), tu_randint(1, 40), SG_DTYPE_F32);
+    capture_case(ctx, tu_randint(1, 20), tu_randint(1, 40), SG_DTYPE_BF16);
     sg_ctx_destroy(ctx);
 }
 
 /* ---- gpu: CUDA against the CPU reference ---- */
 
-static float *raw(const sg_tensor *t)
+/* The tensor's bytes, any dtype (caller frees). */
+static void *raw(const sg_tensor *t)
 {
-    float *v = malloc(sg_tensor_nbytes(t));
+    void *v = malloc(sg_tensor_nbytes(t));
     TU_OK(t->ctx, sg_tensor_copy_to_host(t, v, sg_tensor_nbytes(t)));
     return v;
 }
 
-static int same_bits(const sg_tensor *a, const float *b)
+static int same_bits(const sg_tensor *a, const void *b)
 {
-    float *v = raw(a);
+    void *v = raw(a);
     int same = memcmp(v, b, sg_tensor_nbytes(a)) == 0;
     free(v);
     return same;
 }
 
-/* A tensor of `shape`, as a view one element into a larger buffer when `odd` (its address is
- * then 4 mod 16: the kernels must take their scalar path). *base: the buffer, or NULL. */
-static sg_tensor *maybe_view(sg_ctx *ctx, int ndim, const int64_t *shape, bool odd,
+/* A tensor of `shape` and dtype dt, as a view one element into a larger buffer when `odd` (its
+ * address is then 4 (f32) or 2 (bf16) mod 16: the kernels must take their scalar path).
+ * *base: the buffer, or NULL. */
+static sg_tensor *maybe_view(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, bool odd,
                              const char *name, sg_tensor **base)
 {
     *base = NULL;
-    if (!odd) return tu_tensor(ctx, SG_DTYPE_F32, ndim, shape, name);
+    if (!odd) return tu_tensor(ctx, dt, ndim, shape, name);
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= shape[i];
     n += 1;
-    *base = tu_tensor1(ctx, SG_DTYPE_F32, n, "base");
+    *base = tu_tensor1(ctx, dt, n, "base");
     sg_tensor *v = NULL;
     TU_OK(ctx, sg_tensor_view(*base, 1, ndim, shape, name, &v));
     return v;
 }
 
-/* One shape: forward against the reference (outputs poisoned), backward against the
- * reference from the same statistics, then both again: bitwise the same, and 1 + 2 launches.
- * Tolerance: f32's rule holds as is. y, mean and rstd: f32 sums of at most a few thousand
- * terms, far below 1e-4 relative. dx: per-row f32 sums, errors ~1e-7 * rstd. dgamma, dbeta:
- * summed in double on the GPU, so only the final rounding to f32 differs. */
-static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, bool odd)
+/* One shape, one dtype dt (f32 or bf16; mean and rstd f32): forward against the CPU reference
+ * in dt (outputs poisoned), backward against it from the same statistics, then both again:
+ * bitwise the same, and 1 + 2 launches. Tolerance: dt's rule holds as is (mean and rstd: f32's
+ * rule). y, mean and rstd: f32 sums of at most a few thousand terms, far below 1e-4 relative.
+ * dx: per-row f32 sums, errors ~1e-7 * rstd. dgamma, dbeta: summed in double on the GPU, so
+ * only the final rounding to dt differs. In bf16 both sides start from the same bf16 values
+ * and round each output once, so they differ by at most one bf16 ulp (2^-8 relative). */
+static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, bool odd,
+                     sg_dtype dt)
 {
     const int64_t C = shape[ndim - 1];
     char what[128];
     int k = snprintf(what, sizeof what, "layernorm (");
     for (int i = 0; i < ndim; i++)
         k += snprintf(what + k, sizeof what - k, "%s%lld", i ? "," : "", (long long)shape[i]);
-    snprintf(what + k, sizeof what - k, ")%s", odd ? " unaligned views" : "");
+    snprintf(what + k, sizeof what - k, ") %s%s", sg_dtype_name(dt), odd ? " unaligned views" : "");
 
     sg_tensor *xbase, *gbase;
-    sg_tensor *x = maybe_view(gpu, ndim, shape, odd, "x", &xbase);
-    sg_tensor *g = maybe_view(gpu, 1, &C, odd, "gamma", &gbase);
+    sg_tensor *x = maybe_view(gpu, dt, ndim, shape, odd, "x", &xbase);
+    sg_tensor *g = maybe_view(gpu, dt, 1, &C, odd, "gamma", &gbase);
     const int64_t M = rows_of(x);
-    sg_tensor *b = tu_tensor1(gpu, SG_DTYPE_F32, C, "beta"),
-              *dy = tu_tensor(gpu, SG_DTYPE_F32, ndim, shape, "dy");
-    sg_tensor *y = tu_tensor(gpu, SG_DTYPE_F32, ndim, shape, "y"),
-              *dx = tu_tensor(gpu, SG_DTYPE_F32, ndim, shape, "dx");
+    sg_tensor *b = tu_tensor1(gpu, dt, C, "beta"),
+              *dy = tu_tensor(gpu, dt, ndim, shape, "dy");
+    sg_tensor *y = tu_tensor(gpu, dt, ndim, shape, "y"),
+              *dx = tu_tensor(gpu, dt, ndim, shape, "dx");
     sg_tensor *mean = tu_tensor1(gpu, SG_DTYPE_F32, M, "mean"),
-              *rstd = tu_tensor1(gpu, SG_DTYPE_F32, M, "rstd");
-    sg_tensor *dg = tu_tensor1(gpu, SG_DTYPE_F32, C, "dgamma"),
-              *db = tu_tensor1(gpu, SG_DTYPE_F32, C, "dbeta");
+              *rstd = tu_tensor1(gpu, SG_DTYPE_F32, M, "rstd"); /* f32 for every dt */
+    sg_tensor *dg = tu_tensor1(gpu, dt, C, "dgamma"),
+              *db = tu_tensor1(gpu, dt, C, "dbeta");
     free(random_rows(x, 3.0));
     free(tu_random(g, -1.5, 1.5));
     free(tu_random(b, -1, 1));
     free(tu_random(dy, -1, 1));
 
-    sg_tensor *xc = tu_clone_to(cpu, x, SG_DTYPE_F32), *gc = tu_clone_to(cpu, g, SG_DTYPE_F32),
-              *bc = tu_clone_to(cpu, b, SG_DTYPE_F32), *dyc = tu_clone_to(cpu, dy, SG_DTYPE_F32);
-    sg_tensor *yc = tu_tensor(cpu, SG_DTYPE_F32, ndim, shape, "y_ref"),
-              *dxc = tu_tensor(cpu, SG_DTYPE_F32, ndim, shape, "dx_ref");
+    sg_tensor *xc = tu_clone_to(cpu, x, dt), *gc = tu_clone_to(cpu, g, dt),
+              *bc = tu_clone_to(cpu, b, dt), *dyc = tu_clone_to(cpu, dy, dt);
+    sg_tensor *yc = tu_tensor(cpu, dt, ndim, shape, "y_ref"),
+              *dxc = tu_tensor(cpu, dt, ndim, shape, "dx_ref");
     sg_tensor *mc = tu_tensor1(cpu, SG_DTYPE_F32, M, "mean_ref"),
-              *rc = tu_tensor1(cpu, SG_DTYPE_F32, M, "rstd_ref");
-    sg_tensor *dgc = tu_tensor1(cpu, SG_DTYPE_F32, C, "dgamma_ref"),
-              *dbc = tu_tensor1(cpu, SG_DTYPE_F32, C, "dbeta_ref");
+              *rc = tu_tensor1(cpu, SG_DTYPE_F32, M, "rstd_ref"); /* f32 for every dt */
+    sg_tensor *dgc = tu_tensor1(cpu, dt, C, "dgamma_ref"),
+              *dbc = tu_tensor1(cpu, dt, C, "dbeta_ref");
     TU_OK(cpu, sg_layernorm_forward(cpu, xc, gc, bc, 1e-5f, yc, mc, rc));
     TU_OK(cpu, sg_layernorm_backward(cpu, xc, gc, mc, rc, dyc, dxc, dgc, dbc));
 
-    tu_tol tol = tu_tol_for(SG_DTYPE_F32);
+    tu_tol tol = tu_tol_for(dt), tol_stats = tu_tol_for(SG_DTYPE_F32);
     tu_poison(y), tu_poison(mean), tu_poison(rstd);
     TU_OK(gpu, sg_layernorm_forward(gpu, x, g, b, 1e-5f, y, mean, rstd));
     close_named(what, "y", y, yc, tol);
-    close_named(what, "mean", mean, mc, tol);
-    close_named(what, "rstd", rstd, rc, tol);
+    close_named(what, "mean", mean, mc, tol_stats);
+    close_named(what, "rstd", rstd, rc, tol_stats);
 
     /* The backward reads the reference's statistics, so both sides start from the same. */
     sg_tensor *mg = tu_clone_to(gpu, mc, SG_DTYPE_F32), *rg = tu_clone_to(gpu, rc, SG_DTYPE_F32);
@@ -488,7 +596,7 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, b
 
     /* Again: the same bits, and the documented launches. */
     const sg_tensor *outs[6] = {y, mean, rstd, dx, dg, db};
-    float *first[6];
+    void *first[6];
     for (int i = 0; i < 6; i++) first[i] = raw(outs[i]);
     for (int i = 0; i < 6; i++) tu_poison((sg_tensor *)outs[i]);
     uint64_t n0 = sg_ctx_launch_count(gpu);
@@ -511,18 +619,10 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, b
     destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
-/* Documented limits: bf16 is not taken yet; the backward's column cap. */
+/* Documented limits: mixed dtypes (as on the CPU); the backward's column cap. */
 static void gpu_edges(sg_ctx *gpu)
 {
-    int64_t M = 4, C = 8;
-    sg_tensor *xb = tu_tensor2(gpu, SG_DTYPE_BF16, M, C, "xb"),
-              *yb = tu_tensor2(gpu, SG_DTYPE_BF16, M, C, "yb");
-    sg_tensor *gb = tu_tensor1(gpu, SG_DTYPE_BF16, C, "gb"),
-              *bb = tu_tensor1(gpu, SG_DTYPE_BF16, C, "bb");
-    sg_tensor *mean = tu_tensor1(gpu, SG_DTYPE_F32, M, "mean"),
-              *rstd = tu_tensor1(gpu, SG_DTYPE_F32, M, "rstd");
-    TU_FAILS(gpu, sg_layernorm_forward(gpu, xb, gb, bb, 1e-5f, yb, mean, rstd), SG_ERR_DTYPE,
-             "tensor 'x' is bf16, expected f32");
+    mixed_dtypes(gpu);
 
     int64_t big = SG_LAYERNORM_CUDA_MAX_C + 1;
     sg_tensor *x = tu_tensor2(gpu, SG_DTYPE_F32, 1, big, "x"),
@@ -535,7 +635,7 @@ static void gpu_edges(sg_ctx *gpu)
               *r1 = tu_tensor1(gpu, SG_DTYPE_F32, 1, "r1");
     TU_FAILS(gpu, sg_layernorm_backward(gpu, x, g, m1, r1, dy, dx, dg, db), SG_ERR_UNSUPPORTED,
              "the CUDA backward takes at most");
-    sg_tensor *ts[] = {xb, yb, gb, bb, mean, rstd, x, dy, dx, g, dg, db, m1, r1};
+    sg_tensor *ts[] = {x, dy, dx, g, dg, db, m1, r1};
     destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
@@ -545,20 +645,25 @@ static void gpu_tests(void)
     sg_ctx *cpu = tu_ctx(SG_BACKEND_CPU);
     int64_t rm = tu_randint(1, 3000), rc = tu_randint(1, 6000);
     if (rm * rc > (4 << 20)) rm = (4 << 20) / rc; /* keep the double reference quick */
-    /* Warp per row (C < 2048) and block per row; C % 4 == 0 (16-byte path) and not. */
+    /* Warp per row (C < 2048) and block per row; C % 4 (f32) or C % 8 (bf16) == 0: 16-byte
+     * path, and not. The same shapes in both dtypes. */
     int64_t shapes[][2] = {{1, 1},    {7, 33},  {2048, 256}, {2048, 768}, {64, 4096},
                            {5, 3001}, {300, 2}, {1, 2048},   {8, 100000}, {rm, rc}};
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
-        gpu_case(gpu, cpu, 2, shapes[s], false);
-    int64_t s3[3] = {4, 16, 33};
-    gpu_case(gpu, cpu, 3, s3, false);
-    int64_t s3b[3] = {8, 128, 256};
-    gpu_case(gpu, cpu, 3, s3b, false);
-    int64_t v1[2] = {37, 256}, v2[2] = {3, 4096}; /* C % 4 == 0 but unaligned: scalar path */
-    gpu_case(gpu, cpu, 2, v1, true);
-    gpu_case(gpu, cpu, 2, v2, true);
-    capture_case(gpu, 256, 768);
-    capture_case(gpu, 33, 4100);
+    const sg_dtype dts[2] = {SG_DTYPE_F32, SG_DTYPE_BF16};
+    for (int d = 0; d < 2; d++) {
+        sg_dtype dt = dts[d];
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+            gpu_case(gpu, cpu, 2, shapes[s], false, dt);
+        int64_t s3[3] = {4, 16, 33};
+        gpu_case(gpu, cpu, 3, s3, false, dt);
+        int64_t s3b[3] = {8, 128, 256};
+        gpu_case(gpu, cpu, 3, s3b, false, dt);
+        int64_t v1[2] = {37, 256}, v2[2] = {3, 4096}; /* C % 8 == 0 but unaligned: scalar */
+        gpu_case(gpu, cpu, 2, v1, true, dt);
+        gpu_case(gpu, cpu, 2, v2, true, dt);
+        capture_case(gpu, 256, 768, dt);
+        capture_case(gpu, 33, 4100, dt);
+    }
     gpu_edges(gpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);

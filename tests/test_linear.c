@@ -1,9 +1,10 @@
 /* test_linear.c: the linear layer y = act(x @ w^T + b). `cpu`: the reference's forward against
  * a naive loop, float64 finite differences of its backward (x, w, b) for NONE, RELU and GELU
- * on random small shapes (N-D x included), f32 against f64, and argument errors. `gpu`: the
- * cuBLASLt path against the CPU reference (f32 both) on several shapes, every act, with and
- * without bias and dx, outputs poisoned first; misaligned views; a repeated call must reuse
- * the cached plan (bitwise equal, no new device allocation, same launches). */
+ * on random small shapes (N-D x included), f32 against f64, bf16 against f64 (the same op on
+ * the bf16-rounded inputs), and argument errors (mixed dtypes included). `gpu`: the cuBLASLt
+ * path against the CPU reference (f32 both; bf16 against f64) on several shapes, every act,
+ * with and without bias and dx, outputs poisoned first; misaligned views; a repeated call
+ * must reuse the cached plan (bitwise equal, no new device allocation, same launches). */
 #include "testutil.h"
 
 static const char *act_name(sg_activation a)
@@ -434,16 +435,23 @@ static void check_same_bits(const char *what, const sg_tensor *t, const double *
     free(v);
 }
 
-/* A GPU tensor: plain, or (mis) a view one element into a larger buffer, so its address is
- * only 4-byte aligned. */
-static sg_tensor *gpu_tensor(sg_ctx *ctx, int nd, const int64_t *shape, const char *name, int mis)
+/* A tensor of dtype dt: plain, or (mis) a view one element into a larger buffer, so its
+ * address is only 4-byte (f32) or 2-byte (bf16) aligned. */
+static sg_tensor *dev_tensor(sg_ctx *ctx, sg_dtype dt, int nd, const int64_t *shape,
+                             const char *name, int mis)
 {
-    if (!mis) return keep(tu_tensor(ctx, SG_DTYPE_F32, nd, shape, name));
+    if (!mis) return keep(tu_tensor(ctx, dt, nd, shape, name));
     int64_t n = 1;
     for (int i = 0; i < nd; i++) n *= shape[i];
-    sg_tensor *base = keep(tu_tensor1(ctx, SG_DTYPE_F32, n + 1, "base")), *v;
+    sg_tensor *base = keep(tu_tensor1(ctx, dt, n + 1, "base")), *v;
     TU_OK(ctx, sg_tensor_view(base, 1, nd, shape, name, &v));
     return keep(v);
+}
+
+/* An f32 GPU tensor, as dev_tensor. */
+static sg_tensor *gpu_tensor(sg_ctx *ctx, int nd, const int64_t *shape, const char *name, int mis)
+{
+    return dev_tensor(ctx, SG_DTYPE_F32, nd, shape, name, mis);
 }
 
 typedef struct {
@@ -613,6 +621,299 @@ static void gpu_scratch_warmup(sg_ctx *gpu)
     free_live();
 }
 
+/* ---- bf16 (mixed precision): either backend against the f64 reference ----
+ *
+ * Every tensor of a call is bf16; the reference runs the same op in f64 on the CPU, on the
+ * inputs as stored (already rounded to bf16), so the only differences are the bf16 path's own.
+ * The tolerance is the bf16 rule (atol 1e-2, rtol 1.6e-2), elementwise, and why it holds:
+ * - each bf16 output is its value rounded once: relative error <= 2^-8 = 3.9e-3 (8 significant
+ *   bits), 4x inside rtol. Before that rounding, the CUDA path accumulates in f32 (at worst
+ *   len * 2^-24 of the sum of |terms|: 2e-4 at len 3072), its GELU epilogue may use
+ *   tanh.approx (~1e-3 absolute, see gelu_epilogue_tol), and the unfused epilogue rounds the
+ *   matmul before adding the bias: a second rounding, up to 2^-8 of |x w^T|, which stays near
+ *   or under 1.2 for these inputs (x in [-1, 1], w in +-1/sqrt(K)): about 5e-3, under atol;
+ * - dw, dx and db are held elementwise to the reference computed from d(pre) as stored in dy
+ *   (bf16), which is what both backends sum (linear.h). From the unrounded d(pre) a sum of
+ *   len terms moves by ~sqrt(len) * 2^-8/sqrt(3) * |term| (about 0.02 at M = 2048: past atol
+ *   for the small elements), so against that full f64 chain they meet the norm rule instead;
+ * - every output of 16 elements or more also meets ||got - ref|| / ||ref|| < 1e-2 against
+ *   the full f64 chain.
+ * On the CPU the bf16 path is the f64 computation plus that one rounding, so there each output
+ * must also equal the f64 value rounded to bf16, exactly. */
+
+/* ||got - ref|| / ||ref|| (0 when both are zero). */
+static double rel_l2(const double *got, const double *ref, int64_t n)
+{
+    double e = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        e += (got[i] - ref[i]) * (got[i] - ref[i]);
+        r += ref[i] * ref[i];
+    }
+    if (r == 0) return e == 0 ? 0 : INFINITY;
+    return sqrt(e / r);
+}
+
+/* got (bf16) against ref_elem by the bf16 rule, against ref_chain (NULL: ref_elem) by the
+ * relative L2 error; with exact, got must be ref_elem rounded to bf16. Returns the L2 error. */
+static double bf16_check(const char *what, const char *name, const sg_tensor *got,
+                         const sg_tensor *ref_elem, const sg_tensor *ref_chain, int exact)
+{
+    char label[256];
+    snprintf(label, sizeof label, "%s: %s", what, name);
+    double *g = tu_get(got), *r = tu_get(ref_elem), *c = ref_chain ? tu_get(ref_chain) : r;
+    tu_close(label, g, r, got->numel, tu_tol_for(SG_DTYPE_BF16));
+    /* Over fewer than 16 elements a norm is one element's relative error, unbounded where
+     * terms cancel (the unfused epilogue rounds x w^T before adding b; dw's sums of a few
+     * rounded d(pre)): there the elementwise rule alone holds. */
+    double e = rel_l2(g, c, got->numel);
+    if (got->numel >= 16)
+        TU_CHECK(e < 1e-2, "%s: ||got - ref|| / ||ref|| = %.3g, limit 1e-2", label, e);
+    else
+        e = 0;
+    if (exact) {
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < got->numel; i++)
+            if (sg_bf16_to_double(sg_double_to_bf16(r[i])) != g[i] && bad++ == 0) first = i;
+        TU_CHECK(bad == 0,
+                 "%s: %lld of %lld elements are not the f64 value rounded once to bf16; first "
+                 "[%lld] got %.9g ref %.17g",
+                 label, (long long)bad, (long long)got->numel, (long long)first,
+                 first >= 0 ? g[first] : 0.0, first >= 0 ? r[first] : 0.0);
+    }
+    if (c != r) free(c);
+    free(g);
+    free(r);
+    return e;
+}
+
+/* One case on ctx (CPU or CUDA) in bf16, against ref (a CPU context) in f64. The CUDA path
+ * is also checked for its launches (one fused matmul where expected) and, called again,
+ * for bit-identical results without device allocation (the cached plans). */
+static void bf16_case(sg_ctx *ctx, sg_ctx *ref, gpu_spec s)
+{
+    const sg_dtype h = SG_DTYPE_BF16, d = SG_DTYPE_F64;
+    const int gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA, exact = !gpu;
+    int64_t xs[3], ys[3];
+    int xnd = lead_shape(s.m, s.nd, s.k, xs);
+    lead_shape(s.m, s.nd, s.n, ys);
+    char what[192], label[256];
+    snprintf(what, sizeof what,
+             "%s bf16 %s M=%lld N=%lld K=%lld ndim=%d bias=%d dx=%d misaligned=%d",
+             gpu ? "gpu" : "cpu", act_name(s.act), (long long)s.m, (long long)s.n,
+             (long long)s.k, xnd, s.has_b, s.has_dx, s.mis);
+    int64_t ws[2] = {s.n, s.k};
+    sg_tensor *x = dev_tensor(ctx, h, xnd, xs, "x", s.mis), *w = dev_tensor(ctx, h, 2, ws, "w", s.mis);
+    sg_tensor *b = s.has_b ? dev_tensor(ctx, h, 1, &s.n, "b", s.mis) : NULL;
+    sg_tensor *y = dev_tensor(ctx, h, xnd, ys, "y", s.mis);
+    sg_tensor *pre = s.act == SG_ACT_GELU ? dev_tensor(ctx, h, xnd, ys, "pre", s.mis) : NULL;
+    double wscale = 1 / sqrt((double)s.k); /* outputs of order 1 */
+    free(tu_random(x, -1, 1));
+    free(tu_random(w, -wscale, wscale));
+    if (b) free(tu_random(b, -1, 1));
+    /* The reference's inputs: the bf16 values as stored, exactly, in f64. */
+    sg_tensor *xr = keep(tu_clone_to(ref, x, d)), *wr = keep(tu_clone_to(ref, w, d));
+    sg_tensor *br = b ? keep(tu_clone_to(ref, b, d)) : NULL;
+    sg_tensor *yr = keep(tu_tensor(ref, d, xnd, ys, "y_ref"));
+    sg_tensor *prer = pre ? keep(tu_tensor(ref, d, xnd, ys, "pre_ref")) : NULL;
+    double worst = 0;
+
+    /* ---- forward ---- */
+    tu_poison(y);
+    if (pre) tu_poison(pre);
+    uint64_t l0 = sg_ctx_launch_count(ctx);
+    TU_OK(ctx, sg_linear_forward(ctx, x, w, b, s.act, y, pre));
+    uint64_t fwd_launches = sg_ctx_launch_count(ctx) - l0;
+    TU_OK(ref, sg_linear_forward(ref, xr, wr, br, s.act, yr, prer));
+    worst = fmax(worst, bf16_check(what, "y", y, yr, NULL, exact));
+    if (pre) worst = fmax(worst, bf16_check(what, "pre", pre, prer, NULL, exact));
+    sg_alloc_stats a0, a1;
+    if (gpu) {
+        /* As f32: one fused matmul, or the plain one and the bias/act kernel. */
+        TU_CHECK(fwd_launches == 1 || ((s.act != SG_ACT_NONE || s.has_b) && fwd_launches == 2),
+                 "%s: forward took %llu launches", what, (unsigned long long)fwd_launches);
+        if (s.expect_fused)
+            TU_CHECK(fwd_launches == 1,
+                     "%s: forward took %llu launches, expected one fused bf16 matmul", what,
+                     (unsigned long long)fwd_launches);
+        if (s.mis && s.has_b)
+            TU_CHECK(fwd_launches == 2, "%s: an under-aligned bias took the fused epilogue", what);
+        double *y1 = tu_get(y), *pre1 = pre ? tu_get(pre) : NULL;
+        tu_poison(y);
+        if (pre) tu_poison(pre);
+        TU_OK(ctx, sg_ctx_alloc_stats(ctx, &a0));
+        l0 = sg_ctx_launch_count(ctx);
+        TU_OK(ctx, sg_linear_forward(ctx, x, w, b, s.act, y, pre));
+        TU_CHECK(sg_ctx_launch_count(ctx) - l0 == fwd_launches,
+                 "%s: repeated forward launches differ", what);
+        TU_OK(ctx, sg_ctx_alloc_stats(ctx, &a1));
+        TU_CHECK(a1.device_allocs == a0.device_allocs,
+                 "%s: repeated forward allocated device memory", what);
+        snprintf(label, sizeof label, "%s: forward y", what);
+        check_same_bits(label, y, y1);
+        if (pre) {
+            snprintf(label, sizeof label, "%s: forward pre", what);
+            check_same_bits(label, pre, pre1);
+        }
+        free(y1);
+        free(pre1);
+    }
+
+    /* ---- backward: act_in is the forward's real output (RELU: y; GELU: pre), bf16 ---- */
+    sg_tensor *dy = dev_tensor(ctx, h, xnd, ys, "dy", s.mis);
+    double *dyv = tu_random(dy, -1, 1);
+    sg_tensor *dx = s.has_dx ? dev_tensor(ctx, h, xnd, xs, "dx", s.mis) : NULL;
+    sg_tensor *dw = dev_tensor(ctx, h, 2, ws, "dw", s.mis);
+    sg_tensor *db = s.has_b ? dev_tensor(ctx, h, 1, &s.n, "db", s.mis) : NULL;
+    const sg_tensor *ain = s.act == SG_ACT_RELU ? y : s.act == SG_ACT_GELU ? pre : NULL;
+    /* The full f64 chain: d(pre) never rounded. */
+    sg_tensor *dyr = keep(tu_clone_to(ref, dy, d));
+    sg_tensor *ainr = ain ? keep(tu_clone_to(ref, ain, d)) : NULL;
+    sg_tensor *dxr = dx ? keep(tu_tensor(ref, d, xnd, xs, "dx_ref")) : NULL;
+    sg_tensor *dwr = keep(tu_tensor2(ref, d, s.n, s.k, "dw_ref"));
+    sg_tensor *dbr = db ? keep(tu_tensor1(ref, d, s.n, "db_ref")) : NULL;
+    sg_tensor *outs[3] = {dx, dw, db};
+    for (int i = 0; i < 3; i++)
+        if (outs[i]) tu_poison(outs[i]);
+    l0 = sg_ctx_launch_count(ctx);
+    TU_OK(ctx, sg_linear_backward(ctx, x, w, dy, s.act, ain, dx, dw, db));
+    uint64_t bwd_launches = sg_ctx_launch_count(ctx) - l0;
+    TU_OK(ref, sg_linear_backward(ref, xr, wr, dyr, s.act, ainr, dxr, dwr, dbr));
+    worst = fmax(worst, bf16_check(what, "d(pre) in dy", dy, dyr, NULL, exact));
+
+    /* The reference of dw, dx, db from d(pre) as stored: act NONE on dy's bf16 values. With
+     * NONE, d(pre) is dy itself; with RELU it is dy or 0, exact in bf16: the chain is it. */
+    sg_tensor *dxs = dxr, *dws = dwr, *dbs = dbr;
+    if (s.act == SG_ACT_GELU) {
+        sg_tensor *dps = keep(tu_clone_to(ref, dy, d));
+        dxs = dx ? keep(tu_tensor(ref, d, xnd, xs, "dx_stored")) : NULL;
+        dws = keep(tu_tensor2(ref, d, s.n, s.k, "dw_stored"));
+        dbs = db ? keep(tu_tensor1(ref, d, s.n, "db_stored")) : NULL;
+        TU_OK(ref, sg_linear_backward(ref, xr, wr, dps, SG_ACT_NONE, NULL, dxs, dws, dbs));
+    }
+    worst = fmax(worst, bf16_check(what, "dw", dw, dws, dwr, exact));
+    if (dx) worst = fmax(worst, bf16_check(what, "dx", dx, dxs, dxr, exact));
+    if (db) worst = fmax(worst, bf16_check(what, "db", db, dbs, dbr, exact));
+
+    if (gpu) {
+        uint64_t want = (uint64_t)((s.act != SG_ACT_NONE || s.has_b) + 1 + s.has_dx);
+        TU_CHECK(bwd_launches == want, "%s: backward took %llu launches, expected %llu", what,
+                 (unsigned long long)bwd_launches, (unsigned long long)want);
+        /* Again, from the same dy: bit-identical, no allocation. */
+        double *dpre1 = tu_get(dy), *dw1 = tu_get(dw);
+        double *dx1 = dx ? tu_get(dx) : NULL, *db1 = db ? tu_get(db) : NULL;
+        tu_set(dy, dyv);
+        for (int i = 0; i < 3; i++)
+            if (outs[i]) tu_poison(outs[i]);
+        TU_OK(ctx, sg_ctx_alloc_stats(ctx, &a0));
+        l0 = sg_ctx_launch_count(ctx);
+        TU_OK(ctx, sg_linear_backward(ctx, x, w, dy, s.act, ain, dx, dw, db));
+        TU_CHECK(sg_ctx_launch_count(ctx) - l0 == bwd_launches,
+                 "%s: repeated backward launches differ", what);
+        TU_OK(ctx, sg_ctx_alloc_stats(ctx, &a1));
+        TU_CHECK(a1.device_allocs == a0.device_allocs,
+                 "%s: repeated backward allocated device memory", what);
+        snprintf(label, sizeof label, "%s: backward d(pre)", what);
+        check_same_bits(label, dy, dpre1);
+        snprintf(label, sizeof label, "%s: backward dw", what);
+        check_same_bits(label, dw, dw1);
+        if (dx) {
+            snprintf(label, sizeof label, "%s: backward dx", what);
+            check_same_bits(label, dx, dx1);
+        }
+        if (db) {
+            snprintf(label, sizeof label, "%s: backward db", what);
+            check_same_bits(label, db, db1);
+        }
+        free(dpre1);
+        free(dw1);
+        free(dx1);
+        free(db1);
+        printf("%s: worst relative L2 error %.3g (forward %s)\n", what, worst,
+               fwd_launches == 1 ? "fused" : "unfused");
+    }
+    free(dyv);
+    free_live();
+}
+
+/* Mixed dtypes in one call fail with SG_ERR_DTYPE naming the tensor (x sets the dtype);
+ * nothing is left broken: a valid bf16 call runs afterwards. */
+static void bf16_errors(sg_ctx *ctx)
+{
+    const sg_dtype h = SG_DTYPE_BF16, f = SG_DTYPE_F32;
+    sg_tensor *x = keep(tu_tensor2(ctx, h, 4, 8, "x")), *w = keep(tu_tensor2(ctx, h, 5, 8, "w"));
+    sg_tensor *b = keep(tu_tensor1(ctx, h, 5, "b")), *y = keep(tu_tensor2(ctx, h, 4, 5, "y"));
+    sg_tensor *pre = keep(tu_tensor2(ctx, h, 4, 5, "pre")), *dy = keep(tu_tensor2(ctx, h, 4, 5, "dy"));
+    sg_tensor *dx = keep(tu_tensor2(ctx, h, 4, 8, "dx")), *dw = keep(tu_tensor2(ctx, h, 5, 8, "dw"));
+    sg_tensor *db = keep(tu_tensor1(ctx, h, 5, "db"));
+    sg_tensor *xf = keep(tu_tensor2(ctx, f, 4, 8, "xf")), *wf = keep(tu_tensor2(ctx, f, 5, 8, "wf"));
+    sg_tensor *bf = keep(tu_tensor1(ctx, f, 5, "bf")), *yf = keep(tu_tensor2(ctx, f, 4, 5, "yf"));
+    sg_tensor *pref = keep(tu_tensor2(ctx, f, 4, 5, "pref")), *dyf = keep(tu_tensor2(ctx, f, 4, 5, "dyf"));
+    sg_tensor *dxf = keep(tu_tensor2(ctx, f, 4, 8, "dxf")), *dwf = keep(tu_tensor2(ctx, f, 5, 8, "dwf"));
+    sg_tensor *dbf = keep(tu_tensor1(ctx, f, 5, "dbf"));
+    free(tu_random(x, -1, 1));
+    free(tu_random(w, -1, 1));
+    free(tu_random(b, -1, 1));
+    free(tu_random(dy, -1, 1));
+    free(tu_random(xf, -1, 1));
+    free(tu_random(wf, -1, 1));
+
+    const sg_activation R = SG_ACT_RELU, G = SG_ACT_GELU;
+    TU_FAILS(ctx, sg_linear_forward(ctx, x, wf, b, R, y, NULL), SG_ERR_DTYPE,
+             "sg_linear_forward: tensor 'w' is f32, expected bf16");
+    TU_FAILS(ctx, sg_linear_forward(ctx, xf, w, bf, R, yf, NULL), SG_ERR_DTYPE,
+             "'w' is bf16, expected f32");
+    TU_FAILS(ctx, sg_linear_forward(ctx, x, w, bf, R, y, NULL), SG_ERR_DTYPE,
+             "'b' is f32, expected bf16");
+    TU_FAILS(ctx, sg_linear_forward(ctx, x, w, b, R, yf, NULL), SG_ERR_DTYPE,
+             "'y' is f32, expected bf16");
+    TU_FAILS(ctx, sg_linear_forward(ctx, x, w, b, G, y, pref), SG_ERR_DTYPE,
+             "'pre' is f32, expected bf16");
+    TU_FAILS(ctx, sg_linear_forward(ctx, xf, wf, bf, G, yf, pre), SG_ERR_DTYPE,
+             "'pre' is bf16, expected f32");
+    TU_FAILS(ctx, sg_linear_backward(ctx, x, w, dyf, R, y, dx, dw, db), SG_ERR_DTYPE,
+             "sg_linear_backward: tensor 'dy' is f32, expected bf16");
+    TU_FAILS(ctx, sg_linear_backward(ctx, x, w, dy, R, yf, dx, dw, db), SG_ERR_DTYPE,
+             "'act_in' is f32, expected bf16");
+    TU_FAILS(ctx, sg_linear_backward(ctx, x, w, dy, R, y, dxf, dw, db), SG_ERR_DTYPE,
+             "'dx' is f32, expected bf16");
+    TU_FAILS(ctx, sg_linear_backward(ctx, x, w, dy, R, y, dx, dwf, db), SG_ERR_DTYPE,
+             "'dw' is f32, expected bf16");
+    TU_FAILS(ctx, sg_linear_backward(ctx, x, w, dy, R, y, dx, dw, dbf), SG_ERR_DTYPE,
+             "'db' is f32, expected bf16");
+    TU_FAILS(ctx, sg_linear_backward(ctx, xf, w, dyf, R, yf, dxf, dwf, dbf), SG_ERR_DTYPE,
+             "'w' is bf16, expected f32");
+
+    TU_OK(ctx, sg_linear_forward(ctx, x, w, b, R, y, NULL));
+    TU_OK(ctx, sg_linear_backward(ctx, x, w, dy, R, y, dx, dw, db));
+    double *v = tu_get(dw);
+    int finite = 1;
+    for (int64_t i = 0; i < dw->numel; i++) finite = finite && isfinite(v[i]);
+    TU_CHECK(finite, "%s: bf16 dw after the errors is not finite", sg_ctx_device_name(ctx));
+    free(v);
+    free_live();
+}
+
+/* cpu mode: the CPU backend in bf16 against its own f64 path, on random small shapes (N-D x,
+ * no bias / no dx, views one bf16 element into a buffer), then the dtype errors. */
+static void cpu_bf16(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    const sg_activation acts[] = {SG_ACT_NONE, SG_ACT_RELU, SG_ACT_GELU};
+    for (int a = 0; a < 3; a++) {
+        bf16_case(ctx, ctx, (gpu_spec){1, 1, 1, acts[a], 1, 1, 0, 0, 0});
+        bf16_case(ctx, ctx, (gpu_spec){64, 96, 80, acts[a], 1, 1, 1, 0, 0});
+        for (int rep = 0; rep < 4; rep++) {
+            int64_t m = tu_randint(1, 40), n = tu_randint(1, 40), k = tu_randint(1, 40);
+            if (rep == 1) m = 2 * tu_randint(1, 20);
+            /* rep 1, 3: N-D x when M is even; rep 2: no bias, no dx; rep 3: views */
+            bf16_case(ctx, ctx, (gpu_spec){m, n, k, acts[a], rep != 2, rep != 2, rep % 2,
+                                           rep == 3, 0});
+        }
+    }
+    bf16_errors(ctx);
+    sg_ctx_destroy(ctx);
+}
+
 static void gpu_vs_cpu(void)
 {
     sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
@@ -640,8 +941,31 @@ static void gpu_vs_cpu(void)
     /* One large call. */
     gpu_case(gpu, cpu, (gpu_spec){256, 2048, 2048, SG_ACT_GELU, 1, 1, 1, 0, 1});
 
-    /* CUDA takes f32 only (for now): other dtypes fail naming the tensor; the context and
-     * its cache keep working (the cases above ran on the same context). */
+    /* bf16 (mixed precision) on the same context: its plans sit in the cache beside the f32
+     * ones of the same shapes and alignments (the key holds the dtype), and must not be
+     * mistaken for them either way. Each act, with and without bias; odd shapes (K and N
+     * odd: rows 2-byte aligned) included: cuBLASLt must find a bf16 algorithm for them. The
+     * aligned shapes (from 32x512x512 on) must fuse, as in f32. */
+    int64_t hshapes[][3] = {
+        {1, 1, 1}, {7, 13, 5}, {32, 512, 512}, {2048, 768, 3072}, {256, 2048, 2048},
+    };
+    for (size_t i = 0; i < sizeof hshapes / sizeof *hshapes; i++)
+        for (int a = 0; a < 3; a++)
+            for (int v = 0; v < 2; v++)
+                bf16_case(gpu, cpu, (gpu_spec){hshapes[i][0], hshapes[i][1], hshapes[i][2],
+                                               acts[a], v, 1, 0, 0, i >= 2});
+    /* dx NULL with N-D x; views one bf16 element in (2-byte aligned: the bias and the GELU
+     * aux then take the unfused path); a tall shape whose db is split over row chunks. */
+    bf16_case(gpu, cpu, (gpu_spec){48, 32, 16, SG_ACT_NONE, 1, 0, 1, 0, 0});
+    bf16_case(gpu, cpu, (gpu_spec){64, 40, 24, SG_ACT_GELU, 1, 1, 0, 1, 0});
+    bf16_case(gpu, cpu, (gpu_spec){33, 17, 9, SG_ACT_RELU, 1, 1, 1, 1, 0});
+    bf16_case(gpu, cpu, (gpu_spec){2 * tu_randint(1, 1000), tu_randint(1, 64), tu_randint(1, 64),
+                                   SG_ACT_GELU, 1, 1, 0, 0, 0});
+    /* f32 again on a shape whose bf16 plans are now cached: still its own plans. */
+    gpu_case(gpu, cpu, (gpu_spec){32, 512, 512, SG_ACT_GELU, 1, 1, 0, 0, 1});
+
+    /* Mixed dtypes fail naming the tensor (x sets the call's dtype); the context and its
+     * cache keep working (the cases above ran on the same context). */
     sg_tensor *x = keep(tu_tensor2(gpu, SG_DTYPE_F32, 4, 8, "x"));
     sg_tensor *w = keep(tu_tensor2(gpu, SG_DTYPE_F32, 5, 8, "w"));
     sg_tensor *y = keep(tu_tensor2(gpu, SG_DTYPE_F32, 4, 5, "y"));
@@ -650,12 +974,13 @@ static void gpu_vs_cpu(void)
     sg_tensor *dy = keep(tu_tensor2(gpu, SG_DTYPE_F32, 4, 5, "dy"));
     sg_tensor *dw = keep(tu_tensor2(gpu, SG_DTYPE_F32, 5, 8, "dw"));
     TU_FAILS(gpu, sg_linear_forward(gpu, xh, w, NULL, SG_ACT_NONE, y, NULL),
-             SG_ERR_DTYPE, "'x' is bf16");
+             SG_ERR_DTYPE, "'w' is f32, expected bf16");
     TU_FAILS(gpu, sg_linear_forward(gpu, x, wh, NULL, SG_ACT_NONE, y, NULL),
              SG_ERR_DTYPE, "'w' is bf16, expected f32");
     TU_FAILS(gpu, sg_linear_backward(gpu, xh, w, dy, SG_ACT_NONE, NULL, NULL, dw, NULL),
-             SG_ERR_DTYPE, "'x' is bf16");
+             SG_ERR_DTYPE, "'w' is f32, expected bf16");
     free_live();
+    bf16_errors(gpu);
     gpu_case(gpu, cpu, (gpu_spec){9, 24, 16, SG_ACT_RELU, 1, 1, 0, 0, 0});
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
@@ -672,6 +997,7 @@ int main(int argc, char **argv)
         cpu_forward_naive();
         cpu_f32_vs_f64();
         cpu_errors();
+        cpu_bf16();
         cpu_timing();
     }
     return tu_finish("test_linear");

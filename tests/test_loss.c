@@ -1,8 +1,9 @@
 /* test_loss.c: softmax cross-entropy and MSE. `cpu`: float64 finite-difference checks of
  * dlogits and dx on the reference, the loss against a naive formula written here, and the
- * argument errors. `gpu`: the CUDA kernels against the CPU reference on fresh random inputs
- * (vocabulary-sized rows, masked rows, N-D logits, in place), outputs poisoned first; bitwise
- * determinism; one launch per call; the scratch counter left at 0 between calls. */
+ * argument errors; bf16 logits (f32 loss) against the f64 reference, and mixed dtypes.
+ * `gpu`: the CUDA kernels against the CPU reference on fresh random inputs (vocabulary-sized
+ * rows, masked rows, N-D logits, in place), outputs poisoned first, f32 and bf16 logits;
+ * bitwise determinism; one launch per call; the scratch counter left at 0 between calls. */
 #include "testutil.h"
 
 /* ---- shared helpers ---- */
@@ -226,8 +227,9 @@ static void cpu_errors(sg_ctx *ctx)
              "expected 1 element of f64");
     TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, loss, dl_bad), SG_ERR_SHAPE,
              "'dlogits' is (6, 6) f64");
+    /* bf16 logits take an f32 loss (see xent_bf16_errors for the rest). */
     TU_FAILS(ctx, sg_softmax_xent(ctx, x_bf16, t, 1.0f, loss, NULL), SG_ERR_DTYPE,
-             "'logits' is bf16");
+             "'loss' is (1) f64, expected 1 element of f32");
     TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, NAN, loss, dl), SG_ERR_INVALID, "grad_scale");
 
     /* A target >= C: an error naming the row, and nothing written. */
@@ -259,6 +261,195 @@ static void cpu_errors(sg_ctx *ctx)
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
 }
 
+/* ---- bf16 logits (mixed precision) ----
+ * logits and dlogits bf16, targets i32, loss f32. The reference is the same op in f64 on the
+ * logits as stored (rounded to bf16, read exactly). Tolerances: the loss is f32 and held to
+ * the f32 rule (its arithmetic is that of the f32 path, on the same values); dlogits by the
+ * bf16 rtol (1.6e-2: one rounding to bf16 is <= 2^-8 = 3.9e-3 relative) with an absolute
+ * floor of 1e-6 of the unit grad_scale / count, as grad_tol below and for the same reason
+ * (the bf16 rule's atol of 1e-2 would pass any softmax entry of a wide row), and, from 16
+ * elements, by ||got - ref|| / ||ref|| < 1e-2. On the CPU the bf16 path is the f64
+ * computation plus one rounding per output, so there the loss must be the f64 loss rounded to
+ * f32 and dlogits the f64 dlogits rounded to bf16, exactly. */
+
+static tu_tol bf16_grad_tol(double unit)
+{
+    tu_tol t = tu_tol_for(SG_DTYPE_BF16);
+    t.atol = 1e-6 * fabs(unit);
+    return t;
+}
+
+/* ||got - ref|| / ||ref|| (0 when both are zero). */
+static double rel_l2(const double *got, const double *ref, int64_t n)
+{
+    double e = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        e += (got[i] - ref[i]) * (got[i] - ref[i]);
+        r += ref[i] * ref[i];
+    }
+    if (r == 0) return e == 0 ? 0 : INFINITY;
+    return sqrt(e / r);
+}
+
+/* dlogits (bf16, either backend) against the f64 reference: the rule, the L2 error and, with
+ * exact, the f64 value rounded to bf16. */
+static void check_bf16_dlogits(const char *what, const sg_tensor *got, const sg_tensor *ref,
+                               double unit, int exact)
+{
+    double *g = tu_get(got), *r = tu_get(ref);
+    tu_close(what, g, r, got->numel, bf16_grad_tol(unit));
+    /* Over a few elements the norm is one element's relative error: p - 1 with p near 1
+     * (a 2-class row) loses f32 digits, which the absolute floor admits. */
+    double e = rel_l2(g, r, got->numel);
+    if (got->numel >= 16)
+        TU_CHECK(e < 1e-2, "%s: ||got - ref|| / ||ref|| = %.3g, limit 1e-2", what, e);
+    if (exact) {
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < got->numel; i++)
+            if (sg_bf16_to_double(sg_double_to_bf16(r[i])) != g[i] && bad++ == 0) first = i;
+        TU_CHECK(bad == 0,
+                 "%s: %lld of %lld elements are not the f64 value rounded once to bf16; first "
+                 "[%lld] got %.9g ref %.17g",
+                 what, (long long)bad, (long long)got->numel, (long long)first,
+                 first >= 0 ? g[first] : 0.0, first >= 0 ? r[first] : 0.0);
+    }
+    free(g);
+    free(r);
+}
+
+/* The loss (f32) against the f64 reference by the f32 rule; with exact, (float)ref itself. */
+static void check_bf16_loss(const char *what, const sg_tensor *got, const sg_tensor *ref,
+                            int exact)
+{
+    double g = read_scalar(got), r = read_scalar(ref);
+    tu_close(what, &g, &r, 1, tu_tol_for(SG_DTYPE_F32));
+    if (exact)
+        TU_CHECK(g == (double)(float)r, "%s: %.9g is not the f64 loss %.17g rounded to f32", what,
+                 g, r);
+}
+
+/* One shape on ctx (CPU or CUDA), bf16 logits, against ref (CPU) in f64: loss only, loss and
+ * dlogits (outputs poisoned), masked rows zero, in place; on CUDA also one launch and bitwise
+ * the same twice. */
+static void xent_bf16_case(sg_ctx *ctx, sg_ctx *ref, int ndim, const int64_t *shape,
+                           int mask_every, float gs)
+{
+    const int gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA, exact = !gpu;
+    int64_t C = shape[ndim - 1], M = 1;
+    for (int i = 0; i < ndim - 1; i++) M *= shape[i];
+    char what[160];
+    int k = snprintf(what, sizeof what, "%s xent bf16 (", gpu ? "gpu" : "cpu");
+    for (int i = 0; i < ndim; i++)
+        k += snprintf(what + k, sizeof what - k, "%s%lld", i ? "," : "", (long long)shape[i]);
+    snprintf(what + k, sizeof what - k, ") grad_scale %g", (double)gs);
+
+    sg_tensor *x = tu_tensor(ctx, SG_DTYPE_BF16, ndim, shape, "logits");
+    sg_tensor *t = tu_tensor1(ctx, SG_DTYPE_I32, M, "targets");
+    sg_tensor *l = tu_tensor1(ctx, SG_DTYPE_F32, 1, "loss");
+    sg_tensor *d = tu_tensor(ctx, SG_DTYPE_BF16, ndim, shape, "dlogits");
+    free(tu_random(x, -6, 6));
+    double *tv = random_targets(M, C, mask_every);
+    if (M == 1) tv[0] = tu_randint(0, (int)C - 1);
+    tu_set(t, tv);
+    int64_t count = count_unmasked(tv, M);
+    double unit = count ? gs / (double)count : 1.0;
+
+    sg_tensor *xr = tu_clone_to(ref, x, SG_DTYPE_F64), *tr = tu_clone_to(ref, t, SG_DTYPE_I32);
+    sg_tensor *lr = tu_tensor1(ref, SG_DTYPE_F64, 1, "loss_ref");
+    sg_tensor *dr = tu_tensor(ref, SG_DTYPE_F64, ndim, shape, "dlogits_ref");
+    TU_OK(ref, sg_softmax_xent(ref, xr, tr, gs, lr, dr));
+    char w2[224];
+
+    tu_poison(l);
+    TU_OK(ctx, sg_softmax_xent(ctx, x, t, gs, l, NULL));
+    snprintf(w2, sizeof w2, "%s: loss (dlogits NULL)", what);
+    check_bf16_loss(w2, l, lr, exact);
+
+    tu_poison(l);
+    tu_poison(d);
+    uint64_t before = sg_ctx_launch_count(ctx);
+    TU_OK(ctx, sg_softmax_xent(ctx, x, t, gs, l, d));
+    uint64_t launches = sg_ctx_launch_count(ctx) - before;
+    snprintf(w2, sizeof w2, "%s: loss", what);
+    check_bf16_loss(w2, l, lr, exact);
+    snprintf(w2, sizeof w2, "%s: dlogits", what);
+    check_bf16_dlogits(w2, d, dr, unit, exact);
+    double *dv = tu_get(d);
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t j = 0; tv[r] < 0 && j < C; j++)
+            TU_CHECK(dv[r * C + j] == 0.0, "%s: masked row %lld has dlogits %g", what,
+                     (long long)r, dv[r * C + j]);
+
+    if (gpu) {
+        TU_CHECK(launches == 1, "%s: %llu launches, expected 1", what,
+                 (unsigned long long)launches);
+        double l1 = read_scalar(l);
+        tu_poison(l);
+        tu_poison(d);
+        TU_OK(ctx, sg_softmax_xent(ctx, x, t, gs, l, d));
+        double *dv2 = tu_get(d), l2 = read_scalar(l);
+        TU_CHECK(l2 == l1, "%s: loss differs between two identical runs", what);
+        TU_CHECK(!memcmp(dv, dv2, (size_t)d->numel * sizeof *dv),
+                 "%s: dlogits differ between two identical runs", what);
+        free(dv2);
+    }
+
+    /* In place: dlogits is logits; the same numbers, bit for bit. */
+    TU_OK(ctx, sg_tensor_copy(d, x));
+    tu_poison(l);
+    TU_OK(ctx, sg_softmax_xent(ctx, d, t, gs, l, d));
+    snprintf(w2, sizeof w2, "%s: loss in place", what);
+    check_bf16_loss(w2, l, lr, exact);
+    double *dv3 = tu_get(d);
+    TU_CHECK(!memcmp(dv, dv3, (size_t)d->numel * sizeof *dv),
+             "%s: in-place dlogits differ from out-of-place", what);
+    free(dv3);
+    free(dv);
+    free(tv);
+    sg_tensor *ts[] = {x, t, l, d, xr, tr, lr, dr};
+    for (int i = 0; i < 8; i++) sg_tensor_destroy(ts[i]);
+}
+
+/* Mixed dtypes fail with SG_ERR_DTYPE naming the tensor; the context works afterwards. */
+static void xent_bf16_errors(sg_ctx *ctx)
+{
+    int64_t M = 6, C = 5;
+    sg_tensor *x = tu_tensor2(ctx, SG_DTYPE_BF16, M, C, "logits"),
+              *t = tu_tensor1(ctx, SG_DTYPE_I32, M, "targets");
+    sg_tensor *l = tu_tensor1(ctx, SG_DTYPE_F32, 1, "loss"),
+              *lh = tu_tensor1(ctx, SG_DTYPE_BF16, 1, "loss_bf16");
+    sg_tensor *d = tu_tensor2(ctx, SG_DTYPE_BF16, M, C, "dlogits"),
+              *df = tu_tensor2(ctx, SG_DTYPE_F32, M, C, "dlogits_f32");
+    sg_tensor *xf = tu_tensor2(ctx, SG_DTYPE_F32, M, C, "logits_f32");
+    free(tu_random(x, -2, 2));
+    free(tu_random(xf, -2, 2));
+    double *tv = random_targets(M, C, 0);
+    tu_set(t, tv);
+    TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, lh, d), SG_ERR_DTYPE,
+             "sg_softmax_xent: 'loss' is (1) bf16, expected 1 element of f32");
+    TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, l, df), SG_ERR_DTYPE,
+             "'logits' is (6, 5) bf16 but 'dlogits' is (6, 5) f32");
+    TU_FAILS(ctx, sg_softmax_xent(ctx, xf, t, 1.0f, l, d), SG_ERR_DTYPE,
+             "'logits' is (6, 5) f32 but 'dlogits' is (6, 5) bf16");
+    TU_FAILS(ctx, sg_mse(ctx, x, x, 1.0f, l, NULL), SG_ERR_DTYPE, "sg_mse: tensor 'x' is bf16");
+    TU_OK(ctx, sg_softmax_xent(ctx, x, t, 1.0f, l, d));
+    TU_CHECK(isfinite(read_scalar(l)), "bf16 loss after the errors: %g", read_scalar(l));
+    free(tv);
+    sg_tensor *ts[] = {x, t, l, lh, d, df, xf};
+    for (int i = 0; i < 7; i++) sg_tensor_destroy(ts[i]);
+}
+
+static void cpu_bf16(sg_ctx *ctx)
+{
+    int64_t s2[2] = {tu_randint(1, 40), tu_randint(2, 300)};
+    xent_bf16_case(ctx, ctx, 2, s2, 4, (float)tu_uniform(0.5, 3.0));
+    int64_t s3[3] = {2, tu_randint(2, 4), tu_randint(2, 60)};
+    xent_bf16_case(ctx, ctx, 3, s3, 3, 1.0f);
+    int64_t s1[1] = {tu_randint(2, 100)};
+    xent_bf16_case(ctx, ctx, 1, s1, 0, 65536.0f); /* a loss scale: dlogits scaled, loss not */
+    xent_bf16_errors(ctx);
+}
+
 static void cpu_tests(void)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
@@ -272,6 +463,7 @@ static void cpu_tests(void)
     cpu_f32(ctx);
     cpu_all_masked(ctx);
     cpu_errors(ctx);
+    cpu_bf16(ctx);
     sg_ctx_destroy(ctx);
 }
 
@@ -502,12 +694,37 @@ static void gpu_edges(sg_ctx *gpu)
     TU_CHECK(isfinite(read_scalar(l)), "gpu: the call after a bad target gives loss %g",
              read_scalar(l));
 
+    /* bf16 logits: every row masked gives loss 0 and zero dlogits; a target >= C a NaN loss
+     * and a NaN dlogits row, as f32. MSE takes no bf16 (xent_bf16_errors). */
     sg_tensor *xb = tu_tensor2(gpu, SG_DTYPE_BF16, M, C, "logits_bf16");
-    TU_FAILS(gpu, sg_softmax_xent(gpu, xb, t, 1.0f, l, NULL), SG_ERR_DTYPE, "'logits' is bf16");
+    sg_tensor *db = tu_tensor2(gpu, SG_DTYPE_BF16, M, C, "dlogits_bf16");
+    free(tu_random(xb, -3, 3));
+    TU_OK(gpu, sg_tensor_fill(t, -1));
+    tu_poison(l);
+    tu_poison(db);
+    TU_OK(gpu, sg_softmax_xent(gpu, xb, t, 1.0f, l, db));
+    TU_CHECK(read_scalar(l) == 0.0, "gpu bf16 all rows masked: loss %g, expected 0",
+             read_scalar(l));
+    dv = tu_get(db);
+    for (int64_t i = 0; i < db->numel; i++)
+        TU_CHECK(dv[i] == 0.0, "gpu bf16 all masked: dlogits[%lld] = %g", (long long)i, dv[i]);
+    free(dv);
+    tv[5] = (double)C;
+    tu_set(t, tv);
+    tu_poison(l);
+    TU_OK(gpu, sg_softmax_xent(gpu, xb, t, 1.0f, l, db));
+    TU_CHECK(isnan(read_scalar(l)), "gpu bf16 target >= C: loss %g, expected NaN", read_scalar(l));
+    dv = tu_get(db);
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t j = 0; j < C; j++)
+            TU_CHECK(r == 5 ? isnan(dv[r * C + j]) : isfinite(dv[r * C + j]),
+                     "gpu bf16 target >= C: dlogits[%lld][%lld] = %g", (long long)r, (long long)j,
+                     dv[r * C + j]);
+    free(dv);
     TU_FAILS(gpu, sg_mse(gpu, xb, xb, 1.0f, l, NULL), SG_ERR_DTYPE, "'x' is bf16");
     free(tv);
-    sg_tensor *ts[] = {x, t, l, d, xb};
-    for (int i = 0; i < 5; i++) sg_tensor_destroy(ts[i]);
+    sg_tensor *ts[] = {x, t, l, d, xb, db};
+    for (int i = 0; i < 6; i++) sg_tensor_destroy(ts[i]);
 }
 
 static void gpu_tests(void)
@@ -532,6 +749,14 @@ static void gpu_tests(void)
 
     gpu_alternate(gpu, cpu);
     gpu_edges(gpu);
+
+    /* bf16 logits against the f64 reference on the same shapes (a loss scale among the
+     * grad_scales), then the mixed-dtype errors. */
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        xent_bf16_case(gpu, cpu, 2, shapes[s], 8, s == 4 ? 65536.0f : (float)tu_uniform(0.5, 4.0));
+    xent_bf16_case(gpu, cpu, 3, s3, 6, 1.0f);
+    xent_bf16_case(gpu, cpu, 1, v1, 0, 1024.0f);
+    xent_bf16_errors(gpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
 }

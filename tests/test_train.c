@@ -83,7 +83,7 @@ static void cpu_errors(void)
     sg_tensor *h = tu_tensor2(ctx, SG_DTYPE_BF16, 4, 8, "h");
     TU_FAILS(ctx, sg_relu_forward(ctx, a, b), SG_ERR_SHAPE, "'y' is (4, 9) f32");
     TU_FAILS(ctx, sg_relu_forward(ctx, NULL, b), SG_ERR_NULL, "tensor 'x' is NULL");
-    TU_FAILS(ctx, sg_relu_forward(ctx, h, h), SG_ERR_DTYPE, "is bf16");
+    TU_FAILS(ctx, sg_relu_forward(ctx, h, a), SG_ERR_DTYPE, "'x' is (4, 8) bf16 but 'y' is (4, 8) f32");
     TU_FAILS(ctx, sg_tensor_copy_from_host(a, "abc", 3), SG_ERR_SHAPE, "3 bytes given");
     sg_tensor *t = NULL;
     TU_FAILS(ctx, sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){4, -1}, "neg", &t), SG_ERR_SHAPE, "dimension 1 is -1");

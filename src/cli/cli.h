@@ -29,5 +29,6 @@ sg_ctx *sg_cli_ctx(const char *cmd, sg_backend b, bool quiet);
 int sg_cmd_train(int argc, char **argv);
 int sg_cmd_bench(int argc, char **argv);
 int sg_cmd_verify(int argc, char **argv);
+int sg_cmd_sample(int argc, char **argv);
 
 #endif

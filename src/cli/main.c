@@ -18,6 +18,7 @@ static const char *usage =
     "  train    train a model and print loss, ms/step and allocations per step\n"
     "  bench    time training steps: ms/step, host ms/step, kernels/step, GPU-busy/step\n"
     "  verify   check that a captured scope computes what eager computes, step by step\n"
+    "  sample   generate text from a GPT checkpoint (train --save)\n"
     "\n"
     "Run 'stepgraph <command> --help' for a command's options.\n"
     "Models: mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32), gpt-WIDTH-DEPTH-BATCH-SEQ (e.g.\n"
@@ -151,6 +152,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "train")) return sg_cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return sg_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "verify")) return sg_cmd_verify(argc - 1, argv + 1);
+    if (!strcmp(cmd, "sample")) return sg_cmd_sample(argc - 1, argv + 1);
     fprintf(stderr, "stepgraph: unknown command '%s'\n\n%s", cmd, usage);
     return SG_EXIT_USAGE;
 }

@@ -20,6 +20,10 @@ static const char *train_usage =
     "                      under /usr/share/common-licenses)\n"
     "  --dropout P         gpt: dropout probability (default 0)\n"
     "  --clip X            clip gradients to global norm X inside the step (default off)\n"
+    "  --save PATH         write a checkpoint (safetensors) at the end: parameters, optimizer\n"
+    "                      state, step, dropout generator\n"
+    "  --resume PATH       continue from a checkpoint: the same loss curve as an uninterrupted\n"
+    "                      run (--steps counts the steps of this run)\n"
     "  --steps N           training steps (default 200)\n"
     "  --backend B         cpu, cuda or auto (default auto: CUDA if a GPU is usable)\n"
     "  --optim O           adamw or sgd (default adamw)\n"
@@ -58,6 +62,7 @@ typedef struct train_opts {
     int64_t buckets[32];
     bool vary;
     sg_model_options mo;
+    const char *save, *resume;
 } train_opts;
 
 static int parse(int argc, char **argv, train_opts *o)
@@ -77,6 +82,10 @@ static int parse(int argc, char **argv, train_opts *o)
         } else if (sg_cli_opt(argc, argv, &i, "--batch-sizes", &v, &bad)) {
             bad = bad || !sg_cli_buckets("train", v, o->buckets, &o->tr.n_buckets, 32);
             o->tr.batch_buckets = o->buckets;
+        } else if (sg_cli_opt(argc, argv, &i, "--save", &v, &bad)) {
+            o->save = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--resume", &v, &bad)) {
+            o->resume = v;
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             o->mo.data_path = v;
         } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
@@ -193,6 +202,21 @@ int sg_cmd_train(int argc, char **argv)
         rc = fail(ctx, "trainer");
         goto out;
     }
+    long long start = 0; /* the first step's index: 0, or where a checkpoint left off */
+    if (o.resume) {
+        int64_t s0 = 0;
+        if (sg_trainer_load(tr, o.resume, &s0) != SG_OK) {
+            rc = fail(ctx, "resume");
+            goto out;
+        }
+        start = s0;
+        printf("stepgraph train: resumed from %s at step %lld\n", o.resume, start);
+    }
+    float val0 = -1;
+    if (strncmp(o.model, "gpt", 3) == 0 && sg_trainer_eval(tr, 1, 4, &val0) != SG_OK) {
+        rc = fail(ctx, "validation");
+        goto out;
+    }
     printf("stepgraph train: %s on %s [%s], %lld parameters, %s lr %g wd %g, seed %lld, scope %s%s\n",
            sg_model_name(m), sg_ctx_device_name(ctx), sg_backend_name(sg_ctx_backend(ctx)),
            (long long)sg_model_param_count(m), o.optim == SG_OPTIM_ADAMW ? "AdamW" : "SGD",
@@ -214,9 +238,9 @@ int sg_cmd_train(int argc, char **argv)
         sg_status sst;
         if (o.tr.n_buckets) {
             int64_t max = o.buckets[o.tr.n_buckets - 1];
-            sst = sg_trainer_step_rows(tr, s, o.vary ? sg_cli_vary_rows(s, max) : max);
+            sst = sg_trainer_step_rows(tr, start + s, o.vary ? sg_cli_vary_rows(start + s, max) : max);
         } else {
-            sst = sg_trainer_step(tr, s);
+            sst = sg_trainer_step(tr, start + s);
         }
         if (sst != SG_OK) {
             rc = fail(ctx, "step");
@@ -232,7 +256,7 @@ int sg_cmd_train(int argc, char **argv)
                     goto out;
                 }
                 if (first_loss < 0) first_loss = loss;
-                if (!o.quiet) printf("step %7lld  loss %.4f\n", pending + 1, loss);
+                if (!o.quiet) printf("step %7lld  loss %.4f\n", start + pending + 1, loss);
             }
             if (sg_readback_start(rb, sg_model_loss(m)) != SG_OK) {
                 rc = fail(ctx, "loss read-back");
@@ -258,7 +282,7 @@ int sg_cmd_train(int argc, char **argv)
     }
     if (tty) fprintf(stderr, "\r%40s\r", "");
     if (first_loss < 0) first_loss = loss;
-    if (!o.quiet) printf("step %7lld  loss %.4f\n", pending + 1, loss);
+    if (!o.quiet) printf("step %7lld  loss %.4f\n", start + pending + 1, loss);
     long long first_timed = setup_step + K;
     long long timed = o.steps - first_timed;
     double ms = timed > 0 ? (sg_cli_now_ms() - t0) / (double)timed : sg_cli_now_ms() - t_start;
@@ -268,6 +292,21 @@ int sg_cmd_train(int argc, char **argv)
            "per step after set-up: %.2f (%llu in all), peak memory %.1f MiB\n",
            o.steps, ms, first_timed + 1, o.steps, first_loss, loss, allocs,
            (unsigned long long)a1.device_allocs, a1.peak_bytes_reserved / 1048576.0);
+    if (val0 >= 0) {
+        float val1 = 0;
+        if (sg_trainer_eval(tr, 1, 4, &val1) != SG_OK) {
+            rc = fail(ctx, "validation");
+            goto out;
+        }
+        printf("validation loss (4 held-out batches): %.4f -> %.4f\n", val0, val1);
+    }
+    if (o.save) {
+        if (sg_trainer_save(tr, start + o.steps, o.save) != SG_OK) {
+            rc = fail(ctx, "save");
+            goto out;
+        }
+        printf("saved %s (step %lld)\n", o.save, start + o.steps);
+    }
     sg_trainer_stats ts;
     if (o.tr.scope != SG_SCOPE_EAGER && sg_trainer_get_stats(tr, &ts) == SG_OK) {
         printf("graphs: %d (%d nodes), captured in %.2f ms, instantiated in %.2f ms, %llu replays\n",

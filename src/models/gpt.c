@@ -30,8 +30,9 @@ static sg_status embed_forward(sg_module *mod, const sg_tensor *tokens, const sg
     embed_module *e = (embed_module *)mod;
     e->tokens = tokens;
     SG_TRY(sg_embedding_forward(mod->ctx, tokens, e->wte, e->wpe, e->y));
-    if (e->yd != e->y) SG_TRY(sg_dropout_forward(mod->ctx, e->y, e->m->dropout, e->m->rng, 0, e->yd));
-    *y = e->yd;
+    bool drop = e->yd != e->y && !e->m->eval;
+    if (drop) SG_TRY(sg_dropout_forward(mod->ctx, e->y, e->m->dropout, e->m->rng, 0, e->yd));
+    *y = drop ? e->yd : e->y;
     return SG_OK;
 }
 
@@ -115,7 +116,7 @@ static sg_status block_forward(sg_module *mod, const sg_tensor *x, const sg_tens
 {
     block_module *b = (block_module *)mod;
     sg_ctx *ctx = mod->ctx;
-    float p = b->m->dropout;
+    float p = b->m->eval ? 0.f : b->m->dropout;
     b->x = x;
     SG_TRY(sg_layernorm_forward(ctx, x, b->ln1w, b->ln1b, 1e-5f, b->h1, b->mean1, b->rstd1));
     SG_TRY(sg_linear_forward(ctx, b->h1, b->wqkv, b->bqkv, SG_ACT_NONE, b->qkv, NULL));

@@ -86,6 +86,8 @@ int64_t sg_model_param_count(const sg_model *m)
 sg_tensor *sg_model_params(sg_model *m) { return m ? m->params.flat : NULL; }
 sg_tensor *sg_model_grads(sg_model *m) { return m ? m->params.grad_flat : NULL; }
 const sg_tensor *sg_model_loss(const sg_model *m) { return m ? m->loss : NULL; }
+const sg_tensor *sg_model_logits(const sg_model *m) { return m ? m->logits : NULL; }
+sg_tensor *sg_model_input(sg_model *m) { return m ? m->x : NULL; }
 
 static sg_status set_rows(sg_model *m, int64_t rows);
 
@@ -97,7 +99,7 @@ sg_status sg_model_load_batch(sg_model *m, int64_t index)
     if (index < 0)
         return sg_fail(m->ctx, SG_ERR_INVALID, "sg_model_load_batch: batch index %lld < 0",
                        (long long)index);
-    if (m->text) return sg_text_batch_host(m->text, 0, m->data_seed, index, m->x_static, m->t_view);
+    if (m->text) return sg_text_batch_host(m->text, m->split, m->data_seed, index, m->x_static, m->t_view);
     int64_t i = index % m->n_batches;
     m->x_view->data = (char *)m->data_x->data + (size_t)(i * m->x_view->numel) * sizeof(float);
     m->t_view->data = (char *)m->data_y->data + (size_t)(i * m->t_view->numel) * sizeof(int32_t);

@@ -37,6 +37,8 @@ struct sg_model {
     uint64_t data_seed;
     char data_path[512];
     float dropout;
+    bool eval;                 /* forward for evaluation: no dropout */
+    int split;                 /* text split load_batch reads: 0 train, 1 validation */
     sg_tensor *rng;            /* (4) I32: dropout seed and offset */
     sg_tensor *gnorm, *nonfinite; /* clipping results, (1) F32 and (1) I32 */
 };

@@ -6,6 +6,7 @@
  * copy-in stays outside. The first `warmup` steps run eagerly (lazy set-up happens there), the
  * next step captures, later steps replay. (Design note: models/ calls graph/ for this.) */
 #include "models/model.h"
+#include "nn/checkpoint.h"
 
 #include <stdlib.h>
 
@@ -503,5 +504,78 @@ sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out)
         out->graphs += out->cache.cached;
     }
     snprintf(out->fallback_reason, sizeof out->fallback_reason, "%s", t->reason);
+    return SG_OK;
+}
+
+/* ---- evaluation and checkpoints ---- */
+
+sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out)
+{
+    if (!t || !out) return SG_ERR_NULL;
+    sg_model *m = t->m;
+    if (n_batches < 1 || (split != 0 && split != 1) || (split == 1 && !m->text))
+        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_eval: split %d, %d batches: expected split 0, or 1 "
+                       "for models with a validation split, and at least one batch", split, n_batches);
+    /* Eagerly (graphed modules would replay their training graphs), dropout off. */
+    bool armed = t->armed;
+    t->armed = false;
+    m->eval = true;
+    m->split = split;
+    double sum = 0;
+    sg_status st = SG_OK;
+    for (int b = 0; b < n_batches && st == SG_OK; b++) {
+        float l = 0;
+        st = sg_model_load_batch(m, b);
+        if (st == SG_OK) st = sg_module_forward(m->net, m->x, &m->logits);
+        if (st == SG_OK) st = sg_softmax_xent(t->ctx, m->logits, m->targets, 1.0f, m->loss, NULL);
+        if (st == SG_OK) st = sg_model_loss_read(m, &l);
+        sum += l;
+    }
+    m->eval = false;
+    m->split = 0;
+    t->armed = armed;
+    if (st == SG_OK) *out = (float)(sum / n_batches);
+    return st;
+}
+
+/* Every parameter by name, the optimizer state, the generator. */
+static int ckpt_entries(sg_trainer *t, sg_ckpt_entry *e, int cap)
+{
+    sg_param_set *ps = &t->m->params;
+    int n = 0;
+    for (int i = 0; i < ps->count && n < cap; i++) e[n++] = (sg_ckpt_entry){ps->info[i].name, ps->param[i]};
+    sg_tensor *om, *ov, *hp;
+    sg_optim_state(t->o, &om, &ov, &hp);
+    if (n < cap) e[n++] = (sg_ckpt_entry){"optim.m", om};
+    if (ov && n < cap) e[n++] = (sg_ckpt_entry){"optim.v", ov};
+    if (n < cap) e[n++] = (sg_ckpt_entry){"optim.hparams", hp};
+    if (t->m->rng && n < cap) e[n++] = (sg_ckpt_entry){"rng", t->m->rng};
+    return n;
+}
+
+sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
+{
+    if (!t || !path) return SG_ERR_NULL;
+    sg_ckpt_entry e[SG_MAX_PARAMS + 8];
+    int n = ckpt_entries(t, e, SG_MAX_PARAMS + 8);
+    char steps[32];
+    snprintf(steps, sizeof steps, "%lld", (long long)step);
+    const char *meta[] = {"format", "stepgraph-1", "model", t->m->name, "step", steps, NULL};
+    return sg_checkpoint_save(t->ctx, path, e, n, meta);
+}
+
+sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step)
+{
+    if (!t || !path || !step) return SG_ERR_NULL;
+    sg_ckpt_entry e[SG_MAX_PARAMS + 8];
+    int n = ckpt_entries(t, e, SG_MAX_PARAMS + 8);
+    char meta[4096], model[128], steps[32];
+    SG_TRY(sg_checkpoint_load(t->ctx, path, e, n, meta, sizeof meta));
+    if (sg_checkpoint_meta_get(meta, "model", model, sizeof model) != SG_OK || strcmp(model, t->m->name))
+        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_load: '%s' holds model '%s', this is '%s'", path,
+                       model, t->m->name);
+    if (sg_checkpoint_meta_get(meta, "step", steps, sizeof steps) != SG_OK)
+        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_load: '%s' has no step in its metadata", path);
+    *step = atoll(steps);
     return SG_OK;
 }

@@ -127,6 +127,8 @@ sg_module *sg_sequential_replace(sg_module *seq, int i, sg_module *m);
 /* ---- optimizers (the public sg_optim_* calls live in optim.c; creation takes a model,
  * so the public sg_optim_create is in models/, which calls this) ---- */
 sg_status sg_optim_create_for(sg_ctx *ctx, sg_param_set *ps, sg_optim_kind kind, sg_optim **out);
+/* The optimizer's device state, for checkpoints: m, v (NULL for SGD) and the hyperparameters. */
+void sg_optim_state(sg_optim *o, sg_tensor **m, sg_tensor **v, sg_tensor **hp);
 
 #ifdef __cplusplus
 }

@@ -66,6 +66,11 @@ sg_status sg_optim_create_for(sg_ctx *ctx, sg_param_set *ps, sg_optim_kind kind,
     return SG_OK;
 }
 
+void sg_optim_state(sg_optim *o, sg_tensor **m, sg_tensor **v, sg_tensor **hp)
+{
+    *m = o->m, *v = o->v, *hp = o->hp;
+}
+
 sg_status sg_optim_set_lr(sg_optim *o, float lr)
 {
     if (!o) return SG_ERR_NULL;

@@ -1,5 +1,7 @@
 /* act.c: public entry points of the elementwise ops: check arguments, then run the CPU
- * reference or the CUDA kernel. */
+ * reference or the CUDA kernel. Every tensor of a call has one dtype: f32, bf16 (mixed
+ * precision: f32 math, bf16 storage), or f64 on the CPU; a tensor of another is SG_ERR_DTYPE,
+ * by name. */
 #include "ops/act.h"
 
 /* CPU work goes through sg_cpu_run (so a CPU capture records it): one argument block and one
@@ -29,12 +31,12 @@ static sg_status run_cpu(sg_ctx *ctx, int op, const sg_tensor *a, const sg_tenso
     return sg_cpu_run(ctx, act_cpu, &g, sizeof g);
 }
 
-/* Two tensors of one shape, a float dtype the backend computes in. */
+/* Two tensors of one shape and one dtype: a float dtype the backend computes in, or bf16. */
 static sg_status check_pair(sg_ctx *ctx, const char *fn, const char *wa, const sg_tensor *a,
                             const char *wb, const sg_tensor *b)
 {
     if (!ctx) return SG_ERR_NULL;
-    SG_TRY(sg_check_float(ctx, fn, wa, a));
+    SG_TRY(sg_check_float_or_bf16(ctx, fn, wa, a));
     return sg_check_same_shape(ctx, fn, wa, a, wb, b);
 }
 

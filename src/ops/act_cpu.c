@@ -1,5 +1,6 @@
 /* act_cpu.c: reference ReLU, GELU (tanh) and residual add, forward and backward, computed
- * in double for every dtype. These are the oracle the CUDA kernels are tested against. */
+ * in double for every dtype through sg_ld/sg_st (bf16 outputs are rounded only on the
+ * store). These are the oracle the CUDA kernels are tested against. */
 #include "ops/act.h"
 
 #include <math.h>

@@ -1,7 +1,8 @@
 /* attention.c: public entry points of causal self-attention: check every argument (dtypes,
  * shapes, heads dividing C, the work size, outputs that overlap inputs), then run the CPU
  * reference or the CUDA path. Messages name the call and the tensor. Activations are
- * (B,T,cols) or (B*T,cols); B and T come from qkv when it is 3-D, else from att. */
+ * (B,T,cols) or (B*T,cols); B and T come from qkv when it is 3-D, else from att. Dtypes: qkv's
+ * (f32, f64 on the CPU, or bf16) for every tensor but work, which is F32. */
 #include "ops/attention.h"
 
 int64_t sg_attention_work_elems(int64_t B, int64_t T, int64_t C, int heads)
@@ -50,12 +51,13 @@ static sg_status check_act(sg_ctx *ctx, const char *fn, const char *what, const 
     return SG_OK;
 }
 
-/* qkv (B,T,3C) or (B*T,3C) of a float dtype, heads dividing C, and att (B,heads,T,T) of
- * qkv's dtype: fills d. B and T come from qkv when it is 3-D, else from att. */
+/* qkv (B,T,3C) or (B*T,3C) of a float dtype (bf16 included), heads dividing C, and att
+ * (B,heads,T,T) of qkv's dtype (bf16 att with bf16 qkv: attention.h says why): fills d. B and
+ * T come from qkv when it is 3-D, else from att. */
 static sg_status check_problem(sg_ctx *ctx, const char *fn, const sg_tensor *qkv,
                                const sg_tensor *att, int heads, sg_attn_dims *d)
 {
-    SG_TRY(sg_check_float(ctx, fn, "qkv", qkv));
+    SG_TRY(sg_check_float_or_bf16(ctx, fn, "qkv", qkv));
     char s[96];
     if ((qkv->ndim != 2 && qkv->ndim != 3) || qkv->shape[qkv->ndim - 1] % 3)
         return sg_fail(ctx, SG_ERR_SHAPE,
@@ -86,6 +88,7 @@ static sg_status check_problem(sg_ctx *ctx, const char *fn, const sg_tensor *qkv
     return check_act(ctx, fn, "qkv", qkv, qkv->dtype, *d, 3 * d->C, "(B, T, 3C)");
 }
 
+/* work is F32 whatever the activations' dtype: the bf16 path fits in the same bytes. */
 static sg_status check_work(sg_ctx *ctx, const char *fn, const sg_tensor *work, sg_attn_dims d)
 {
     SG_TRY(sg_check_dtype(ctx, fn, "work", work, SG_DTYPE_F32));

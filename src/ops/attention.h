@@ -11,7 +11,21 @@
  * out by the CUDA path as
  *     [ q (B,H,T,hs) | k (B,H,T,hs) | v (B,H,T,hs) | y (B,H,T,hs) | s (B,H,T,T) ]
  * (see attention_cuda.cu for what each region holds in the backward). The CPU reference
- * ignores it; the entry points check it on both backends so that callers are portable. */
+ * ignores it; the entry points check it on both backends so that callers are portable.
+ *
+ * Dtypes. qkv, out, att, dout and dqkv share one dtype: f32 (both backends), f64 (CPU), or
+ * bf16 (mixed precision, both backends); another dtype on any of them is SG_ERR_DTYPE naming
+ * it. work is F32 for every dtype, and sg_attention_work_elems (which takes no dtype) counts
+ * F32 elements for all of them: the bf16 path fits in the same bytes (attention_cuda.cu).
+ * With bf16, att is BF16 too: the fp32 softmax's probabilities rounded once, as PyTorch's
+ * autocast and flash attention feed P to the P v product in bf16. One rounded P is what the
+ * forward's att v reads and what the backward reads, so forward and backward agree on it, and
+ * the saved tensor is half the bytes of an F32 one ((B,H,T,T) is the largest activation of a
+ * GPT block). The GEMMs run bf16 x bf16 with fp32 accumulation and fp32 results (scores,
+ * att v, datt, dv, dq, dk), the softmax and its backward run in fp32, and the outputs (out,
+ * att, dqkv) are rounded to bf16 once; d(scores) is rounded to bf16 for the two GEMMs that
+ * read it. The CPU reference computes bf16 in double from the stored values (att as saved,
+ * rounded) and rounds out, att and dqkv once. */
 #ifndef SG_OPS_ATTENTION_H
 #define SG_OPS_ATTENTION_H
 
@@ -26,14 +40,14 @@ typedef struct sg_attn_dims {
     int64_t B, T, C, H, hs;
 } sg_attn_dims;
 
-/* Arguments checked by attention.c. The CPU functions compute in double for f32 and f64
- * tensors and fail only when host memory runs out. */
+/* Arguments checked by attention.c. The CPU functions compute in double for f32, f64 and
+ * bf16 tensors and fail only when host memory runs out. */
 sg_status sg_attention_forward_cpu(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
                                    sg_tensor *att, sg_attn_dims d);
 sg_status sg_attention_backward_cpu(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *att,
                                     const sg_tensor *dout, sg_tensor *dqkv, sg_attn_dims d);
 
-/* f32 now; the launchers dispatch on qkv's dtype, so a bf16 variant slots in there. */
+/* f32 or bf16: the launchers dispatch on qkv's dtype. */
 sg_status sg_attention_forward_cuda(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
                                     sg_tensor *att, sg_tensor *work, sg_attn_dims d);
 sg_status sg_attention_backward_cuda(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *att,

@@ -1,7 +1,8 @@
 /* attention_cpu.c: the reference causal self-attention, forward and backward, computed in
- * double for f32 and f64 tensors. It is the oracle the CUDA path is tested against and it
- * trains small GPTs in CI, so loops run per (batch, head, query row) with contiguous inner
- * loops over the head's hs columns. Sums run in a fixed order: results are deterministic. */
+ * double for f32, f64 and bf16 tensors (bf16 read and rounded through sg_ld / sg_st). It is
+ * the oracle the CUDA path is tested against and it trains small GPTs in CI, so loops run per
+ * (batch, head, query row) with contiguous inner loops over the head's hs columns. Sums run in
+ * a fixed order: results are deterministic. */
 #include "ops/attention.h"
 
 #include <math.h>

@@ -17,12 +17,13 @@ static sg_status check_rng(sg_ctx *ctx, const char *fn, const sg_tensor *rng)
     return SG_OK;
 }
 
-/* in, out: one shape, a float dtype of the backend; 0 <= p < 1 (p = 1 would divide by 0). */
+/* in, out: one shape and one dtype, a float dtype of the backend or bf16 (another dtype on
+ * out is SG_ERR_DTYPE naming both); 0 <= p < 1 (p = 1 would divide by 0). */
 static sg_status check_args(sg_ctx *ctx, const char *fn, const char *win, const sg_tensor *in,
                             float p, const sg_tensor *rng, const char *wout, const sg_tensor *out)
 {
     if (!ctx) return SG_ERR_NULL;
-    SG_TRY(sg_check_float(ctx, fn, win, in));
+    SG_TRY(sg_check_float_or_bf16(ctx, fn, win, in));
     SG_TRY(sg_check_same_shape(ctx, fn, win, in, wout, out));
     if (!(p >= 0.f && p < 1.f))
         return sg_fail(ctx, SG_ERR_INVALID, "%s: p is %g, expected 0 <= p < 1", fn, (double)p);

@@ -14,7 +14,12 @@
  * f32, in [0, 1 - 2^-24]; the element is kept when uniform >= p, which happens with probability
  * 1 - ceil(p 2^24) / 2^24 (1 - p to within 2^-24). The high offset word is folded into the key
  * (XOR with seed hi) because the counter has no room left: (seed, offset) pairs that differ
- * only by the same XOR in seed hi and offset hi collide, which needs 2^32 steps to reach. */
+ * only by the same XOR in seed hi and offset hi collide, which needs 2^32 steps to reach.
+ *
+ * Dtypes: x and y (dy and dx) share one: f32, f64 (CPU) or bf16 (mixed precision). The mask
+ * depends on (seed, offset, site, i) only, so a bf16 call keeps exactly the elements an f32
+ * call at the same state keeps; a kept bf16 element is the f32 call's value on the same input
+ * rounded once more, to nearest even bf16 (the product itself is formed in double). */
 #ifndef SG_OPS_DROPOUT_H
 #define SG_OPS_DROPOUT_H
 
@@ -91,16 +96,18 @@ SG_PHILOX_FN int sg_dropout_keep(uint32_t word, float p) { return sg_philox_unif
 
 /* ---- the op ---- */
 
-/* References (double through sg_ld/sg_st; f32 or f64). y = x * (keep ? scale : 0) with
- * scale = 1 / (1 - p) in double; the forward and the backward are this one function (dx from
- * dy). rng is read when the function runs. x and y may alias. */
+/* References (double through sg_ld/sg_st; f32, f64 or bf16). y = x * (keep ? scale : 0) with
+ * scale = 1 / (1 - p) in double, rounded to the dtype by sg_st (bf16: to f32, then to nearest
+ * even bf16); the forward and the backward are this one function (dx from dy). rng is read
+ * when the function runs. x and y may alias. */
 void sg_dropout_cpu(const sg_tensor *x, float p, double scale, const sg_tensor *rng,
                     uint32_t site, sg_tensor *y);
 /* offset (lo, hi as one u64) += 1. */
 void sg_rng_advance_cpu(sg_tensor *rng);
 
-/* One launch each, f32; the kernel computes each kept element as (float)((double)x * scale),
- * the reference's operations, so GPU and CPU outputs are bit-identical. */
+/* One launch each, f32 or bf16; the kernel computes each kept element as
+ * (float)((double)x * scale), the reference's operations (bf16: then rounded to nearest even,
+ * as sg_st), so GPU and CPU outputs are bit-identical. */
 sg_status sg_dropout_cuda(sg_ctx *ctx, const sg_tensor *x, float p, double scale,
                           const sg_tensor *rng, uint32_t site, sg_tensor *y);
 sg_status sg_rng_advance_cuda(sg_ctx *ctx, sg_tensor *rng);

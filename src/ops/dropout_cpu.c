@@ -12,7 +12,8 @@ static void rng_words(const sg_tensor *rng, uint32_t w[4])
 }
 
 /* x, y (n): one Philox call per group of four elements, word k for element 4g + k. The
- * product x * scale is rounded to the output dtype once (sg_st), as the kernel does. */
+ * product x * scale is rounded to the output dtype by sg_st (bf16 by way of f32), as the
+ * kernel does. */
 void sg_dropout_cpu(const sg_tensor *x, float p, double scale, const sg_tensor *rng,
                     uint32_t site, sg_tensor *y)
 {

@@ -1,10 +1,12 @@
 /* dropout_cuda.cu: the dropout kernel (forward and backward alike: out = in * mask * scale),
- * f32, and the RNG offset advance, a one-thread kernel. Each thread takes groups of four
- * elements, one Philox call per group (dropout.h, the code the CPU reference runs), through a
- * float4 where the tensors allow it. Seed and offset are read from rng in device memory when
- * the kernel runs, so a graph replayed after sg_rng_advance draws a fresh mask. */
+ * f32 or bf16, and the RNG offset advance, a one-thread kernel. Each thread takes groups of
+ * four elements, one Philox call per group (dropout.h, the code the CPU reference runs),
+ * through one 16-byte (f32) or 8-byte (bf16) access where the tensors allow it. The mask does
+ * not depend on the dtype. Seed and offset are read from rng in device memory when the kernel
+ * runs, so a graph replayed after sg_rng_advance draws a fresh mask. */
 #include "ops/dropout.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #define DROP_THREADS 256
@@ -12,22 +14,41 @@
  * the grid strides beyond that. */
 #define DROP_BLOCKS_PER_SM 8
 
-/* One element: in * (keep ? scale : 0) in double, rounded to f32 once: the reference's
- * arithmetic, so kept values match it bit for bit (and a dropped inf or NaN gives NaN, as
- * in * 0 does in PyTorch). DROP false (p = 0) copies. */
-template <bool DROP>
-__device__ __forceinline__ float drop_apply(float v, uint32_t word, float p, double scale)
+/* ---- storage types: f32 and bf16, read as f32 ---- */
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+/* From f32 to storage: bf16 rounds to nearest even, as the reference's sg_st does. */
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
+{
+    return __float2bfloat16_rn(v);
+}
+
+/* Four consecutive elements, loaded and stored as one access. */
+template <typename T> struct alignas(4 * sizeof(T)) drop_quad {
+    T e[4];
+};
+
+/* One element: in * (keep ? scale : 0) in double, rounded to f32: the reference's arithmetic
+ * (sg_ld, a double product, sg_st), so kept values match it bit for bit (and a dropped inf or
+ * NaN gives NaN, as in * 0 does in PyTorch). bf16 then rounds that f32 value to nearest even,
+ * as sg_st does for a bf16 tensor: the f32 output's value, rounded to bf16. DROP false
+ * (p = 0) copies the element's bits. */
+template <typename T, bool DROP>
+__device__ __forceinline__ T drop_apply(T v, uint32_t word, float p, double scale)
 {
     if (!DROP) return v;
-    return (float)((double)v * (sg_dropout_keep(word, p) ? scale : 0.0));
+    return from_f<T>((float)((double)to_f(v) * (sg_dropout_keep(word, p) ? scale : 0.0)));
 }
 
 /* in, out (n) may alias (each element is read, then written, by one thread). Group g is
- * elements 4g .. 4g+3; vec: both pointers 16-byte aligned, so group g is float4 g. */
-template <bool DROP>
+ * elements 4g .. 4g+3; vec: both pointers aligned to 4 elements, so group g is quad g. */
+template <typename T, bool DROP>
 __global__ void __launch_bounds__(DROP_THREADS, DROP_BLOCKS_PER_SM)
-    dropout_kernel(const float *in, float *out, int64_t n, const uint32_t *rng, uint32_t site,
-                   float p, double scale, bool vec)
+    dropout_kernel(const T *in, T *out, int64_t n, const uint32_t *rng, uint32_t site, float p,
+                   double scale, bool vec)
 {
     uint32_t w[SG_RNG_COUNT] = {0, 0, 0, 0};
     if (DROP)
@@ -39,17 +60,30 @@ __global__ void __launch_bounds__(DROP_THREADS, DROP_BLOCKS_PER_SM)
         if (DROP) r = sg_dropout_bits(w, site, (uint64_t)g);
         int64_t i = 4 * g;
         if (vec && i + 4 <= n) {
-            float4 v = reinterpret_cast<const float4 *>(in)[g];
-            v.x = drop_apply<DROP>(v.x, r.v[0], p, scale);
-            v.y = drop_apply<DROP>(v.y, r.v[1], p, scale);
-            v.z = drop_apply<DROP>(v.z, r.v[2], p, scale);
-            v.w = drop_apply<DROP>(v.w, r.v[3], p, scale);
-            reinterpret_cast<float4 *>(out)[g] = v;
+            drop_quad<T> v = reinterpret_cast<const drop_quad<T> *>(in)[g];
+            for (int k = 0; k < 4; k++)
+                v.e[k] = drop_apply<T, DROP>(v.e[k], r.v[k], p, scale);
+            reinterpret_cast<drop_quad<T> *>(out)[g] = v;
         } else {
             for (int k = 0; k < 4 && i + k < n; k++)
-                out[i + k] = drop_apply<DROP>(in[i + k], r.v[k], p, scale);
+                out[i + k] = drop_apply<T, DROP>(in[i + k], r.v[k], p, scale);
         }
     }
+}
+
+template <typename T>
+static void launch(int blocks, cudaStream_t stream, const void *x, void *y, int64_t n,
+                   const uint32_t *r, uint32_t site, float p, double scale)
+{
+    const T *in = (const T *)x;
+    T *out = (T *)y;
+    bool vec = (((uintptr_t)x | (uintptr_t)y) & (4 * sizeof(T) - 1)) == 0;
+    if (p == 0.f) /* nothing drops: a copy, still one launch */
+        dropout_kernel<T, false><<<blocks, DROP_THREADS, 0, stream>>>(in, out, n, r, site, p,
+                                                                      scale, vec);
+    else
+        dropout_kernel<T, true><<<blocks, DROP_THREADS, 0, stream>>>(in, out, n, r, site, p,
+                                                                     scale, vec);
 }
 
 extern "C" sg_status sg_dropout_cuda(sg_ctx *ctx, const sg_tensor *x, float p, double scale,
@@ -60,17 +94,18 @@ extern "C" sg_status sg_dropout_cuda(sg_ctx *ctx, const sg_tensor *x, float p, d
     int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * DROP_BLOCKS_PER_SM;
     if (cap < 1) cap = 1;
     int blocks = (int)(want < 1 ? 1 : (want < cap ? want : cap));
-    bool vec = (((uintptr_t)x->data | (uintptr_t)y->data) & 15u) == 0;
     cudaStream_t stream = (cudaStream_t)sg_ctx_stream(ctx);
-    const float *in = (const float *)x->data;
-    float *out = (float *)y->data;
     const uint32_t *r = (const uint32_t *)rng->data;
-    if (p == 0.f) /* nothing drops: a copy, still one launch */
-        dropout_kernel<false><<<blocks, DROP_THREADS, 0, stream>>>(in, out, n, r, site, p, scale,
-                                                                   vec);
-    else
-        dropout_kernel<true><<<blocks, DROP_THREADS, 0, stream>>>(in, out, n, r, site, p, scale,
-                                                                  vec);
+    switch (x->dtype) {
+    case SG_DTYPE_F32: launch<float>(blocks, stream, x->data, y->data, n, r, site, p, scale); break;
+    case SG_DTYPE_BF16:
+        launch<__nv_bfloat16>(blocks, stream, x->data, y->data, n, r, site, p, scale);
+        break;
+    default:
+        return sg_fail(ctx, SG_ERR_UNSUPPORTED,
+                       "sg_dropout_cuda: '%s' is %s; CUDA takes f32 or bf16", x->name,
+                       sg_dtype_name(x->dtype));
+    }
     SG_CUDA_CHECK_LAUNCH(ctx, "dropout_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;

@@ -2,7 +2,8 @@
  * sg_embedding_backward): check every argument, then run the CPU reference through sg_cpu_run
  * or the CUDA kernel. On the CPU the tokens are range-checked when the work runs (a replayed
  * plan sees the tokens of its own step); on CUDA they live on the device and are not read by
- * the host. */
+ * the host. wte (forward) or dy (backward) sets the float dtype (f32, bf16, or f64 on the
+ * CPU) of every other float tensor: one of another dtype is SG_ERR_DTYPE, by name. */
 #include "ops/embedding.h"
 
 #include <stdio.h>
@@ -36,11 +37,11 @@ static sg_status check_table(sg_ctx *ctx, const char *fn, const char *what, cons
     return SG_OK;
 }
 
-/* y or dy: (B, T, C) or (B*T, C), float. */
+/* y or dy: (B, T, C) or (B*T, C), float or bf16. */
 static sg_status check_act(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
                            int64_t B, int64_t T)
 {
-    SG_TRY(sg_check_float(ctx, fn, what, t));
+    SG_TRY(sg_check_float_or_bf16(ctx, fn, what, t));
     bool ok = (t->ndim == 3 && t->shape[0] == B && t->shape[1] == T) ||
               (t->ndim == 2 && t->shape[0] == B * T);
     if (!ok) {
@@ -117,7 +118,7 @@ sg_status sg_embedding_forward(sg_ctx *ctx, const sg_tensor *tokens, const sg_te
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(check_tokens(ctx, fn, tokens));
     const int64_t B = tokens->shape[0], T = tokens->shape[1];
-    SG_TRY(sg_check_float(ctx, fn, "wte", wte));
+    SG_TRY(sg_check_float_or_bf16(ctx, fn, "wte", wte));
     const int64_t C = wte->shape[wte->ndim - 1];
     char tmax[48];
     snprintf(tmax, sizeof tmax, "Tmax >= %lld", (long long)T);

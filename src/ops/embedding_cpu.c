@@ -1,5 +1,6 @@
 /* embedding_cpu.c: reference token + position embedding, forward and backward, in double for
- * every dtype through sg_ld/sg_st. The oracle the CUDA kernels are tested against.
+ * every dtype through sg_ld/sg_st (bf16 outputs are rounded only on the store). The oracle
+ * the CUDA kernels are tested against.
  * Shapes: tokens (B, T) with every token in 0..V-1; wte, dwte (V, C); wpe, dwpe (Tmax, C);
  * y, dy (B*T, C) row-major (a (B, T, C) tensor is the same bytes). */
 #include "ops/embedding.h"

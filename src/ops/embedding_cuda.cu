@@ -1,10 +1,11 @@
-/* embedding_cuda.cu: token + position embedding kernels and their launchers. Storage type T
- * (f32 now; bf16 is a template argument away: add its to_f/from_f and a case in the
- * dispatch). One launch for the forward, one for the backward; deterministic, no atomics.
+/* embedding_cuda.cu: token + position embedding kernels and their launchers. Storage type T:
+ * f32, or bf16 for mixed precision (wte, wpe, y, dy, dwte, dwpe all bf16); math in f32, sums
+ * in double, each output rounded once to T. One launch for the forward, one for the backward;
+ * deterministic, no atomics.
  *
- * Forward: a thread per (row i, V consecutive columns), 16-byte accesses where C and the
- * pointers allow: y[i] = wte[tokens[i]] + wpe[i % T]; a token outside 0..V-1 reads as a zero
- * row (no out-of-bounds read).
+ * Forward: a thread per (row i, V consecutive columns), 16-byte accesses (4 f32 or 8 bf16)
+ * where C and the pointers allow: y[i] = wte[tokens[i]] + wpe[i % T]; a token outside 0..V-1
+ * reads as a zero row (no out-of-bounds read).
  *
  * Backward: block (row, chunk) owns 256 columns of one output row. Rows 0..V-1 are dwte: the
  * block scans all B*T tokens in order, 256 at a time (one coalesced load, a warp ballot per
@@ -16,6 +17,7 @@
  * vocabulary (50k) the scan grows with V and a sort-based kernel would pay. */
 #include "ops/embedding.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #define EMB_THREADS 256
@@ -23,16 +25,36 @@
 #define EMB_FWD_BLOCKS_PER_SM 16 /* forward grid cap (grid-stride beyond it) */
 #define FULL_MASK 0xffffffffu
 
-/* ---- storage types ---- */
+/* ---- storage types: f32 and bf16, read as f32 ---- */
 
 __device__ __forceinline__ float to_f(float v)
 {
     return v;
 }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v)
+{
+    return __bfloat162float(v);
+}
+/* From f32 math to storage: round to nearest even. */
 template <typename T> __device__ __forceinline__ T from_f(float v);
 template <> __device__ __forceinline__ float from_f<float>(float v)
 {
     return v;
+}
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
+{
+    return __float2bfloat16_rn(v);
+}
+/* From a double sum to storage, rounded once: f32 as before ((float)v); bf16 straight from the
+ * double (going through f32 would round twice). */
+template <typename T> __device__ __forceinline__ T from_d(double v);
+template <> __device__ __forceinline__ float from_d<float>(double v)
+{
+    return (float)v;
+}
+template <> __device__ __forceinline__ __nv_bfloat16 from_d<__nv_bfloat16>(double v)
+{
+    return __double2bfloat16(v);
 }
 
 /* V consecutive elements, loaded and stored as one access (16 bytes when V = 16/sizeof(T)). */
@@ -101,12 +123,12 @@ __global__ void __launch_bounds__(EMB_THREADS)
             }
             __syncthreads(); /* sh_hits is rewritten by the next tile */
         }
-        if (col) dwte[row * C + c] = from_f<T>((float)acc);
+        if (col) dwte[row * C + c] = from_d<T>(acc);
     } else if (col) {
         const int64_t t = row - vocab;
         if (t < T_len)
             for (int64_t b = 0; b < B; b++) acc += (double)to_f(dy[(b * T_len + t) * C + c]);
-        dwpe[t * C + c] = from_f<T>((float)acc);
+        dwpe[t * C + c] = from_d<T>(acc);
     }
 }
 
@@ -179,10 +201,12 @@ extern "C" sg_status sg_embedding_forward_cuda(sg_ctx *ctx, const sg_tensor *tok
     switch (wte->dtype) {
     case SG_DTYPE_F32:
         return forward_t<float>(ctx, tokens, wte, wpe, y);
+    case SG_DTYPE_BF16:
+        return forward_t<__nv_bfloat16>(ctx, tokens, wte, wpe, y);
     default:
         return sg_fail(ctx, SG_ERR_DTYPE,
                        "sg_embedding_forward: 'wte' is %s; the CUDA kernel "
-                       "takes f32",
+                       "takes f32 or bf16",
                        sg_dtype_name(wte->dtype));
     }
 }
@@ -194,10 +218,12 @@ extern "C" sg_status sg_embedding_backward_cuda(sg_ctx *ctx, const sg_tensor *to
     switch (dy->dtype) {
     case SG_DTYPE_F32:
         return backward_t<float>(ctx, tokens, dy, dwte, dwpe);
+    case SG_DTYPE_BF16:
+        return backward_t<__nv_bfloat16>(ctx, tokens, dy, dwte, dwpe);
     default:
         return sg_fail(ctx, SG_ERR_DTYPE,
                        "sg_embedding_backward: 'dy' is %s; the CUDA kernel "
-                       "takes f32",
+                       "takes f32 or bf16",
                        sg_dtype_name(dy->dtype));
     }
 }

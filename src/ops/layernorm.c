@@ -1,6 +1,8 @@
 /* layernorm.c: public entry points of LayerNorm (sg_layernorm_forward, sg_layernorm_backward):
  * check every argument (dtypes, shapes, eps, outputs that overlap anything else the call
- * touches), then run the CPU reference through sg_cpu_run or the CUDA kernels. */
+ * touches), then run the CPU reference through sg_cpu_run or the CUDA kernels. x sets the
+ * dtype (f32, bf16, or f64 on the CPU) of every tensor but mean and rstd, which stay f32 (f64
+ * with f64 x): a tensor of another float dtype is SG_ERR_DTYPE, by name. */
 #include "ops/layernorm.h"
 
 #include <math.h>
@@ -18,8 +20,8 @@ static sg_status check_vec(sg_ctx *ctx, const char *fn, const char *what, const 
     return SG_OK;
 }
 
-/* mean or rstd: (M), or x's leading dims ((B, T) for x (B, T, C)); F32, or F64 when x is F64
- * (the CPU's gradient checks keep the statistics in double). */
+/* mean or rstd: (M), or x's leading dims ((B, T) for x (B, T, C)); F32 (bf16 x too), or F64
+ * when x is F64 (the CPU's gradient checks keep the statistics in double). */
 static sg_status check_stats(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
                              const sg_tensor *x, int64_t M)
 {
@@ -94,7 +96,7 @@ sg_status sg_layernorm_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor 
 {
     const char *fn = "sg_layernorm_forward";
     if (!ctx) return SG_ERR_NULL;
-    SG_TRY(sg_check_float(ctx, fn, "x", x));
+    SG_TRY(sg_check_float_or_bf16(ctx, fn, "x", x));
     int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
     SG_TRY(check_vec(ctx, fn, "gamma", gamma, C, x->dtype));
     SG_TRY(check_vec(ctx, fn, "beta", beta, C, x->dtype));
@@ -122,7 +124,7 @@ sg_status sg_layernorm_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor
 {
     const char *fn = "sg_layernorm_backward";
     if (!ctx) return SG_ERR_NULL;
-    SG_TRY(sg_check_float(ctx, fn, "x", x));
+    SG_TRY(sg_check_float_or_bf16(ctx, fn, "x", x));
     int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
     SG_TRY(check_vec(ctx, fn, "gamma", gamma, C, x->dtype));
     SG_TRY(check_stats(ctx, fn, "mean", mean, x, M));

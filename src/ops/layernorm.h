@@ -14,8 +14,9 @@ extern "C" {
  * in a scratch buffer of fixed size, which must hold at least one block's 2*C partials. */
 #define SG_LAYERNORM_CUDA_MAX_C ((int64_t)1 << 18)
 
-/* x, y (M, C); gamma, beta (C); mean, rstd (M). Computed in double for every dtype; mean and
- * rstd are stored in their own dtype (F32, or F64 for f64 gradient checks). */
+/* x, y (M, C); gamma, beta (C); mean, rstd (M). Computed in double for every dtype (bf16
+ * outputs rounded only on the store, by sg_st); mean and rstd are stored in their own dtype
+ * (F32, or F64 for f64 gradient checks). */
 void sg_layernorm_forward_cpu(const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *beta,
                               double eps, sg_tensor *y, sg_tensor *mean, sg_tensor *rstd);
 /* dx (M, C), dgamma (C), dbeta (C) written from x, gamma, the saved mean and rstd, and dy. */
@@ -23,8 +24,9 @@ void sg_layernorm_backward_cpu(const sg_tensor *x, const sg_tensor *gamma, const
                                const sg_tensor *rstd, const sg_tensor *dy, sg_tensor *dx,
                                sg_tensor *dgamma, sg_tensor *dbeta);
 
-/* f32 (mean, rstd f32). Forward: one launch. Backward: two launches (rows, then the column
- * reduction of the per-block partials), deterministic; C <= SG_LAYERNORM_CUDA_MAX_C. */
+/* x and its companions f32 or bf16 (one dtype per call), mean and rstd f32, math in f32.
+ * Forward: one launch. Backward: two launches (rows, then the column reduction of the
+ * per-block partials, in double), deterministic; C <= SG_LAYERNORM_CUDA_MAX_C. */
 sg_status sg_layernorm_forward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
                                     const sg_tensor *beta, float eps, sg_tensor *y, sg_tensor *mean,
                                     sg_tensor *rstd);

@@ -1,5 +1,6 @@
 /* layernorm_cpu.c: reference LayerNorm over the last dim, forward and backward, computed in
- * double for every dtype through sg_ld/sg_st. The oracle the CUDA kernels are tested against.
+ * double for every dtype through sg_ld/sg_st (bf16 outputs are rounded only on the store).
+ * The oracle the CUDA kernels are tested against.
  * Shapes: x, y, dy, dx (M, C); gamma, beta, dgamma, dbeta (C); mean, rstd (M). */
 #include "ops/layernorm.h"
 

@@ -1,21 +1,24 @@
-/* layernorm_cuda.cu: LayerNorm kernels and their launchers. Storage type T (f32 now; bf16 is a
- * template argument away: add its to_f/from_f and a case in the dispatch), math in f32, the
- * saved mean and rstd in f32. Deterministic: every sum runs in a fixed order for a given shape
- * and GPU (grids depend on M, C and the SM count only); no float atomics.
+/* layernorm_cuda.cu: LayerNorm kernels and their launchers. Storage type T: f32, or bf16 for
+ * mixed precision (x, y, gamma, beta, dy, dx, dgamma, dbeta all bf16, as autocast keeps them);
+ * math in f32, the saved mean and rstd in f32 for both. Deterministic: every sum runs in a fixed
+ * order for a given shape and GPU (grids depend on M, C and the SM count only); no float atomics.
  *
  * Forward (one launch): a group of G threads per row, G = 32 (a warp; 8 rows per block) or, for
  * C >= LN_BLOCK_ROW_MIN_C, G = the block. Two passes over the row (mean, then the variance of
  * x - mean, as the reference does), then a third that writes y. Rows are re-read from L1/L2,
- * not kept in registers, so any C works; 16-byte loads where C and the pointers allow.
+ * not kept in registers, so any C works; 16-byte loads (4 f32 or 8 bf16) where C and the
+ * pointers allow.
  *
  * Backward (two launches). Kernel 1: block b owns rows [b*rpb, (b+1)*rpb): its groups write dx
  * row by row (two row sums: mean(g) and mean(g*xhat), g = dy*gamma); then its threads take one
  * column each and sum dy*xhat and dy over the block's rows in row order, in double, into a
  * per-block partial in scratch (slot SG_SLOT_NN). Kernel 2: dgamma and dbeta, each column the
- * sum of the partials in a fixed order. Partials: double [nparts][2C], nparts <= MAX_C / C, so
- * the scratch has one fixed size (4 MiB) and is allocated once per context. */
+ * sum of the partials in a fixed order, rounded once to T. Partials: double [nparts][2C],
+ * nparts <= MAX_C / C, so the scratch has one fixed size (4 MiB) and is allocated once per
+ * context. */
 #include "ops/layernorm.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #define LN_THREADS 256
@@ -28,16 +31,36 @@
 #define LN_SCRATCH_BYTES ((size_t)2 * SG_LAYERNORM_CUDA_MAX_C * sizeof(double))
 #define FULL_MASK 0xffffffffu
 
-/* ---- storage types ---- */
+/* ---- storage types: f32 and bf16, read as f32 ---- */
 
 __device__ __forceinline__ float to_f(float v)
 {
     return v;
 }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v)
+{
+    return __bfloat162float(v);
+}
+/* From f32 math to storage: round to nearest even. */
 template <typename T> __device__ __forceinline__ T from_f(float v);
 template <> __device__ __forceinline__ float from_f<float>(float v)
 {
     return v;
+}
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
+{
+    return __float2bfloat16_rn(v);
+}
+/* From a double sum to storage, rounded once: f32 as before ((float)v); bf16 straight from the
+ * double (going through f32 would round twice). */
+template <typename T> __device__ __forceinline__ T from_d(double v);
+template <> __device__ __forceinline__ float from_d<float>(double v)
+{
+    return (float)v;
+}
+template <> __device__ __forceinline__ __nv_bfloat16 from_d<__nv_bfloat16>(double v)
+{
+    return __double2bfloat16(v);
 }
 
 /* V consecutive elements, loaded and stored as one access (16 bytes when V = 16/sizeof(T)). */
@@ -208,9 +231,9 @@ __global__ void __launch_bounds__(LN_THREADS)
     if (sy == 0 && j < 2 * C) {
         for (int k = 1; k < LN_RED_SLICES; k++) a += sh[k][cx];
         if (j < C)
-            dgamma[j] = from_f<T>((float)a);
+            dgamma[j] = from_d<T>(a);
         else
-            dbeta[j - C] = from_f<T>((float)a);
+            dbeta[j - C] = from_d<T>(a);
     }
 }
 
@@ -332,10 +355,12 @@ extern "C" sg_status sg_layernorm_forward_cuda(sg_ctx *ctx, const sg_tensor *x,
     switch (x->dtype) {
     case SG_DTYPE_F32:
         return forward_t<float>(ctx, x, gamma, beta, eps, y, mean, rstd);
+    case SG_DTYPE_BF16:
+        return forward_t<__nv_bfloat16>(ctx, x, gamma, beta, eps, y, mean, rstd);
     default:
         return sg_fail(ctx, SG_ERR_DTYPE,
-                       "sg_layernorm_forward: 'x' is %s; the CUDA kernel "
-                       "takes f32",
+                       "sg_layernorm_forward: 'x' is %s; the CUDA kernels "
+                       "take f32 or bf16",
                        sg_dtype_name(x->dtype));
     }
 }
@@ -348,10 +373,12 @@ extern "C" sg_status sg_layernorm_backward_cuda(sg_ctx *ctx, const sg_tensor *x,
     switch (x->dtype) {
     case SG_DTYPE_F32:
         return backward_t<float>(ctx, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+    case SG_DTYPE_BF16:
+        return backward_t<__nv_bfloat16>(ctx, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
     default:
         return sg_fail(ctx, SG_ERR_DTYPE,
-                       "sg_layernorm_backward: 'x' is %s; the CUDA kernel "
-                       "takes f32",
+                       "sg_layernorm_backward: 'x' is %s; the CUDA kernels "
+                       "take f32 or bf16",
                        sg_dtype_name(x->dtype));
     }
 }

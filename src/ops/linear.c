@@ -1,6 +1,7 @@
 /* linear.c: public entry points of the linear layer: check every argument (dtypes, shapes,
  * the act / pre / act_in contract, outputs that overlap inputs), then run the CPU reference
- * or the CUDA path. Messages name the call and the tensor. */
+ * or the CUDA path. Messages name the call and the tensor. One dtype per call (x's): f32,
+ * f64 on the CPU, or bf16 on both backends. */
 #include "ops/linear.h"
 
 /* A matrix argument of rows x cols: any shape whose last dim is cols and whose leading dims
@@ -33,11 +34,13 @@ static sg_status check_vec(sg_ctx *ctx, const char *fn, const char *what, const 
     return SG_OK;
 }
 
-/* x (..., K) and w (N, K): sets m, n, k. */
+/* x (..., K) and w (N, K): sets m, n, k. x sets the call's dtype: f32, f64 (CPU) or bf16
+ * (mixed precision, both backends); every other tensor must have it, or the call fails with
+ * SG_ERR_DTYPE naming that tensor. */
 static sg_status check_x_w(sg_ctx *ctx, const char *fn, const sg_tensor *x, const sg_tensor *w,
                            int64_t *m, int64_t *n, int64_t *k)
 {
-    SG_TRY(sg_check_float(ctx, fn, "x", x));
+    SG_TRY(sg_check_float_or_bf16(ctx, fn, "x", x));
     *k = x->shape[x->ndim - 1];
     *m = x->numel / *k;
     SG_TRY(sg_check_dtype(ctx, fn, "w", w, x->dtype));
@@ -98,7 +101,7 @@ sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
 {
     static const char fn[] = "sg_linear_forward";
     if (!ctx) return SG_ERR_NULL;
-    int64_t m, n, k;
+    int64_t m = 0, n = 0, k = 0; /* set by check_x_w (0: quiets -Wmaybe-uninitialized) */
     SG_TRY(check_act(ctx, fn, act));
     SG_TRY(check_x_w(ctx, fn, x, w, &m, &n, &k));
     if (b) SG_TRY(check_vec(ctx, fn, "b", b, n, x->dtype));
@@ -135,7 +138,7 @@ sg_status sg_linear_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w
 {
     static const char fn[] = "sg_linear_backward";
     if (!ctx) return SG_ERR_NULL;
-    int64_t m, n, k;
+    int64_t m = 0, n = 0, k = 0; /* set by check_x_w (0: quiets -Wmaybe-uninitialized) */
     SG_TRY(check_act(ctx, fn, act));
     SG_TRY(check_x_w(ctx, fn, x, w, &m, &n, &k));
     SG_TRY(check_rows(ctx, fn, "dy", dy, m, n, x->dtype));

@@ -11,7 +11,13 @@
  * rather than being silently left unwritten.
  * `act_in` (backward): with RELU the forward's output y (relu'(pre) = y > 0), with GELU the
  * forward's pre, with NONE ignored (NULL is fine). dy is overwritten with d(pre) when act is
- * not NONE. dx, dw and db are written, not accumulated. */
+ * not NONE. dx, dw and db are written, not accumulated.
+ *
+ * Dtypes: every tensor of a call has x's dtype: f32, f64 (CPU only), or bf16 on both backends
+ * (mixed precision, as PyTorch's autocast): bf16 storage, f32 (CUDA) or f64 (CPU) arithmetic,
+ * each output rounded once to bf16. d(pre) is rounded to bf16 when it is stored in dy, and
+ * dw, dx and db are computed from d(pre) as stored, on both backends (the CUDA matmuls read
+ * it from dy). Mixing dtypes in one call fails with SG_ERR_DTYPE naming the tensor. */
 #ifndef SG_OPS_LINEAR_H
 #define SG_OPS_LINEAR_H
 

@@ -1,7 +1,8 @@
-/* linear_cpu.c: the reference linear layer, forward and backward, computed in double for f32
- * and f64 tensors. It is the oracle the cuBLASLt path is tested against, and it trains real
- * MLPs in CI, so the loops run over rows with contiguous inner loops (axpy form, which
- * compilers vectorize) on double copies of the operands. Sums run in a fixed order. */
+/* linear_cpu.c: the reference linear layer, forward and backward, computed in double for f32,
+ * f64 and bf16 tensors (read exactly; each result rounded once to the storage type). It is the
+ * oracle the cuBLASLt path is tested against, and it trains real MLPs in CI, so the loops run
+ * over rows with contiguous inner loops (axpy form, which compilers vectorize) on double
+ * copies of the operands. Sums run in a fixed order. */
 #include "ops/act.h"
 #include "ops/linear.h"
 
@@ -132,6 +133,10 @@ sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tenso
         dpre[i] = g;
     }
     if (act != SG_ACT_NONE) store(dy, 0, dpre, m * n);
+    /* bf16: the sums below use d(pre) as stored in dy (rounded to bf16), as the CUDA path,
+     * whose matmuls read dy, does. (f32's rounding, 2^-24, is left out, as it always was.) */
+    if (act != SG_ACT_NONE && dy->dtype == SG_DTYPE_BF16)
+        for (int64_t i = 0; i < m * n; i++) dpre[i] = sg_ld(dy, i);
 
     if (db) {
         for (int64_t j = 0; j < n; j++) acc[j] = 0.0;

@@ -1,10 +1,12 @@
-/* linear_cuda.cu: the linear layer on the GPU, f32. Forward: one cublasLtMatmul whose
- * epilogue adds the bias and applies ReLU or GELU (keeping pre in the aux buffer); where that
- * epilogue cannot run (see sg_linear_forward_cuda), a plain matmul and one bias+act kernel.
- * Backward: one kernel (d(pre) = dy * act'(act_in) in place, and db as a deterministic column
- * sum), then cublasLtMatmul for dw and for dx. Matmul plans (descriptor, layouts, algorithm)
- * are cached per shape in the context (slot SG_SLOT_LINEAR), so a call costs a lookup, at
- * most two pointer attributes and the launch.
+/* linear_cuda.cu: the linear layer on the GPU, f32, or bf16 for mixed precision (every tensor
+ * of a call bf16, as PyTorch's autocast: bf16 operands, f32 accumulation and compute type
+ * CUBLAS_COMPUTE_32F, f32 alpha/beta, each output rounded once to bf16). Forward: one
+ * cublasLtMatmul whose epilogue adds the bias and applies ReLU or GELU (keeping pre in the aux
+ * buffer); where that epilogue cannot run (see sg_linear_forward_cuda), a plain matmul and one
+ * bias+act kernel. Backward: one kernel (d(pre) = dy * act'(act_in) in place, and db as a
+ * deterministic column sum in f32), then cublasLtMatmul for dw and for dx. Matmul plans
+ * (descriptor, layouts, algorithm) are cached per shape and dtype in the context (slot
+ * SG_SLOT_LINEAR), so a call costs a lookup, at most two pointer attributes and the launch.
  *
  * Row-major tensors are column-major transposes: a row-major (R,C) matrix is, to cuBLASLt,
  * a column-major C x R matrix with leading dimension C. Every matmul below is written in
@@ -13,16 +15,18 @@
 #include "ops/linear.h"
 
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
 
 /* ---- plan cache ---- */
 
 /* What a plan depends on. Alignments (of A, B, D, bias, aux; lowest set bit of the address,
- * capped at 256) are part of the key: the heuristic picks algorithms that need them. */
+ * capped at 256) are part of the key: the heuristic picks algorithms that need them. dtype:
+ * the sg_dtype of every operand (F32 or BF16). */
 typedef struct lin_key {
     uint64_t m, n, k;
-    int32_t transa, transb, epilogue;
+    int32_t transa, transb, epilogue, dtype;
     uint32_t align[5];
 } lin_key;
 
@@ -63,7 +67,7 @@ static uint32_t align_of(const void *p)
 {
     uintptr_t a = (uintptr_t)p;
     uint32_t r = 256;
-    while (r > 4 && (a & (r - 1))) r >>= 1;
+    while (r > 2 && (a & (r - 1))) r >>= 1; /* 2: a bf16 view may start at any element */
     return r;
 }
 
@@ -80,6 +84,12 @@ static const char *epilogue_name(int e)
     return "?";
 }
 
+/* The CUDA type of an operand of dtype dt (F32 or BF16: linear.c admits nothing else). */
+static cudaDataType_t cuda_type(int32_t dt)
+{
+    return dt == SG_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
 /* Creates p's descriptor and layouts for p->key and asks the heuristic for one algorithm
  * that fits the context's workspace. bias and aux are this call's pointers: the heuristic
  * reads their alignment from them. On error the caller releases p. */
@@ -89,8 +99,10 @@ static sg_status plan_build(sg_ctx *ctx, lin_plan *p, const void *bias, const vo
     cublasLtHandle_t lt = (cublasLtHandle_t)sg_ctx_cublaslt(ctx);
     cublasOperation_t ta = (cublasOperation_t)k->transa, tb = (cublasOperation_t)k->transb;
     cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k->epilogue;
+    const cudaDataType_t type = cuda_type(k->dtype);
 
-    /* fp32 accumulation, not TF32: results match PyTorch with TF32 off. */
+    /* fp32 accumulation (CUBLAS_COMPUTE_32F) and f32 alpha/beta for both dtypes; not TF32:
+     * f32 results match PyTorch with TF32 off, bf16 ones PyTorch's autocast. */
     SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA,
                                                         &ta, sizeof ta));
@@ -98,6 +110,15 @@ static sg_status plan_build(sg_ctx *ctx, lin_plan *p, const void *bias, const vo
                                                         &tb, sizeof tb));
     SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                         &epi, sizeof epi));
+    /* bf16 with a bias epilogue: the bias is bf16 too (said explicitly; it is also the
+     * default, D's type). The GELU aux (pre) keeps the default type, D's (bf16): cuBLASLt
+     * takes another aux type only for fp8 kernels. f32 plans set neither, as before. */
+    if (k->dtype == SG_DTYPE_BF16 && bias) {
+        int32_t bias_type = CUDA_R_16BF;
+        SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(
+                                 p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                 sizeof bias_type));
+    }
     if (bias)
         SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(
                                  p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -112,9 +133,9 @@ static sg_status plan_build(sg_ctx *ctx, lin_plan *p, const void *bias, const vo
     /* Stored shapes (before op): A is m x k, or k x m when transposed; B is k x n, or n x k. */
     uint64_t ar = ta == CUBLAS_OP_N ? k->m : k->k, ac = ta == CUBLAS_OP_N ? k->k : k->m;
     uint64_t br = tb == CUBLAS_OP_N ? k->k : k->n, bc = tb == CUBLAS_OP_N ? k->n : k->k;
-    SG_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, ar, ac, (int64_t)ar));
-    SG_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, br, bc, (int64_t)br));
-    SG_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, k->m, k->n, (int64_t)k->m));
+    SG_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p->a, type, ar, ac, (int64_t)ar));
+    SG_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p->b, type, br, bc, (int64_t)br));
+    SG_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p->d, type, k->m, k->n, (int64_t)k->m));
 
     /* The preference lives only here; its status is checked after it is destroyed. */
     size_t ws_bytes = 0;
@@ -194,12 +215,13 @@ static sg_status plan_get(sg_ctx *ctx, const lin_key *key, const void *bias, con
 }
 
 /* D(m x n) = op(A) op(B) with epilogue epi (bias: m elements; aux: m x n, packed), all
- * column-major and packed. When the heuristic has no algorithm: with `optional`, *ran is
- * false and nothing runs; otherwise it fails with SG_ERR_CUBLAS naming the shape. */
-static sg_status matmul(sg_ctx *ctx, const char *fn, cublasOperation_t transa,
+ * column-major and packed, every operand of dtype dt (F32 or BF16). When the heuristic has no
+ * algorithm: with `optional`, *ran is false and nothing runs; otherwise it fails with
+ * SG_ERR_CUBLAS naming the dtype and shape. */
+static sg_status matmul(sg_ctx *ctx, const char *fn, sg_dtype dt, cublasOperation_t transa,
                         cublasOperation_t transb, int64_t m, int64_t n, int64_t k,
-                        cublasLtEpilogue_t epi, const float *A, const float *B, float *D,
-                        const float *bias, float *aux, bool optional, bool *ran)
+                        cublasLtEpilogue_t epi, const void *A, const void *B, void *D,
+                        const void *bias, void *aux, bool optional, bool *ran)
 {
     lin_key key;
     memset(&key, 0, sizeof key); /* keys are compared bytewise */
@@ -209,6 +231,7 @@ static sg_status matmul(sg_ctx *ctx, const char *fn, cublasOperation_t transa,
     key.transa = (int32_t)transa;
     key.transb = (int32_t)transb;
     key.epilogue = (int32_t)epi;
+    key.dtype = (int32_t)dt;
     key.align[0] = align_of(A);
     key.align[1] = align_of(B);
     key.align[2] = align_of(D);
@@ -222,11 +245,12 @@ static sg_status matmul(sg_ctx *ctx, const char *fn, cublasOperation_t transa,
         size_t ws_bytes = 0;
         sg_ctx_workspace(ctx, &ws_bytes);
         return sg_fail(ctx, SG_ERR_CUBLAS,
-                       "%s: cuBLASLt has no f32 algorithm for D(%lld x %lld) = op%s(A) op%s(B) "
+                       "%s: cuBLASLt has no %s algorithm for D(%lld x %lld) = op%s(A) op%s(B) "
                        "with k = %lld, epilogue %s, alignments A %u B %u D %u bias %u aux %u "
                        "bytes, workspace limit %zu bytes (heuristic status %d)",
-                       fn, (long long)m, (long long)n, transa == CUBLAS_OP_T ? "T" : "N",
-                       transb == CUBLAS_OP_T ? "T" : "N", (long long)k, epilogue_name(epi),
+                       fn, sg_dtype_name(dt), (long long)m, (long long)n,
+                       transa == CUBLAS_OP_T ? "T" : "N", transb == CUBLAS_OP_T ? "T" : "N",
+                       (long long)k, epilogue_name(epi),
                        key.align[0], key.align[1], key.align[2], key.align[3], key.align[4],
                        ws_bytes, p->heuristic);
     }
@@ -248,53 +272,84 @@ static sg_status matmul(sg_ctx *ctx, const char *fn, cublasOperation_t transa,
     return SG_OK;
 }
 
+/* ---- storage types: f32 and bf16, read as f32, written rounded to nearest even ---- */
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
+{
+    return __float2bfloat16_rn(v);
+}
+
 /* ---- the unfused forward epilogue: one kernel ---- */
 
 #define GELU_K0F ((float)SG_GELU_K0)
 #define GELU_K1F ((float)SG_GELU_K1)
 
 /* t(M,N): the plain matmul's output, which is pre for GELU (the bias is added in place) and y
- * otherwise. y = act(t + b) elementwise; the formulas are act_cuda.cu's. */
-template <int ACT>
-__global__ void bias_act_kernel(float *t, const float *__restrict__ b, float *y, int64_t m,
-                                int64_t n)
+ * otherwise. y = act(t + b) elementwise in f32; the formulas are act_cuda.cu's. In bf16 the
+ * matmul has already rounded t once, so pre and y here are rounded a second time (as PyTorch's
+ * addmm followed by a separate activation); the fused epilogue rounds once. */
+template <typename T, int ACT>
+__global__ void bias_act_kernel(T *t, const T *__restrict__ b, T *y, int64_t m, int64_t n)
 {
     const int64_t total = m * n, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += stride) {
-        float v = t[i] + (b ? b[i % n] : 0.f);
+        float v = to_f(t[i]) + (b ? to_f(b[i % n]) : 0.f);
         if (ACT == SG_ACT_GELU) {
-            t[i] = v;
+            t[i] = from_f<T>(v);
             v = 0.5f * v * (1.f + tanhf(GELU_K0F * (v + GELU_K1F * v * v * v)));
         } else if (ACT == SG_ACT_RELU) {
             v = v > 0.f ? v : 0.f;
         }
-        y[i] = v;
+        y[i] = from_f<T>(v);
     }
 }
 
-static sg_status launch_bias_act(sg_ctx *ctx, sg_activation act, float *t, const float *b,
-                                 float *y, int64_t m, int64_t n)
+template <typename T>
+static void bias_act_launch(sg_activation act, int blocks, int threads, cudaStream_t s, void *t,
+                            const void *b, void *y, int64_t m, int64_t n)
+{
+    T *tt = (T *)t, *yy = (T *)y;
+    const T *bb = (const T *)b;
+    switch (act) {
+    case SG_ACT_NONE:
+        bias_act_kernel<T, SG_ACT_NONE><<<blocks, threads, 0, s>>>(tt, bb, yy, m, n);
+        break;
+    case SG_ACT_RELU:
+        bias_act_kernel<T, SG_ACT_RELU><<<blocks, threads, 0, s>>>(tt, bb, yy, m, n);
+        break;
+    case SG_ACT_GELU:
+        bias_act_kernel<T, SG_ACT_GELU><<<blocks, threads, 0, s>>>(tt, bb, yy, m, n);
+        break;
+    }
+}
+
+static sg_status launch_bias_act(sg_ctx *ctx, sg_dtype dt, sg_activation act, void *t,
+                                 const void *b, void *y, int64_t m, int64_t n)
 {
     const int threads = 256;
     const int64_t want = (m * n + threads - 1) / threads, cap = (int64_t)sg_ctx_sm_count(ctx) * 8;
     int blocks = (int)(want < cap ? want : (cap > 0 ? cap : 1));
     cudaStream_t s = (cudaStream_t)sg_ctx_stream(ctx);
-    switch (act) {
-    case SG_ACT_NONE: bias_act_kernel<SG_ACT_NONE><<<blocks, threads, 0, s>>>(t, b, y, m, n); break;
-    case SG_ACT_RELU: bias_act_kernel<SG_ACT_RELU><<<blocks, threads, 0, s>>>(t, b, y, m, n); break;
-    case SG_ACT_GELU: bias_act_kernel<SG_ACT_GELU><<<blocks, threads, 0, s>>>(t, b, y, m, n); break;
-    }
+    if (dt == SG_DTYPE_BF16)
+        bias_act_launch<__nv_bfloat16>(act, blocks, threads, s, t, b, y, m, n);
+    else
+        bias_act_launch<float>(act, blocks, threads, s, t, b, y, m, n);
     SG_CUDA_CHECK_LAUNCH(ctx, "bias_act_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
 }
 
 /* ---- d(pre) and the bias gradient: one kernel ----
- * Blocks of 32 columns x 8 row lanes: a warp reads 32 consecutive floats of one row. Rows are
+ * Blocks of 32 columns x 8 row lanes: a warp reads 32 consecutive elements of one row. Rows are
  * cut into gridDim.y chunks; a block sums its chunk per column (each lane its rows in order,
  * then the 8 lanes in order). With one chunk the block writes db; with several, each block
  * writes its partial and the last block of a column tile (a counter per tile, reset to 0 by
- * that block) adds the partials in chunk order. Same order every run: deterministic. */
+ * that block) adds the partials in chunk order. Same order every run: deterministic. Sums and
+ * partials are f32 for both storage types; db is rounded once to T at the end. */
 
 #define DB_COLS 32
 #define DB_ROWS 8
@@ -313,12 +368,12 @@ template <int ACT> __device__ __forceinline__ float act_grad(float g, float a)
 
 /* g(M,N): dy in, d(pre) out (when ACT is not NONE). act_in(M,N), which may be g itself (no
  * __restrict__ on either: each element is read, then written, by one thread). db(N) or NULL.
- * partials(gridDim.y, N) and counters(gridDim.x): scratch, used when gridDim.y > 1. */
-template <int ACT>
+ * partials(gridDim.y, N) and counters(gridDim.x): scratch, used when gridDim.y > 1. db sums
+ * d(pre) as stored in g (rounded to T), the values the dw and dx matmuls read. */
+template <typename T, int ACT>
 __global__ void __launch_bounds__(DB_COLS * DB_ROWS, 8)
-dact_bias_kernel(float *g, const float *act_in, float *__restrict__ db,
-                 float *__restrict__ partials, unsigned *__restrict__ counters, int64_t m,
-                 int64_t n, int64_t rows_per_chunk)
+dact_bias_kernel(T *g, const T *act_in, T *__restrict__ db, float *__restrict__ partials,
+                 unsigned *__restrict__ counters, int64_t m, int64_t n, int64_t rows_per_chunk)
 {
     __shared__ float sh[DB_ROWS][DB_COLS + 1];
     __shared__ bool last;
@@ -330,10 +385,11 @@ dact_bias_kernel(float *g, const float *act_in, float *__restrict__ db,
     if (col < n)
         for (int64_t r = r0 + ty; r < r1; r += DB_ROWS) {
             int64_t i = r * n + col;
-            float v = g[i];
+            float v = to_f(g[i]);
             if (ACT != SG_ACT_NONE) {
-                v = act_grad<ACT>(v, act_in[i]);
-                g[i] = v;
+                T o = from_f<T>(act_grad<ACT>(v, to_f(act_in[i])));
+                g[i] = o;
+                v = to_f(o);
             }
             s += v;
         }
@@ -345,7 +401,7 @@ dact_bias_kernel(float *g, const float *act_in, float *__restrict__ db,
     if (ty == 0)
         for (int j = 0; j < DB_ROWS; j++) total += sh[j][tx];
     if (gridDim.y == 1) {
-        if (ty == 0 && col < n) db[col] = total;
+        if (ty == 0 && col < n) db[col] = from_f<T>(total);
         return;
     }
     if (ty == 0 && col < n) partials[(int64_t)blockIdx.y * n + col] = total;
@@ -358,7 +414,7 @@ dact_bias_kernel(float *g, const float *act_in, float *__restrict__ db,
     if (ty == 0 && col < n) {
         float t = 0.f;
         for (unsigned j = 0; j < gridDim.y; j++) t += __ldcg(&partials[(int64_t)j * n + col]);
-        db[col] = t;
+        db[col] = from_f<T>(t);
     }
     if (tx == 0 && ty == 0) counters[blockIdx.x] = 0; /* ready for the next launch */
 }
@@ -371,16 +427,40 @@ static int64_t target_blocks(sg_ctx *ctx)
 }
 
 /* Scratch of a fixed size per device (so it is allocated once, before any capture, and never
- * moves): counters for up to T column tiles, then partials. More than one chunk happens only
- * when the column tiles gx < T, and then gy <= T/gx + 1, so gy*N <= gy*gx*32 <= 2*T*32. */
+ * moves): counters for up to T column tiles, then partials (f32 for every storage type). More
+ * than one chunk happens only when the column tiles gx < T, and then gy <= T/gx + 1, so
+ * gy*N <= gy*gx*32 <= 2*T*32. */
 static size_t scratch_bytes(int64_t t, size_t *partials_off)
 {
     *partials_off = (((size_t)t * sizeof(unsigned)) + 255) / 256 * 256;
     return *partials_off + (size_t)(2 * t * DB_COLS) * sizeof(float);
 }
 
-static sg_status launch_dact_bias(sg_ctx *ctx, sg_activation act, float *g, const float *act_in,
-                                  float *db, int64_t m, int64_t n)
+template <typename T>
+static void dact_bias_launch(sg_activation act, dim3 grid, dim3 block, cudaStream_t st, void *g,
+                             const void *act_in, void *db, float *partials, unsigned *counters,
+                             int64_t m, int64_t n, int64_t rows_per_chunk)
+{
+    T *gg = (T *)g, *dd = (T *)db;
+    const T *aa = (const T *)act_in;
+    switch (act) {
+    case SG_ACT_NONE:
+        dact_bias_kernel<T, SG_ACT_NONE><<<grid, block, 0, st>>>(gg, aa, dd, partials, counters,
+                                                                 m, n, rows_per_chunk);
+        break;
+    case SG_ACT_RELU:
+        dact_bias_kernel<T, SG_ACT_RELU><<<grid, block, 0, st>>>(gg, aa, dd, partials, counters,
+                                                                 m, n, rows_per_chunk);
+        break;
+    case SG_ACT_GELU:
+        dact_bias_kernel<T, SG_ACT_GELU><<<grid, block, 0, st>>>(gg, aa, dd, partials, counters,
+                                                                 m, n, rows_per_chunk);
+        break;
+    }
+}
+
+static sg_status launch_dact_bias(sg_ctx *ctx, sg_dtype dt, sg_activation act, void *g,
+                                  const void *act_in, void *db, int64_t m, int64_t n)
 {
     const int64_t t = target_blocks(ctx);
     const int64_t gx = (n + DB_COLS - 1) / DB_COLS;
@@ -406,26 +486,18 @@ static sg_status launch_dact_bias(sg_ctx *ctx, sg_activation act, float *g, cons
     }
     dim3 grid((unsigned)gx, (unsigned)gy), block(DB_COLS, DB_ROWS);
     cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
-    switch (act) {
-    case SG_ACT_NONE:
-        dact_bias_kernel<SG_ACT_NONE><<<grid, block, 0, st>>>(g, act_in, db, partials, counters,
-                                                              m, n, rows_per_chunk);
-        break;
-    case SG_ACT_RELU:
-        dact_bias_kernel<SG_ACT_RELU><<<grid, block, 0, st>>>(g, act_in, db, partials, counters,
-                                                              m, n, rows_per_chunk);
-        break;
-    case SG_ACT_GELU:
-        dact_bias_kernel<SG_ACT_GELU><<<grid, block, 0, st>>>(g, act_in, db, partials, counters,
-                                                              m, n, rows_per_chunk);
-        break;
-    }
+    if (dt == SG_DTYPE_BF16)
+        dact_bias_launch<__nv_bfloat16>(act, grid, block, st, g, act_in, db, partials, counters,
+                                        m, n, rows_per_chunk);
+    else
+        dact_bias_launch<float>(act, grid, block, st, g, act_in, db, partials, counters, m, n,
+                                rows_per_chunk);
     SG_CUDA_CHECK_LAUNCH(ctx, "dact_bias_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
 }
 
-/* ---- entry points (arguments checked by linear.c) ---- */
+/* ---- entry points (arguments checked by linear.c: every tensor has x's dtype) ---- */
 
 /* Row-major y(M,N) = x(M,K) w(N,K)^T is column-major y^T(N x M) = w^T x^T:
  *   A = w: stored column-major K x N (ld K), op T -> N x K;
@@ -438,9 +510,9 @@ extern "C" sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, con
                                             sg_tensor *pre, int64_t m, int64_t n, int64_t k)
 {
     static const char fn[] = "sg_linear_forward";
-    const float *xp = (const float *)x->data, *wp = (const float *)w->data;
-    const float *bp = b ? (const float *)b->data : NULL;
-    float *yp = (float *)y->data, *pp = pre ? (float *)pre->data : NULL;
+    const sg_dtype dt = x->dtype;
+    const void *xp = x->data, *wp = w->data, *bp = b ? b->data : NULL;
+    void *yp = y->data, *pp = pre ? pre->data : NULL;
 
     cublasLtEpilogue_t fused;
     switch (act) {
@@ -460,16 +532,16 @@ extern "C" sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, con
                    (act != SG_ACT_GELU || (n % 8 == 0 && align_of(pp) >= 16));
     bool ran = false;
     if (fusable)
-        SG_TRY(matmul(ctx, fn, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, fused, wp, xp, yp, bp,
+        SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, fused, wp, xp, yp, bp,
                       act == SG_ACT_GELU ? pp : NULL, fused != CUBLASLT_EPILOGUE_DEFAULT, &ran));
     if (ran) return SG_OK;
 
     /* Unfused: the plain matmul into pre (GELU) or y, then one kernel adds the bias and
      * applies act (y = act(pre + b), pre += b). */
-    float *t = act == SG_ACT_GELU ? pp : yp;
-    SG_TRY(matmul(ctx, fn, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, CUBLASLT_EPILOGUE_DEFAULT, wp, xp, t,
-                  NULL, NULL, false, &ran));
-    return launch_bias_act(ctx, act, t, bp, yp, m, n);
+    void *t = act == SG_ACT_GELU ? pp : yp;
+    SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, CUBLASLT_EPILOGUE_DEFAULT, wp,
+                  xp, t, NULL, NULL, false, &ran));
+    return launch_bias_act(ctx, dt, act, t, bp, yp, m, n);
 }
 
 extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
@@ -479,27 +551,28 @@ extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, co
                                              int64_t k)
 {
     static const char fn[] = "sg_linear_backward";
-    const float *xp = (const float *)x->data, *wp = (const float *)w->data;
-    float *g = (float *)dy->data; /* d(pre) once the kernel has run */
+    const sg_dtype dt = x->dtype;
+    const void *xp = x->data, *wp = w->data;
+    void *g = dy->data; /* d(pre) once the kernel has run */
     bool ran;
 
     if (act != SG_ACT_NONE || db)
-        SG_TRY(launch_dact_bias(ctx, act, g, act_in ? (const float *)act_in->data : NULL,
-                                db ? (float *)db->data : NULL, m, n));
+        SG_TRY(launch_dact_bias(ctx, dt, act, g, act_in ? act_in->data : NULL,
+                                db ? db->data : NULL, m, n));
 
     /* Row-major dw(N,K) = dpre(M,N)^T x(M,K) is column-major dw^T(K x N) = x^T dpre:
      *   A = x:    stored column-major K x M (ld K), op N;
      *   B = dpre: stored column-major N x M (ld N), op T -> M x N;
      *   D = dw:   column-major K x N (ld K). m = K, n = N, k = M. */
-    SG_TRY(matmul(ctx, fn, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, CUBLASLT_EPILOGUE_DEFAULT, xp, g,
-                  (float *)dw->data, NULL, NULL, false, &ran));
+    SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, CUBLASLT_EPILOGUE_DEFAULT, xp,
+                  g, dw->data, NULL, NULL, false, &ran));
 
     /* Row-major dx(M,K) = dpre(M,N) w(N,K) is column-major dx^T(K x M) = w^T dpre^T:
      *   A = w:    stored column-major K x N (ld K), op N;
      *   B = dpre: stored column-major N x M (ld N), op N;
      *   D = dx:   column-major K x M (ld K). m = K, n = M, k = N. */
     if (dx)
-        SG_TRY(matmul(ctx, fn, CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, CUBLASLT_EPILOGUE_DEFAULT, wp,
-                      g, (float *)dx->data, NULL, NULL, false, &ran));
+        SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, CUBLASLT_EPILOGUE_DEFAULT,
+                      wp, g, dx->data, NULL, NULL, false, &ran));
     return SG_OK;
 }

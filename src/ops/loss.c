@@ -1,6 +1,7 @@
 /* loss.c: public entry points of the losses (sg_softmax_xent, sg_mse): check arguments, then
  * run the CPU reference or the CUDA kernel. On the CPU the targets are checked against the
- * class count here; on CUDA they live on the device and are not read by the host. */
+ * class count here; on CUDA they live on the device and are not read by the host. Dtypes are
+ * in loss.h (cross-entropy takes bf16 logits; mse f32, or f64 on the CPU). */
 #include "ops/loss.h"
 
 #include <limits.h>
@@ -93,10 +94,12 @@ sg_status sg_softmax_xent(sg_ctx *ctx, const sg_tensor *logits, const sg_tensor 
 {
     const char *fn = "sg_softmax_xent";
     if (!ctx) return SG_ERR_NULL;
-    SG_TRY(sg_check_float(ctx, fn, "logits", logits));
+    SG_TRY(sg_check_float_or_bf16(ctx, fn, "logits", logits));
     int64_t classes = logits->shape[logits->ndim - 1], rows = logits->numel / classes;
     SG_TRY(check_targets(ctx, fn, logits, targets, rows));
-    SG_TRY(check_scalar(ctx, fn, "loss", loss, logits->dtype));
+    /* bf16 logits (mixed precision): the loss stays f32, as PyTorch's autocast keeps it. */
+    SG_TRY(check_scalar(ctx, fn, "loss", loss,
+                        logits->dtype == SG_DTYPE_BF16 ? SG_DTYPE_F32 : logits->dtype));
     if (dlogits) SG_TRY(sg_check_same_shape(ctx, fn, "logits", logits, "dlogits", dlogits));
     SG_TRY(check_grad_scale(ctx, fn, grad_scale));
     if (ctx->backend == SG_BACKEND_CPU) {

@@ -1,6 +1,8 @@
-/* loss_cuda.cu: fused softmax cross-entropy and mean squared error, f32, each ONE launch that
+/* loss_cuda.cu: fused softmax cross-entropy and mean squared error, each ONE launch that
  * writes the gradient and the mean loss. Deterministic: no float atomics; every sum runs in a
  * fixed order for a given shape and GPU (the grid depends on M and the SM count only).
+ * Cross-entropy's logits and dlogits are f32, or bf16 (mixed precision: read as f32, the same
+ * f32 arithmetic, dlogits rounded once to bf16); its loss is f32 either way. MSE is f32.
  *
  * How one launch yields a mean: each block adds its rows (elements) into a double partial in
  * scratch (sg_ctx_scratch slot SG_SLOT_LOSS, allocated once per context); the last block to
@@ -15,6 +17,7 @@
  * NaN, so the loss the host reads back is NaN. (The CPU backend reports SG_ERR_INVALID.) */
 #include "ops/loss.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <float.h>
 #include <math_constants.h>
@@ -25,6 +28,18 @@
 #define XENT_BLOCK_ROW_MIN_C 2048 /* from this many classes a whole block takes one row */
 #define SCRATCH_PARTIALS_OFF 256  /* scratch: counter at 0, double partials from here */
 #define FULL_MASK 0xffffffffu
+
+/* ---- storage types of the logits: f32 and bf16, read as f32, written rounded to nearest
+ * even ---- */
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
+{
+    return __float2bfloat16_rn(v);
+}
 
 /* ---- scratch ---- */
 
@@ -136,13 +151,14 @@ template <int G> __device__ __forceinline__ ms_t group_reduce(ms_t v, ms_t *sh)
     return r;
 }
 
-/* logits (M,C), targets (M), dlogits (M,C) or NULL (may be logits itself: no __restrict__).
- * A group of G threads takes rows blockIdx.x*R + group, stepping by gridDim.x*R. Pass 1 reads
- * the row once for (m, s) online; pass 2 reads it again and writes dlogits. */
-template <int G>
+/* logits (M,C), targets (M), dlogits (M,C) or NULL (may be logits itself: no __restrict__),
+ * logits and dlogits of storage type T (f32 or bf16). A group of G threads takes rows
+ * blockIdx.x*R + group, stepping by gridDim.x*R. Pass 1 reads the row once for (m, s) online;
+ * pass 2 reads it again and writes dlogits. All arithmetic is f32 for both T. */
+template <typename T, int G>
 __global__ void __launch_bounds__(LOSS_THREADS)
-    xent_kernel(const float *logits, const int *__restrict__ targets, float *dlogits, int M,
-                int64_t C, float grad_scale, double *partials, unsigned *counter, float *loss)
+    xent_kernel(const T *logits, const int *__restrict__ targets, T *dlogits, int M, int64_t C,
+                float grad_scale, double *partials, unsigned *counter, float *loss)
 {
     constexpr int R = LOSS_THREADS / G; /* rows in flight per block */
     __shared__ ms_t sh_ms[LOSS_WARPS];
@@ -155,20 +171,20 @@ __global__ void __launch_bounds__(LOSS_THREADS)
 
     double acc = 0; /* this group's row losses in row order, kept by its thread 0 */
     for (int64_t r = (int64_t)blockIdx.x * R + group; r < M; r += (int64_t)gridDim.x * R) {
-        const float *x = logits + r * C;
-        float *d = dlogits ? dlogits + r * C : nullptr;
+        const T *x = logits + r * C;
+        T *d = dlogits ? dlogits + r * C : nullptr;
         int t = targets[r]; /* the same in the whole group: branches below are uniform */
         if (t < 0) {
             if (d)
-                for (int64_t j = gt; j < C; j += G) d[j] = 0.f;
+                for (int64_t j = gt; j < C; j += G) d[j] = from_f<T>(0.f);
             continue;
         }
         bool bad = t >= C;
-        float xt = bad ? 0.f : x[t];
+        float xt = bad ? 0.f : to_f(x[t]);
         ms_t v = {-FLT_MAX, 0.f};
 #pragma unroll 4
         for (int64_t j = gt; j < C; j += G) {
-            float xj = x[j];
+            float xj = to_f(x[j]);
             if (xj > v.m) {
                 v.s = v.s * expf(v.m - xj) + 1.f;
                 v.m = xj;
@@ -183,8 +199,8 @@ __global__ void __launch_bounds__(LOSS_THREADS)
         float inv_s = 1.f / v.s;
 #pragma unroll 4
         for (int64_t j = gt; j < C; j += G) {
-            float p = expf(x[j] - v.m) * inv_s;
-            d[j] = bad ? CUDART_NAN_F : (p - (j == t ? 1.f : 0.f)) * scale;
+            float p = expf(to_f(x[j]) - v.m) * inv_s;
+            d[j] = from_f<T>(bad ? CUDART_NAN_F : (p - (j == t ? 1.f : 0.f)) * scale);
         }
     }
 
@@ -196,6 +212,27 @@ __global__ void __launch_bounds__(LOSS_THREADS)
     finish_mean(bsum, (double)count, partials, counter, loss, sh_d);
 }
 
+/* Few classes: a warp per row, 8 rows per block. Many (a vocabulary): a block per row, so
+ * that a row of 50k logits is read by 256 threads. */
+template <typename T>
+static void launch_xent(const sg_ctx *ctx, cudaStream_t stream, const void *logits,
+                        const int *targets, void *dlogits, int64_t M, int64_t C,
+                        float grad_scale, double *partials, unsigned *counter, float *loss)
+{
+    const T *x = (const T *)logits;
+    T *d = (T *)dlogits;
+    if (C >= XENT_BLOCK_ROW_MIN_C) {
+        int blocks = grid_for(ctx, M);
+        xent_kernel<T, LOSS_THREADS><<<blocks, LOSS_THREADS, 0, stream>>>(
+            x, targets, d, (int)M, C, grad_scale, partials, counter, loss);
+    } else {
+        int blocks = grid_for(ctx, (M + LOSS_WARPS - 1) / LOSS_WARPS);
+        xent_kernel<T, 32><<<blocks, LOSS_THREADS, 0, stream>>>(x, targets, d, (int)M, C,
+                                                                 grad_scale, partials, counter,
+                                                                 loss);
+    }
+}
+
 extern "C" sg_status sg_softmax_xent_cuda(sg_ctx *ctx, const sg_tensor *logits,
                                           const sg_tensor *targets, float grad_scale,
                                           sg_tensor *loss, sg_tensor *dlogits)
@@ -205,21 +242,14 @@ extern "C" sg_status sg_softmax_xent_cuda(sg_ctx *ctx, const sg_tensor *logits,
     double *partials;
     SG_TRY(loss_scratch(ctx, &counter, &partials));
     cudaStream_t stream = (cudaStream_t)sg_ctx_stream(ctx);
-    const float *x = (const float *)logits->data;
     const int *t = (const int *)targets->data;
-    float *d = dlogits ? (float *)dlogits->data : nullptr;
-    float *l = (float *)loss->data;
-    /* Few classes: a warp per row, 8 rows per block. Many (a vocabulary): a block per row,
-     * so that a row of 50k logits is read by 256 threads. */
-    if (C >= XENT_BLOCK_ROW_MIN_C) {
-        int blocks = grid_for(ctx, M);
-        xent_kernel<LOSS_THREADS><<<blocks, LOSS_THREADS, 0, stream>>>(
-            x, t, d, (int)M, C, grad_scale, partials, counter, l);
-    } else {
-        int blocks = grid_for(ctx, (M + LOSS_WARPS - 1) / LOSS_WARPS);
-        xent_kernel<32><<<blocks, LOSS_THREADS, 0, stream>>>(x, t, d, (int)M, C, grad_scale,
-                                                              partials, counter, l);
-    }
+    float *l = (float *)loss->data; /* f32 for f32 and bf16 logits (loss.c checked it) */
+    if (logits->dtype == SG_DTYPE_BF16)
+        launch_xent<__nv_bfloat16>(ctx, stream, logits->data, t, dlogits ? dlogits->data : nullptr,
+                                   M, C, grad_scale, partials, counter, l);
+    else
+        launch_xent<float>(ctx, stream, logits->data, t, dlogits ? dlogits->data : nullptr, M, C,
+                           grad_scale, partials, counter, l);
     SG_CUDA_CHECK_LAUNCH(ctx, "xent_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
