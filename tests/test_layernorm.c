@@ -590,7 +590,12 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, b
     sg_tensor *mg = tu_clone_to(gpu, mc, SG_DTYPE_F32), *rg = tu_clone_to(gpu, rc, SG_DTYPE_F32);
     tu_poison(dx), tu_poison(dg), tu_poison(db);
     TU_OK(gpu, sg_layernorm_backward(gpu, x, g, mg, rg, dy, dx, dg, db));
-    close_named(what, "dx", dx, dxc, tol);
+    /* dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)): a row with C = 1 has variance 0, so
+     * rstd = 1/sqrt(eps) = 316 multiplies the one-ulp rounding of dy g - mean(dy g) (exactly 0 in
+     * the double reference): seen on the H100 as -1.7e-5 against 0. atol scales with rstd there. */
+    tu_tol tol_dx = tol;
+    if (C == 1) tol_dx.atol *= 1.0 / sqrt(1e-5);
+    close_named(what, "dx", dx, dxc, tol_dx);
     close_named(what, "dgamma", dg, dgc, tol);
     close_named(what, "dbeta", db, dbc, tol);
 
