@@ -244,6 +244,12 @@ static inline void sg_st(sg_tensor *t, int64_t i, double v)
     }
 }
 
+/* CPU reference helpers: a tensor's elements as doubles (f64 tensors in place, *owned NULL;
+ * others converted into a new buffer the caller frees via *owned; NULL when out of memory), and
+ * doubles stored back at element offset off, rounded to the tensor's dtype. */
+const double *sg_cpu_as_f64(const sg_tensor *t, double **owned);
+void sg_cpu_store(sg_tensor *t, int64_t off, const double *v, int64_t n);
+
 /* Argument checks for op entry points; each fails with a message naming fn and the tensor. */
 sg_status sg_check_tensor(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t);
 sg_status sg_check_dtype(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,

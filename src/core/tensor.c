@@ -183,6 +183,36 @@ const char *sg_shape_str(const sg_tensor *t, char *buf, size_t n)
     return buf;
 }
 
+const double *sg_cpu_as_f64(const sg_tensor *t, double **owned)
+{
+    *owned = NULL;
+    if (t->dtype == SG_DTYPE_F64) return t->data;
+    double *d = malloc((size_t)t->numel * sizeof *d);
+    if (!d) return NULL;
+    if (t->dtype == SG_DTYPE_F32) {
+        const float *f = t->data;
+        for (int64_t i = 0; i < t->numel; i++) d[i] = f[i];
+    } else {
+        for (int64_t i = 0; i < t->numel; i++) d[i] = sg_ld(t, i);
+    }
+    *owned = d;
+    return d;
+}
+
+void sg_cpu_store(sg_tensor *t, int64_t off, const double *v, int64_t n)
+{
+    switch (t->dtype) {
+    case SG_DTYPE_F64: memcpy((double *)t->data + off, v, (size_t)n * sizeof *v); break;
+    case SG_DTYPE_F32: {
+        float *f = (float *)t->data + off;
+        for (int64_t i = 0; i < n; i++) f[i] = (float)v[i];
+        break;
+    }
+    default:
+        for (int64_t i = 0; i < n; i++) sg_st(t, off + i, v[i]);
+    }
+}
+
 sg_status sg_check_tensor(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t)
 {
     if (!t) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor '%s' is NULL", fn, what);

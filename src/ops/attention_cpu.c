@@ -8,38 +8,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* The tensor's elements as doubles: f64 tensors in place (*owned stays NULL), others
- * converted into a new buffer (*owned, freed by the caller). NULL when out of memory. */
-static const double *as_f64(const sg_tensor *t, double **owned)
-{
-    *owned = NULL;
-    if (t->dtype == SG_DTYPE_F64) return t->data;
-    double *d = malloc((size_t)t->numel * sizeof *d);
-    if (!d) return NULL;
-    if (t->dtype == SG_DTYPE_F32) {
-        const float *f = t->data;
-        for (int64_t i = 0; i < t->numel; i++) d[i] = f[i];
-    } else {
-        for (int64_t i = 0; i < t->numel; i++) d[i] = sg_ld(t, i);
-    }
-    *owned = d;
-    return d;
-}
-
-/* t[off .. off+n) = v[0 .. n). */
-static void store(sg_tensor *t, int64_t off, const double *v, int64_t n)
-{
-    switch (t->dtype) {
-    case SG_DTYPE_F64: memcpy((double *)t->data + off, v, (size_t)n * sizeof *v); break;
-    case SG_DTYPE_F32: {
-        float *f = (float *)t->data + off;
-        for (int64_t i = 0; i < n; i++) f[i] = (float)v[i];
-        break;
-    }
-    default:
-        for (int64_t i = 0; i < n; i++) sg_st(t, off + i, v[i]);
-    }
-}
 
 static sg_status oom(sg_ctx *ctx, const char *fn)
 {
@@ -61,7 +29,7 @@ sg_status sg_attention_forward_cpu(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor 
     const int64_t T = d.T, C = d.C, H = d.H, hs = d.hs, C3 = 3 * C;
     const double scale = 1.0 / sqrt((double)hs);
     double *qo = NULL;
-    const double *x = as_f64(qkv, &qo);
+    const double *x = sg_cpu_as_f64(qkv, &qo);
     double *p = malloc((size_t)T * sizeof *p), *acc = malloc((size_t)hs * sizeof *acc);
     sg_status st = SG_OK;
     if (!x || !p || !acc) {
@@ -81,7 +49,7 @@ sg_status sg_attention_forward_cpu(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor 
                 for (int64_t s = 0; s <= t; s++) sum += p[s] = exp(p[s] - mx);
                 for (int64_t s = 0; s <= t; s++) p[s] /= sum;
                 for (int64_t s = t + 1; s < T; s++) p[s] = 0;
-                store(att, ((b * H + h) * T + t) * T, p, T);
+                sg_cpu_store(att, ((b * H + h) * T + t) * T, p, T);
 
                 for (int64_t i = 0; i < hs; i++) acc[i] = 0;
                 for (int64_t s = 0; s <= t; s++) {
@@ -89,7 +57,7 @@ sg_status sg_attention_forward_cpu(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor 
                     double *restrict o = acc;
                     for (int64_t i = 0; i < hs; i++) o[i] += a * v[i];
                 }
-                store(out, (b * T + t) * C + h * hs, acc, hs);
+                sg_cpu_store(out, (b * T + t) * C + h * hs, acc, hs);
             }
 done:
     free(qo);
@@ -108,7 +76,7 @@ sg_status sg_attention_backward_cpu(sg_ctx *ctx, const sg_tensor *qkv, const sg_
     const int64_t T = d.T, C = d.C, H = d.H, hs = d.hs, C3 = 3 * C;
     const double scale = 1.0 / sqrt((double)hs);
     double *xo = NULL, *ao = NULL, *go = NULL;
-    const double *x = as_f64(qkv, &xo), *pa = as_f64(att, &ao), *ga = as_f64(dout, &go);
+    const double *x = sg_cpu_as_f64(qkv, &xo), *pa = sg_cpu_as_f64(att, &ao), *ga = sg_cpu_as_f64(dout, &go);
     double *dx = calloc((size_t)dqkv->numel, sizeof *dx), *dp = malloc((size_t)T * sizeof *dp);
     sg_status st = SG_OK;
     if (!x || !pa || !ga || !dx || !dp) {
@@ -141,7 +109,7 @@ sg_status sg_attention_backward_cpu(sg_ctx *ctx, const sg_tensor *qkv, const sg_
                     }
                 }
             }
-    store(dqkv, 0, dx, dqkv->numel);
+    sg_cpu_store(dqkv, 0, dx, dqkv->numel);
 done:
     free(xo);
     free(ao);

@@ -9,38 +9,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* The tensor's n elements as doubles: f64 tensors in place (*owned stays NULL), others
- * converted into a new buffer (*owned, freed by the caller). NULL when out of memory. */
-static const double *as_f64(const sg_tensor *t, double **owned)
-{
-    *owned = NULL;
-    if (t->dtype == SG_DTYPE_F64) return t->data;
-    double *d = malloc((size_t)t->numel * sizeof *d);
-    if (!d) return NULL;
-    if (t->dtype == SG_DTYPE_F32) {
-        const float *f = t->data;
-        for (int64_t i = 0; i < t->numel; i++) d[i] = f[i];
-    } else {
-        for (int64_t i = 0; i < t->numel; i++) d[i] = sg_ld(t, i);
-    }
-    *owned = d;
-    return d;
-}
-
-/* t[off .. off+n) = v[0 .. n). */
-static void store(sg_tensor *t, int64_t off, const double *v, int64_t n)
-{
-    switch (t->dtype) {
-    case SG_DTYPE_F64: memcpy((double *)t->data + off, v, (size_t)n * sizeof *v); break;
-    case SG_DTYPE_F32: {
-        float *f = (float *)t->data + off;
-        for (int64_t i = 0; i < n; i++) f[i] = (float)v[i];
-        break;
-    }
-    default:
-        for (int64_t i = 0; i < n; i++) sg_st(t, off + i, v[i]);
-    }
-}
 
 static double gelu(double v)
 {
@@ -69,8 +37,8 @@ sg_status sg_linear_forward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tensor
                                 sg_tensor *pre, int64_t m, int64_t n, int64_t k)
 {
     double *xo = NULL, *bo = NULL;
-    const double *xd = as_f64(x, &xo);
-    const double *bd = b ? as_f64(b, &bo) : NULL;
+    const double *xd = sg_cpu_as_f64(x, &xo);
+    const double *bd = b ? sg_cpu_as_f64(b, &bo) : NULL;
     double *wt = malloc((size_t)(n * k) * sizeof *wt);
     double *acc = malloc((size_t)n * sizeof *acc);
     sg_status st = SG_OK;
@@ -90,12 +58,12 @@ sg_status sg_linear_forward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tensor
             for (int64_t j = 0; j < n; j++) ar[j] += a * wr[j];
         }
         if (act == SG_ACT_GELU) {
-            store(pre, r * n, acc, n);
+            sg_cpu_store(pre, r * n, acc, n);
             for (int64_t j = 0; j < n; j++) acc[j] = gelu(acc[j]);
         } else if (act == SG_ACT_RELU) {
             for (int64_t j = 0; j < n; j++) acc[j] = acc[j] > 0 ? acc[j] : 0.0;
         }
-        store(y, r * n, acc, n);
+        sg_cpu_store(y, r * n, acc, n);
     }
 done:
     free(xo);
@@ -113,10 +81,10 @@ sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tenso
                                  int64_t n, int64_t k)
 {
     double *xo = NULL, *wo = NULL, *go = NULL, *ao = NULL;
-    const double *xd = as_f64(x, &xo);
-    const double *wd = as_f64(w, &wo);
-    const double *gd = as_f64(dy, &go);
-    const double *ad = act_in ? as_f64(act_in, &ao) : NULL;
+    const double *xd = sg_cpu_as_f64(x, &xo);
+    const double *wd = sg_cpu_as_f64(w, &wo);
+    const double *gd = sg_cpu_as_f64(dy, &go);
+    const double *ad = act_in ? sg_cpu_as_f64(act_in, &ao) : NULL;
     double *dpre = malloc((size_t)(m * n) * sizeof *dpre);
     int64_t accn = n > k ? n : k;
     double *acc = malloc((size_t)accn * sizeof *acc);
@@ -132,7 +100,7 @@ sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tenso
         if (act == SG_ACT_GELU) g *= gelu_grad(ad[i]);
         dpre[i] = g;
     }
-    if (act != SG_ACT_NONE) store(dy, 0, dpre, m * n);
+    if (act != SG_ACT_NONE) sg_cpu_store(dy, 0, dpre, m * n);
     /* bf16: the sums below use d(pre) as stored in dy (rounded to bf16), as the CUDA path,
      * whose matmuls read dy, does. (f32's rounding, 2^-24, is left out, as it always was.) */
     if (act != SG_ACT_NONE && dy->dtype == SG_DTYPE_BF16)
@@ -145,7 +113,7 @@ sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tenso
             double *restrict ar = acc;
             for (int64_t j = 0; j < n; j++) ar[j] += pr[j];
         }
-        store(db, 0, acc, n);
+        sg_cpu_store(db, 0, acc, n);
     }
 
     /* dw[j,:] = sum_r dpre[r,j] * x[r,:] */
@@ -156,7 +124,7 @@ sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tenso
             double *restrict ar = acc;
             for (int64_t i = 0; i < k; i++) ar[i] += a * xr[i];
         }
-        store(dw, j * k, acc, k);
+        sg_cpu_store(dw, j * k, acc, k);
     }
 
     /* dx[r,:] = sum_j dpre[r,j] * w[j,:] */
@@ -168,7 +136,7 @@ sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tenso
                 double *restrict ar = acc;
                 for (int64_t i = 0; i < k; i++) ar[i] += a * wr[i];
             }
-            store(dx, r * k, acc, k);
+            sg_cpu_store(dx, r * k, acc, k);
         }
     }
 done:
