@@ -15,29 +15,6 @@ typedef struct emb_shape {
     bool y2d; /* y and dy as (B*T, C) instead of (B, T, C) */
 } emb_shape;
 
-static void destroy_all(sg_tensor **ts, size_t n)
-{
-    for (size_t i = 0; i < n; i++) sg_tensor_destroy(ts[i]);
-}
-
-/* Compares t's values with ref (n host doubles). */
-static void close_vals(const char *what, const sg_tensor *t, const double *ref, int64_t n,
-                       tu_tol tol)
-{
-    double *got = tu_get(t);
-    tu_close(what, got, ref, n, tol);
-    free(got);
-}
-
-/* Compares two tensors under the label "<what> <name>". */
-static void close_named(const char *what, const char *name, const sg_tensor *got,
-                        const sg_tensor *ref, tu_tol tol)
-{
-    char w[320];
-    snprintf(w, sizeof w, "%s %s", what, name);
-    tu_close_tensors(w, got, ref, tol);
-}
-
 static const char *shape_name(const emb_shape *s, char *buf, size_t n)
 {
     snprintf(buf, n, "embedding B=%lld T=%lld Tmax=%lld C=%lld V=%lld%s", (long long)s->B,
@@ -127,7 +104,7 @@ static void cpu_gradcheck(sg_ctx *ctx, emb_shape s)
     naive_forward(tv, ev, pv, BT, s.T, s.C, ye);
     char w[224];
     snprintf(w, sizeof w, "%s: y vs formula", what);
-    close_vals(w, y, ye, BT * s.C, (tu_tol){0, 0}); /* one add: exact */
+    tu_close_vals(w, y, ye, BT * s.C, (tu_tol){0, 0}); /* one add: exact */
 
     tu_poison(dwte), tu_poison(dwpe);
     TU_OK(ctx, sg_embedding_backward(ctx, tokens, r, dwte, dwpe));
@@ -147,7 +124,7 @@ static void cpu_gradcheck(sg_ctx *ctx, emb_shape s)
     tu_gradcheck(w, emb_loss, &c, wpe, dwpe, 0, 1e-3, tol);
     free(tv), free(ev), free(pv), free(ye);
     sg_tensor *ts[] = {tokens, wte, wpe, dwte, dwpe, y, r};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 /* The f32 path (the GPU test's oracle) against the formula: an f32 add, exact both ways. */
@@ -168,10 +145,10 @@ static void cpu_f32(sg_ctx *ctx)
     naive_forward(tv, ev, pv, BT, s.T, s.C, ye);
     for (int64_t i = 0; i < BT * s.C; i++) ye[i] = (float)ye[i];
     TU_OK(ctx, sg_embedding_forward(ctx, tokens, wte, wpe, y));
-    close_vals("embedding f32 cpu y vs formula", y, ye, BT * s.C, (tu_tol){0, 0});
+    tu_close_vals("embedding f32 cpu y vs formula", y, ye, BT * s.C, (tu_tol){0, 0});
     free(tv), free(ev), free(pv), free(ye);
     sg_tensor *ts[] = {tokens, wte, wpe, y};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 /* bf16 on the CPU: wte, wpe, y, dy, dwte, dwpe bf16. The forward against the formula on the
@@ -198,7 +175,7 @@ static void cpu_bf16(sg_ctx *ctx)
     naive_forward(tv, ev, pv, BT, s.T, s.C, ye);
     tu_poison(y);
     TU_OK(ctx, sg_embedding_forward(ctx, tokens, wte, wpe, y));
-    close_vals("embedding bf16 cpu y vs formula", y, ye, BT * s.C, tu_tol_for(bf));
+    tu_close_vals("embedding bf16 cpu y vs formula", y, ye, BT * s.C, tu_tol_for(bf));
 
     sg_tensor *dy64 = tu_clone_to(ctx, dy, f64);
     sg_tensor *dwte64 = tu_tensor2(ctx, f64, s.V, s.C, "dwte64"),
@@ -210,7 +187,7 @@ static void cpu_bf16(sg_ctx *ctx)
     tu_close_tensors("embedding bf16 cpu dwpe vs f64", dwpe, dwpe64, tu_tol_for(bf));
     free(tv), free(ev), free(pv), free(ye);
     sg_tensor *ts[] = {tokens, wte, wpe, dwte, dwpe, y, dy, dy64, dwte64, dwpe64};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 /* Mixed float dtypes: wte (forward) or dy (backward) sets the dtype of every float tensor; the
@@ -242,7 +219,7 @@ static void mixed_dtypes(sg_ctx *ctx)
              "tensor 'dwte' is bf16, expected f32");
     TU_OK(ctx, sg_embedding_backward(ctx, tokens, yb, wteb, wpeb));
     sg_tensor *ts[] = {tokens, wteb, wpeb, wtef, wpef, yb, yf};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 static void cpu_errors(sg_ctx *ctx)
@@ -357,7 +334,7 @@ static void cpu_errors(sg_ctx *ctx)
     TU_OK(ctx, sg_embedding_forward(ctx, tokens, wte, wpe, y));
     double *ev = tu_get(wte), *pv = tu_get(wpe), ye[2 * 3 * 4];
     naive_forward(tv, ev, pv, B * T, T, C, ye);
-    close_vals("embedding after errors: y", y, ye, B * T * C, (tu_tol){0, 0});
+    tu_close_vals("embedding after errors: y", y, ye, B * T * C, (tu_tol){0, 0});
     TU_OK(ctx, sg_embedding_backward(ctx, tokens, y, dwte, dwpe));
     TU_CHECK(sg_ld(dwpe, T * C) == 0.0, "embedding after errors: dwpe beyond T is %g",
              sg_ld(dwpe, T * C));
@@ -365,7 +342,7 @@ static void cpu_errors(sg_ctx *ctx)
     sg_tensor *ts[] = {tokens, wte,   wpe,     y,         dwte,   dwpe,    t_f32,
                        t_1d,   wte_b, wte_1d,  wpe_short, wpe_c5, wpe_f32, y_t4,
                        y_c5,   y_f32, dwte_c5, wte_v,     y_v,    base,    tok2};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 /* ---- capture: recorded into a graph (CPU: a plan), replayed with new tokens ---- */
@@ -433,7 +410,7 @@ static void capture_case(sg_ctx *ctx, emb_shape s, sg_dtype dt)
     }
     sg_graph_destroy(graph);
     sg_tensor *ts[] = {tokens, wte, wpe, dy, e.y, e.dwte, e.dwpe, r.y, r.dwte, r.dwpe};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 static void cpu_tests(void)
@@ -501,11 +478,11 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, emb_shape s, bool odd, sg_dtype d
     tu_tol tol = tu_tol_for(dt);
     tu_poison(y);
     TU_OK(gpu, sg_embedding_forward(gpu, tokens, wte, wpe, y));
-    close_named(what, "y", y, yc, tol);
+    tu_close_named(what, "y", y, yc, tol);
     tu_poison(dwte), tu_poison(dwpe);
     TU_OK(gpu, sg_embedding_backward(gpu, tokens, dy, dwte, dwpe));
-    close_named(what, "dwte", dwte, dec, tol);
-    close_named(what, "dwpe", dwpe, dpc, tol);
+    tu_close_named(what, "dwte", dwte, dec, tol);
+    tu_close_named(what, "dwpe", dwpe, dpc, tol);
 
     sg_tensor *outs[3] = {y, dwte, dwpe};
     void *first[3];
@@ -525,7 +502,7 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, emb_shape s, bool odd, sg_dtype d
         free(first[i]);
     }
     sg_tensor *ts[] = {tokens, wte, wbase, wpe, y, dy, dwte, dwpe, tc, ec, pc, dyc, yc, dec, dpc};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 /* Tokens outside 0..V-1 on CUDA (documented): the forward reads a zero wte row, the backward
@@ -577,7 +554,7 @@ static void gpu_bad_tokens(sg_ctx *gpu, sg_ctx *cpu, sg_dtype dt)
     free(got), free(ref), free(tv), free(ev), free(ext);
 
     sg_tensor *ts[] = {tokens, wte, wpe, y, dy, dwte, dwpe, tc, ec, pc, dyc, yc, dec, dpc};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 static void gpu_tests(void)

@@ -50,29 +50,6 @@ static void naive_layernorm(const double *x, const double *g, const double *b, i
     }
 }
 
-static void destroy_all(sg_tensor **ts, size_t n)
-{
-    for (size_t i = 0; i < n; i++) sg_tensor_destroy(ts[i]);
-}
-
-/* Compares t's values with ref (n host doubles). */
-static void close_vals(const char *what, const sg_tensor *t, const double *ref, int64_t n,
-                       tu_tol tol)
-{
-    double *got = tu_get(t);
-    tu_close(what, got, ref, n, tol);
-    free(got);
-}
-
-/* Compares two tensors under the label "<what> <name>". */
-static void close_named(const char *what, const char *name, const sg_tensor *got,
-                        const sg_tensor *ref, tu_tol tol)
-{
-    char w[320];
-    snprintf(w, sizeof w, "%s %s", what, name);
-    tu_close_tensors(w, got, ref, tol);
-}
-
 static int64_t rows_of(const sg_tensor *x)
 {
     return x->numel / x->shape[x->ndim - 1];
@@ -133,11 +110,11 @@ static void cpu_gradcheck(sg_ctx *ctx, int ndim, const int64_t *shape, bool stat
     naive_layernorm(xv, gv, bv, M, C, eps, ye, me, re);
     char w[160];
     snprintf(w, sizeof w, "%s y vs formula", what);
-    close_vals(w, y, ye, x->numel, tu_tol_for(SG_DTYPE_F64));
+    tu_close_vals(w, y, ye, x->numel, tu_tol_for(SG_DTYPE_F64));
     snprintf(w, sizeof w, "%s mean vs formula", what);
-    close_vals(w, mean, me, M, tu_tol_for(SG_DTYPE_F64));
+    tu_close_vals(w, mean, me, M, tu_tol_for(SG_DTYPE_F64));
     snprintf(w, sizeof w, "%s rstd vs formula", what);
-    close_vals(w, rstd, re, M, tu_tol_for(SG_DTYPE_F64));
+    tu_close_vals(w, rstd, re, M, tu_tol_for(SG_DTYPE_F64));
 
     /* Backward with dy = r, then central differences of L through the forward alone. */
     tu_poison(dx), tu_poison(dg), tu_poison(db);
@@ -162,7 +139,7 @@ static void cpu_gradcheck(sg_ctx *ctx, int ndim, const int64_t *shape, bool stat
     }
     free(xv), free(gv), free(bv), free(ye), free(me), free(re);
     sg_tensor *ts[] = {x, y, r, dx, g, b, dg, db, mean, rstd};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 /* The f32 path (the GPU test's oracle) against the formula, f32 statistics. */
@@ -183,12 +160,12 @@ static void cpu_f32(sg_ctx *ctx)
            *re = malloc((size_t)M * sizeof *re);
     naive_layernorm(xv, gv, bv, M, C, 1e-5, ye, me, re);
     TU_OK(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, y, mean, rstd));
-    close_vals("layernorm f32 cpu y vs formula", y, ye, M * C, tu_tol_for(SG_DTYPE_F32));
-    close_vals("layernorm f32 cpu mean vs formula", mean, me, M, tu_tol_for(SG_DTYPE_F32));
-    close_vals("layernorm f32 cpu rstd vs formula", rstd, re, M, tu_tol_for(SG_DTYPE_F32));
+    tu_close_vals("layernorm f32 cpu y vs formula", y, ye, M * C, tu_tol_for(SG_DTYPE_F32));
+    tu_close_vals("layernorm f32 cpu mean vs formula", mean, me, M, tu_tol_for(SG_DTYPE_F32));
+    tu_close_vals("layernorm f32 cpu rstd vs formula", rstd, re, M, tu_tol_for(SG_DTYPE_F32));
     free(xv), free(gv), free(bv), free(ye), free(me), free(re);
     sg_tensor *ts[] = {x, y, g, b, mean, rstd};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 /* bf16 on the CPU: x, gamma, beta, y, dy, dx, dgamma, dbeta bf16; mean and rstd f32. The
@@ -216,9 +193,9 @@ static void cpu_bf16(sg_ctx *ctx)
     naive_layernorm(xv, gv, bv, M, C, 1e-5f, ye, me, re);
     tu_poison(y), tu_poison(mean), tu_poison(rstd);
     TU_OK(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, y, mean, rstd));
-    close_vals("layernorm bf16 cpu y vs formula", y, ye, M * C, tu_tol_for(SG_DTYPE_BF16));
-    close_vals("layernorm bf16 cpu mean vs formula", mean, me, M, tu_tol_for(SG_DTYPE_F32));
-    close_vals("layernorm bf16 cpu rstd vs formula", rstd, re, M, tu_tol_for(SG_DTYPE_F32));
+    tu_close_vals("layernorm bf16 cpu y vs formula", y, ye, M * C, tu_tol_for(SG_DTYPE_BF16));
+    tu_close_vals("layernorm bf16 cpu mean vs formula", mean, me, M, tu_tol_for(SG_DTYPE_F32));
+    tu_close_vals("layernorm bf16 cpu rstd vs formula", rstd, re, M, tu_tol_for(SG_DTYPE_F32));
 
     /* The f64 reference: the same values, its own f64 statistics. */
     sg_tensor *x64 = tu_clone_to(ctx, x, f64), *g64 = tu_clone_to(ctx, g, f64),
@@ -238,7 +215,7 @@ static void cpu_bf16(sg_ctx *ctx)
     free(xv), free(gv), free(bv), free(ye), free(me), free(re);
     sg_tensor *ts[] = {x,   y,   dy,   dx,  g,   b,   dg,  db,   mean, rstd, x64,
                        g64, b64, dy64, y64, dx64, m64, r64, dg64, db64};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 /* Mixed float dtypes: x sets the dtype of every tensor but mean and rstd (f32 for bf16 x); the
@@ -282,7 +259,7 @@ static void mixed_dtypes(sg_ctx *ctx)
              SG_ERR_DTYPE, "tensor 'dbeta' is f32, expected bf16");
     TU_OK(ctx, sg_layernorm_backward(ctx, xb, gb, mean, rstd, dyb, dxb, dgb, dbb));
     sg_tensor *ts[] = {xb, yb, dyb, dxb, gb, bb, dgb, dbb, xf, yf, gf, bf32, mean, rstd, mb};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 static void cpu_errors(sg_ctx *ctx)
@@ -393,7 +370,7 @@ static void cpu_errors(sg_ctx *ctx)
     TU_OK(ctx, sg_layernorm_forward(ctx, x, g, b, 1e-5f, y, mean, rstd));
     double ye[15], me[3], re[3];
     naive_layernorm(xv, gv, bv, M, C, 1e-5f, ye, me, re);
-    close_vals("layernorm after errors: y", y, ye, M * C, tu_tol_for(SG_DTYPE_F64));
+    tu_close_vals("layernorm after errors: y", y, ye, M * C, tu_tol_for(SG_DTYPE_F64));
     TU_OK(ctx, sg_layernorm_backward(ctx, x, g, mean, rstd, dy, dx, dg, db));
     TU_CHECK(isfinite(sg_ld(dg, 0)) && sg_ld(dg, 0) != 12345.0, "layernorm after errors: dgamma %g",
              sg_ld(dg, 0));
@@ -402,7 +379,7 @@ static void cpu_errors(sg_ctx *ctx)
     sg_ctx_destroy(other);
     sg_tensor *ts[] = {x,   y,   g,  b,  mean, rstd, dy,  dx,  dg,   db, g6,
                        b32, y36, m4, mi, xb,   x32,  y32, g32, dx32, g2d};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 /* ---- capture: the op recorded into a graph (CPU: a plan) replays what eager computes ---- */
@@ -474,7 +451,7 @@ static void capture_case(sg_ctx *ctx, int64_t M, int64_t C, sg_dtype dt)
     sg_graph_destroy(graph);
     sg_tensor *ts[] = {x,    dy,   g,   b,      e.y,    e.mean, e.rstd, e.dx,
                        e.dg, e.db, r.y, r.mean, r.rstd, r.dx,   r.dg,   r.db};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 static void cpu_tests(void)
@@ -582,9 +559,9 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, b
     tu_tol tol = tu_tol_for(dt), tol_stats = tu_tol_for(SG_DTYPE_F32);
     tu_poison(y), tu_poison(mean), tu_poison(rstd);
     TU_OK(gpu, sg_layernorm_forward(gpu, x, g, b, 1e-5f, y, mean, rstd));
-    close_named(what, "y", y, yc, tol);
-    close_named(what, "mean", mean, mc, tol_stats);
-    close_named(what, "rstd", rstd, rc, tol_stats);
+    tu_close_named(what, "y", y, yc, tol);
+    tu_close_named(what, "mean", mean, mc, tol_stats);
+    tu_close_named(what, "rstd", rstd, rc, tol_stats);
 
     /* The backward reads the reference's statistics, so both sides start from the same. */
     sg_tensor *mg = tu_clone_to(gpu, mc, SG_DTYPE_F32), *rg = tu_clone_to(gpu, rc, SG_DTYPE_F32);
@@ -595,9 +572,9 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, b
      * the double reference): seen on the H100 as -1.7e-5 against 0. atol scales with rstd there. */
     tu_tol tol_dx = tol;
     if (C == 1) tol_dx.atol *= 1.0 / sqrt(1e-5);
-    close_named(what, "dx", dx, dxc, tol_dx);
-    close_named(what, "dgamma", dg, dgc, tol);
-    close_named(what, "dbeta", db, dbc, tol);
+    tu_close_named(what, "dx", dx, dxc, tol_dx);
+    tu_close_named(what, "dgamma", dg, dgc, tol);
+    tu_close_named(what, "dbeta", db, dbc, tol);
 
     /* Again: the same bits, and the documented launches. */
     const sg_tensor *outs[6] = {y, mean, rstd, dx, dg, db};
@@ -621,7 +598,7 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, b
 
     sg_tensor *ts[] = {x,  g,  b,  dy,  y,  dx,  mean, rstd, dg,  db,  xbase, gbase,
                        xc, gc, bc, dyc, yc, dxc, mc,   rc,   dgc, dbc, mg,    rg};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 /* Documented limits: mixed dtypes (as on the CPU); the backward's column cap. */
@@ -641,7 +618,7 @@ static void gpu_edges(sg_ctx *gpu)
     TU_FAILS(gpu, sg_layernorm_backward(gpu, x, g, m1, r1, dy, dx, dg, db), SG_ERR_UNSUPPORTED,
              "the CUDA backward takes at most");
     sg_tensor *ts[] = {x, dy, dx, g, dg, db, m1, r1};
-    destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
 static void gpu_tests(void)

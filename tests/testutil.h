@@ -251,6 +251,31 @@ static inline int tu_close_tensors(const char *what, const sg_tensor *got, const
     return ok;
 }
 
+/* ---- small conveniences shared by op tests ---- */
+
+static inline void tu_destroy_all(sg_tensor **ts, size_t n)
+{
+    for (size_t i = 0; i < n; i++) sg_tensor_destroy(ts[i]);
+}
+
+/* Compares t's values with ref (n host doubles). */
+static inline void tu_close_vals(const char *what, const sg_tensor *t, const double *ref, int64_t n,
+                       tu_tol tol)
+{
+    double *got = tu_get(t);
+    tu_close(what, got, ref, n, tol);
+    free(got);
+}
+
+/* Compares two tensors under the label "<what> <name>". */
+static inline void tu_close_named(const char *what, const char *name, const sg_tensor *got,
+                        const sg_tensor *ref, tu_tol tol)
+{
+    char w[320];
+    snprintf(w, sizeof w, "%s %s", what, name);
+    tu_close_tensors(w, got, ref, tol);
+}
+
 /* ---- finite differences in float64 ----
  * loss_fn recomputes a scalar loss from the current contents of the f64 input tensors.
  * For each element of `in` (or `max_checks` sampled ones), the central difference with step

@@ -244,6 +244,15 @@ static inline void sg_st(sg_tensor *t, int64_t i, double v)
     }
 }
 
+/* Outputs must not share bytes with anything else a call reads or writes (kernels read inputs
+ * after writing outputs, and other threads read what one thread wrote). sg_check_not_overlapping:
+ * one output against one other tensor (NULLs pass). sg_check_disjoint: the first nout of ts[]
+ * are outputs, each checked against every other of the n. The message names both. */
+sg_status sg_check_not_overlapping(const sg_ctx *ctx, const char *fn, const char *wout,
+                                   const sg_tensor *out, const char *wother, const sg_tensor *other);
+sg_status sg_check_disjoint(const sg_ctx *ctx, const char *fn, int nout, int n,
+                            const char *const *names, const sg_tensor *const *ts);
+
 /* CPU reference helpers: a tensor's elements as doubles (f64 tensors in place, *owned NULL;
  * others converted into a new buffer the caller frees via *owned; NULL when out of memory), and
  * doubles stored back at element offset off, rounded to the tensor's dtype. */

@@ -183,6 +183,27 @@ const char *sg_shape_str(const sg_tensor *t, char *buf, size_t n)
     return buf;
 }
 
+sg_status sg_check_not_overlapping(const sg_ctx *ctx, const char *fn, const char *wout,
+                                   const sg_tensor *out, const char *wother, const sg_tensor *other)
+{
+    if (!out || !other) return SG_OK;
+    const char *pa = out->data, *pb = other->data;
+    if (pa < pb + sg_tensor_nbytes(other) && pb < pa + sg_tensor_nbytes(out))
+        return sg_fail(ctx, SG_ERR_INVALID,
+                       "%s: output '%s' overlaps '%s' in memory; expected separate buffers", fn, wout,
+                       wother);
+    return SG_OK;
+}
+
+sg_status sg_check_disjoint(const sg_ctx *ctx, const char *fn, int nout, int n,
+                            const char *const *names, const sg_tensor *const *ts)
+{
+    for (int i = 0; i < nout; i++)
+        for (int j = 0; j < n; j++)
+            if (j != i) SG_TRY(sg_check_not_overlapping(ctx, fn, names[i], ts[i], names[j], ts[j]));
+    return SG_OK;
+}
+
 const double *sg_cpu_as_f64(const sg_tensor *t, double **owned)
 {
     *owned = NULL;

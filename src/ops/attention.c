@@ -102,24 +102,6 @@ static sg_status check_work(sg_ctx *ctx, const char *fn, const sg_tensor *work, 
     return SG_OK;
 }
 
-/* Outputs must not share bytes with anything else the call reads or writes. */
-static bool overlap(const sg_tensor *a, const sg_tensor *b)
-{
-    const char *pa = a->data, *pb = b->data;
-    return pa < pb + sg_tensor_nbytes(b) && pb < pa + sg_tensor_nbytes(a);
-}
-
-static sg_status check_disjoint(sg_ctx *ctx, const char *fn, const char *const *names,
-                                const sg_tensor *const *ts, int n_out, int n)
-{
-    for (int o = 0; o < n_out; o++)
-        for (int i = o + 1; i < n; i++)
-            if (overlap(ts[o], ts[i]))
-                return sg_fail(ctx, SG_ERR_INVALID, "%s: output '%s' overlaps '%s' in memory", fn,
-                               names[o], names[i]);
-    return SG_OK;
-}
-
 /* The CPU reference runs through sg_cpu_run, so a CPU capture records it. */
 typedef struct attn_args {
     const sg_tensor *qkv, *att_in, *dout;
@@ -150,7 +132,7 @@ sg_status sg_attention_forward(sg_ctx *ctx, const sg_tensor *qkv, int heads, sg_
     SG_TRY(check_work(ctx, fn, work, d));
     const char *names[] = {"out", "att", "work", "qkv"};
     const sg_tensor *ts[] = {out, att, work, qkv};
-    SG_TRY(check_disjoint(ctx, fn, names, ts, 3, 4));
+    SG_TRY(sg_check_disjoint(ctx, fn, 3, 4, names, ts));
 
     if (ctx->backend == SG_BACKEND_CPU) {
         attn_args a = {qkv, NULL, NULL, out, att, d};
@@ -172,7 +154,7 @@ sg_status sg_attention_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tens
     SG_TRY(check_work(ctx, fn, work, d));
     const char *names[] = {"dqkv", "work", "qkv", "att", "dout"};
     const sg_tensor *ts[] = {dqkv, work, qkv, att, dout};
-    SG_TRY(check_disjoint(ctx, fn, names, ts, 2, 5));
+    SG_TRY(sg_check_disjoint(ctx, fn, 2, 5, names, ts));
 
     if (ctx->backend == SG_BACKEND_CPU) {
         attn_args a = {qkv, att, dout, dqkv, NULL, d};

@@ -55,26 +55,6 @@ static sg_status check_act(sg_ctx *ctx, const char *fn, const char *what, const 
     return SG_OK;
 }
 
-static bool overlap(const sg_tensor *a, const sg_tensor *b)
-{
-    const char *pa = a->data, *pb = b->data;
-    return pa < pb + sg_tensor_nbytes(b) && pb < pa + sg_tensor_nbytes(a);
-}
-
-/* The first nout of t[] are outputs: each against every other tensor the call names. */
-static sg_status check_disjoint(sg_ctx *ctx, const char *fn, int nout, int n,
-                                const char *const *name, const sg_tensor *const *t)
-{
-    for (int i = 0; i < nout; i++)
-        for (int j = 0; j < n; j++)
-            if (j != i && overlap(t[i], t[j]))
-                return sg_fail(ctx, SG_ERR_INVALID,
-                               "%s: output '%s' overlaps '%s' in memory; expected separate "
-                               "buffers",
-                               fn, name[i], name[j]);
-    return SG_OK;
-}
-
 /* CPU only (the tokens are host memory): every token is in 0..V-1. */
 static sg_status check_token_range(sg_ctx *ctx, const char *fn, const sg_tensor *tokens, int64_t V)
 {
@@ -134,7 +114,7 @@ sg_status sg_embedding_forward(sg_ctx *ctx, const sg_tensor *tokens, const sg_te
     }
     const char *names[] = {"y", "tokens", "wte", "wpe"};
     const sg_tensor *ts[] = {y, tokens, wte, wpe};
-    SG_TRY(check_disjoint(ctx, fn, 1, 4, names, ts));
+    SG_TRY(sg_check_disjoint(ctx, fn, 1, 4, names, ts));
     if (ctx->backend == SG_BACKEND_CPU) {
         emb_args a = {.tokens = tokens, .wte = wte, .wpe = wpe, .y = y};
         return sg_cpu_run(ctx, emb_forward_cpu, &a, sizeof a);
@@ -157,7 +137,7 @@ sg_status sg_embedding_backward(sg_ctx *ctx, const sg_tensor *tokens, const sg_t
     SG_TRY(check_table(ctx, fn, "dwpe", dwpe, T, tmax, C, dy->dtype));
     const char *names[] = {"dwte", "dwpe", "tokens", "dy"};
     const sg_tensor *ts[] = {dwte, dwpe, tokens, dy};
-    SG_TRY(check_disjoint(ctx, fn, 2, 4, names, ts));
+    SG_TRY(sg_check_disjoint(ctx, fn, 2, 4, names, ts));
     if (ctx->backend == SG_BACKEND_CPU) {
         emb_args a = {.tokens = tokens, .dy = dy, .dwte = dwte, .dwpe = dwpe};
         return sg_cpu_run(ctx, emb_backward_cpu, &a, sizeof a);

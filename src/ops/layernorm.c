@@ -45,28 +45,6 @@ static sg_status check_stats(sg_ctx *ctx, const char *fn, const char *what, cons
     return SG_OK;
 }
 
-/* Outputs must share no bytes with one another or with an input: the kernels read inputs
- * again after writing outputs, and a row's statistics are read by other threads. */
-static bool overlap(const sg_tensor *a, const sg_tensor *b)
-{
-    const char *pa = a->data, *pb = b->data;
-    return pa < pb + sg_tensor_nbytes(b) && pb < pa + sg_tensor_nbytes(a);
-}
-
-/* The first nout of t[] are outputs: each against every other tensor the call names. */
-static sg_status check_disjoint(sg_ctx *ctx, const char *fn, int nout, int n,
-                                const char *const *name, const sg_tensor *const *t)
-{
-    for (int i = 0; i < nout; i++)
-        for (int j = 0; j < n; j++)
-            if (j != i && overlap(t[i], t[j]))
-                return sg_fail(ctx, SG_ERR_INVALID,
-                               "%s: output '%s' overlaps '%s' in memory; expected separate "
-                               "buffers",
-                               fn, name[i], name[j]);
-    return SG_OK;
-}
-
 /* The CPU references run through sg_cpu_run, so that a CPU capture records them. */
 typedef struct ln_args {
     const sg_tensor *x, *gamma, *beta, *mean_in, *rstd_in, *dy;
@@ -108,7 +86,7 @@ sg_status sg_layernorm_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor 
                        (double)eps);
     const char *names[] = {"y", "mean", "rstd", "x", "gamma", "beta"};
     const sg_tensor *ts[] = {y, mean, rstd, x, gamma, beta};
-    SG_TRY(check_disjoint(ctx, fn, 3, 6, names, ts));
+    SG_TRY(sg_check_disjoint(ctx, fn, 3, 6, names, ts));
     if (ctx->backend == SG_BACKEND_CPU) {
         ln_args a = {
             .x = x, .gamma = gamma, .beta = beta, .eps = eps, .y = y, .mean = mean, .rstd = rstd};
@@ -135,7 +113,7 @@ sg_status sg_layernorm_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor
     SG_TRY(check_vec(ctx, fn, "dbeta", dbeta, C, x->dtype));
     const char *names[] = {"dx", "dgamma", "dbeta", "x", "gamma", "mean", "rstd", "dy"};
     const sg_tensor *ts[] = {dx, dgamma, dbeta, x, gamma, mean, rstd, dy};
-    SG_TRY(check_disjoint(ctx, fn, 3, 8, names, ts));
+    SG_TRY(sg_check_disjoint(ctx, fn, 3, 8, names, ts));
     if (ctx->backend == SG_BACKEND_CPU) {
         ln_args a = {.x = x,
                      .gamma = gamma,

@@ -60,21 +60,6 @@ static sg_status check_act(sg_ctx *ctx, const char *fn, sg_activation act)
                    fn, (int)act);
 }
 
-/* Outputs must not share bytes with anything else the call reads or writes. */
-static bool overlap(const sg_tensor *a, const sg_tensor *b)
-{
-    if (!a || !b) return false;
-    const char *pa = a->data, *pb = b->data;
-    return pa < pb + sg_tensor_nbytes(b) && pb < pa + sg_tensor_nbytes(a);
-}
-
-static sg_status check_disjoint(sg_ctx *ctx, const char *fn, const char *wout,
-                                const sg_tensor *out, const char *win, const sg_tensor *in)
-{
-    if (!overlap(out, in)) return SG_OK;
-    return sg_fail(ctx, SG_ERR_INVALID, "%s: output '%s' overlaps '%s' in memory", fn, wout, win);
-}
-
 /* The CPU reference runs through sg_cpu_run, so a CPU capture records it. */
 typedef struct lin_args {
     const sg_tensor *x, *w, *b, *act_in;
@@ -120,10 +105,10 @@ sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
     const char *in_names[] = {"x", "w", "b"};
     const sg_tensor *ins[] = {x, w, b};
     for (int i = 0; i < 3; i++) {
-        SG_TRY(check_disjoint(ctx, fn, "y", y, in_names[i], ins[i]));
-        SG_TRY(check_disjoint(ctx, fn, "pre", pre, in_names[i], ins[i]));
+        SG_TRY(sg_check_not_overlapping(ctx, fn, "y", y, in_names[i], ins[i]));
+        SG_TRY(sg_check_not_overlapping(ctx, fn, "pre", pre, in_names[i], ins[i]));
     }
-    SG_TRY(check_disjoint(ctx, fn, "y", y, "pre", pre));
+    SG_TRY(sg_check_not_overlapping(ctx, fn, "y", y, "pre", pre));
 
     if (ctx->backend == SG_BACKEND_CPU) {
         lin_args a = {x, w, b, NULL, act, NULL, y, pre, NULL, NULL, m, n, k};
@@ -164,7 +149,7 @@ sg_status sg_linear_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w
     for (int o = 0; o < 4; o++)
         for (int i = 0; i < 7; i++)
             if (i != o && !(o == 0 && i == 6))
-                SG_TRY(check_disjoint(ctx, fn, names[o], ts[o], names[i], ts[i]));
+                SG_TRY(sg_check_not_overlapping(ctx, fn, names[o], ts[o], names[i], ts[i]));
 
     if (ctx->backend == SG_BACKEND_CPU) {
         lin_args a = {x, w, NULL, act_in, act, dy, dx, NULL, dw, db, m, n, k};
