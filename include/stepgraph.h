@@ -211,6 +211,12 @@ sg_status sg_add_forward(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b, sg
  * NULL: forward only). No probabilities are stored. Reductions are deterministic. */
 sg_status sg_softmax_xent(sg_ctx *ctx, const sg_tensor *logits, const sg_tensor *targets,
                           float grad_scale, sg_tensor *loss, sg_tensor *dlogits);
+/* The same, with dlogits also multiplied by the loss scale that lives on the device in
+ * scaler[0] (see sg_amp_unscale), read by the kernel: dynamic loss scaling with no host sync.
+ * scaler NULL: as sg_softmax_xent. The loss itself is never scaled. */
+sg_status sg_softmax_xent_scaled(sg_ctx *ctx, const sg_tensor *logits, const sg_tensor *targets,
+                                 float grad_scale, const sg_tensor *scaler, sg_tensor *loss,
+                                 sg_tensor *dlogits);
 /* Mean squared error: loss(1) = mean((x - t)^2); dx = 2 (x - t) * grad_scale / numel. */
 sg_status sg_mse(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *target, float grad_scale,
                  sg_tensor *loss, sg_tensor *dx);
@@ -266,6 +272,29 @@ sg_status sg_rng_advance(sg_ctx *ctx, sg_tensor *rng);
 sg_status sg_clip_grad_norm(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_tensor *norm,
                             sg_tensor *nonfinite);
 
+/* Dynamic loss scaling for mixed precision, entirely on the device. The scaler's state is a
+ * device tensor of SG_SCALER_COUNT F32 laid out as sg_loss_scaler. The scale is a power of two,
+ * so scaling and unscaling are exact. */
+typedef struct sg_loss_scaler {
+    float scale;            /* the loss scale (initially 65536) */
+    float good_steps;       /* finite steps since the scale last changed */
+    float growth_interval;  /* finite steps after which the scale doubles (PyTorch: 2000) */
+    float skipped;          /* steps skipped so far because gradients were not finite */
+} sg_loss_scaler;
+#define SG_SCALER_COUNT 4
+#define SG_LOSS_SCALE_MIN 0x1p-24f
+#define SG_LOSS_SCALE_MAX 0x1p24f
+/* grad (P, F32) = grad_lo (P, bf16 or F32; may be grad itself when F32) / scale, and found
+ * (1, I32) = 1 when any element of grad is inf or NaN (one of grad_lo is, or, with a scale
+ * below 1, its unscaled value overflows f32), else 0. In the same launch the
+ * scaler updates: on found, the scale halves, good_steps = 0 and skipped += 1; otherwise
+ * good_steps += 1, and when it reaches growth_interval the scale doubles and good_steps = 0.
+ * The new scale is clamped to [SG_LOSS_SCALE_MIN, SG_LOSS_SCALE_MAX] (so an inf scale comes
+ * back as the maximum, a NaN one as the minimum). Pass found to the optimizer's `skip` to
+ * skip that step. */
+sg_status sg_amp_unscale(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
+                         sg_tensor *scaler, sg_tensor *found);
+
 /* Optimizer hyperparameters, as they live in device memory (read by the kernels). */
 typedef struct sg_optim_hparams {
     float lr, beta1, beta2, eps, weight_decay;  /* AdamW */
@@ -276,15 +305,20 @@ typedef struct sg_optim_hparams {
 /* AdamW over a flat buffer of P elements cut into n_seg parameter tensors: seg_start
  * (n_seg+1, I32) holds each tensor's first element and P last; weight decay applies where
  * seg_decay (n_seg, I32) is nonzero. hp (8 F32): sg_optim_hparams in device memory, read by
- * the kernel; hp.step is incremented by one in the same launch. param/grad/m/v: F32 (P). */
+ * the kernel; hp.step is incremented by one in the same launch. param/grad/m/v: F32 (P).
+ * skip (1 I32, device; may be NULL): when nonzero the kernel changes nothing, hp.step
+ * included (a step with non-finite gradients). param_lo (P, BF16; may be NULL): the compute
+ * copy of mixed precision, written as bf16(param) in the same pass (left alone on a skip). */
 sg_status sg_adamw_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *m,
                         sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
-                        const sg_tensor *seg_decay, int n_seg);
+                        const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip,
+                        sg_tensor *param_lo);
 /* SGD with momentum over the same layout: buf = momentum*buf + (1-dampening)*g (g includes
- * weight decay); param -= lr * buf. On the first step buf = g, as PyTorch. */
+ * weight decay); param -= lr * buf. On the first step buf = g, as PyTorch. skip and param_lo
+ * as for AdamW. */
 sg_status sg_sgd_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *buf,
                       sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
-                      int n_seg);
+                      int n_seg, const sg_tensor *skip, sg_tensor *param_lo);
 
 
 /* ---- graphs: capture once, replay with one launch ---------------------------------------- */
@@ -386,6 +420,11 @@ typedef enum sg_optim_kind { SG_OPTIM_ADAMW = 0, SG_OPTIM_SGD } sg_optim_kind;
 typedef struct sg_model_options {
     const char *data_path;     /* gpt: the text to train on (NULL: a licence text of the system) */
     float dropout;             /* gpt: dropout probability after the embedding and each branch */
+    /* SG_DTYPE_F32 (the default) or SG_DTYPE_BF16 (gpt): mixed precision. bf16 activations,
+     * matmuls (f32 accumulation) and gradients, read from bf16 copies of the parameters; f32
+     * master weights and optimizer state; dynamic loss scaling on the device, a step whose
+     * gradients are not finite skipped by a device flag (sg_trainer_get_scaler). */
+    sg_dtype precision;
 } sg_model_options;
 
 /* As sg_model_create, with options (NULL: defaults). "gpt-WIDTH-DEPTH-BATCH-SEQ" names a GPT
@@ -398,6 +437,8 @@ sg_status sg_model_create_ex(sg_ctx *ctx, const char *name, uint64_t seed,
 sg_status sg_model_create(sg_ctx *ctx, const char *name, uint64_t seed, sg_model **out);
 void sg_model_destroy(sg_model *m);
 const char *sg_model_name(const sg_model *m);
+/* SG_DTYPE_F32, or SG_DTYPE_BF16 for a mixed-precision model. */
+sg_dtype sg_model_precision(const sg_model *m);
 int64_t sg_model_param_count(const sg_model *m);
 /* Puts batch number `index` of the model's synthetic data set in the model's input tensors. */
 sg_status sg_model_load_batch(sg_model *m, int64_t index);
@@ -451,6 +492,15 @@ typedef struct sg_trainer_options {
      * one pool, evicted least-recently-used above cache_budget bytes (0: no limit). */
     const int64_t *batch_buckets;
     int n_buckets;
+    /* Variable sequence length (gpt models; eager and step scopes): sorted sequence lengths,
+     * the largest at most the model's T. A step of len tokens a row (sg_trainer_step_seq) runs
+     * at the smallest length Tb >= len: M = B*Tb rows, attention (B, H, Tb, Tb), positions
+     * len..Tb-1 of every row padded (token 0, target -1: masked out of the loss). Attention is
+     * causal and the padding comes last, so the real positions compute what a length-len
+     * sequence computes. Under step scope each length has its own graph in the cache below.
+     * Not with batch_buckets. */
+    const int64_t *seq_buckets;
+    int n_seq_buckets;
     size_t cache_budget;
     /* Optimizer steps per sg_trainer_step call (default 1). Under step scope the graph holds
      * that many consecutive steps, so one launch serves them all and the host cost per step
@@ -468,7 +518,7 @@ typedef struct sg_trainer_stats {
     double capture_ms, instantiate_ms;  /* summed over graphs */
     size_t exec_bytes;
     int fell_back;              /* on_capture_fail = eager took over */
-    sg_graph_cache_stats cache; /* variable batch under step scope */
+    sg_graph_cache_stats cache; /* variable batch or sequence length under step scope */
     char fallback_reason[512];
 } sg_trainer_stats;
 
@@ -486,7 +536,17 @@ void sg_trainer_destroy(sg_trainer *t);
 sg_status sg_trainer_step(sg_trainer *t, int64_t index);
 /* The same with only the first `rows` rows of the batch (variable batch: needs buckets). */
 sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows);
+/* One step whose B rows are windows of `len` real tokens (variable sequence length: needs
+ * seq_buckets; len from 1 to the largest), run padded up to its bucket. Batch `index` holds
+ * the windows a batch of length len would: the same bytes whatever the bucket. Under step
+ * scope a bucket's first step after the trainer's warm-up runs eagerly (its graph's warm-up),
+ * its second captures the bucket's graph, later ones replay it. SG_ERR_SHAPE for a len outside
+ * 1..the largest bucket, SG_ERR_INVALID without seq_buckets. */
+sg_status sg_trainer_step_seq(sg_trainer *t, int64_t index, int64_t len);
 sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out);
+/* The loss scaler's state (scale, steps skipped for non-finite gradients...): a host sync.
+ * fp32 models hold one too, unused (scale 65536, nothing skipped). */
+sg_status sg_trainer_get_scaler(sg_trainer *t, sg_loss_scaler *out);
 /* Mean loss over n_batches batches of a split (0 train, 1 validation: gpt models hold one out),
  * forward only, eagerly, dropout off; a host sync. */
 sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out);

@@ -12,7 +12,10 @@
 #
 # Environment: GPU_CHECK_DEADLINE_S (default 480: stages that would start later are skipped and
 # count as failures, so a 10-minute limit never cuts the summary off), GPU_CHECK_MODELS
-# (default mlp-512-6-32,mlp-2048-6-256), SANITIZE_JOBS (default 4), SANITIZE_SKIP (test names,
+# (default mlp-512-6-32,mlp-2048-6-256), GPU_CHECK_PRECISIONS (default fp32; e.g. fp32,bf16 with
+# gpt models: every benchmark runs in each), GPU_CHECK_VERIFY (models that `stepgraph verify`
+# checks under layer, model and step scope in each precision with dropout and clipping on;
+# default none), SANITIZE_JOBS (default 4), SANITIZE_SKIP (test names,
 # space-separated, kept out of the sanitizers; empty for none; default "prof": CUPTI and
 # compute-sanitizer both hook the driver, and test_prof's only kernels are fills that the other
 # tests check).
@@ -27,6 +30,8 @@ DEADLINE=${GPU_CHECK_DEADLINE_S:-480}
 MODELS=${GPU_CHECK_MODELS:-mlp-512-6-32,mlp-2048-6-256}
 SCOPES=${GPU_CHECK_SCOPES:-all}
 TORCH_MODES=${GPU_CHECK_TORCH_MODES:-eager,graph,graphed_callables,graphed_layers,compile}
+PRECISIONS=${GPU_CHECK_PRECISIONS:-fp32}
+VERIFY_MODELS=${GPU_CHECK_VERIFY:-}
 SANITIZE_SKIP=${SANITIZE_SKIP-prof}
 SANITIZE_JOBS=${SANITIZE_JOBS:-4}
 JOBS=$(nproc 2>/dev/null || echo 4)
@@ -177,6 +182,32 @@ if [ $BENCH_ONLY -eq 0 ]; then
     fi
 fi
 
+# ---- verify: eager against every capture scope, bit for bit ---------------------------
+
+# verify_all: each model of GPU_CHECK_VERIFY under layer, model and step scope, in each
+# precision, with dropout and clipping on; fails on the first mismatch.
+verify_all() {
+    local m sc p rc=0
+    for m in ${VERIFY_MODELS//,/ }; do
+        for p in ${PRECISIONS//,/ }; do
+            for sc in layer model step; do
+                "$BUILD/stepgraph" verify --model "$m" --scope "$sc" --precision "$p" --dropout 0.1 \
+                    --clip 1 --steps 20 | tail -n 3 || rc=1
+            done
+        done
+    done
+    return $rc
+}
+export PRECISIONS VERIFY_MODELS
+export -f verify_all
+if [ $BENCH_ONLY -eq 0 ] && [ -n "$VERIFY_MODELS" ]; then
+    if [ $BUILT -eq 1 ]; then
+        stage "verify ($VERIFY_MODELS; $PRECISIONS)" "$OUT/tests.log" 200 verify_all || true
+    else
+        record "verify" FAIL "not run: the build failed"
+    fi
+fi
+
 # ---- benchmarks --------------------------------------------------------------------------
 
 # bench_to_jsonl CMD...: runs a benchmark; stdout's JSON lines go to bench.jsonl, the rest of
@@ -197,15 +228,19 @@ bench_to_jsonl() {
 export -f bench_to_jsonl
 if [ $NO_BENCH -eq 0 ]; then
     if [ $BUILT -eq 1 ] && [ -x "$BUILD/stepgraph" ]; then
-        stage "bench: stepgraph" "$OUT/bench.log" 150 \
-            bench_to_jsonl "$BUILD/stepgraph" bench --model "$MODELS" --scope "$SCOPES" --json || true
-        stage "bench: stepgraph step x8" "$OUT/bench.log" 100 \
-            bench_to_jsonl "$BUILD/stepgraph" bench --model "$MODELS" --scope step --steps-per-graph 8 --json || true
+        for p in ${PRECISIONS//,/ }; do
+            stage "bench: stepgraph $p" "$OUT/bench.log" 150 \
+                bench_to_jsonl "$BUILD/stepgraph" bench --model "$MODELS" --scope "$SCOPES" --precision "$p" --json || true
+            stage "bench: stepgraph $p step x8" "$OUT/bench.log" 100 \
+                bench_to_jsonl "$BUILD/stepgraph" bench --model "$MODELS" --scope step --steps-per-graph 8 --precision "$p" --json || true
+        done
     else
         record "bench: stepgraph" FAIL "not run: no $BUILD/stepgraph (build failed)"
     fi
-    stage "bench: pytorch" "$OUT/bench.log" 300 \
-        bench_to_jsonl python3 bench/torch_ref.py --model "$MODELS" --mode "$TORCH_MODES" --json || true
+    for p in ${PRECISIONS//,/ }; do
+        stage "bench: pytorch $p" "$OUT/bench.log" 300 \
+            bench_to_jsonl python3 bench/torch_ref.py --model "$MODELS" --mode "$TORCH_MODES" --precision "$p" --json || true
+    done
 fi
 
 # ---- sanitizers --------------------------------------------------------------------------
@@ -315,23 +350,24 @@ for line in open(sys.argv[1]):
         r = json.loads(line)
     except ValueError:
         continue
+    r["key"] = f'{r.get("model")} {r.get("precision", "fp32")}'
     rows.append(r)
-    if r.get("model") not in order:
-        order.append(r.get("model"))
+    if r["key"] not in order:
+        order.append(r["key"])
 
 def g(r, k, spec):
     v = r.get(k) if r else None
     return "n/a" if v is None else format(v, spec)
 
-print(f"{'model':<15} {'who':<9} {'mode':<18} {'ms/step':>8} {'/pt eag':>7} {'/pt grf':>7} {'host ms':>8} "
+print(f"{'model precision':<20} {'who':<9} {'mode':<18} {'ms/step':>8} {'/pt eag':>7} {'/pt grf':>7} {'host ms':>8} "
       f"{'kern':>6} {'busy ms':>8} {'capt ms':>8} {'MiB':>6}")
 for m in order:
-    mine = [r for r in rows if r.get("model") == m]
+    mine = [r for r in rows if r["key"] == m]
     ref = {r.get("mode"): r for r in mine if r.get("framework") == "pytorch"}
     pe, pg = ref.get("eager", {}).get("ms_per_step"), ref.get("graph", {}).get("ms_per_step")
     for r in mine:
         if "error" in r:
-            print(f"{m:<15} {r.get('framework','?'):<9} {r.get('mode','?'):<18} error: {r['error'][:60]}")
+            print(f"{m:<20} {r.get('framework','?'):<9} {r.get('mode','?'):<18} error: {r['error'][:60]}")
             continue
         ms = r.get("ms_per_step")
         re = format(ms / pe, ".3f") if ms and pe else "n/a"
@@ -340,7 +376,7 @@ for m in order:
         mib = r.get("peak_reserved_mib", r.get("peak_mib"))
         if r.get("steps_per_graph", 1) > 1:
             r = dict(r, mode=f"{r['mode']} x{r['steps_per_graph']}")
-        print(f"{m:<15} {r.get('framework'):<9} {r.get('mode'):<18} {g(r, 'ms_per_step', '.4f'):>8} {re:>7} {rg:>7} "
+        print(f"{m:<20} {r.get('framework'):<9} {r.get('mode'):<18} {g(r, 'ms_per_step', '.4f'):>8} {re:>7} {rg:>7} "
               f"{g(r, 'host_ms_per_step', '.4f'):>8} {g(r, 'kernels_per_step', '.1f'):>6} "
               f"{g(r, 'gpu_busy_ms_per_step', '.4f'):>8} {'n/a' if capt is None else format(capt, '.2f'):>8} "
               f"{'n/a' if mib is None else format(mib, '.0f'):>6}")

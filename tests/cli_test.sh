@@ -35,6 +35,12 @@ for sc in layer model step; do
     expect 0 "OK: 12 steps match \(bit-exact\); scope $sc" -- verify --model mlp-32-2-8 --scope $sc --steps 12 --backend cpu --lr-schedule
     expect 0 "graphs: .* replays" -- train --model mlp-32-2-8 --scope $sc --steps 20 --backend cpu --quiet
 done
+# Variable sequence length (gpt): a length bucket per graph under step scope; usage errors.
+expect 0 "bucket cache: 3 graphs held, [0-9]+ hits" -- train --model gpt-64-1-2-32 --backend cpu --seq-lens 8,16,32 --vary-seq --scope step --steps 12
+expect 2 "--vary-seq needs --seq-lens" -- train --model gpt-64-1-2-32 --vary-seq
+expect 2 "--seq-lens is for gpt models, not 'mlp-16-1-4'" -- train --model mlp-16-1-4 --seq-lens 2,4
+expect 2 "--seq-lens '16,8': expected increasing sizes" -- train --model gpt-64-1-2-32 --seq-lens 16,8
+expect 1 "sequence length T = 32" -- train --model gpt-64-1-2-32 --backend cpu --seq-lens 16,64 --steps 2
 out=$(STEPGRAPH_DISABLE_GRAPHS=1 "$bin" train --model mlp-32-2-8 --scope step --steps 10 --backend cpu --quiet 2>&1); rc=$?
 if [ "$rc" != 0 ] || ! grep -q "scope step (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" <<<"$out"; then
     echo "FAIL: STEPGRAPH_DISABLE_GRAPHS=1: exit $rc: $out"; fails=$((fails + 1))
@@ -78,5 +84,5 @@ if ! awk -v a="${l% *}" -v b="${l#* }" 'BEGIN { exit !(b < a / 2) }'; then
 else
     echo "ok: loss $l"
 fi
-echo "$((24 + 6 - fails)) passed, $fails failed"
+echo "$((29 + 6 - fails)) passed, $fails failed"
 [ "$fails" = 0 ]

@@ -1,8 +1,12 @@
 /* test_gpt.c: the byte-level GPT end to end. `cpu`: a small GPT learns the system's licence
  * text (loss falls by a stated amount), and every capture scope reproduces eager training bit
- * for bit with dropout and gradient clipping on. `gpu`: gpt-256-4-8-128 on the GPU against the
- * CPU for 5 steps (loss and parameters within tolerance), every scope bit-exact with eager on
- * the GPU with dropout and clipping, and no allocation per step after set-up. */
+ * for bit with dropout and gradient clipping on, in fp32 and in bf16 mixed precision; bf16
+ * tracks fp32; a forced overflow skips exactly one step under step scope. `gpu`:
+ * gpt-256-4-8-128 on the GPU against the CPU for 5 steps (loss and parameters within
+ * tolerance), every scope bit-exact with eager on the GPU with dropout and clipping (fp32 and
+ * bf16), bf16 against fp32, the forced overflow, and no allocation per step after set-up.
+ * Both modes: variable sequence length (--vary-seq): a padded step matches an unpadded one,
+ * step scope over three length buckets is bit-exact with eager, and argument errors. */
 #include "testutil.h"
 #include "models/model.h"
 
@@ -12,18 +16,30 @@ typedef struct side {
     sg_trainer *t;
 } side;
 
-static side make(sg_ctx *ctx, const char *name, uint64_t seed, float dropout, sg_scope scope, float clip)
+static sg_dtype precision = SG_DTYPE_F32; /* of the models make() builds */
+
+/* A model, AdamW (lr 1e-3) and a trainer under scope; lens[0..n-1]: sequence buckets (n 0:
+ * none). */
+static side make_seq(sg_ctx *ctx, const char *name, uint64_t seed, float dropout, sg_scope scope, float clip,
+                     const int64_t *lens, int n)
 {
     side s = {0};
-    sg_model_options mo = {NULL, dropout};
+    sg_model_options mo = {NULL, dropout, precision};
     sg_trainer_options to = sg_trainer_options_default();
     to.scope = scope;
     to.clip = clip;
+    to.seq_buckets = lens;
+    to.n_seq_buckets = n;
     TU_OK(ctx, sg_model_create_ex(ctx, name, seed, &mo, &s.m));
     TU_OK(ctx, sg_optim_create(ctx, s.m, SG_OPTIM_ADAMW, &s.o));
     TU_OK(ctx, sg_optim_set_lr(s.o, 1e-3f));
     TU_OK(ctx, sg_trainer_create(s.m, s.o, &to, &s.t));
     return s;
+}
+
+static side make(sg_ctx *ctx, const char *name, uint64_t seed, float dropout, sg_scope scope, float clip)
+{
+    return make_seq(ctx, name, seed, dropout, scope, clip, NULL, 0);
 }
 
 static void drop(side *s)
@@ -62,6 +78,8 @@ static void learns(const char *name, int steps, double drop_by)
     sg_ctx_destroy(ctx);
 }
 
+static const char *prec_name(void) { return precision == SG_DTYPE_BF16 ? "bf16" : "fp32"; }
+
 static void scopes_match(sg_backend be, const char *name, int steps)
 {
     sg_ctx *ctx = tu_ctx(be);
@@ -75,16 +93,108 @@ static void scopes_match(sg_backend be, const char *name, int steps)
             TU_OK(ctx, sg_trainer_step(g.t, i));
             ok = same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss", i + 1) &&
                  same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters", i + 1) &&
-                 same_bits(e.m->rng, g.m->rng, "dropout offset", i + 1);
+                 same_bits(e.m->rng, g.m->rng, "dropout offset", i + 1) &&
+                 same_bits(e.m->scaler, g.m->scaler, "loss scaler", i + 1);
+            if (ok && precision == SG_DTYPE_BF16)
+                ok = same_bits(e.m->params.flat_lo, g.m->params.flat_lo, "bf16 parameter copies", i + 1);
         }
         sg_trainer_stats ts;
         TU_OK(ctx, sg_trainer_get_stats(g.t, &ts));
         TU_CHECK(!ts.fell_back && ts.graphs > 0, "%s scope: %d graphs, fell back: %s", sg_scope_name((sg_scope)sc),
                  ts.graphs, ts.fallback_reason);
-        printf("%s %s scope: %d steps bit-exact with eager (dropout 0.1, clip 0.5); %d graphs, %llu replays\n",
-               name, sg_scope_name((sg_scope)sc), steps, ts.graphs, (unsigned long long)ts.replays);
+        printf("%s %s %s scope: %d steps bit-exact with eager (dropout 0.1, clip 0.5); %d graphs, %llu replays\n",
+               name, prec_name(), sg_scope_name((sg_scope)sc), steps, ts.graphs, (unsigned long long)ts.replays);
         drop(&g), drop(&e);
     }
+    sg_ctx_destroy(ctx);
+}
+
+/* bf16 mixed precision: gradients made non-finite at one step (the loss scale set to inf
+ * between two replays of the step graph, as a test hook) skip exactly that step: parameters,
+ * bf16 copies, optimizer moments and step count unchanged, the skip counted and the scale
+ * back to the maximum; the steps before and after it train. Eager with the same injection
+ * gives the same bits. */
+static void overflow_skips(sg_backend be, const char *name)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    uint64_t seed = tu_next();
+    const int bad = 6; /* 0-based: warm-up 0..2, capture at 3, replays from 4 */
+    side s[2] = {make(ctx, name, seed, 0.f, SG_SCOPE_EAGER, 0.f), make(ctx, name, seed, 0.f, SG_SCOPE_STEP, 0.f)};
+    for (int k = 0; k < 2; k++) {
+        side *x = &s[k];
+        sg_tensor *om, *ov, *hp;
+        sg_optim_state(x->o, &om, &ov, &hp);
+        double *before[4] = {0}, *after[4] = {0};
+        sg_tensor *watch[4] = {sg_model_params(x->m), x->m->params.flat_lo, om, hp};
+        const char *what[4] = {"master weights", "bf16 copies", "Adam moment", "optimizer step count"};
+        for (int i = 0; i < bad + 3; i++) {
+            if (i == bad) {
+                float inf = INFINITY;
+                TU_OK(ctx, sg_tensor_write_small(x->m->scaler, 0, &inf, sizeof inf));
+                for (int w = 0; w < 4; w++) before[w] = tu_get(watch[w]);
+            }
+            TU_OK(ctx, sg_trainer_step(x->t, i));
+            sg_loss_scaler sc;
+            TU_OK(ctx, sg_trainer_get_scaler(x->t, &sc));
+            TU_CHECK(sc.skipped == (i < bad ? 0.f : 1.f), "%s: after step %d, %g steps skipped, expected %d",
+                     k ? "step scope" : "eager", i + 1, sc.skipped, i < bad ? 0 : 1);
+            if (i == bad) {
+                TU_CHECK(sc.scale == SG_LOSS_SCALE_MAX && sc.good_steps == 0.f,
+                         "after the overflow the scale is %g (good steps %g), expected %g and 0", sc.scale,
+                         sc.good_steps, SG_LOSS_SCALE_MAX);
+                for (int w = 0; w < 4; w++) {
+                    after[w] = tu_get(watch[w]);
+                    int64_t n = sg_tensor_numel(watch[w]), diff = 0;
+                    for (int64_t j = 0; j < n; j++) diff += memcmp(&before[w][j], &after[w][j], sizeof(double)) != 0;
+                    TU_CHECK(diff == 0, "%s: the skipped step changed %lld of %lld values of the %s",
+                             k ? "step scope" : "eager", (long long)diff, (long long)n, what[w]);
+                    free(after[w]);
+                }
+            }
+            if (i == bad + 1) { /* the step after trains again */
+                double *p = tu_get(watch[0]);
+                int64_t n = sg_tensor_numel(watch[0]), moved = 0;
+                for (int64_t j = 0; j < n; j++) moved += p[j] != before[0][j];
+                TU_CHECK(moved > n / 2, "the step after the skipped one moved only %lld of %lld parameters",
+                         (long long)moved, (long long)n);
+                TU_CHECK(sc.good_steps == 1.f, "good steps after the skip: %g, expected 1", sc.good_steps);
+                free(p);
+            }
+        }
+        for (int w = 0; w < 4; w++) free(before[w]);
+    }
+    same_bits(sg_model_params(s[0].m), sg_model_params(s[1].m), "parameters (overflow run)", bad + 3);
+    same_bits(s[0].m->scaler, s[1].m->scaler, "loss scaler (overflow run)", bad + 3);
+    printf("%s bf16: a forced overflow at step %d skipped exactly that step, eagerly and replayed\n", name, bad + 1);
+    drop(&s[0]), drop(&s[1]);
+    sg_ctx_destroy(ctx);
+}
+
+/* bf16 against fp32 from the same seed: the same curve to bf16 resolution. */
+static void bf16_tracks_fp32(sg_backend be, const char *name, int steps)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    uint64_t seed = tu_next();
+    precision = SG_DTYPE_F32;
+    side f = make(ctx, name, seed, 0.f, SG_SCOPE_EAGER, 1.0f);
+    precision = SG_DTYPE_BF16;
+    side h = make(ctx, name, seed, 0.f, SG_SCOPE_STEP, 1.0f);
+    double lf[64], lh[64];
+    for (int i = 0; i < steps && i < 64; i++) {
+        float a, b;
+        TU_OK(ctx, sg_trainer_step(f.t, i));
+        TU_OK(ctx, sg_trainer_step(h.t, i));
+        TU_OK(ctx, sg_model_loss_read(f.m, &a));
+        TU_OK(ctx, sg_model_loss_read(h.m, &b));
+        lf[i] = a, lh[i] = b;
+    }
+    /* bf16 keeps 8 bits of mantissa: activations and gradients are rounded to ~0.4%; over a
+     * few dozen Adam steps the loss stays within 2% of the fp32 run's. */
+    tu_close("bf16 loss per step vs fp32", lh, lf, steps, (tu_tol){2e-2, 2e-2});
+    printf("%s: loss step 1 %.4f / %.4f, step %d %.4f / %.4f (bf16 / fp32)\n", name, lh[0], lf[0], steps,
+           lh[steps - 1], lf[steps - 1]);
+    TU_CHECK(lh[steps - 1] < lh[0] - 0.5, "bf16 loss fell by less than 0.5: %.4f -> %.4f", lh[0], lh[steps - 1]);
+    drop(&f), drop(&h);
     sg_ctx_destroy(ctx);
 }
 
@@ -138,6 +248,213 @@ static void gpu_vs_cpu(const char *name)
     sg_ctx_destroy(gc), sg_ctx_destroy(cc);
 }
 
+/* ---- variable sequence length (sg_trainer_step_seq, --vary-seq) ---- */
+
+
+static float loss_of(side *s)
+{
+    float l = 0;
+    TU_OK(s->m->ctx, sg_model_loss_read(s->m, &l));
+    return l;
+}
+
+/* A step of len tokens a row padded up to T computes what the same windows compute unpadded
+ * (run at Tb = len): the same loss and parameter gradients. The padded positions add exact
+ * zeros (their targets are -1, so their logits' gradient is 0, and causal attention keeps them
+ * out of the real positions' rows). The CPU reference sums in double in row order, so there
+ * the two agree to the last bit in practice; CUDA reductions group rows by block, and the
+ * grouping depends on the row count. The tolerance, 1e-5 relative (and 1e-5 of the largest
+ * gradient for those near zero), allows that f32 rounding and nothing more. The check can
+ * fail: the same padded batch with the padding counted in the loss (targets 0 instead of -1)
+ * moves the loss by far more than that. */
+static void seq_padded_matches_unpadded(sg_backend be, const char *name)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    sg_model_spec spec;
+    TU_OK(ctx, sg_model_parse(ctx, name, &spec));
+    int64_t B = spec.batch, T = spec.seq, len = tu_randint(1, (int)T - 1), idx = tu_randint(20, 1 << 20);
+    int64_t padded_lens[] = {T}, exact_lens[] = {len, T};
+    uint64_t seed = tu_next();
+    side p = make_seq(ctx, name, seed, 0.f, SG_SCOPE_EAGER, 0.f, padded_lens, 1);
+    side u = make_seq(ctx, name, seed, 0.f, SG_SCOPE_EAGER, 0.f, exact_lens, 2);
+    /* Full-length steps first, the same on both: a model that has learnt some bytes gives the
+     * padding's target 0 (a byte text never holds) a loss far from the mean, which an untrained
+     * one (every byte near ln 256) would not. */
+    for (int i = 0; i < 20; i++) {
+        TU_OK(ctx, sg_trainer_step(p.t, i));
+        TU_OK(ctx, sg_trainer_step(u.t, i));
+    }
+
+    /* The padded batch: real windows, then token 0 and target -1. */
+    TU_OK(ctx, sg_model_load_seq(p.m, idx, len, T));
+    TU_CHECK(p.m->x->shape[0] == B && p.m->x->shape[1] == T && p.m->targets->numel == B * T,
+             "padded tokens are (%lld, %lld), expected (%lld, %lld)", (long long)p.m->x->shape[0],
+             (long long)p.m->x->shape[1], (long long)B, (long long)T);
+    int32_t *tok = malloc(sg_tensor_nbytes(p.m->x)), *tgt = malloc(sg_tensor_nbytes(p.m->targets));
+    TU_OK(ctx, sg_tensor_copy_to_host(p.m->x, tok, sg_tensor_nbytes(p.m->x)));
+    TU_OK(ctx, sg_tensor_copy_to_host(p.m->targets, tgt, sg_tensor_nbytes(p.m->targets)));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < B * T; i++) bad += i % T < len ? tgt[i] < 0 : tok[i] != 0 || tgt[i] != -1;
+    TU_CHECK(bad == 0, "%lld positions of the padded batch (len %lld of %lld) are not what they should be",
+             (long long)bad, (long long)len, (long long)T);
+    /* The wrong mask: padded targets 0, counted in the loss. */
+    for (int64_t i = 0; i < B * T; i++)
+        if (i % T >= len) tgt[i] = 0;
+    TU_OK(ctx, sg_tensor_copy_from_host(p.m->targets, tgt, sg_tensor_nbytes(p.m->targets)));
+    TU_OK(ctx, sg_model_forward(p.m));
+    float wrong = loss_of(&p);
+    free(tok), free(tgt);
+
+    TU_OK(ctx, sg_trainer_step_seq(p.t, idx, len)); /* gathers the batch again, masked */
+    TU_OK(ctx, sg_trainer_step_seq(u.t, idx, len));
+    TU_CHECK(u.m->x->shape[1] == len && p.m->x->shape[1] == T, "ran at lengths %lld and %lld, expected %lld and %lld",
+             (long long)u.m->x->shape[1], (long long)p.m->x->shape[1], (long long)len, (long long)T);
+    float lp = loss_of(&p), lu = loss_of(&u);
+    double tol = 1e-5 * fabs(lu);
+    TU_CHECK(fabs(lp - lu) <= tol, "loss padded to %lld: %.9g, at %lld: %.9g", (long long)T, lp, (long long)len, lu);
+    TU_CHECK(fabs(wrong - lu) > 100 * tol, "the padding counted in the loss gives %.9g, the masked loss %.9g: "
+             "the check above could not tell them apart", wrong, lu);
+    double *gp = tu_get(sg_model_grads(p.m)), *gu = tu_get(sg_model_grads(u.m)), gmax = 0, dmax = 0;
+    int64_t n = sg_tensor_numel(sg_model_grads(u.m));
+    for (int64_t i = 0; i < n; i++) {
+        gmax = fmax(gmax, fabs(gu[i]));
+        dmax = fmax(dmax, fabs(gp[i] - gu[i]));
+    }
+    /* 1e-5 relative, and 1e-5 of the largest gradient for those near zero. */
+    tu_close("parameter gradients, padded vs unpadded", gp, gu, n, (tu_tol){1e-5 * gmax, 1e-5});
+    TU_CHECK(gmax > 0, "all gradients are zero");
+    printf("%s: len %lld padded to %lld: loss %.7f vs %.7f unpadded (%.7f with the padding in the loss); "
+           "gradients differ by at most %.3g (largest %.3g)\n", name, (long long)len, (long long)T, lp, lu, wrong,
+           dmax, gmax);
+    free(gp), free(gu);
+    drop(&p), drop(&u);
+    sg_ctx_destroy(ctx);
+}
+
+/* --vary-seq under step scope against eager, dropout and clipping on: lengths across three
+ * buckets (T/4, T/2, T), exact sizes and lengths between them, each bucket captured after its
+ * eager warm-up step and replayed; every step bit-exact; one graph per bucket in the cache;
+ * once every bucket has its graph, no device allocation per step. */
+static void seq_vary_matches_eager(sg_backend be, const char *name)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    sg_model_spec spec;
+    TU_OK(ctx, sg_model_parse(ctx, name, &spec));
+    int64_t T = spec.seq, lens[3] = {T / 4, T / 2, T};
+    /* Lengths in sixteenths of T: steps 0..2 are the trainer's warm-up; then each bucket runs
+     * once eagerly, captures, and replays. */
+    static const int sixteenths[] = {16, 3, 7, 12, 5, 8, 16, 1, 9, 4, 6, 13, 2, 11};
+    const int steps = (int)(sizeof sixteenths / sizeof *sixteenths), all_warm = 8;
+    uint64_t seed = tu_next();
+    side e = make_seq(ctx, name, seed, 0.1f, SG_SCOPE_EAGER, 0.5f, lens, 3);
+    side g = make_seq(ctx, name, seed, 0.1f, SG_SCOPE_STEP, 0.5f, lens, 3);
+    sg_alloc_stats a0 = {0}, a1;
+    bool ok = true;
+    for (int i = 0; i < steps && ok; i++) {
+        int64_t len = T * sixteenths[i] / 16 > 0 ? T * sixteenths[i] / 16 : 1;
+        TU_OK(ctx, sg_trainer_step_seq(e.t, i, len));
+        TU_OK(ctx, sg_trainer_step_seq(g.t, i, len));
+        ok = same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss", i + 1) &&
+             same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters", i + 1) &&
+             same_bits(e.m->rng, g.m->rng, "dropout offset", i + 1) &&
+             same_bits(e.m->scaler, g.m->scaler, "loss scaler", i + 1);
+        if (ok && precision == SG_DTYPE_BF16)
+            ok = same_bits(e.m->params.flat_lo, g.m->params.flat_lo, "bf16 parameter copies", i + 1);
+        if (i == all_warm) {
+            TU_OK(ctx, sg_ctx_sync(ctx));
+            TU_OK(ctx, sg_ctx_alloc_stats(ctx, &a0));
+        }
+    }
+    TU_OK(ctx, sg_ctx_sync(ctx));
+    TU_OK(ctx, sg_ctx_alloc_stats(ctx, &a1));
+    TU_CHECK(a1.device_allocs == a0.device_allocs, "%llu device allocations in the %d steps after every bucket "
+             "had its graph", (unsigned long long)(a1.device_allocs - a0.device_allocs), steps - 1 - all_warm);
+    sg_trainer_stats ts;
+    TU_OK(ctx, sg_trainer_get_stats(g.t, &ts));
+    TU_CHECK(!ts.fell_back && ts.cache.cached == 3 && ts.cache.captures == 3 && ts.cache.evictions == 0 &&
+             ts.cache.distinct_keys == 3, "cache: %d graphs held, %llu captures, %llu evictions, %llu keys "
+             "(expected one graph for each of the 3 buckets); fell back: %s", ts.cache.cached,
+             (unsigned long long)ts.cache.captures, (unsigned long long)ts.cache.evictions,
+             (unsigned long long)ts.cache.distinct_keys, ts.fallback_reason);
+    printf("%s %s --vary-seq (buckets %lld,%lld,%lld): %d steps under step scope bit-exact with eager (dropout "
+           "0.1, clip 0.5); %d graphs, %llu cache hits\n", name, prec_name(), (long long)lens[0],
+           (long long)lens[1], (long long)lens[2], steps, ts.cache.cached, (unsigned long long)ts.cache.hits);
+    drop(&g), drop(&e);
+    sg_ctx_destroy(ctx);
+}
+
+/* Argument errors name the problem and leave the context usable: sequence buckets on an mlp
+ * model, buckets above T, not increasing, under another scope, with batch buckets; a length of
+ * 0 or above the largest bucket; the core's shape changes past a tensor's storage. */
+static void seq_errors(sg_backend be)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    sg_model *mlp, *gpt;
+    sg_optim *om, *og;
+    sg_trainer *t = NULL;
+    TU_OK(ctx, sg_model_create(ctx, "mlp-16-1-4", 1, &mlp));
+    TU_OK(ctx, sg_optim_create(ctx, mlp, SG_OPTIM_ADAMW, &om));
+    TU_OK(ctx, sg_model_create(ctx, "gpt-64-1-2-16", 1, &gpt));
+    TU_OK(ctx, sg_optim_create(ctx, gpt, SG_OPTIM_ADAMW, &og));
+    int64_t ok_lens[] = {8, 16}, long_lens[] = {8, 32}, unsorted[] = {8, 4}, rows[] = {2, 4};
+    sg_trainer_options to = sg_trainer_options_default();
+    to.seq_buckets = ok_lens, to.n_seq_buckets = 2;
+    TU_FAILS(ctx, sg_trainer_create(mlp, om, &to, &t), SG_ERR_UNSUPPORTED, "sequence buckets are for gpt models");
+    TU_CHECK(t == NULL, "a trainer came back from a failed create");
+    TU_FAILS(ctx, sg_model_set_seq(mlp, 4), SG_ERR_UNSUPPORTED, "gpt models");
+    to.seq_buckets = long_lens;
+    TU_FAILS(ctx, sg_trainer_create(gpt, og, &to, &t), SG_ERR_INVALID, "sequence length T = 16");
+    to.seq_buckets = unsorted;
+    TU_FAILS(ctx, sg_trainer_create(gpt, og, &to, &t), SG_ERR_INVALID, "increasing lengths");
+    to.seq_buckets = NULL;
+    TU_FAILS(ctx, sg_trainer_create(gpt, og, &to, &t), SG_ERR_INVALID, "sequence buckets");
+    to.seq_buckets = ok_lens, to.scope = SG_SCOPE_LAYER;
+    TU_FAILS(ctx, sg_trainer_create(gpt, og, &to, &t), SG_ERR_INVALID, "scope layer");
+    to.scope = SG_SCOPE_STEP, to.steps_per_call = 4;
+    TU_FAILS(ctx, sg_trainer_create(gpt, og, &to, &t), SG_ERR_INVALID, "1 with batch or sequence buckets");
+    to.steps_per_call = 1, to.batch_buckets = rows, to.n_buckets = 2;
+    TU_FAILS(ctx, sg_trainer_create(gpt, og, &to, &t), SG_ERR_INVALID, "together");
+    to.batch_buckets = NULL, to.n_buckets = 0;
+    TU_FAILS(ctx, sg_model_set_seq(gpt, 17), SG_ERR_SHAPE, "length 17");
+    TU_FAILS(ctx, sg_model_load_seq(gpt, 0, 9, 8), SG_ERR_SHAPE, "9 tokens in a bucket of 8");
+
+    /* A good trainer: bad lengths fail, then steps work, at a bucket and at the full T. */
+    TU_OK(ctx, sg_trainer_create(gpt, og, &to, &t));
+    TU_FAILS(ctx, sg_trainer_step_seq(t, 0, 0), SG_ERR_SHAPE, "0 tokens: expected 1 to 16");
+    TU_FAILS(ctx, sg_trainer_step_seq(t, 0, 17), SG_ERR_SHAPE, "17 tokens: expected 1 to 16 (the largest sequence");
+    TU_FAILS(ctx, sg_trainer_step_rows(t, 0, 2), SG_ERR_INVALID, "no batch buckets");
+    float l = 0;
+    TU_OK(ctx, sg_trainer_step_seq(t, 0, 5));
+    TU_OK(ctx, sg_model_loss_read(gpt, &l));
+    TU_CHECK(gpt->x->shape[1] == 8 && isfinite(l), "after a step of 5 tokens: length %lld, loss %g",
+             (long long)gpt->x->shape[1], l);
+    TU_OK(ctx, sg_trainer_step(t, 1)); /* eager (warm-up): loads the full batch */
+    TU_CHECK(gpt->x->shape[1] == 16 && gpt->targets->numel == 2 * 16, "after a full step: length %lld",
+             (long long)gpt->x->shape[1]);
+    sg_trainer_destroy(t);
+    to = sg_trainer_options_default();
+    TU_OK(ctx, sg_trainer_create(gpt, og, &to, &t));
+    TU_FAILS(ctx, sg_trainer_step_seq(t, 0, 4), SG_ERR_INVALID, "no sequence buckets");
+    TU_OK(ctx, sg_trainer_step(t, 0));
+    sg_trainer_destroy(t);
+
+    /* sg_tensor_set_shape: any shape that fits the storage, and back. */
+    sg_tensor *a = tu_tensor(ctx, SG_DTYPE_F32, 4, (int64_t[]){2, 3, 4, 4}, "att");
+    TU_OK(ctx, sg_tensor_set_shape(a, 4, (int64_t[]){2, 3, 2, 2}));
+    TU_CHECK(a->numel == 24 && a->shape[2] == 2, "set_shape (2, 3, 2, 2) gave %lld elements", (long long)a->numel);
+    TU_FAILS(ctx, sg_tensor_set_shape(a, 4, (int64_t[]){2, 3, 4, 5}), SG_ERR_SHAPE, "'att' holds 96 elements");
+    TU_FAILS(ctx, sg_tensor_set_shape(a, 2, (int64_t[]){0, 4}), SG_ERR_SHAPE, "(0, 4)");
+    TU_FAILS(ctx, sg_tensor_set_shape(a, 5, (int64_t[]){1, 1, 1, 1, 1}), SG_ERR_SHAPE, "ndim 5");
+    TU_OK(ctx, sg_tensor_set_shape(a, 2, (int64_t[]){4, 24}));
+    TU_FAILS(ctx, sg_tensor_set_rows(a, 5), SG_ERR_SHAPE, "1 to 2 rows"); /* 5 rows of 24 do not fit */
+    TU_OK(ctx, sg_tensor_set_shape(a, 4, (int64_t[]){2, 3, 4, 4}));
+    TU_CHECK(a->numel == 96 && sg_tensor_nbytes(a) == 384, "back to (2, 3, 4, 4): %lld elements", (long long)a->numel);
+    sg_tensor_destroy(a);
+    sg_optim_destroy(om), sg_optim_destroy(og);
+    sg_model_destroy(mlp), sg_model_destroy(gpt);
+    sg_ctx_destroy(ctx);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "cpu";
@@ -147,11 +464,27 @@ int main(int argc, char **argv)
         const char *name = getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-256-4-8-128";
         gpu_vs_cpu(getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64");
         scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12);
+        seq_padded_matches_unpadded(SG_BACKEND_CUDA, getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64");
+        seq_vary_matches_eager(SG_BACKEND_CUDA, name);
+        seq_errors(SG_BACKEND_CUDA);
         rng_advances(SG_BACKEND_CUDA, name);
+        bf16_tracks_fp32(SG_BACKEND_CUDA, getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", 30);
+        precision = SG_DTYPE_BF16;
+        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12);
+        seq_vary_matches_eager(SG_BACKEND_CUDA, name);
+        overflow_skips(SG_BACKEND_CUDA, name);
     } else {
         learns("gpt-64-2-4-32", 60, 1.0);
         scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6);
+        seq_padded_matches_unpadded(SG_BACKEND_CPU, "gpt-64-2-2-16");
+        seq_vary_matches_eager(SG_BACKEND_CPU, "gpt-64-2-2-16");
+        seq_errors(SG_BACKEND_CPU);
         rng_advances(SG_BACKEND_CPU, "gpt-64-1-2-16");
+        bf16_tracks_fp32(SG_BACKEND_CPU, "gpt-64-1-2-16", 30);
+        precision = SG_DTYPE_BF16;
+        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6);
+        seq_vary_matches_eager(SG_BACKEND_CPU, "gpt-64-2-2-16");
+        overflow_skips(SG_BACKEND_CPU, "gpt-64-1-2-16");
     }
     return tu_finish("test_gpt");
 }

@@ -3,7 +3,10 @@
  * argument errors; bf16 logits (f32 loss) against the f64 reference, and mixed dtypes.
  * `gpu`: the CUDA kernels against the CPU reference on fresh random inputs (vocabulary-sized
  * rows, masked rows, N-D logits, in place), outputs poisoned first, f32 and bf16 logits;
- * bitwise determinism; one launch per call; the scratch counter left at 0 between calls. */
+ * bitwise determinism; one launch per call; the scratch counter left at 0 between calls.
+ * Both: sg_softmax_xent_scaled (the loss scale read from a scaler tensor): dlogits exactly
+ * scale times the unscaled ones, the loss unscaled, the scaler untouched, scaler NULL the same
+ * as sg_softmax_xent, its argument errors; on the GPU also against the CPU reference. */
 #include "testutil.h"
 
 /* ---- shared helpers ---- */
@@ -450,6 +453,8 @@ static void cpu_bf16(sg_ctx *ctx)
     xent_bf16_errors(ctx);
 }
 
+static void xent_scaled_tests(sg_ctx *ctx, sg_ctx *ref); /* with the gpu helpers, below */
+
 static void cpu_tests(void)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
@@ -464,6 +469,7 @@ static void cpu_tests(void)
     cpu_all_masked(ctx);
     cpu_errors(ctx);
     cpu_bf16(ctx);
+    xent_scaled_tests(ctx, ctx);
     sg_ctx_destroy(ctx);
 }
 
@@ -727,6 +733,184 @@ static void gpu_edges(sg_ctx *gpu)
     for (int i = 0; i < 6; i++) sg_tensor_destroy(ts[i]);
 }
 
+/* ---- sg_softmax_xent_scaled: the loss scale of mixed precision, read from the device ----
+ * dlogits = (softmax - onehot) * (grad_scale / count) * scale: the scale (a power of two)
+ * multiplies after the division, so the scaled dlogits are exactly scale times sg_softmax_xent's
+ * on the same backend (f32 and bf16 alike: no result here is subnormal or overflows), and the
+ * loss is the unscaled loss bit for bit. Against the CPU reference, the tolerances of the
+ * unscaled comparisons with the unit grad_scale / count * scale. */
+
+/* A scaler of SG_SCALER_COUNT F32 on ctx: {scale, good_steps 0, growth_interval 2000, 0}. */
+static void set_scaler(sg_tensor *sc, double scale)
+{
+    double v[SG_SCALER_COUNT] = {scale, 0, 2000, 0};
+    tu_set(sc, v);
+}
+
+/* One shape and dtype on ctx against sg_softmax_xent on ctx (exact) and, when ref is another
+ * context, the CPU reference (by tolerance); three scales in turn through one scaler tensor
+ * (each call reads the current one), then scaler NULL, which is sg_softmax_xent itself. */
+static void xent_scaled_case(sg_ctx *ctx, sg_ctx *ref, sg_dtype dt, int ndim,
+                             const int64_t *shape, int mask_every)
+{
+    const int gpu = ctx->backend == SG_BACKEND_CUDA;
+    int64_t C = shape[ndim - 1], M = 1;
+    for (int i = 0; i < ndim - 1; i++) M *= shape[i];
+    char what[160];
+    int k = snprintf(what, sizeof what, "%s xent_scaled %s (", gpu ? "gpu" : "cpu",
+                     sg_dtype_name(dt));
+    for (int i = 0; i < ndim; i++)
+        k += snprintf(what + k, sizeof what - k, "%s%lld", i ? "," : "", (long long)shape[i]);
+    k += snprintf(what + k, sizeof what - k, ")");
+    sg_dtype ldt = dt == SG_DTYPE_F64 ? SG_DTYPE_F64 : SG_DTYPE_F32;
+
+    sg_tensor *x = tu_tensor(ctx, dt, ndim, shape, "logits");
+    sg_tensor *t = tu_tensor1(ctx, SG_DTYPE_I32, M, "targets");
+    sg_tensor *l0 = tu_tensor1(ctx, ldt, 1, "loss"), *l1 = tu_tensor1(ctx, ldt, 1, "loss_scaled");
+    sg_tensor *d0 = tu_tensor(ctx, dt, ndim, shape, "dlogits");
+    sg_tensor *d1 = tu_tensor(ctx, dt, ndim, shape, "dlogits_scaled");
+    sg_tensor *sc = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler");
+    free(tu_random(x, -6, 6));
+    double *tv = random_targets(M, C, mask_every);
+    tv[0] = tu_randint(0, (int)C - 1); /* at least one counted row */
+    tu_set(t, tv);
+    int64_t count = count_unmasked(tv, M);
+    float gs = (float)tu_uniform(0.5, 4.0);
+    double unit = gs / (double)count;
+    TU_OK(ctx, sg_softmax_xent(ctx, x, t, gs, l0, d0));
+    double *dv0 = tu_get(d0), lv0 = read_scalar(l0);
+
+    /* The CPU reference of the scaled call, on another context (GPU mode only). */
+    sg_tensor *xr = NULL, *tr = NULL, *lr = NULL, *dr = NULL, *scr = NULL;
+    if (ref != ctx) {
+        xr = tu_clone_to(ref, x, dt), tr = tu_clone_to(ref, t, SG_DTYPE_I32);
+        lr = tu_tensor1(ref, ldt, 1, "loss_ref");
+        dr = tu_tensor(ref, dt, ndim, shape, "dlogits_ref");
+        scr = tu_tensor1(ref, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler_ref");
+    }
+
+    const double scales[3] = {65536.0, 0.125, 1024.0};
+    for (int s = 0; s < 3; s++) {
+        char w2[224];
+        snprintf(what + k, sizeof what - k, " scale %g", scales[s]);
+        set_scaler(sc, scales[s]);
+        double *before = tu_get(sc);
+        tu_poison(l1);
+        tu_poison(d1);
+        uint64_t launches = sg_ctx_launch_count(ctx);
+        TU_OK(ctx, sg_softmax_xent_scaled(ctx, x, t, gs, sc, l1, d1));
+        launches = sg_ctx_launch_count(ctx) - launches;
+        if (gpu)
+            TU_CHECK(launches == 1, "%s: %llu launches, expected 1", what,
+                     (unsigned long long)launches);
+        double *dv1 = tu_get(d1), lv1 = read_scalar(l1);
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < d1->numel; i++)
+            if (dv1[i] != scales[s] * dv0[i] && bad++ == 0) first = i;
+        TU_CHECK(bad == 0, "%s: %lld of %lld dlogits are not exactly scale times the unscaled "
+                 "ones; first [%lld] %.9g vs %.9g * %g", what, (long long)bad,
+                 (long long)d1->numel, (long long)first, first >= 0 ? dv1[first] : 0.0,
+                 first >= 0 ? dv0[first] : 0.0, scales[s]);
+        TU_CHECK(!memcmp(&lv1, &lv0, sizeof lv0), "%s: loss %.9g, unscaled %.9g: the loss must "
+                 "not be scaled", what, lv1, lv0);
+        double *after = tu_get(sc);
+        TU_CHECK(!memcmp(before, after, SG_SCALER_COUNT * sizeof *after),
+                 "%s: the scaler changed (scale %g -> %g)", what, before[0], after[0]);
+        free(before), free(after), free(dv1);
+        if (ref != ctx) {
+            set_scaler(scr, scales[s]);
+            TU_OK(ref, sg_softmax_xent_scaled(ref, xr, tr, gs, scr, lr, dr));
+            snprintf(w2, sizeof w2, "%s: dlogits against the CPU", what);
+            tu_tol tol = dt == SG_DTYPE_BF16 ? bf16_grad_tol(unit * scales[s])
+                                             : grad_tol(unit * scales[s]);
+            tu_close_tensors(w2, d1, dr, tol);
+            snprintf(w2, sizeof w2, "%s: loss against the CPU", what);
+            tu_close_tensors(w2, l1, lr, tu_tol_for(SG_DTYPE_F32));
+        }
+    }
+
+    /* scaler NULL: sg_softmax_xent, bit for bit. */
+    tu_poison(l1);
+    tu_poison(d1);
+    TU_OK(ctx, sg_softmax_xent_scaled(ctx, x, t, gs, NULL, l1, d1));
+    double *dv1 = tu_get(d1), lv1 = read_scalar(l1);
+    snprintf(what + k, sizeof what - k, " scaler NULL");
+    TU_CHECK(!memcmp(dv1, dv0, (size_t)d1->numel * sizeof *dv1) && !memcmp(&lv1, &lv0, sizeof lv0),
+             "%s: not sg_softmax_xent's results bit for bit", what);
+    free(dv1), free(dv0), free(tv);
+    sg_tensor *ts[] = {x, t, l0, l1, d0, d1, sc, xr, tr, lr, dr, scr};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+}
+
+/* The scaler's checks, each failing before anything is written, named after the call made;
+ * the context works afterwards. */
+static void xent_scaled_errors(sg_ctx *ctx)
+{
+    int64_t M = 6, C = 5;
+    sg_tensor *x = tu_tensor2(ctx, SG_DTYPE_F32, M, C, "logits"),
+              *t = tu_tensor1(ctx, SG_DTYPE_I32, M, "targets");
+    sg_tensor *l = tu_tensor1(ctx, SG_DTYPE_F32, 1, "loss");
+    sg_tensor *l2 = tu_tensor1(ctx, SG_DTYPE_F32, 2, "loss2");
+    sg_tensor *d = tu_tensor2(ctx, SG_DTYPE_F32, M, C, "dlogits");
+    sg_tensor *sc = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler");
+    sg_tensor *sc3 = tu_tensor1(ctx, SG_DTYPE_F32, 3, "sc3");
+    sg_tensor *sc_i32 = tu_tensor1(ctx, SG_DTYPE_I32, SG_SCALER_COUNT, "sc_i32");
+    /* A scaler sharing bytes with dlogits, and one with the loss: views of one buffer. */
+    sg_tensor *base = tu_tensor1(ctx, SG_DTYPE_F32, M * C, "base");
+    int64_t four = SG_SCALER_COUNT, one = 1, mc[2] = {M, C};
+    sg_tensor *sc_in = NULL, *d_over = NULL, *l_over = NULL;
+    TU_OK(ctx, sg_tensor_view(base, 0, 1, &four, "sc_in", &sc_in));
+    TU_OK(ctx, sg_tensor_view(base, 0, 2, mc, "d_over", &d_over));
+    TU_OK(ctx, sg_tensor_view(base, 3, 1, &one, "l_over", &l_over));
+    free(tu_random(x, -2, 2));
+    double *tv = random_targets(M, C, 0);
+    tu_set(t, tv);
+    set_scaler(sc, 256);
+    tu_poison(l);
+    tu_poison(d);
+
+    TU_FAILS(ctx, sg_softmax_xent_scaled(ctx, x, t, 1.0f, sc3, l, d), SG_ERR_SHAPE,
+             "sg_softmax_xent_scaled: 'scaler' is (3) f32, expected 4 elements");
+    TU_FAILS(ctx, sg_softmax_xent_scaled(ctx, x, t, 1.0f, sc_i32, l, d), SG_ERR_DTYPE,
+             "sg_softmax_xent_scaled: tensor 'scaler' is i32, expected f32");
+    TU_FAILS(ctx, sg_softmax_xent_scaled(ctx, x, t, 1.0f, sc_in, l, d_over), SG_ERR_INVALID,
+             "output 'dlogits' overlaps 'scaler'");
+    TU_FAILS(ctx, sg_softmax_xent_scaled(ctx, x, t, 1.0f, sc_in, l_over, NULL), SG_ERR_INVALID,
+             "output 'loss' overlaps 'scaler'");
+    TU_FAILS(ctx, sg_softmax_xent_scaled(ctx, x, t, 1.0f, sc, l2, d), SG_ERR_SHAPE,
+             "sg_softmax_xent_scaled: 'loss' is (2) f32");
+    TU_FAILS(ctx, sg_softmax_xent_scaled(ctx, x, t, NAN, sc, l, d), SG_ERR_INVALID,
+             "sg_softmax_xent_scaled: grad_scale");
+    TU_CHECK(sg_softmax_xent_scaled(NULL, x, t, 1.0f, sc, l, d) == SG_ERR_NULL,
+             "NULL ctx accepted");
+    double *dv = tu_get(d);
+    int64_t written = 0;
+    for (int64_t i = 0; i < d->numel; i++) written += !isnan(dv[i]);
+    TU_CHECK(written == 0 && isnan(read_scalar(l)), "rejected scaled calls wrote %lld dlogits "
+             "(loss %g)", (long long)written, read_scalar(l));
+    free(dv);
+    TU_OK(ctx, sg_softmax_xent_scaled(ctx, x, t, 1.0f, sc, l, d));
+    TU_CHECK(isfinite(read_scalar(l)), "scaled loss after the errors: %g", read_scalar(l));
+    free(tv);
+    sg_tensor *ts[] = {sc_in, d_over, l_over, base, x, t, l, l2, d, sc, sc3, sc_i32};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+}
+
+/* Both modes: f32 (and f64 on the CPU) and bf16 logits, warp-per-row and block-per-row shapes,
+ * masked rows, then the errors. ref: the CPU context (ctx itself in cpu mode). */
+static void xent_scaled_tests(sg_ctx *ctx, sg_ctx *ref)
+{
+    int64_t s2[2] = {tu_randint(1, 300), tu_randint(2, 300)}, big[2] = {64, 50257};
+    int64_t s3[3] = {2, tu_randint(2, 4), tu_randint(2, 60)};
+    const sg_dtype dts[3] = {SG_DTYPE_F32, SG_DTYPE_BF16, SG_DTYPE_F64};
+    for (int i = 0; i < (ctx == ref ? 3 : 2); i++) {
+        xent_scaled_case(ctx, ref, dts[i], 2, s2, 4);
+        xent_scaled_case(ctx, ref, dts[i], 3, s3, 0);
+        if (ctx != ref || dts[i] != SG_DTYPE_F64) xent_scaled_case(ctx, ref, dts[i], 2, big, 8);
+    }
+    xent_scaled_errors(ctx);
+}
+
 static void gpu_tests(void)
 {
     sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
@@ -757,6 +941,7 @@ static void gpu_tests(void)
     xent_bf16_case(gpu, cpu, 3, s3, 6, 1.0f);
     xent_bf16_case(gpu, cpu, 1, v1, 0, 1024.0f);
     xent_bf16_errors(gpu);
+    xent_scaled_tests(gpu, cpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
 }

@@ -2,7 +2,10 @@
  * steps of the reference against an independent per-tensor implementation of PyTorch's
  * formulas (torch.optim.AdamW, torch.optim.SGD), in double; hp.step, a changed lr, and the
  * argument checks. `gpu`: the CUDA kernel against the CPU reference (f32) for 5 consecutive
- * steps on several sizes, one launch per step.
+ * steps on several sizes, one launch per step. Both: mixed precision's `skip` flag (nonzero:
+ * param, moments, hp and param_lo bit for bit as they were; 0: the same bits as no flag) and
+ * bf16 copy (param_lo is bf16(param), rounded to nearest even, bit for bit; the update itself
+ * unchanged by it).
  * No finite-difference check: an optimizer step is not the gradient of anything; its
  * correctness is the update rule itself, which the reference comparison checks. */
 #include "testutil.h"
@@ -116,8 +119,6 @@ static void ref_sgd(ref_param *ps, int nt, double *const *grads, ref_hp *h)
     }
 }
 
-/* ---- cpu ---- */
-
 enum { OPT_ADAMW = 0, OPT_SGD = 1 };
 
 /* Values for hp: the fields an optimizer does not use hold junk, so mixing fields up fails. */
@@ -127,6 +128,229 @@ static void hp_values(int op, double momentum, double *hv)
     double sgd[8] = {0.05, 0.5, 0.5, 0.5, 0.2, momentum, 0.3, 0};
     memcpy(hv, op == OPT_ADAMW ? adamw : sgd, sizeof adamw);
 }
+
+/* ---- mixed precision: skip and param_lo (either backend) ---- */
+
+/* A tensor's raw bytes (caller frees), for bit-for-bit comparisons. */
+static void *raw(const sg_tensor *t)
+{
+    void *b = malloc(sg_tensor_nbytes(t));
+    TU_OK(t->ctx, sg_tensor_copy_to_host(t, b, sg_tensor_nbytes(t)));
+    return b;
+}
+
+static void expect_bits(const char *what, const sg_tensor *t, const void *want)
+{
+    void *now = raw(t);
+    TU_CHECK(memcmp(now, want, sg_tensor_nbytes(t)) == 0, "%s: '%s' is not bit for bit what it "
+             "should be", what, t->name);
+    free(now);
+}
+
+/* f32 to bf16 bits, rounding to nearest even (finite values), written here independently of
+ * the library's sg_double_to_bf16 and __float2bfloat16_rn. */
+static uint16_t bf16_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* param_lo (bf16) against bf16(param) for every element; param f32 or f64 (f64 goes through
+ * f32 first, as documented). */
+static void expect_lo(const char *what, const sg_tensor *param_lo, const sg_tensor *param)
+{
+    uint16_t *lo = raw(param_lo);
+    double *p = tu_get(param);
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < param->numel; i++)
+        if (lo[i] != bf16_bits((float)p[i]) && bad++ == 0) first = i;
+    TU_CHECK(bad == 0, "%s: %lld of %lld elements of param_lo are not bf16(param); first [%lld] "
+             "0x%04x for param %.9g (want 0x%04x)", what, (long long)bad, (long long)param->numel,
+             (long long)first, first >= 0 ? lo[first] : 0, first >= 0 ? p[first] : 0.0,
+             first >= 0 ? bf16_bits((float)p[first]) : 0);
+    free(lo);
+    free(p);
+}
+
+/* The optimizer's buffers on one context: param, grad, m, v (AdamW) or buf (SGD; v unused),
+ * and hp. */
+typedef struct opt_state {
+    sg_tensor *t[4], *hp;
+} opt_state;
+
+/* One step; on CUDA one launch, skipped or not (the flag is read by the kernel). */
+static void one_step(int op, opt_state *s, const sg_tensor *ss, const sg_tensor *sd, int n_seg,
+                     const sg_tensor *skip, sg_tensor *param_lo)
+{
+    sg_ctx *ctx = s->hp->ctx;
+    uint64_t before = sg_ctx_launch_count(ctx);
+    if (op == OPT_ADAMW)
+        TU_OK(ctx, sg_adamw_step(ctx, s->t[0], s->t[1], s->t[2], s->t[3], s->hp, ss, sd, n_seg,
+                                 skip, param_lo));
+    else
+        TU_OK(ctx, sg_sgd_step(ctx, s->t[0], s->t[1], s->t[2], s->hp, ss, sd, n_seg, skip,
+                               param_lo));
+    uint64_t launches = sg_ctx_launch_count(ctx) - before;
+    if (ctx->backend == SG_BACKEND_CUDA)
+        TU_CHECK(launches == 1, "gpu %s: %llu launches for one step, expected 1",
+                 op == OPT_ADAMW ? "adamw" : "sgd", (unsigned long long)launches);
+}
+
+/* The bits of what a step writes: param, m or buf, v (AdamW), hp. */
+static void snapshot(int op, const opt_state *s, void **bits)
+{
+    bits[0] = raw(s->t[0]);
+    bits[1] = raw(s->t[2]);
+    bits[2] = op == OPT_ADAMW ? raw(s->t[3]) : NULL;
+    bits[3] = raw(s->hp);
+}
+
+static void expect_state(const char *what, int op, const opt_state *s, void **bits)
+{
+    expect_bits(what, s->t[0], bits[0]);
+    expect_bits(what, s->t[2], bits[1]);
+    if (op == OPT_ADAMW) expect_bits(what, s->t[3], bits[2]);
+    expect_bits(what, s->hp, bits[3]);
+}
+
+static void free_bits(void **bits)
+{
+    for (int i = 0; i < 4; i++) free(bits[i]);
+}
+
+/* A tensor of P elements, or (misaligned) a view of one at element 1, whose owner goes to
+ * *base (NULL otherwise). */
+static sg_tensor *layout_tensor(sg_ctx *ctx, sg_dtype dt, int64_t P, int misaligned,
+                                const char *name, sg_tensor **base)
+{
+    *base = NULL;
+    if (!misaligned) return tu_tensor1(ctx, dt, P, name);
+    *base = tu_tensor1(ctx, dt, P + 1, "base");
+    sg_tensor *t = NULL;
+    TU_OK(ctx, sg_tensor_view(*base, 1, 1, &P, name, &t));
+    return t;
+}
+
+/* On ctx, two optimizer states A and B from the same random values, stepped in turn:
+ *   1. A with skip = 1 and param_lo (preset to 3.0): A and param_lo unchanged, bit for bit;
+ *   2. A with skip = 0, B with no flag: the same bits;
+ *   3. new gradients; A with skip = 0 and param_lo, B with neither (param_lo alone
+ *      misaligned: B writes its own, see below): the same bits, and param_lo = bf16(param)
+ *      bit for bit;
+ *   4. A with skip = -7 (any nonzero) and param_lo: A and param_lo unchanged.
+ * On CUDA each step is one launch and the block counter ends at 0 (a skipped launch never
+ * touches it). misaligned 1: param_lo a view at element 1 (2 bytes off: the scalar path);
+ * 2: every buffer a view at element 1. */
+static void mixed_case(sg_ctx *ctx, int op, sg_dtype dt, int64_t P, int n_seg, double momentum,
+                       int misaligned)
+{
+    const int gpu = ctx->backend == SG_BACKEND_CUDA;
+    char what[200];
+    int k = snprintf(what, sizeof what, "%s %s %s P=%lld n_seg=%d momentum %g%s",
+                     gpu ? "gpu" : "cpu", op == OPT_ADAMW ? "adamw" : "sgd", sg_dtype_name(dt),
+                     (long long)P, n_seg, momentum,
+                     misaligned == 1 ? " param_lo misaligned" : misaligned ? " misaligned" : "");
+    int32_t *start = malloc((size_t)(n_seg + 1) * sizeof *start);
+    int32_t *decay = malloc((size_t)n_seg * sizeof *decay);
+    make_segments(P, n_seg, start, decay);
+    sg_tensor *ss = int_tensor(ctx, start, n_seg + 1, "seg_start");
+    sg_tensor *sd = int_tensor(ctx, decay, n_seg, "seg_decay");
+    const char *names[4] = {"param", "grad", op == OPT_ADAMW ? "m" : "buf", "v"};
+    double lo[4] = {-1, -1, -0.1, 1e-3}, hi[4] = {1, 1, 0.1, 1e-2};
+    /* A and B have the same layout, so that on CUDA they take the same path of the kernel
+     * (float4 or scalar, whose arithmetic may contract into fmas differently) and bit-for-bit
+     * comparisons hold. */
+    opt_state A, B;
+    sg_tensor *bases[10] = {NULL};
+    int nb = 0;
+    for (int j = 0; j < 4; j++) {
+        A.t[j] = layout_tensor(ctx, dt, P, misaligned == 2, names[j], &bases[nb++]);
+        B.t[j] = layout_tensor(ctx, dt, P, misaligned == 2, names[j], &bases[nb++]);
+        double *x = tu_random(A.t[j], lo[j], hi[j]);
+        tu_set(B.t[j], x);
+        free(x);
+    }
+    double hv[8];
+    hp_values(op, momentum, hv);
+    A.hp = tu_tensor1(ctx, dt, 8, "hp"), B.hp = tu_tensor1(ctx, dt, 8, "hp");
+    tu_set(A.hp, hv);
+    tu_set(B.hp, hv);
+    sg_tensor *skip = tu_tensor1(ctx, SG_DTYPE_I32, 1, "skip");
+    sg_tensor *plo = layout_tensor(ctx, SG_DTYPE_BF16, P, misaligned != 0, "param_lo",
+                                   &bases[nb++]);
+    /* With param_lo alone misaligned, A takes the scalar path on CUDA whenever it writes
+     * param_lo: then B writes one too, laid out the same way. */
+    sg_tensor *plo_b = misaligned == 1 ? layout_tensor(ctx, SG_DTYPE_BF16, P, 1, "param_lo_b",
+                                                       &bases[nb++]) : NULL;
+    TU_OK(ctx, sg_tensor_fill(plo, 3.0));
+    void *before[4], *lo_bits = raw(plo);
+
+    /* 1. skip = 1: nothing moves. */
+    TU_OK(ctx, sg_tensor_fill(skip, 1));
+    snapshot(op, &A, before);
+    one_step(op, &A, ss, sd, n_seg, skip, plo);
+    snprintf(what + k, sizeof what - k, ": skip 1");
+    expect_state(what, op, &A, before);
+    expect_bits(what, plo, lo_bits);
+    free_bits(before);
+
+    /* 2. skip = 0 is no flag at all. */
+    TU_OK(ctx, sg_tensor_fill(skip, 0));
+    one_step(op, &A, ss, sd, n_seg, skip, NULL);
+    one_step(op, &B, ss, sd, n_seg, NULL, NULL);
+    snapshot(op, &B, before);
+    snprintf(what + k, sizeof what - k, ": skip 0 against no flag");
+    expect_state(what, op, &A, before);
+    expect_bits(what, plo, lo_bits);
+    free_bits(before);
+
+    /* 3. param_lo: bf16 of the new param; the update is the same without it. */
+    double *g = tu_random(A.t[1], -1, 1);
+    tu_set(B.t[1], g);
+    free(g);
+    one_step(op, &A, ss, sd, n_seg, skip, plo);
+    one_step(op, &B, ss, sd, n_seg, NULL, plo_b);
+    snapshot(op, &B, before);
+    snprintf(what + k, sizeof what - k, ": with param_lo against without");
+    expect_state(what, op, &A, before);
+    free_bits(before);
+    snprintf(what + k, sizeof what - k, ": param_lo after a step");
+    expect_lo(what, plo, A.t[0]);
+    if (plo_b) expect_lo(what, plo_b, B.t[0]);
+    double *hn = tu_get(A.hp);
+    TU_CHECK(hn[SG_HP_STEP] == 2, "%s: hp.step is %g after two steps and a skip", what,
+             hn[SG_HP_STEP]);
+    free(hn);
+
+    /* 4. Any nonzero flag skips, param_lo included. */
+    int32_t neg = -7;
+    TU_OK(ctx, sg_tensor_write_small(skip, 0, &neg, sizeof neg));
+    free(lo_bits);
+    lo_bits = raw(plo);
+    snapshot(op, &A, before);
+    one_step(op, &A, ss, sd, n_seg, skip, plo);
+    snprintf(what + k, sizeof what - k, ": skip -7");
+    expect_state(what, op, &A, before);
+    expect_bits(what, plo, lo_bits);
+    free_bits(before);
+
+    if (gpu) {
+        double *cnt = tu_get(ctx->scratch[SG_SLOT_OPTIM]);
+        TU_CHECK(cnt[0] == 0, "%s: the block counter is %g, expected 0", what, cnt[0]);
+        free(cnt);
+    }
+    free(lo_bits);
+    for (int j = 0; j < 4; j++) sg_tensor_destroy(A.t[j]), sg_tensor_destroy(B.t[j]);
+    sg_tensor_destroy(A.hp), sg_tensor_destroy(B.hp), sg_tensor_destroy(skip);
+    sg_tensor_destroy(plo), sg_tensor_destroy(plo_b), sg_tensor_destroy(ss), sg_tensor_destroy(sd);
+    for (int i = 0; i < nb; i++) sg_tensor_destroy(bases[i]);
+    free(start);
+    free(decay);
+}
+
+/* ---- cpu ---- */
+
 
 /* N_STEPS steps of the library's reference (dtype dt) against ref_adamw / ref_sgd on a few
  * tensors of random lengths (one of a single element, one empty), lr changed every step. */
@@ -183,10 +407,10 @@ static void cpu_run(int op, sg_dtype dt, double momentum)
         double *gv = tu_get(g), *grads[8];
         for (int k = 0; k < nt; k++) grads[k] = gv + start[k];
         if (op == OPT_ADAMW) {
-            TU_OK(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, nt));
+            TU_OK(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, nt, NULL, NULL));
             ref_adamw(ps, nt, grads, &h);
         } else {
-            TU_OK(ctx, sg_sgd_step(ctx, p, g, m, hp, ss, sd, nt));
+            TU_OK(ctx, sg_sgd_step(ctx, p, g, m, hp, ss, sd, nt, NULL, NULL));
             ref_sgd(ps, nt, grads, &h);
         }
         free(gv);
@@ -246,26 +470,57 @@ static void cpu_errors(void)
     tu_set(hp, hv);
     double *before[4] = {tu_get(p), tu_get(m), tu_get(v), tu_get(hp)};
 
-    TU_FAILS(ctx, sg_adamw_step(ctx, NULL, g, m, v, hp, ss, sd, 2), SG_ERR_NULL, "'param'");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, NULL, hp, ss, sd, 2), SG_ERR_NULL, "'v'");
-    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, NULL, hp, ss, sd, 2), SG_ERR_NULL, "'buf'");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g_i32, m, v, hp, ss, sd, 2), SG_ERR_DTYPE, "'grad'");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g_f32, m, v, hp, ss, sd, 2), SG_ERR_DTYPE, "'grad'");
-    TU_FAILS(ctx, sg_adamw_step(ctx, g_i32, g_i32, m, v, hp, ss, sd, 2), SG_ERR_DTYPE, "'param'");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m9, v, hp, ss, sd, 2), SG_ERR_SHAPE, "'m'");
-    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, m9, hp, ss, sd, 2), SG_ERR_SHAPE, "'buf'");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, m, hp, ss, sd, 2), SG_ERR_INVALID, "share");
-    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, p, hp, ss, sd, 2), SG_ERR_INVALID, "'buf'");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g_other, m, v, hp, ss, sd, 2), SG_ERR_BACKEND, "another context");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp7, ss, sd, 2), SG_ERR_SHAPE, "'hp'");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp_i32, ss, sd, 2), SG_ERR_DTYPE, "'hp'");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss_f32, sd, 2), SG_ERR_DTYPE, "'seg_start'");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, g_i32, 2), SG_ERR_SHAPE, "'seg_decay'");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd3, 3), SG_ERR_SHAPE, "'seg_start'");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 0), SG_ERR_INVALID, "n_seg");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss_end, sd, 2), SG_ERR_INVALID, "seg_start[2]");
-    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss_down, sd, 2), SG_ERR_INVALID, "non-decreasing");
-    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, m, hp, ss_first, sd, 2), SG_ERR_INVALID, "seg_start[0]");
+    TU_FAILS(ctx, sg_adamw_step(ctx, NULL, g, m, v, hp, ss, sd, 2, NULL, NULL), SG_ERR_NULL, "'param'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, NULL, hp, ss, sd, 2, NULL, NULL), SG_ERR_NULL, "'v'");
+    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, NULL, hp, ss, sd, 2, NULL, NULL), SG_ERR_NULL, "'buf'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g_i32, m, v, hp, ss, sd, 2, NULL, NULL), SG_ERR_DTYPE, "'grad'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g_f32, m, v, hp, ss, sd, 2, NULL, NULL), SG_ERR_DTYPE, "'grad'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, g_i32, g_i32, m, v, hp, ss, sd, 2, NULL, NULL), SG_ERR_DTYPE, "'param'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m9, v, hp, ss, sd, 2, NULL, NULL), SG_ERR_SHAPE, "'m'");
+    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, m9, hp, ss, sd, 2, NULL, NULL), SG_ERR_SHAPE, "'buf'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, m, hp, ss, sd, 2, NULL, NULL), SG_ERR_INVALID, "share");
+    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, p, hp, ss, sd, 2, NULL, NULL), SG_ERR_INVALID, "'buf'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g_other, m, v, hp, ss, sd, 2, NULL, NULL), SG_ERR_BACKEND, "another context");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp7, ss, sd, 2, NULL, NULL), SG_ERR_SHAPE, "'hp'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp_i32, ss, sd, 2, NULL, NULL), SG_ERR_DTYPE, "'hp'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss_f32, sd, 2, NULL, NULL), SG_ERR_DTYPE, "'seg_start'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, g_i32, 2, NULL, NULL), SG_ERR_SHAPE, "'seg_decay'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd3, 3, NULL, NULL), SG_ERR_SHAPE, "'seg_start'");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 0, NULL, NULL), SG_ERR_INVALID, "n_seg");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss_end, sd, 2, NULL, NULL), SG_ERR_INVALID, "seg_start[2]");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss_down, sd, 2, NULL, NULL), SG_ERR_INVALID, "non-decreasing");
+    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, m, hp, ss_first, sd, 2, NULL, NULL), SG_ERR_INVALID, "seg_start[0]");
+
+    /* Mixed precision: skip (1 I32) and param_lo (P BF16). */
+    sg_tensor *skip = tu_tensor1(ctx, SG_DTYPE_I32, 1, "skip"), *skip_f32 = tu_tensor1(ctx, SG_DTYPE_F32, 1, "skip_f32");
+    sg_tensor *skip2 = tu_tensor1(ctx, SG_DTYPE_I32, 2, "skip2"), *skip_other = tu_tensor1(other, SG_DTYPE_I32, 1, "skip_other");
+    sg_tensor *plo = tu_tensor1(ctx, SG_DTYPE_BF16, P, "param_lo"), *plo_f32 = tu_tensor1(ctx, SG_DTYPE_F32, P, "plo_f32");
+    sg_tensor *plo9 = tu_tensor1(ctx, SG_DTYPE_BF16, P - 1, "plo9");
+    TU_OK(ctx, sg_tensor_fill(skip, 0));
+    TU_OK(ctx, sg_tensor_fill(plo, 5.0));
+    void *plo_before = raw(plo);
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 2, skip_f32, NULL), SG_ERR_DTYPE,
+             "sg_adamw_step: tensor 'skip' is f32, expected i32");
+    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, m, hp, ss, sd, 2, skip2, NULL), SG_ERR_SHAPE,
+             "sg_sgd_step: 'skip' is (2) i32, expected 1 element");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 2, skip_other, NULL), SG_ERR_BACKEND,
+             "another context");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 2, skip, plo_f32), SG_ERR_DTYPE,
+             "tensor 'param_lo' is f32, expected bf16");
+    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, m, hp, ss, sd, 2, NULL, plo9), SG_ERR_SHAPE,
+             "'param_lo' is (9) bf16 but 'param' is (10) f64");
+    /* A view takes its base's dtype, and skip (i32) and param_lo (bf16) differ in dtype from
+     * every tensor they could overlap, so the overlap checks are reached with forged tensors:
+     * the same tensor pointing at another one's bytes. */
+    sg_tensor lo_in_grad = *plo, skip_in_hp = *skip;
+    lo_in_grad.data = g->data;
+    skip_in_hp.data = hp->data;
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 2, skip, &lo_in_grad), SG_ERR_INVALID,
+             "output 'param_lo' overlaps 'grad'");
+    TU_FAILS(ctx, sg_sgd_step(ctx, p, g, m, hp, ss, sd, 2, &skip_in_hp, plo), SG_ERR_INVALID,
+             "output 'hp' overlaps 'skip'");
+    expect_bits("param_lo after rejected calls", plo, plo_before);
+    free(plo_before);
 
     /* Nothing was written by the failed calls, hp.step included. */
     sg_tensor *chk[4] = {p, m, v, hp};
@@ -278,13 +533,16 @@ static void cpu_errors(void)
         free(now);
         free(before[i]);
     }
-    /* The context is usable afterwards: a valid step runs and counts itself. */
-    TU_OK(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 2));
+    /* The context is usable afterwards: a valid step runs, counts itself and writes param_lo
+     * (f64 params: through f32, then bf16). */
+    TU_OK(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 2, skip, plo));
     double *hn = tu_get(hp);
     TU_CHECK(hn[SG_HP_STEP] == 1, "hp.step is %g after one valid step", hn[SG_HP_STEP]);
     free(hn);
+    expect_lo("cpu f64 param_lo after the errors", plo, p);
     sg_tensor *ts[] = {p, g, m, v, hp, ss, sd, ss_end, ss_down, ss_first, sd3, g_i32, g_f32,
-                       m9, hp7, hp_i32, ss_f32, g_other};
+                       m9, hp7, hp_i32, ss_f32, g_other, skip, skip_f32, skip2, skip_other, plo,
+                       plo_f32, plo9};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
     sg_ctx_destroy(other);
     sg_ctx_destroy(ctx);
@@ -299,6 +557,13 @@ static void cpu_tests(void)
     }
     cpu_run(OPT_ADAMW, SG_DTYPE_F32, 0);
     cpu_run(OPT_SGD, SG_DTYPE_F32, 0.9);
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    mixed_case(ctx, OPT_ADAMW, SG_DTYPE_F32, 1000, 37, 0, 0);
+    mixed_case(ctx, OPT_SGD, SG_DTYPE_F32, 1000, 37, 0.9, 0);
+    mixed_case(ctx, OPT_SGD, SG_DTYPE_F32, 77, 3, 0, 1);
+    mixed_case(ctx, OPT_ADAMW, SG_DTYPE_F64, 513, 5, 0, 2);
+    mixed_case(ctx, OPT_SGD, SG_DTYPE_F64, 1, 1, 0.9, 0);
+    sg_ctx_destroy(ctx);
     cpu_errors();
 }
 
@@ -355,11 +620,13 @@ static void gpu_run(sg_ctx *gpu, sg_ctx *cpu, int op, int64_t P, int n_seg, doub
         free(gv);
         uint64_t before = sg_ctx_launch_count(gpu);
         if (op == OPT_ADAMW) {
-            TU_OK(gpu, sg_adamw_step(gpu, tg[0], tg[1], tg[2], tg[3], hpg, ssg, sdg, n_seg));
-            TU_OK(cpu, sg_adamw_step(cpu, tc[0], tc[1], tc[2], tc[3], hpc, ssc, sdc, n_seg));
+            TU_OK(gpu, sg_adamw_step(gpu, tg[0], tg[1], tg[2], tg[3], hpg, ssg, sdg, n_seg, NULL,
+                                     NULL));
+            TU_OK(cpu, sg_adamw_step(cpu, tc[0], tc[1], tc[2], tc[3], hpc, ssc, sdc, n_seg, NULL,
+                                     NULL));
         } else {
-            TU_OK(gpu, sg_sgd_step(gpu, tg[0], tg[1], tg[2], hpg, ssg, sdg, n_seg));
-            TU_OK(cpu, sg_sgd_step(cpu, tc[0], tc[1], tc[2], hpc, ssc, sdc, n_seg));
+            TU_OK(gpu, sg_sgd_step(gpu, tg[0], tg[1], tg[2], hpg, ssg, sdg, n_seg, NULL, NULL));
+            TU_OK(cpu, sg_sgd_step(cpu, tc[0], tc[1], tc[2], hpc, ssc, sdc, n_seg, NULL, NULL));
         }
         uint64_t launches = sg_ctx_launch_count(gpu) - before;
         TU_CHECK(launches == 1, "gpu %s P=%lld: %llu launches for one step, expected 1", opname,
@@ -412,14 +679,22 @@ static void gpu_errors(sg_ctx *gpu, sg_ctx *cpu)
     double hv[8];
     hp_values(OPT_ADAMW, 0, hv);
     tu_set(hp, hv);
-    TU_FAILS(gpu, sg_adamw_step(gpu, p, g_bf16, m, v, hp, ss, sd, 2), SG_ERR_DTYPE, "'grad'");
-    TU_FAILS(gpu, sg_adamw_step(gpu, p, g, m, v, hp, ss_f32, sd, 2), SG_ERR_DTYPE, "'seg_start'");
-    TU_FAILS(gpu, sg_adamw_step(gpu, p, g, m, v, hp, ssc, sdc, 2), SG_ERR_BACKEND, "another context");
-    TU_FAILS(gpu, sg_sgd_step(gpu, p, g, m, hp, ss, sd, 3), SG_ERR_SHAPE, "'seg_start'");
+    TU_FAILS(gpu, sg_adamw_step(gpu, p, g_bf16, m, v, hp, ss, sd, 2, NULL, NULL), SG_ERR_DTYPE, "'grad'");
+    TU_FAILS(gpu, sg_adamw_step(gpu, p, g, m, v, hp, ss_f32, sd, 2, NULL, NULL), SG_ERR_DTYPE, "'seg_start'");
+    TU_FAILS(gpu, sg_adamw_step(gpu, p, g, m, v, hp, ssc, sdc, 2, NULL, NULL), SG_ERR_BACKEND, "another context");
+    TU_FAILS(gpu, sg_sgd_step(gpu, p, g, m, hp, ss, sd, 3, NULL, NULL), SG_ERR_SHAPE, "'seg_start'");
+    sg_tensor *skip_f32 = tu_tensor1(gpu, SG_DTYPE_F32, 1, "skip_f32");
+    sg_tensor *plo_cpu = tu_tensor1(cpu, SG_DTYPE_BF16, P, "plo_cpu");
+    TU_FAILS(gpu, sg_adamw_step(gpu, p, g, m, v, hp, ss, sd, 2, skip_f32, g_bf16), SG_ERR_DTYPE,
+             "'skip'");
+    TU_FAILS(gpu, sg_sgd_step(gpu, p, g, m, hp, ss, sd, 2, NULL, plo_cpu), SG_ERR_BACKEND,
+             "another context");
+    TU_FAILS(gpu, sg_adamw_step(gpu, p, g, m, v, hp, ss, sd, 2, NULL, v), SG_ERR_DTYPE,
+             "tensor 'param_lo' is f32, expected bf16");
     double *hn = tu_get(hp);
     TU_CHECK(hn[SG_HP_STEP] == 0, "gpu: hp.step is %g after rejected calls", hn[SG_HP_STEP]);
     free(hn);
-    sg_tensor *ts[] = {p, g, m, v, hp, g_bf16, ssc, sdc, ss, sd, ss_f32};
+    sg_tensor *ts[] = {p, g, m, v, hp, g_bf16, ssc, sdc, ss, sd, ss_f32, skip_f32, plo_cpu};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
 }
 
@@ -442,6 +717,15 @@ static void gpu_tests(void)
     gpu_run(gpu, cpu, OPT_SGD, 1000, 5, 0, 0); /* momentum 0: buf must stay untouched */
     gpu_run(gpu, cpu, OPT_ADAMW, 1001, 7, 0, 1);
     gpu_run(gpu, cpu, OPT_SGD, 1001, 7, 0.9, 1);
+    /* skip and param_lo: the same sizes up to a million (the float4 path and its tail), plain
+     * SGD, param_lo alone misaligned, everything misaligned. */
+    for (size_t c = 0; c < 5; c++) {
+        mixed_case(gpu, OPT_ADAMW, SG_DTYPE_F32, cases[c].P, cases[c].n_seg, 0, 0);
+        mixed_case(gpu, OPT_SGD, SG_DTYPE_F32, cases[c].P, cases[c].n_seg, 0.9, 0);
+    }
+    mixed_case(gpu, OPT_SGD, SG_DTYPE_F32, 1000, 5, 0, 0);
+    mixed_case(gpu, OPT_ADAMW, SG_DTYPE_F32, 1001, 7, 0, 1);
+    mixed_case(gpu, OPT_SGD, SG_DTYPE_F32, 1001, 7, 0.9, 2);
     gpu_errors(gpu, cpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);

@@ -1,7 +1,8 @@
 /* test_text.c: the byte-level text data set. Windows are real substrings of the file, from the
  * right split; targets are the tokens shifted by one; batches are a pure function of (seed,
  * step), differ between steps and spread over the whole split; a captured step gathers the
- * batch of the step held in device memory; errors name the file. `cpu` runs on the CPU
+ * batch of the step held in device memory; windows of len tokens padded to T are the windows
+ * of an unpadded batch of length len, then padding; errors name the file. `cpu` runs on the CPU
  * backend; `gpu` runs the same checks on CUDA, and compares CUDA windows with the CPU's. */
 #define _POSIX_C_SOURCE 200809L
 
@@ -278,6 +279,48 @@ static void check_cpu_vs_cuda(sg_ctx *gpu, const char *path)
     sg_ctx_destroy(cpu);
 }
 
+/* ---- windows of len real tokens, padded (variable sequence length) ---- */
+
+/* sg_text_batch_padded into (B, T) holds, in each row's first len positions, the batch that
+ * sg_text_batch_host gathers into (B, len) for the same step, then tokens 0 and targets -1;
+ * len = T is the unpadded batch. On CUDA this runs the kernel's padded path (its unpadded
+ * windows are compared with the CPU's above). */
+static void check_padded(sg_ctx *ctx, const char *path)
+{
+    sg_text *txt;
+    TU_OK(ctx, sg_text_open(ctx, path, 0.1, &txt));
+    uint64_t seed = tu_next();
+    for (int k = 0; k < 6; k++) {
+        int64_t B = tu_randint(1, 8), T = tu_randint(1, 96), len = k == 0 ? T : tu_randint(1, (int)T);
+        int64_t step = tu_randint(0, 1 << 20);
+        int split = k % 2;
+        sg_tensor *tok = tu_tensor2(ctx, SG_DTYPE_I32, B, T, "tokens"),
+                  *tgt = tu_tensor1(ctx, SG_DTYPE_I32, B * T, "targets");
+        sg_tensor *rt = tu_tensor2(ctx, SG_DTYPE_I32, B, len, "ref_tokens"),
+                  *ry = tu_tensor2(ctx, SG_DTYPE_I32, B, len, "ref_targets");
+        tu_poison(tok), tu_poison(tgt);
+        TU_OK(ctx, sg_text_batch_padded(txt, split, seed, step, len, tok, tgt));
+        TU_OK(ctx, sg_text_batch_host(txt, split, seed, step, rt, ry));
+        int32_t *a = get_i32(tok), *b = get_i32(tgt), *ra = get_i32(rt), *rb = get_i32(ry);
+        int64_t bad = 0;
+        for (int64_t r = 0; r < B; r++)
+            for (int64_t t = 0; t < T; t++) {
+                int32_t want_tok = t < len ? ra[r * len + t] : 0, want_tgt = t < len ? rb[r * len + t] : -1;
+                bad += a[r * T + t] != want_tok || b[r * T + t] != want_tgt;
+            }
+        TU_CHECK(bad == 0, "split %d step %lld, B %lld, T %lld, len %lld: %lld positions differ from the "
+                 "unpadded windows and padding", split, (long long)step, (long long)B, (long long)T,
+                 (long long)len, (long long)bad);
+        free(a), free(b), free(ra), free(rb);
+        sg_tensor_destroy(tok), sg_tensor_destroy(tgt), sg_tensor_destroy(rt), sg_tensor_destroy(ry);
+    }
+    sg_tensor *t8 = tu_tensor2(ctx, SG_DTYPE_I32, 2, 8, "tokens"), *y8 = tu_tensor2(ctx, SG_DTYPE_I32, 2, 8, "targets");
+    TU_FAILS(ctx, sg_text_batch_padded(txt, 0, 1, 0, 0, t8, y8), SG_ERR_SHAPE, "len 0: expected 1 to 8");
+    TU_FAILS(ctx, sg_text_batch_padded(txt, 0, 1, 0, 9, t8, y8), SG_ERR_SHAPE, "len 9");
+    sg_tensor_destroy(t8), sg_tensor_destroy(y8);
+    sg_text_close(txt);
+}
+
 /* ---- errors ---- */
 
 static void check_errors(sg_ctx *ctx)
@@ -336,6 +379,7 @@ int main(int argc, char **argv)
     check_windows(ctx, tmp_random, 0.0, 200);
     check_spread(ctx, tmp_random);
     check_captured(ctx, tmp_random);
+    check_padded(ctx, tmp_random);
     check_errors(ctx);
 
     /* The default corpus, where this machine has one. */

@@ -32,6 +32,7 @@ static const char *bench_usage =
     "  --backend B         cpu, cuda or auto (default auto)\n"
     "  --steps-per-graph K optimizer steps per trainer call: under step scope, one graph launch\n"
     "                      runs K steps (default 1); --steps is rounded up to a multiple of K\n"
+    "  --precision P       fp32 (default) or bf16 (gpt: mixed precision with loss scaling)\n"
     "  --json              one JSON object per model on stdout instead of a table\n"
     "  -h, --help          this text\n";
 
@@ -56,6 +57,7 @@ static int cmp_double(const void *a, const void *b)
     } while (0)
 
 static int steps_per_call = 1;
+static sg_dtype precision = SG_DTYPE_F32;
 
 /* n optimizer steps from batch `from` (n a multiple of steps_per_call). */
 static sg_status steps(sg_trainer *t, long long from, long long n)
@@ -97,7 +99,8 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     r->scope = scope;
     snprintf(r->device, sizeof r->device, "%s", sg_ctx_device_name(ctx));
     double l0 = 0, l1 = 0;
-    if (sg_model_create(ctx, name, 1, &m) != SG_OK || sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o) != SG_OK ||
+    sg_model_options mo = {.precision = precision};
+    if (sg_model_create_ex(ctx, name, 1, &mo, &m) != SG_OK || sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o) != SG_OK ||
         sg_trainer_create(m, o, &to, &t) != SG_OK)
         goto fail;
     /* Validate: the mean loss on fixed batches must fall over the warm-up. */
@@ -191,6 +194,8 @@ int sg_cmd_bench(int argc, char **argv)
             long long k = 1;
             bad = bad || !sg_cli_int("bench", "--steps-per-graph", v, 1, 1024, &k);
             steps_per_call = (int)k;
+        } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
+            bad = bad || !sg_cli_precision("bench", v, &precision);
         } else if (sg_cli_opt(argc, argv, &i, "--scope", &v, &bad)) {
             scopes = !strcmp(v, "all") ? "eager,layer,model,step" : v;
         } else {
@@ -234,9 +239,11 @@ int sg_cmd_bench(int argc, char **argv)
             }
             if (json) {
                 printf("{\"framework\": \"stepgraph\", \"model\": \"%s\", \"mode\": \"%s\", "
+                       "\"precision\": \"%s\", "
                        "\"ms_per_step\": %.5f, \"host_ms_per_step\": %.5f, \"kernels_per_step\": %.2f, "
                        "\"gpu_busy_ms_per_step\": ",
-                       r.model, sg_scope_name(r.scope), r.ms, r.host_ms, r.kernels);
+                       r.model, sg_scope_name(r.scope), precision == SG_DTYPE_BF16 ? "bf16" : "fp32", r.ms,
+                       r.host_ms, r.kernels);
                 if (r.busy_ok) printf("%.5f, \"kernels_per_step_cupti\": %.2f", r.busy_ms, r.cupti_kernels);
                 else printf("null");
                 printf(", \"graphs\": %d, \"graph_nodes\": %d, \"steps_per_graph\": %d, \"capture_ms\": %.3f, \"instantiate_ms\": %.3f, "

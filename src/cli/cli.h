@@ -19,11 +19,15 @@ bool sg_cli_opt(int argc, char **argv, int *i, const char *name, const char **va
 bool sg_cli_int(const char *cmd, const char *opt, const char *s, long long lo, long long hi, long long *out);
 bool sg_cli_float(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out);
 bool sg_cli_backend(const char *cmd, const char *s, sg_backend *out);
-/* Creates a context, saying on stderr which backend runs and why. NULL on failure (printed). */
-/* "8,16,32" -> sorted increasing sizes (at most max); false with a message otherwise. */
-bool sg_cli_buckets(const char *cmd, const char *s, int64_t *out, int *n, int max);
-/* Rows of step `step` under --vary-batch: a fixed pseudo-random sequence in 1..max_rows. */
+/* --precision: fp32 (or f32) or bf16 (mixed precision). */
+bool sg_cli_precision(const char *cmd, const char *s, sg_dtype *out);
+/* "8,16,32", the value of option opt -> sorted increasing sizes (at most max of them); false
+ * with a message naming opt otherwise. */
+bool sg_cli_buckets(const char *cmd, const char *opt, const char *s, int64_t *out, int *n, int max);
+/* Rows of step `step` under --vary-batch (or its length under --vary-seq): a fixed
+ * pseudo-random sequence in 1..max_rows. */
 int64_t sg_cli_vary_rows(int64_t step, int64_t max_rows);
+/* Creates a context, saying on stderr which backend runs and why. NULL on failure (printed). */
 sg_ctx *sg_cli_ctx(const char *cmd, sg_backend b, bool quiet);
 
 int sg_cmd_train(int argc, char **argv);

@@ -92,21 +92,36 @@ bool sg_cli_backend(const char *cmd, const char *s, sg_backend *out)
     return true;
 }
 
-bool sg_cli_buckets(const char *cmd, const char *s, int64_t *out, int *n, int max)
+bool sg_cli_precision(const char *cmd, const char *s, sg_dtype *out)
+{
+    if (!strcmp(s, "fp32") || !strcmp(s, "f32")) *out = SG_DTYPE_F32;
+    else if (!strcmp(s, "bf16")) *out = SG_DTYPE_BF16;
+    else {
+        fprintf(stderr, "stepgraph %s: --precision '%s': expected fp32 or bf16\n", cmd, s);
+        return false;
+    }
+    return true;
+}
+
+bool sg_cli_buckets(const char *cmd, const char *opt, const char *s, int64_t *out, int *n, int max)
 {
     char buf[256], *save = NULL;
     snprintf(buf, sizeof buf, "%s", s);
     *n = 0;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         long long v;
-        if (*n == max || !sg_cli_int(cmd, "--batch-sizes", tok, 1, 1 << 20, &v)) return false;
+        if (*n == max) {
+            fprintf(stderr, "stepgraph %s: %s '%s': more than %d sizes\n", cmd, opt, s, max);
+            return false;
+        }
+        if (!sg_cli_int(cmd, opt, tok, 1, 1 << 20, &v)) return false;
         if (*n && v <= out[*n - 1]) {
-            fprintf(stderr, "stepgraph %s: --batch-sizes '%s': expected increasing sizes\n", cmd, s);
+            fprintf(stderr, "stepgraph %s: %s '%s': expected increasing sizes\n", cmd, opt, s);
             return false;
         }
         out[(*n)++] = v;
     }
-    if (!*n) fprintf(stderr, "stepgraph %s: --batch-sizes '%s': no sizes\n", cmd, s);
+    if (!*n) fprintf(stderr, "stepgraph %s: %s '%s': no sizes\n", cmd, opt, s);
     return *n > 0;
 }
 

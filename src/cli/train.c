@@ -20,6 +20,9 @@ static const char *train_usage =
     "                      under /usr/share/common-licenses)\n"
     "  --dropout P         gpt: dropout probability (default 0)\n"
     "  --clip X            clip gradients to global norm X inside the step (default off)\n"
+    "  --precision P       fp32 (default) or bf16 (gpt): bf16 activations, matmuls and\n"
+    "                      gradients, fp32 master weights and optimizer state, dynamic loss\n"
+    "                      scaling on the device (a step with non-finite gradients is skipped)\n"
     "  --save PATH         write a checkpoint (safetensors) at the end: parameters, optimizer\n"
     "                      state, step, dropout generator\n"
     "  --resume PATH       continue from a checkpoint: the same loss curve as an uninterrupted\n"
@@ -41,7 +44,13 @@ static const char *train_usage =
     "                      rows runs padded to its bucket, the padding masked out of the loss;\n"
     "                      step scope keeps one graph per bucket (eager and step scopes only)\n"
     "  --vary-batch        draw each step's rows from 1..largest bucket (needs --batch-sizes)\n"
-    "  --cache-budget MIB  step scope with buckets: evict least-recently-used graphs above it\n"
+    "  --seq-lens L        gpt: sequence-length buckets, e.g. 32,64,128 (at most the model's\n"
+    "                      SEQ); a step of n tokens a row runs padded to its bucket, the padding\n"
+    "                      masked out of the loss; step scope keeps one graph per length (eager\n"
+    "                      and step scopes only)\n"
+    "  --vary-seq          draw each step's length from 1..largest bucket (needs --seq-lens)\n"
+    "  --cache-budget MIB  step scope with buckets (batch or length): evict least-recently-used\n"
+    "                      graphs above it\n"
     "  --steps-per-graph K step scope: one graph holds K consecutive steps, so one launch runs\n"
     "                      K steps (default 1); the loss is read every K steps at most\n"
     "  --quiet             no per-step lines; the summary only\n"
@@ -59,8 +68,8 @@ typedef struct train_opts {
     double lr, wd;
     bool lr_set, quiet;
     sg_trainer_options tr;
-    int64_t buckets[32];
-    bool vary;
+    int64_t buckets[32], seq_lens[32];
+    bool vary, vary_seq;
     sg_model_options mo;
     const char *save, *resume;
 } train_opts;
@@ -79,15 +88,22 @@ static int parse(int argc, char **argv, train_opts *o)
             o->quiet = true, i++;
         } else if (!strcmp(argv[i], "--vary-batch")) {
             o->vary = true, i++;
+        } else if (!strcmp(argv[i], "--vary-seq")) {
+            o->vary_seq = true, i++;
         } else if (sg_cli_opt(argc, argv, &i, "--batch-sizes", &v, &bad)) {
-            bad = bad || !sg_cli_buckets("train", v, o->buckets, &o->tr.n_buckets, 32);
+            bad = bad || !sg_cli_buckets("train", "--batch-sizes", v, o->buckets, &o->tr.n_buckets, 32);
             o->tr.batch_buckets = o->buckets;
+        } else if (sg_cli_opt(argc, argv, &i, "--seq-lens", &v, &bad)) {
+            bad = bad || !sg_cli_buckets("train", "--seq-lens", v, o->seq_lens, &o->tr.n_seq_buckets, 32);
+            o->tr.seq_buckets = o->seq_lens;
         } else if (sg_cli_opt(argc, argv, &i, "--save", &v, &bad)) {
             o->save = v;
         } else if (sg_cli_opt(argc, argv, &i, "--resume", &v, &bad)) {
             o->resume = v;
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             o->mo.data_path = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
+            bad = bad || !sg_cli_precision("train", v, &o->mo.precision);
         } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
             double p = 0;
             bad = bad || !sg_cli_float("train", "--dropout", v, 0, 0.99, &p);
@@ -153,8 +169,20 @@ static int parse(int argc, char **argv, train_opts *o)
         fprintf(stderr, "stepgraph train: --vary-batch needs --batch-sizes\n");
         bad = true;
     }
+    if (!bad && o->vary_seq && !o->tr.n_seq_buckets) {
+        fprintf(stderr, "stepgraph train: --vary-seq needs --seq-lens\n");
+        bad = true;
+    }
+    if (!bad && o->tr.n_buckets && o->tr.n_seq_buckets) {
+        fprintf(stderr, "stepgraph train: --batch-sizes and --seq-lens together: a run varies one shape\n");
+        bad = true;
+    }
     if (!bad && !o->model) {
         fprintf(stderr, "stepgraph train: --model is required (see stepgraph train --help)\n");
+        bad = true;
+    }
+    if (!bad && o->tr.n_seq_buckets && strncmp(o->model, "gpt-", 4)) {
+        fprintf(stderr, "stepgraph train: --seq-lens is for gpt models, not '%s'\n", o->model);
         bad = true;
     }
     return bad ? SG_EXIT_USAGE : 0;
@@ -217,8 +245,9 @@ int sg_cmd_train(int argc, char **argv)
         rc = fail(ctx, "validation");
         goto out;
     }
-    printf("stepgraph train: %s on %s [%s], %lld parameters, %s lr %g wd %g, seed %lld, scope %s%s\n",
-           sg_model_name(m), sg_ctx_device_name(ctx), sg_backend_name(sg_ctx_backend(ctx)),
+    printf("stepgraph train: %s (%s) on %s [%s], %lld parameters, %s lr %g wd %g, seed %lld, scope %s%s\n",
+           sg_model_name(m), o.mo.precision == SG_DTYPE_BF16 ? "bf16 mixed precision" : "fp32",
+           sg_ctx_device_name(ctx), sg_backend_name(sg_ctx_backend(ctx)),
            (long long)sg_model_param_count(m), o.optim == SG_OPTIM_ADAMW ? "AdamW" : "SGD",
            hp.lr, hp.weight_decay, o.seed, sg_scope_name(o.tr.scope),
            sg_graphs_disabled() && o.tr.scope != SG_SCOPE_EAGER ? " (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" : "");
@@ -239,6 +268,9 @@ int sg_cmd_train(int argc, char **argv)
         if (o.tr.n_buckets) {
             int64_t max = o.buckets[o.tr.n_buckets - 1];
             sst = sg_trainer_step_rows(tr, start + s, o.vary ? sg_cli_vary_rows(start + s, max) : max);
+        } else if (o.tr.n_seq_buckets) {
+            int64_t max = o.seq_lens[o.tr.n_seq_buckets - 1];
+            sst = sg_trainer_step_seq(tr, start + s, o.vary_seq ? sg_cli_vary_rows(start + s, max) : max);
         } else {
             sst = sg_trainer_step(tr, start + s);
         }
@@ -292,6 +324,14 @@ int sg_cmd_train(int argc, char **argv)
            "per step after set-up: %.2f (%llu in all), peak memory %.1f MiB\n",
            o.steps, ms, first_timed + 1, o.steps, first_loss, loss, allocs,
            (unsigned long long)a1.device_allocs, a1.peak_bytes_reserved / 1048576.0);
+    sg_loss_scaler sc;
+    if (o.mo.precision == SG_DTYPE_BF16) {
+        if (sg_trainer_get_scaler(tr, &sc) != SG_OK) {
+            rc = fail(ctx, "loss scaler");
+            goto out;
+        }
+        printf("loss scale %g, %.0f steps skipped (non-finite gradients)\n", sc.scale, sc.skipped);
+    }
     if (val0 >= 0) {
         float val1 = 0;
         if (sg_trainer_eval(tr, 1, 4, &val1) != SG_OK) {
@@ -312,7 +352,7 @@ int sg_cmd_train(int argc, char **argv)
         printf("graphs: %d (%d nodes), captured in %.2f ms, instantiated in %.2f ms, %llu replays\n",
                ts.graphs, ts.nodes, ts.capture_ms, ts.instantiate_ms, (unsigned long long)ts.replays);
         if (ts.fell_back) printf("capture fell back to eager: %s\n", ts.fallback_reason);
-        if (o.tr.n_buckets && o.tr.scope == SG_SCOPE_STEP) {
+        if ((o.tr.n_buckets || o.tr.n_seq_buckets) && o.tr.scope == SG_SCOPE_STEP) {
             printf("bucket cache: %d graphs held, %llu hits, %llu misses, %llu captures, %llu evictions, "
                    "%.2f MiB\n", ts.cache.cached, (unsigned long long)ts.cache.hits,
                    (unsigned long long)ts.cache.misses, (unsigned long long)ts.cache.captures,

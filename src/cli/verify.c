@@ -24,6 +24,11 @@ static const char *verify_usage =
     "  --graph-modules L   layer scope: modules to capture (default all)\n"
     "  --warmup N          eager steps before capture (default 3)\n"
     "  --lr-schedule       apply a warm-up + cosine lr schedule (lr set on the device each step)\n"
+    "  --precision P       fp32 (default) or bf16 (gpt: mixed precision; the loss scaler's\n"
+    "                      state is compared too)\n"
+    "  --dropout P         gpt: dropout probability (default 0)\n"
+    "  --clip X            clip gradients to global norm X inside the step (default off)\n"
+    "  --data PATH         gpt: the text to train on\n"
     "  --atol X --rtol X   accept |a - b| <= atol + rtol |eager| instead of bit-exact\n"
     "  --seed S            (default 1)\n"
     "  -h, --help          this text\n"
@@ -79,6 +84,7 @@ int sg_cmd_verify(int argc, char **argv)
     bool schedule = false, bad = false, scope_set = false;
     sg_backend backend = SG_BACKEND_AUTO;
     sg_trainer_options tr = sg_trainer_options_default();
+    sg_model_options mo = {0};
     for (int i = 1; i < argc && !bad;) {
         const char *v = NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -96,6 +102,18 @@ int sg_cmd_verify(int argc, char **argv)
             }
         } else if (sg_cli_opt(argc, argv, &i, "--steps", &v, &bad)) {
             bad = bad || !sg_cli_int("verify", "--steps", v, 1, 1000000, &steps);
+        } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
+            bad = bad || !sg_cli_precision("verify", v, &mo.precision);
+        } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
+            double p = 0;
+            bad = bad || !sg_cli_float("verify", "--dropout", v, 0, 0.99, &p);
+            mo.dropout = (float)p;
+        } else if (sg_cli_opt(argc, argv, &i, "--clip", &v, &bad)) {
+            double c = 0;
+            bad = bad || !sg_cli_float("verify", "--clip", v, 0, 1e9, &c);
+            tr.clip = (float)c;
+        } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
+            mo.data_path = v;
         } else if (sg_cli_opt(argc, argv, &i, "--seed", &v, &bad)) {
             bad = bad || !sg_cli_int("verify", "--seed", v, 0, INT64_MAX, &seed);
         } else if (sg_cli_opt(argc, argv, &i, "--warmup", &v, &bad)) {
@@ -127,16 +145,18 @@ int sg_cmd_verify(int argc, char **argv)
     int rc = SG_EXIT_FAIL;
     float *a = NULL, *b = NULL;
     sg_trainer_options eager = sg_trainer_options_default();
+    eager.clip = tr.clip;
     for (int k = 0; k < 2; k++) {
-        if (sg_model_create(ctx, model, (uint64_t)seed, &s[k].m) != SG_OK ||
+        if (sg_model_create_ex(ctx, model, (uint64_t)seed, &mo, &s[k].m) != SG_OK ||
             sg_optim_create(ctx, s[k].m, SG_OPTIM_ADAMW, &s[k].o) != SG_OK ||
             sg_trainer_create(s[k].m, s[k].o, k ? &tr : &eager, &s[k].t) != SG_OK) {
             fprintf(stderr, "stepgraph verify: %s\n", sg_ctx_last_error(ctx));
             goto out;
         }
     }
-    printf("stepgraph verify: %s, eager vs %s scope, %lld steps on %s, %s\n", model,
-           sg_scope_name(tr.scope), steps, sg_ctx_device_name(ctx),
+    printf("stepgraph verify: %s (%s%s%s), eager vs %s scope, %lld steps on %s, %s\n", model,
+           mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32", mo.dropout > 0 ? ", dropout" : "",
+           tr.clip > 0 ? ", clipping" : "", sg_scope_name(tr.scope), steps, sg_ctx_device_name(ctx),
            atol == 0 && rtol == 0 ? "bit-exact" : "within tolerance");
     printf("%6s %12s %12s %14s %14s %14s\n", "step", "loss eager", "loss graph", "max |dloss|",
            "max |dgrad|", "max |dparam|");
@@ -167,8 +187,16 @@ int sg_cmd_verify(int argc, char **argv)
         if (sg_model_loss_read(s[0].m, &la) != SG_OK || sg_model_loss_read(s[1].m, &lb) != SG_OK) goto out;
         double ml = 0, mr = 0, mg = 0, mp = 0;
         const char *first = NULL;
-        char what[96];
+        char what[160];
         if (compare(&la, &lb, 1, atol, rtol, &ml, &mr) >= 0) first = "loss";
+        /* The loss scaler (scale, good steps, skipped steps) must agree exactly. */
+        sg_loss_scaler sa, sb;
+        if (sg_trainer_get_scaler(s[0].t, &sa) != SG_OK || sg_trainer_get_scaler(s[1].t, &sb) != SG_OK) goto out;
+        if (!first && memcmp(&sa, &sb, sizeof sa)) {
+            snprintf(what, sizeof what, "amp.scaler (eager scale %g, %g skipped; graph scale %g, %g skipped)",
+                     sa.scale, sa.skipped, sb.scale, sb.skipped);
+            first = what;
+        }
         const char *kinds[2] = {"grad", "param"};
         for (int kind = 0; kind < 2; kind++) {
             free(a), free(b);

@@ -155,7 +155,7 @@ void sg_plan_destroy(sg_plan *p);
 void sg_graph_forget_tensor(sg_ctx *ctx, const sg_tensor *t);
 
 /* Slots of sg_ctx_scratch and sg_ctx_ext: one per op family that needs one. */
-enum { SG_SLOT_LINEAR = 0, SG_SLOT_LOSS, SG_SLOT_OPTIM, SG_SLOT_NN, SG_SLOT_COUNT = 8 };
+enum { SG_SLOT_LINEAR = 0, SG_SLOT_LOSS, SG_SLOT_OPTIM, SG_SLOT_NN, SG_SLOT_AMP, SG_SLOT_COUNT = 8 };
 
 /* A persistent device buffer of at least `bytes`, zero-filled when (re)allocated, owned by
  * the context: kernels keep reduction partials and "last block done" counters there (a
@@ -216,6 +216,7 @@ struct sg_tensor {
     sg_block *block;         /* NULL for views */
     const sg_tensor *base;   /* views: the tensor they point into */
     int64_t cap_rows;        /* rows its storage holds: sg_tensor_set_rows may use fewer */
+    int64_t cap_numel;       /* elements its storage holds: sg_tensor_set_shape may use fewer */
     char name[64];
 };
 
@@ -277,6 +278,11 @@ const char *sg_shape_str(const sg_tensor *t, char *buf, size_t n);
 /* Makes t use its first `rows` rows (dimension 0) of the storage it was created with: one set
  * of buffers serves every batch bucket. No allocation, no device work. */
 sg_status sg_tensor_set_rows(sg_tensor *t, int64_t rows);
+/* Gives t any shape (ndim 1..4) whose elements fit the storage it was created with (its first
+ * elements, row-major): (B, H, T, T) attention probabilities reused as (B, H, Tb, Tb) for a
+ * shorter sequence. SG_ERR_SHAPE, naming the tensor, when they do not fit. No allocation, no
+ * device work. */
+sg_status sg_tensor_set_shape(sg_tensor *t, int ndim, const int64_t *shape);
 
 /* Writes nbytes (<= 64) from host memory into t's storage at byte offset off, as a
  * stream-ordered device write (a kernel on CUDA): no host sync, safe inside capture. */

@@ -69,6 +69,7 @@ static sg_status set_shape(sg_ctx *ctx, const char *fn, sg_tensor *t, sg_dtype d
     t->ndim = ndim;
     t->numel = n;
     t->cap_rows = shape[0];
+    t->cap_numel = n;
     return SG_OK;
 }
 
@@ -313,11 +314,39 @@ static sg_status check_nbytes(const sg_tensor *t, const char *fn, size_t nbytes,
 sg_status sg_tensor_set_rows(sg_tensor *t, int64_t rows)
 {
     if (!t) return SG_ERR_NULL;
-    if (rows < 1 || rows > t->cap_rows)
+    /* Rows of the shape it has now (sg_tensor_set_shape may have changed a row's size). */
+    int64_t row = t->numel / t->shape[0], most = t->cap_numel / row;
+    if (most > t->cap_rows) most = t->cap_rows;
+    if (rows < 1 || rows > most)
         return sg_fail(t->ctx, SG_ERR_SHAPE, "sg_tensor_set_rows: '%s' holds 1 to %lld rows, %lld asked for",
-                       t->name, (long long)t->cap_rows, (long long)rows);
-    t->numel = t->numel / t->shape[0] * rows;
+                       t->name, (long long)most, (long long)rows);
+    t->numel = row * rows;
     t->shape[0] = rows;
+    return SG_OK;
+}
+
+sg_status sg_tensor_set_shape(sg_tensor *t, int ndim, const int64_t *shape)
+{
+    if (!t) return SG_ERR_NULL;
+    if (!shape) return sg_fail(t->ctx, SG_ERR_NULL, "sg_tensor_set_shape: '%s': shape is NULL", t->name);
+    if (ndim < 1 || ndim > SG_MAX_DIMS)
+        return sg_fail(t->ctx, SG_ERR_SHAPE, "sg_tensor_set_shape: '%s': ndim %d, expected 1 to %d", t->name,
+                       ndim, SG_MAX_DIMS);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] <= 0 || n > t->cap_numel / shape[i]) {
+            char want[96];
+            int k = snprintf(want, sizeof want, "(");
+            for (int j = 0; j < ndim && k < (int)sizeof want; j++)
+                k += snprintf(want + k, sizeof want - k, "%s%lld", j ? ", " : "", (long long)shape[j]);
+            return sg_fail(t->ctx, SG_ERR_SHAPE, "sg_tensor_set_shape: '%s' holds %lld elements; shape %s) "
+                           "has a dimension < 1 or does not fit", t->name, (long long)t->cap_numel, want);
+        }
+        n *= shape[i];
+    }
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    t->ndim = ndim;
+    t->numel = n;
     return SG_OK;
 }
 

@@ -4,7 +4,11 @@
  * dropout after each), a final LayerNorm and a linear head (not tied to the embedding), trained
  * with the fused softmax cross-entropy on the next byte. Every module keeps its own activations
  * (allocated at build, addresses fixed), so a step allocates nothing and any module can be
- * captured. Shapes: M = B*T rows; x (M, C). */
+ * captured. Shapes: M = B*T rows; x (M, C); a shorter running length Tb <= T (sg_model_set_seq,
+ * through the modules' set_rows) uses the first B*Tb rows of each buffer. Under bf16 mixed
+ * precision (m->precision) the activations, their gradients and the parameters the modules see
+ * are bf16 (the parameter set's compute copies); LayerNorm statistics and attention scratch
+ * stay f32. */
 #include "models/model.h"
 #include "models/text.h"
 
@@ -58,7 +62,16 @@ static void embed_destroy(sg_module *mod)
     free(e);
 }
 
-static const sg_module_i embed_i = {"embedding", embed_forward, embed_backward, embed_destroy, NULL};
+/* Variable sequence length: rows = B*Tb of every buffer (the tokens say B and Tb). */
+static sg_status embed_set_rows(sg_module *mod, int64_t rows)
+{
+    embed_module *e = (embed_module *)mod;
+    SG_TRY(sg_tensor_set_rows(e->y, rows));
+    if (e->yd != e->y) SG_TRY(sg_tensor_set_rows(e->yd, rows));
+    return e->dyd ? sg_tensor_set_rows(e->dyd, rows) : SG_OK;
+}
+
+static const sg_module_i embed_i = {"embedding", embed_forward, embed_backward, embed_destroy, embed_set_rows};
 
 /* ---- LayerNorm module ---- */
 
@@ -93,7 +106,16 @@ static void ln_destroy(sg_module *mod)
     free(l);
 }
 
-static const sg_module_i ln_i = {"layernorm", ln_forward, ln_backward, ln_destroy, NULL};
+static sg_status ln_set_rows(sg_module *mod, int64_t rows)
+{
+    ln_module *l = (ln_module *)mod;
+    SG_TRY(sg_tensor_set_rows(l->y, rows));
+    SG_TRY(sg_tensor_set_rows(l->dx, rows));
+    SG_TRY(sg_tensor_set_rows(l->mean, rows));
+    return sg_tensor_set_rows(l->rstd, rows);
+}
+
+static const sg_module_i ln_i = {"layernorm", ln_forward, ln_backward, ln_destroy, ln_set_rows};
 
 /* ---- transformer block ---- */
 
@@ -173,7 +195,26 @@ static void block_destroy(sg_module *mod)
     free(b);
 }
 
-static const sg_module_i block_i = {"block", block_forward, block_backward, block_destroy, NULL};
+/* rows = B*Tb: every (M, .) buffer and LayerNorm statistic uses its first rows, and the
+ * attention probabilities become (B, H, Tb, Tb) over the first elements of their storage.
+ * work stays as built: sized for T, it holds any Tb <= T. */
+static sg_status block_set_rows(sg_module *mod, int64_t rows)
+{
+    block_module *b = (block_module *)mod;
+    int64_t B = b->m->spec.batch;
+    if (rows % B)
+        return sg_fail(mod->ctx, SG_ERR_SHAPE, "block '%s': %lld rows are not a whole number of sequences "
+                       "of the batch %lld", mod->name, (long long)rows, (long long)B);
+    sg_tensor *ts[] = {b->h1, b->mean1, b->rstd1, b->qkv, b->a, b->p, b->pd, b->x2, b->h2, b->mean2,
+                       b->rstd2, b->f, b->pre_f, b->q, b->qd, b->y, b->g, b->gq, b->df, b->dh2, b->dx2,
+                       b->dp, b->da, b->dqkv, b->dh1, b->dx};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
+        if (ts[i]) SG_TRY(sg_tensor_set_rows(ts[i], rows)); /* the dropout buffers may be absent */
+    int64_t Tb = rows / B;
+    return sg_tensor_set_shape(b->att, 4, (int64_t[]){B, b->heads, Tb, Tb});
+}
+
+static const sg_module_i block_i = {"block", block_forward, block_backward, block_destroy, block_set_rows};
 
 /* ---- building ---- */
 
@@ -182,19 +223,27 @@ typedef struct gpt_builder {
     sg_status st;
 } gpt_builder;
 
-static sg_tensor *buf(gpt_builder *g, const char *owner, const char *what, int ndim, const int64_t *shape)
+static sg_tensor *buf_of(gpt_builder *g, sg_dtype dt, const char *owner, const char *what, int ndim,
+                         const int64_t *shape)
 {
     if (g->st != SG_OK) return NULL;
     char n[96];
     snprintf(n, sizeof n, "%s.%s", owner, what);
     sg_tensor *t = NULL;
-    g->st = sg_tensor_create(g->m->ctx, SG_DTYPE_F32, ndim, shape, n, &t);
+    g->st = sg_tensor_create(g->m->ctx, dt, ndim, shape, n, &t);
     return t;
 }
 
+/* F32 whatever the precision: LayerNorm statistics and attention scratch. */
+static sg_tensor *buf(gpt_builder *g, const char *owner, const char *what, int ndim, const int64_t *shape)
+{
+    return buf_of(g, SG_DTYPE_F32, owner, what, ndim, shape);
+}
+
+/* Activations and their gradients, (M, cols) in the model's precision (f32 or bf16). */
 static sg_tensor *rows(gpt_builder *g, const char *owner, const char *what, int64_t M, int64_t cols)
 {
-    return buf(g, owner, what, 2, (int64_t[]){M, cols});
+    return buf_of(g, g->m->precision, owner, what, 2, (int64_t[]){M, cols});
 }
 
 static int declare(gpt_builder *g, const char *owner, const char *what, int ndim, const int64_t *shape,
@@ -215,7 +264,7 @@ sg_status sg_gpt_build(sg_model *m, uint64_t seed)
     if (C % GPT_HEAD_DIM || H < 1)
         return sg_fail(ctx, SG_ERR_INVALID, "sg_model_create: '%s': width %lld is not a multiple of the "
                        "head size %d", m->name, (long long)C, GPT_HEAD_DIM);
-    m->in_dim = T, m->classes = V;
+    m->in_dim = T, m->classes = V, m->seq_len = T;
     gpt_builder g = {m, SG_OK};
 
     /* Parameters, in the order the blocks use them. */
@@ -243,9 +292,12 @@ sg_status sg_gpt_build(sg_model *m, uint64_t seed)
     int ihead = declare(&g, "head", "weight", 2, (int64_t[]){V, C}, SG_INIT_NORMAL_002, 1);
     SG_TRY(g.st);
     SG_TRY(sg_params_allocate(&m->params, seed));
+    if (m->precision == SG_DTYPE_BF16) SG_TRY(sg_params_allocate_lowp(&m->params));
     sg_param_set *ps = &m->params;
-#define P(i) ps->param[i]
-#define G(i) ps->grad[i]
+    /* The modules read the compute copies (bf16 under mixed precision) and write gradients of
+     * the same dtype. */
+#define P(i) sg_params_compute(ps, i)
+#define G(i) sg_params_compute_grad(ps, i)
 
     /* Randomness for dropout: seed and offset on the device. */
     SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){4}, "rng", &m->rng));
@@ -290,7 +342,7 @@ sg_status sg_gpt_build(sg_model *m, uint64_t seed)
         b->mean1 = buf(&g, o, "mean1", 1, &M), b->rstd1 = buf(&g, o, "rstd1", 1, &M);
         b->mean2 = buf(&g, o, "mean2", 1, &M), b->rstd2 = buf(&g, o, "rstd2", 1, &M);
         b->qkv = rows(&g, o, "qkv", M, 3 * C), b->a = rows(&g, o, "attn", M, C), b->p = rows(&g, o, "proj", M, C);
-        b->att = buf(&g, o, "att", 4, (int64_t[]){B, H, T, T});
+        b->att = buf_of(&g, m->precision, o, "att", 4, (int64_t[]){B, H, T, T}); /* qkv's dtype */
         int64_t we = sg_attention_work_elems(B, T, C, (int)H);
         b->work = buf(&g, o, "attn.work", 1, &we);
         b->f = rows(&g, o, "fc", M, 4 * C), b->pre_f = rows(&g, o, "fc.pre", M, 4 * C);
@@ -336,7 +388,7 @@ sg_status sg_gpt_build(sg_model *m, uint64_t seed)
     SG_TRY(sg_tensor_view(m->t_static, 0, 2, (int64_t[]){B, T}, "targets.bt", &m->t_view));
     m->x = m->x_static, m->targets = m->t_static;
     SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 1, (int64_t[]){1}, "loss", &m->loss));
-    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){M, V}, "dlogits", &m->dlogits));
+    SG_TRY(sg_tensor_create(ctx, m->precision, 2, (int64_t[]){M, V}, "dlogits", &m->dlogits));
     const char *path = m->data_path[0] ? m->data_path : sg_text_default_path();
     if (!path)
         return sg_fail(ctx, SG_ERR_IO, "sg_model_create: '%s' needs text: no --data path and none of the "

@@ -30,10 +30,22 @@ void sg_model_destroy(sg_model *m)
     if (!m) return;
     sg_module_destroy(m->net);
     sg_text_close(m->text);
-    sg_tensor *ts[] = {m->rng, m->gnorm, m->nonfinite, m->batch_idx, m->x_pad, m->t_pad, m->x_view, m->t_view, m->x_static, m->t_static, m->loss, m->dlogits, m->data_x, m->data_y};
+    sg_tensor *ts[] = {m->scaler, m->found, m->rng, m->gnorm, m->nonfinite, m->batch_idx, m->x_pad, m->t_pad, m->x_view, m->t_view, m->x_static, m->t_static, m->loss, m->dlogits, m->data_x, m->data_y};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
     sg_params_release(&m->params);
     free(m);
+}
+
+/* The loss scaler (sg_loss_scaler on the device) and the skip flag. Built before the model,
+ * which reads the scale in its loss; fp32 models keep one too, so that checkpoints of either
+ * precision hold the same tensors. */
+static sg_status create_scaler(sg_model *m)
+{
+    sg_loss_scaler s = {65536.f, 0.f, 2000.f, 0.f};
+    SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_F32, 1, (int64_t[]){SG_SCALER_COUNT}, "amp.scaler", &m->scaler));
+    SG_TRY(sg_tensor_copy_from_host(m->scaler, &s, sizeof s));
+    SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "amp.found", &m->found));
+    return sg_tensor_fill(m->found, 0.0);
 }
 
 sg_status sg_model_create(sg_ctx *ctx, const char *name, uint64_t seed, sg_model **out)
@@ -60,10 +72,18 @@ sg_status sg_model_create_ex(sg_ctx *ctx, const char *name, uint64_t seed,
         if (!(opts->dropout >= 0.f && opts->dropout < 1.f))
             st = sg_fail(ctx, SG_ERR_INVALID, "sg_model_create: dropout %g: expected 0 <= p < 1", opts->dropout);
         m->dropout = opts->dropout;
+        if (opts->precision != SG_DTYPE_F32 && opts->precision != SG_DTYPE_BF16 && st == SG_OK)
+            st = sg_fail(ctx, SG_ERR_DTYPE, "sg_model_create: precision %s: expected f32 or bf16",
+                         sg_dtype_name(opts->precision));
+        m->precision = opts->precision;
         snprintf(m->data_path, sizeof m->data_path, "%s", opts->data_path ? opts->data_path : "");
     }
     if (st == SG_OK && (m->dropout > 0 || m->data_path[0]) && strcmp(spec.kind, "gpt"))
         st = sg_fail(ctx, SG_ERR_INVALID, "sg_model_create: data paths and dropout are for gpt models, not '%s'", name);
+    if (st == SG_OK && m->precision == SG_DTYPE_BF16 && strcmp(spec.kind, "gpt"))
+        st = sg_fail(ctx, SG_ERR_UNSUPPORTED, "sg_model_create: bf16 mixed precision is implemented for gpt "
+                     "models; '%s' trains in f32", name);
+    if (st == SG_OK) st = create_scaler(m);
     if (st == SG_OK) st = !strcmp(spec.kind, "gpt") ? sg_gpt_build(m, seed) : sg_mlp_build(m, seed);
     if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, (int64_t[]){1}, "grad.norm", &m->gnorm);
     if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "grad.nonfinite", &m->nonfinite);
@@ -77,6 +97,7 @@ sg_status sg_model_create_ex(sg_ctx *ctx, const char *name, uint64_t seed,
 }
 
 const char *sg_model_name(const sg_model *m) { return m ? m->name : ""; }
+sg_dtype sg_model_precision(const sg_model *m) { return m ? m->precision : SG_DTYPE_F32; }
 int64_t sg_model_param_count(const sg_model *m)
 {
     int64_t n = 0;
@@ -99,12 +120,15 @@ sg_status sg_model_load_batch(sg_model *m, int64_t index)
     if (index < 0)
         return sg_fail(m->ctx, SG_ERR_INVALID, "sg_model_load_batch: batch index %lld < 0",
                        (long long)index);
-    if (m->text) return sg_text_batch_host(m->text, m->split, m->data_seed, index, m->x_static, m->t_view);
+    if (m->text) {
+        SG_TRY(sg_model_full_shape(m)); /* a padded step may have left a shorter length */
+        return sg_text_batch_host(m->text, m->split, m->data_seed, index, m->x_static, m->t_view);
+    }
     int64_t i = index % m->n_batches;
     m->x_view->data = (char *)m->data_x->data + (size_t)(i * m->x_view->numel) * sizeof(float);
     m->t_view->data = (char *)m->data_y->data + (size_t)(i * m->t_view->numel) * sizeof(int32_t);
     if (!m->x_static) return SG_OK;
-    SG_TRY(set_rows(m, m->x_view->cap_rows)); /* a padded step may have left fewer */
+    SG_TRY(sg_model_full_shape(m)); /* a padded step may have left fewer rows */
     SG_TRY(sg_model_set_batch_index(m, index));
     return sg_model_gather_batch(m);
 }
@@ -197,11 +221,65 @@ sg_status sg_model_load_padded(sg_model *m, int64_t index, int64_t rows, int64_t
     return SG_OK;
 }
 
+/* gpt: every per-step tensor at Tb positions a sequence (the modules turn B*Tb rows into
+ * their own shapes). */
+static sg_status set_seq(sg_model *m, int64_t Tb)
+{
+    int64_t B = m->spec.batch;
+    SG_TRY(sg_tensor_set_shape(m->x_static, 2, (int64_t[]){B, Tb}));
+    SG_TRY(sg_tensor_set_shape(m->t_view, 2, (int64_t[]){B, Tb}));
+    SG_TRY(sg_tensor_set_rows(m->t_static, B * Tb));
+    SG_TRY(sg_tensor_set_rows(m->dlogits, B * Tb));
+    SG_TRY(sg_module_set_rows(m->net, B * Tb));
+    m->seq_len = Tb;
+    return SG_OK;
+}
+
+/* Sequence lengths are for gpt models (they have a text and a T); fn names the caller. */
+static sg_status check_gpt(sg_model *m, const char *fn)
+{
+    if (m->text) return SG_OK;
+    return sg_fail(m->ctx, SG_ERR_UNSUPPORTED, "%s: '%s' has no sequence length; variable sequence "
+                   "lengths are for gpt models", fn, m->name);
+}
+
+sg_status sg_model_set_seq(sg_model *m, int64_t Tb)
+{
+    if (!m) return SG_ERR_NULL;
+    SG_TRY(check_gpt(m, "sg_model_set_seq"));
+    if (Tb < 1 || Tb > m->spec.seq)
+        return sg_fail(m->ctx, SG_ERR_SHAPE, "sg_model_set_seq: length %lld: expected 1 to %lld (the model's T)",
+                       (long long)Tb, (long long)m->spec.seq);
+    return set_seq(m, Tb);
+}
+
+sg_status sg_model_load_seq(sg_model *m, int64_t index, int64_t len, int64_t bucket)
+{
+    if (!m) return SG_ERR_NULL;
+    SG_TRY(check_gpt(m, "sg_model_load_seq"));
+    if (len < 1 || bucket < len || bucket > m->spec.seq)
+        return sg_fail(m->ctx, SG_ERR_SHAPE, "sg_model_load_seq: %lld tokens in a bucket of %lld: expected 1 <= "
+                       "tokens <= bucket <= %lld (the model's T)", (long long)len, (long long)bucket,
+                       (long long)m->spec.seq);
+    if (index < 0)
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_model_load_seq: batch index %lld < 0", (long long)index);
+    SG_TRY(set_seq(m, bucket));
+    return sg_text_batch_padded(m->text, m->split, m->data_seed, index, len, m->x_static, m->t_view);
+}
+
+sg_status sg_model_full_shape(sg_model *m)
+{
+    if (!m) return SG_ERR_NULL;
+    if (m->text) return m->seq_len == m->spec.seq ? SG_OK : set_seq(m, m->spec.seq);
+    return m->x_static ? set_rows(m, m->x_view->cap_rows) : SG_OK;
+}
+
 sg_status sg_model_forward(sg_model *m)
 {
     if (!m) return SG_ERR_NULL;
     SG_TRY(sg_module_forward(m->net, m->x, &m->logits));
-    return sg_softmax_xent(m->ctx, m->logits, m->targets, 1.0f, m->loss, m->dlogits);
+    return sg_softmax_xent_scaled(m->ctx, m->logits, m->targets, 1.0f,
+                                  m->precision == SG_DTYPE_BF16 ? m->scaler : NULL, m->loss, m->dlogits);
 }
 
 sg_status sg_model_backward(sg_model *m)
@@ -226,5 +304,15 @@ sg_status sg_optim_create(sg_ctx *ctx, sg_model *m, sg_optim_kind kind, sg_optim
     if (m->ctx != ctx)
         return sg_fail(ctx, SG_ERR_BACKEND, "sg_optim_create: model '%s' belongs to another context",
                        m->name);
-    return sg_optim_create_for(ctx, &m->params, kind, out);
+    SG_TRY(sg_optim_create_for(ctx, &m->params, kind, out));
+    sg_param_set *ps = &m->params;
+    if (m->precision != SG_DTYPE_BF16) return SG_OK;
+    /* Mixed precision: the optimizer unscales the bf16 gradients into the f32 ones, skips a
+     * step whose gradients are not finite, and writes the bf16 copies with the masters. */
+    sg_status st = sg_optim_set_mixed(*out, ps->grad_flat_lo, m->scaler, m->found, ps->flat_lo);
+    if (st != SG_OK) {
+        sg_optim_destroy(*out);
+        *out = NULL;
+    }
+    return st;
 }

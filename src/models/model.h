@@ -1,6 +1,6 @@
 /* model.h: the model object behind sg_model: a parameter set, a network of nn modules, static
  * input and target tensors, the loss and its gradient, and a synthetic data set on the
- * device. Each model kind (mlp.c; gpt later) fills one in from its canonical name. */
+ * device. Each model kind (mlp.c, gpt.c) fills one in from its canonical name. */
 #ifndef SG_MODELS_MODEL_H
 #define SG_MODELS_MODEL_H
 
@@ -39,8 +39,13 @@ struct sg_model {
     float dropout;
     bool eval;                 /* forward for evaluation: no dropout */
     int split;                 /* text split load_batch reads: 0 train, 1 validation */
+    int64_t seq_len;           /* positions the passes run on (Tb <= T; sg_model_set_seq) */
     sg_tensor *rng;            /* (4) I32: dropout seed and offset */
     sg_tensor *gnorm, *nonfinite; /* clipping results, (1) F32 and (1) I32 */
+    /* mixed precision */
+    sg_dtype precision;        /* SG_DTYPE_F32, or SG_DTYPE_BF16: activations and gradients */
+    sg_tensor *scaler;         /* (SG_SCALER_COUNT) F32: sg_loss_scaler; every model has one */
+    sg_tensor *found;          /* (1) I32: this step's gradients were not finite (skip it) */
 };
 
 /* "mlp-512-6-32" -> spec; SG_ERR_INVALID with a message listing the accepted forms. */
@@ -63,6 +68,19 @@ sg_status sg_advance_batch_cuda(sg_model *m);
  * `bucket` rows (inputs 0, targets -1, which the loss masks out); the net, the loss and its
  * gradient then run on `bucket` rows. */
 sg_status sg_model_load_padded(sg_model *m, int64_t index, int64_t rows, int64_t bucket);
+/* gpt: the passes run on sequences of Tb <= T positions: tokens (B, Tb), targets and dlogits
+ * B*Tb rows, every module's (M, .) buffers and LayerNorm statistics their first B*Tb rows,
+ * attention probabilities (B, H, Tb, Tb). Host bookkeeping only: no device work, no allocation.
+ * sg_model_load_batch puts the full T back. */
+sg_status sg_model_set_seq(sg_model *m, int64_t Tb);
+/* gpt: batch `index` as windows of len real tokens (sg_text_batch_padded) padded up to
+ * `bucket` positions (tokens 0, targets -1, which the loss masks out); the net, the loss and
+ * its gradient then run at Tb = bucket. Attention is causal and the padding comes after the
+ * real tokens, so the real positions compute what a length-len sequence computes. */
+sg_status sg_model_load_seq(sg_model *m, int64_t index, int64_t len, int64_t bucket);
+/* The full shape after padded steps (rows B for mlp models with static inputs, T for gpt):
+ * what a captured full-size step expects. Host bookkeeping only. */
+sg_status sg_model_full_shape(sg_model *m);
 /* Fills data_x with N(0,1) inputs and data_y with the argmax of a fixed random linear
  * teacher over `classes` outputs: a learnable task, identical on every backend. */
 sg_status sg_data_teacher(sg_model *m, uint64_t seed);

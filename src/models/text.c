@@ -146,20 +146,23 @@ typedef struct batch_args {
     int64_t step;               /* used when step_t is NULL */
     const sg_tensor *step_t;    /* (1) I32, read when the thunk runs */
     sg_tensor *tokens, *targets;
+    int64_t len;                /* real tokens a row (<= T); the rest is padding */
 } batch_args;
 
-/* The CPU reference: row b is the window at sg_text_window_start(seed, step, b, n - T). */
+/* The CPU reference: row b is the window at sg_text_window_start(seed, step, b, n - len), then
+ * padding (token 0, target -1) up to T. */
 static sg_status batch_cpu(sg_ctx *ctx, const void *p)
 {
     const batch_args *a = p;
     int64_t step = a->step_t ? ((const int32_t *)a->step_t->data)[0] : a->step;
-    int64_t B = a->tokens->shape[0], T = a->tokens->shape[1], n_starts = a->data->numel - T;
+    int64_t B = a->tokens->shape[0], T = a->tokens->shape[1], L = a->len, n_starts = a->data->numel - L;
     const int32_t *d = a->data->data;
     int32_t *tok = a->tokens->data, *tgt = a->targets->data;
     for (int64_t b = 0; b < B; b++) {
         const int32_t *w = d + sg_text_window_start(a->seed, step, b, n_starts);
-        memcpy(tok + b * T, w, (size_t)T * sizeof *tok);
-        memcpy(tgt + b * T, w + 1, (size_t)T * sizeof *tgt);
+        memcpy(tok + b * T, w, (size_t)L * sizeof *tok);
+        memcpy(tgt + b * T, w + 1, (size_t)L * sizeof *tgt);
+        for (int64_t t = L; t < T; t++) tok[b * T + t] = 0, tgt[b * T + t] = -1;
     }
     return SG_OK;
 }
@@ -201,11 +204,11 @@ static sg_status run_batch(sg_text *t, const batch_args *a)
     if (ctx->backend == SG_BACKEND_CPU) return sg_cpu_run(ctx, batch_cpu, a, sizeof *a);
     /* tokens (B, T): shape[0] is B, shape[1] is T */
     return SG_CUDA_DISPATCH(
-        ctx, sg_text_batch_cuda(ctx, (const int32_t *)a->data->data,
-                                a->data->numel - a->tokens->shape[1], a->seed, a->step,
+        ctx, sg_text_batch_cuda(ctx, (const int32_t *)a->data->data, a->data->numel - a->len,
+                                a->seed, a->step,
                                 a->step_t ? (const int32_t *)a->step_t->data : NULL,
                                 (int32_t *)a->tokens->data, (int32_t *)a->targets->data,
-                                a->tokens->shape[0], a->tokens->shape[1]));
+                                a->tokens->shape[0], a->tokens->shape[1], a->len));
 }
 
 sg_status sg_text_batch_host(sg_text *t, int split, uint64_t seed, int64_t step, sg_tensor *tokens,
@@ -213,7 +216,20 @@ sg_status sg_text_batch_host(sg_text *t, int split, uint64_t seed, int64_t step,
 {
     const sg_tensor *data = NULL;
     SG_TRY(check_batch(t, "sg_text_batch_host", split, tokens, targets, &data));
-    batch_args a = {data, seed, step, NULL, tokens, targets};
+    batch_args a = {data, seed, step, NULL, tokens, targets, tokens->shape[1]};
+    return run_batch(t, &a);
+}
+
+sg_status sg_text_batch_padded(sg_text *t, int split, uint64_t seed, int64_t step, int64_t len,
+                               sg_tensor *tokens, sg_tensor *targets)
+{
+    const sg_tensor *data = NULL;
+    SG_TRY(check_batch(t, "sg_text_batch_padded", split, tokens, targets, &data));
+    if (len < 1 || len > tokens->shape[1])
+        return sg_fail(t->ctx, SG_ERR_SHAPE,
+                       "sg_text_batch_padded: len %lld: expected 1 to %lld (the T of tokens '%s')",
+                       (long long)len, (long long)tokens->shape[1], tokens->name);
+    batch_args a = {data, seed, step, NULL, tokens, targets, len};
     return run_batch(t, &a);
 }
 
@@ -228,6 +244,6 @@ sg_status sg_text_batch_device(sg_text *t, int split, uint64_t seed, const sg_te
         return sg_fail(t->ctx, SG_ERR_SHAPE,
                        "sg_text_batch_device: step_tensor '%s' has %lld elements, expected 1",
                        step_tensor->name, (long long)step_tensor->numel);
-    batch_args a = {data, seed, 0, step_tensor, tokens, targets};
+    batch_args a = {data, seed, 0, step_tensor, tokens, targets, tokens->shape[1]};
     return run_batch(t, &a);
 }

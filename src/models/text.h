@@ -1,10 +1,11 @@
 /* text.h: a byte-level text data set from any file, for the GPT models: the bytes (0..255 as
  * I32 tokens) split into train and validation parts on the device, and a batch gather that
- * writes B windows of T+1 consecutive bytes as tokens and next-byte targets. Window starts are
- * a counter-based hash of (seed, step, row), the same on the CPU and on CUDA, so a step's batch
- * depends on nothing but its number, and a captured step can gather its own batch by reading
- * the step from device memory (sg_text_batch_device). text.c holds the host side and the CPU
- * gather, text_cuda.cu the kernel. */
+ * writes B windows of T+1 consecutive bytes as tokens and next-byte targets (or of len+1 bytes
+ * padded up to T, for a variable sequence length). Window starts are a counter-based hash of
+ * (seed, step, row), the same on the CPU and on CUDA, so a step's batch depends on nothing but
+ * its number, and a captured step can gather its own batch by reading the step from device
+ * memory (sg_text_batch_device). text.c holds the host side and the CPU gather, text_cuda.cu
+ * the kernel. */
 #ifndef SG_MODELS_TEXT_H
 #define SG_MODELS_TEXT_H
 
@@ -45,6 +46,14 @@ sg_status sg_text_batch_host(sg_text *t, int split, uint64_t seed, int64_t step,
  * the step the tensor holds then: sg_text_batch_host with that step gives the same batch. */
 sg_status sg_text_batch_device(sg_text *t, int split, uint64_t seed, const sg_tensor *step_tensor,
                                sg_tensor *tokens, sg_tensor *targets);
+/* Windows of len <= T real tokens, padded to the T of tokens (B, T) (variable sequence length):
+ * row b holds bytes [s, s + len) then T - len tokens 0, its targets the bytes [s + 1, s + len + 1)
+ * then T - len targets -1, which the fused cross-entropy masks out, with
+ * s = sg_text_window_start(seed, step, b, size - len): the windows of a batch gathered at T = len,
+ * so a padded step sees the same bytes as an unpadded one of length len. len = T is
+ * sg_text_batch_host. SG_ERR_SHAPE when len is not in 1..T. */
+sg_status sg_text_batch_padded(sg_text *t, int split, uint64_t seed, int64_t step, int64_t len,
+                               sg_tensor *tokens, sg_tensor *targets);
 
 /* ---- the window hash, shared by the CPU gather and the CUDA kernel (one definition) ---- */
 
@@ -74,11 +83,12 @@ static inline SG_TEXT_HD int64_t sg_text_window_start(uint64_t seed, int64_t ste
 }
 
 #ifdef SG_HAVE_CUDA
-/* text_cuda.cu: tokens/targets (B*T) from data (n_starts + T bytes as I32); the step is
- * *step_dev when step_dev is not NULL, else `step`. */
+/* text_cuda.cu: tokens/targets (B*T) from data (n_starts + len bytes as I32), len <= T real
+ * tokens a row and padding (token 0, target -1) after them; the step is *step_dev when
+ * step_dev is not NULL, else `step`. */
 sg_status sg_text_batch_cuda(sg_ctx *ctx, const int32_t *data, int64_t n_starts, uint64_t seed,
                              int64_t step, const int32_t *step_dev, int32_t *tokens,
-                             int32_t *targets, int64_t B, int64_t T);
+                             int32_t *targets, int64_t B, int64_t T, int64_t len);
 #endif
 
 #ifdef __cplusplus

@@ -4,7 +4,9 @@
  * callables), the rest eager. model: the whole net's forward and backward as two graphs, loss
  * and optimizer eager. step: forward, loss, backward and optimizer as one graph; only the batch
  * copy-in stays outside. The first `warmup` steps run eagerly (lazy set-up happens there), the
- * next step captures, later steps replay. (Design note: models/ calls graph/ for this.) */
+ * next step captures, later steps replay. Variable shapes (batch rows of an mlp, sequence
+ * lengths of a gpt) run padded up to a bucket, with a step graph per bucket under step scope.
+ * (Design note: models/ calls graph/ for this.) */
 #include "models/model.h"
 #include "nn/checkpoint.h"
 
@@ -26,9 +28,11 @@ struct sg_trainer {
     sg_pool *pool;               /* shared by the trainer's graphs (they never run at once) */
     graphed_module *wrapped[64];
     int n_wrapped;
-    int64_t buckets[32];
+    int64_t buckets[32];         /* batch sizes (mlp) or sequence lengths (gpt), increasing */
+    int n_buckets;
+    bool seq_buckets;            /* the buckets are sequence lengths (sg_trainer_step_seq) */
     bool bucket_warm[32];        /* the bucket ran one eager step: its lazy set-up is done */
-    sg_graph_cache *cache;       /* variable batch under step scope: a graph per bucket */
+    sg_graph_cache *cache;       /* buckets under step scope: a graph per bucket */
     int64_t next_index;          /* step scope: the batch index the graph's counter holds */
 };
 
@@ -250,7 +254,8 @@ static sg_status run_forward(void *u)
 static sg_status run_loss(sg_model *m)
 {
     const char *prev = sg_ctx_set_module(m->ctx, "loss");
-    sg_status st = sg_softmax_xent(m->ctx, m->logits, m->targets, 1.0f, m->loss, m->dlogits);
+    const sg_tensor *scaler = m->precision == SG_DTYPE_BF16 ? m->scaler : NULL;
+    sg_status st = sg_softmax_xent_scaled(m->ctx, m->logits, m->targets, 1.0f, scaler, m->loss, m->dlogits);
     sg_ctx_set_module(m->ctx, prev);
     return st;
 }
@@ -262,15 +267,18 @@ static sg_status run_backward(void *u)
     return sg_module_backward(m->net, m->dlogits, &dx);
 }
 
-/* Clipping, the optimizer, and the end of the step: the dropout offset moves on, so the next
- * step (or replay) draws fresh masks. */
+/* Unscaling (mixed precision: the bf16 gradients, divided by the loss scale, into the f32
+ * ones, the skip flag set when they are not finite, the scale updated), clipping, the
+ * optimizer (which does nothing on a skip), and the end of the step: the dropout offset moves
+ * on, so the next step (or replay) draws fresh masks. All device work: no host sync. */
 static sg_status run_optim(sg_trainer *t)
 {
     sg_model *m = t->m;
     const char *prev = sg_ctx_set_module(t->ctx, "optimizer");
-    sg_status st = SG_OK;
-    if (t->opts.clip > 0) st = sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
-    if (st == SG_OK) st = sg_optim_step(t->o);
+    sg_status st = sg_optim_unscale(t->o);
+    if (st == SG_OK && t->opts.clip > 0)
+        st = sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
+    if (st == SG_OK) st = sg_optim_update(t->o);
     if (st == SG_OK && m->rng && m->dropout > 0) st = sg_rng_advance(t->ctx, m->rng);
     sg_ctx_set_module(t->ctx, prev);
     return st;
@@ -285,6 +293,35 @@ static sg_status run_step(void *u)
     return run_optim(t);
 }
 
+/* Variable shapes (eager and step scopes): the sorted bucket sizes (batch rows of an mlp, or
+ * sequence lengths of a gpt), static inputs to pad, and under step scope the cache of a graph
+ * per bucket. */
+static sg_status set_buckets(sg_trainer *t, const sg_trainer_options *op)
+{
+    sg_model *m = t->m;
+    bool seq = op->n_seq_buckets > 0;
+    const int64_t *b = seq ? op->seq_buckets : op->batch_buckets;
+    int n = seq ? op->n_seq_buckets : op->n_buckets;
+    int64_t max = seq ? m->spec.seq : m->x_view->cap_rows;
+    bool ok = b && n > 0 && n <= 32 && (op->scope == SG_SCOPE_EAGER || op->scope == SG_SCOPE_STEP);
+    for (int i = 0; ok && i < n; i++) {
+        t->buckets[i] = b[i];
+        ok = b[i] >= 1 && b[i] <= max && (i == 0 || b[i] > b[i - 1]);
+    }
+    if (!ok)
+        return sg_fail(m->ctx, SG_ERR_INVALID,
+                       "sg_trainer_create: %s buckets must be 1 to 32 increasing %s from 1 to the model's %s "
+                       "%lld, under eager or step scope (%d given, scope %s)", seq ? "sequence" : "batch",
+                       seq ? "lengths" : "sizes", seq ? "sequence length T =" : "batch", (long long)max, n,
+                       sg_scope_name(op->scope));
+    t->n_buckets = n, t->seq_buckets = seq;
+    t->opts.batch_buckets = seq ? NULL : t->buckets;
+    t->opts.seq_buckets = seq ? t->buckets : NULL;
+    SG_TRY(sg_model_use_static_inputs(m)); /* padding needs static inputs to pad, even eagerly */
+    if (op->scope == SG_SCOPE_STEP) SG_TRY(sg_graph_cache_create(m->ctx, op->cache_budget, 0, &t->cache));
+    return SG_OK;
+}
+
 sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *opts,
                             sg_trainer **out)
 {
@@ -293,38 +330,28 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     sg_trainer_options op = opts ? *opts : sg_trainer_options_default();
     if (op.steps_per_call == 0) op.steps_per_call = 1;
     if (!(op.clip >= 0.f) || op.scope < SG_SCOPE_EAGER || op.scope > SG_SCOPE_STEP || op.warmup < 0 ||
-        op.steps_per_call < 1 || op.steps_per_call > 1024 || (op.steps_per_call > 1 && op.n_buckets))
+        op.steps_per_call < 1 || op.steps_per_call > 1024 ||
+        (op.steps_per_call > 1 && (op.n_buckets || op.n_seq_buckets)))
         return sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: scope %d, warmup %d, %d steps per "
                        "call: expected a scope of sg_scope, warmup >= 0 and 1 to 1024 steps per call "
-                       "(1 with batch buckets)", (int)op.scope, op.warmup, op.steps_per_call);
+                       "(1 with batch or sequence buckets)", (int)op.scope, op.warmup, op.steps_per_call);
     sg_trainer *t = calloc(1, sizeof *t);
     if (!t) return sg_fail(m->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
     t->ctx = m->ctx, t->m = m, t->o = o, t->opts = op;
     snprintf(t->modules, sizeof t->modules, "%s", op.graph_modules ? op.graph_modules : "");
     t->opts.graph_modules = t->modules;
     sg_status st = SG_OK;
-    if (op.n_buckets && !m->x_view)
+    if (op.n_buckets && op.n_seq_buckets)
+        st = sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: batch buckets and sequence buckets together; "
+                     "a trainer varies one shape");
+    else if (op.n_buckets && !m->x_view)
         st = sg_fail(m->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: batch buckets are for mlp models; '%s' "
                      "cannot vary its batch yet", m->name);
-    else if (op.n_buckets) {
-        int64_t B = m->x_view->cap_rows;
-        bool ok = op.batch_buckets && op.n_buckets > 0 && op.n_buckets <= 32 &&
-                  (op.scope == SG_SCOPE_EAGER || op.scope == SG_SCOPE_STEP);
-        for (int i = 0; ok && i < op.n_buckets; i++) {
-            t->buckets[i] = op.batch_buckets[i];
-            ok = op.batch_buckets[i] >= 1 && op.batch_buckets[i] <= B &&
-                 (i == 0 || op.batch_buckets[i] > op.batch_buckets[i - 1]);
-        }
-        if (!ok) st = sg_fail(m->ctx, SG_ERR_INVALID,
-                              "sg_trainer_create: batch buckets must be 1 to 32 increasing sizes from 1 to "
-                              "the model's batch %lld, under eager or step scope (scope %s)",
-                              (long long)B, sg_scope_name(op.scope));
-        t->opts.batch_buckets = t->buckets;
-        /* Padding needs static inputs to pad, even eagerly. */
-        if (st == SG_OK) st = sg_model_use_static_inputs(m);
-        if (st == SG_OK && op.scope == SG_SCOPE_STEP)
-            st = sg_graph_cache_create(m->ctx, op.cache_budget, 0, &t->cache);
-    }
+    else if (op.n_seq_buckets && !m->text)
+        st = sg_fail(m->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: sequence buckets are for gpt models; '%s' "
+                     "has no sequence length", m->name);
+    else if (op.n_buckets || op.n_seq_buckets)
+        st = set_buckets(t, &op);
     if (st == SG_OK && op.scope != SG_SCOPE_EAGER) st = sg_model_use_static_inputs(m);
     if (st == SG_OK && op.scope == SG_SCOPE_LAYER) st = wrap_modules(t);
     if (st != SG_OK) {
@@ -423,7 +450,9 @@ sg_status sg_trainer_step(sg_trainer *t, int64_t index)
     t->armed = t->steps >= t->opts.warmup && !t->fallback && t->opts.scope != SG_SCOPE_EAGER;
     sg_status st = SG_OK;
     if (t->armed && t->opts.scope == SG_SCOPE_STEP) {
-        st = step_scope(t, index); /* the graph gathers its own batches */
+        /* The graph gathers its own batches, at the full shape (a bucket may have left less). */
+        if (t->n_buckets) SG_TRY(sg_model_full_shape(t->m));
+        st = step_scope(t, index);
     } else {
         for (int k = 0; k < t->opts.steps_per_call && st == SG_OK; k++) st = one_step(t, index + k);
     }
@@ -431,20 +460,30 @@ sg_status sg_trainer_step(sg_trainer *t, int64_t index)
     return st;
 }
 
-sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows)
+/* *k: the bucket that holds n, of the trainer's kind (sequence lengths when seq, else batch
+ * sizes). Errors name fn: no buckets of that kind, or n outside 1..the largest. */
+static sg_status find_bucket(sg_trainer *t, const char *fn, bool seq, int64_t n, int *k)
 {
-    if (!t) return SG_ERR_NULL;
-    if (!t->opts.n_buckets)
-        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_step_rows: the trainer has no batch buckets");
-    int64_t b = sg_bucket_for(t->buckets, t->opts.n_buckets, rows);
-    if (b < 0)
-        return sg_fail(t->ctx, SG_ERR_SHAPE, "sg_trainer_step_rows: %lld rows: expected 1 to %lld (the largest bucket)",
-                       (long long)rows, (long long)t->buckets[t->opts.n_buckets - 1]);
-    SG_TRY(sg_model_load_padded(t->m, index, rows, b));
-    int k = 0;
-    while (t->buckets[k] != b) k++;
-    /* Each bucket's first step (after the trainer's warm-up) runs eagerly, as the warm-up of
-     * its graph: a real step, so training is the same as eager's. */
+    const char *kind = seq ? "sequence" : "batch";
+    if (!t->n_buckets || t->seq_buckets != seq)
+        return sg_fail(t->ctx, SG_ERR_INVALID, "%s: the trainer has no %s buckets (sg_trainer_options.%s)", fn,
+                       kind, seq ? "seq_buckets" : "batch_buckets");
+    int64_t b = sg_bucket_for(t->buckets, t->n_buckets, n);
+    if (n < 1 || b < 0)
+        return sg_fail(t->ctx, SG_ERR_SHAPE, "%s: %lld %s: expected 1 to %lld (the largest %s bucket)", fn,
+                       (long long)n, seq ? "tokens" : "rows", (long long)t->buckets[t->n_buckets - 1], kind);
+    *k = 0;
+    while (t->buckets[*k] != b) ++*k;
+    return SG_OK;
+}
+
+/* One step on bucket k, its batch loaded and padded up to the bucket. Under step scope each
+ * bucket has its own graph in the cache, keyed by its size (a trainer has one kind of bucket);
+ * the bucket's first step after the trainer's warm-up runs eagerly, as the warm-up of its
+ * graph: a real step, so training is the same as eager's. The batch copy-in stays outside. */
+static sg_status bucket_step(sg_trainer *t, int k)
+{
+    int64_t b = t->buckets[k];
     t->armed = t->steps >= t->opts.warmup && !t->fallback && t->opts.scope == SG_SCOPE_STEP &&
                t->bucket_warm[k];
     sg_status st;
@@ -455,7 +494,7 @@ sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows)
         const sg_tensor *in[] = {t->m->x, t->m->targets};
         sg_graph_options o = sg_graph_options_default();
         char name[32];
-        snprintf(name, sizeof name, "step.b%lld", (long long)b);
+        snprintf(name, sizeof name, "step.%s%lld", t->seq_buckets ? "t" : "b", (long long)b);
         o.name = name;
         o.warmup = 0;
         o.static_inputs = in;
@@ -471,6 +510,24 @@ sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows)
     }
     if (st == SG_OK) t->steps++;
     return st;
+}
+
+sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows)
+{
+    if (!t) return SG_ERR_NULL;
+    int k = 0;
+    SG_TRY(find_bucket(t, "sg_trainer_step_rows", false, rows, &k));
+    SG_TRY(sg_model_load_padded(t->m, index, rows, t->buckets[k]));
+    return bucket_step(t, k);
+}
+
+sg_status sg_trainer_step_seq(sg_trainer *t, int64_t index, int64_t len)
+{
+    if (!t) return SG_ERR_NULL;
+    int k = 0;
+    SG_TRY(find_bucket(t, "sg_trainer_step_seq", true, len, &k));
+    SG_TRY(sg_model_load_seq(t->m, index, len, t->buckets[k]));
+    return bucket_step(t, k);
 }
 
 static void add_graph(sg_trainer_stats *s, const sg_graph *g)
@@ -550,6 +607,7 @@ static int ckpt_entries(sg_trainer *t, sg_ckpt_entry *e, int cap)
     if (ov && n < cap) e[n++] = (sg_ckpt_entry){"optim.v", ov};
     if (n < cap) e[n++] = (sg_ckpt_entry){"optim.hparams", hp};
     if (t->m->rng && n < cap) e[n++] = (sg_ckpt_entry){"rng", t->m->rng};
+    if (n < cap) e[n++] = (sg_ckpt_entry){"amp.scaler", t->m->scaler};
     return n;
 }
 
@@ -560,7 +618,8 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     int n = ckpt_entries(t, e, SG_MAX_PARAMS + 8);
     char steps[32];
     snprintf(steps, sizeof steps, "%lld", (long long)step);
-    const char *meta[] = {"format", "stepgraph-1", "model", t->m->name, "step", steps, NULL};
+    const char *meta[] = {"format", "stepgraph-1", "model", t->m->name, "step", steps,
+                          "precision", sg_dtype_name(t->m->precision), NULL};
     return sg_checkpoint_save(t->ctx, path, e, n, meta);
 }
 
@@ -577,5 +636,13 @@ sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step)
     if (sg_checkpoint_meta_get(meta, "step", steps, sizeof steps) != SG_OK)
         return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_load: '%s' has no step in its metadata", path);
     *step = atoll(steps);
-    return SG_OK;
+    /* The master weights are f32 in either precision, so a checkpoint resumes in both; the
+     * bf16 compute copies are rebuilt from them. */
+    return sg_params_sync_lowp(&t->m->params);
+}
+
+sg_status sg_trainer_get_scaler(sg_trainer *t, sg_loss_scaler *out)
+{
+    if (!t || !out) return SG_ERR_NULL;
+    return sg_tensor_copy_to_host(t->m->scaler, out, sizeof *out);
 }

@@ -75,18 +75,18 @@ sg_status sg_linear_create(sg_ctx *ctx, const char *name, int64_t rows, sg_tenso
     l->base.ctx = ctx;
     snprintf(l->base.name, sizeof l->base.name, "%s", name);
     l->w = w, l->b = b, l->dw = dw, l->db = db, l->act = act;
-    char n[96];
+    char n[96]; /* activations take the weight's dtype: bf16 under mixed precision */
     int64_t N = w->shape[0], K = w->shape[1];
     sg_status st;
     snprintf(n, sizeof n, "%s.y", name);
-    st = sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){rows, N}, n, &l->y);
+    st = sg_tensor_create(ctx, w->dtype, 2, (int64_t[]){rows, N}, n, &l->y);
     if (st == SG_OK && act == SG_ACT_GELU) {
         snprintf(n, sizeof n, "%s.pre", name);
-        st = sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){rows, N}, n, &l->pre);
+        st = sg_tensor_create(ctx, w->dtype, 2, (int64_t[]){rows, N}, n, &l->pre);
     }
     if (st == SG_OK && need_dx) {
         snprintf(n, sizeof n, "%s.dx", name);
-        st = sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){rows, K}, n, &l->dx);
+        st = sg_tensor_create(ctx, w->dtype, 2, (int64_t[]){rows, K}, n, &l->dx);
     }
     if (st != SG_OK) {
         linear_destroy(&l->base);

@@ -50,6 +50,12 @@ typedef struct sg_param_set {
     sg_tensor *param[SG_MAX_PARAMS];      /* views into flat */
     sg_tensor *grad[SG_MAX_PARAMS];       /* views into grad_flat */
     sg_tensor *seg_start, *seg_decay;     /* (count+1), (count) I32: for the fused optimizers */
+    /* Mixed precision (sg_params_allocate_lowp): bf16 compute copies of the parameters, which
+     * the forward and backward read, and bf16 gradients, which the backward writes (scaled by
+     * the loss scale), each one allocation of the same layout with views by parameter. The
+     * fp32 buffers above stay the master weights and the unscaled gradients the optimizer reads. */
+    sg_tensor *flat_lo, *grad_flat_lo;
+    sg_tensor *param_lo[SG_MAX_PARAMS], *grad_lo[SG_MAX_PARAMS];
 } sg_param_set;
 
 /* Declares a parameter before allocation; returns its index (or -1 with ctx's error set). */
@@ -57,6 +63,21 @@ int sg_params_declare(sg_param_set *ps, const char *name, int ndim, const int64_
                       int decay, sg_init init, int64_t fan_in);
 /* Allocates the flat buffers and views, and initialises every parameter from seed. */
 sg_status sg_params_allocate(sg_param_set *ps, uint64_t seed);
+/* After sg_params_allocate: the bf16 copies and gradients above, the copies filled from the
+ * master weights. */
+sg_status sg_params_allocate_lowp(sg_param_set *ps);
+/* Refreshes the bf16 copies from the master weights (after a checkpoint load); no-op without
+ * them. The optimizer keeps them current during training (it writes both in one pass). */
+sg_status sg_params_sync_lowp(sg_param_set *ps);
+/* The tensors the modules read and write: the bf16 copies when allocated, else the masters. */
+static inline sg_tensor *sg_params_compute(sg_param_set *ps, int i)
+{
+    return ps->flat_lo ? ps->param_lo[i] : ps->param[i];
+}
+static inline sg_tensor *sg_params_compute_grad(sg_param_set *ps, int i)
+{
+    return ps->grad_flat_lo ? ps->grad_lo[i] : ps->grad[i];
+}
 void sg_params_release(sg_param_set *ps);
 
 /* ---- modules ---- */
@@ -129,6 +150,18 @@ sg_module *sg_sequential_replace(sg_module *seq, int i, sg_module *m);
 sg_status sg_optim_create_for(sg_ctx *ctx, sg_param_set *ps, sg_optim_kind kind, sg_optim **out);
 /* The optimizer's device state, for checkpoints: m, v (NULL for SGD) and the hyperparameters. */
 void sg_optim_state(sg_optim *o, sg_tensor **m, sg_tensor **v, sg_tensor **hp);
+/* Mixed precision: the backward writes bf16 gradients (grad_lo, (P) BF16, scaled by the loss
+ * scale in scaler); sg_optim_unscale turns them into the f32 ones (divided by the scale) and
+ * sets found (1 I32) when they are not finite, updating the scale; sg_optim_update then skips
+ * on found and writes the new parameters' bf16 copy into param_lo ((P) BF16). Reserves the
+ * unscale kernel's scratch now, so steps and captures allocate nothing. Not owned: they must
+ * outlive the optimizer's use of them. */
+sg_status sg_optim_set_mixed(sg_optim *o, const sg_tensor *grad_lo, sg_tensor *scaler,
+                             sg_tensor *found, sg_tensor *param_lo);
+/* The two halves of sg_optim_step, for callers that act in between (clipping): unscale (a
+ * no-op without mixed precision), then the fused update. */
+sg_status sg_optim_unscale(sg_optim *o);
+sg_status sg_optim_update(sg_optim *o);
 
 #ifdef __cplusplus
 }

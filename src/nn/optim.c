@@ -1,8 +1,10 @@
 /* optim.c: the optimizer object. Its hyperparameters (lr, betas, eps, weight decay,
  * momentum, dampening, step count) live in one small device tensor that the fused kernels
  * read; setters rewrite it with a stream-ordered kernel, so a schedule needs no host sync
- * and a captured step would see the new values on replay. One launch updates all parameters. */
+ * and a captured step would see the new values on replay. One launch updates all parameters
+ * (and, for mixed precision, skips on a device flag and writes the bf16 copy). */
 #include "nn/nn.h"
+#include "ops/amp.h"
 #include "ops/optim.h"
 
 #include <math.h>
@@ -15,6 +17,11 @@ struct sg_optim {
     sg_param_set *ps;        /* not owned */
     sg_tensor *hp;           /* (8) F32: sg_optim_hparams */
     sg_tensor *m, *v;        /* AdamW moments; SGD uses m as the momentum buffer */
+    /* mixed precision (all NULL without it; not owned) */
+    const sg_tensor *grad_lo;/* (P) BF16: the gradients the backward wrote, scaled */
+    sg_tensor *scaler;       /* (SG_SCALER_COUNT) F32: sg_loss_scaler */
+    sg_tensor *skip;         /* (1) I32: sg_amp_unscale's found; nonzero skips the step */
+    sg_tensor *param_lo;     /* (P) BF16: bf16 of the parameters */
 };
 
 _Static_assert(sizeof(sg_optim_hparams) == 8 * sizeof(float), "hparams are 8 floats");
@@ -71,6 +78,18 @@ void sg_optim_state(sg_optim *o, sg_tensor **m, sg_tensor **v, sg_tensor **hp)
     *m = o->m, *v = o->v, *hp = o->hp;
 }
 
+/* The tensors are checked by the calls that use them (sg_amp_unscale, the fused steps), which
+ * name the tensor. */
+sg_status sg_optim_set_mixed(sg_optim *o, const sg_tensor *grad_lo, sg_tensor *scaler,
+                             sg_tensor *found, sg_tensor *param_lo)
+{
+    if (!o) return SG_ERR_NULL;
+    o->grad_lo = grad_lo, o->scaler = scaler, o->skip = found, o->param_lo = param_lo;
+    if (!grad_lo || o->ctx->backend == SG_BACKEND_CPU) return SG_OK;
+    void *scratch;
+    return sg_ctx_scratch(o->ctx, SG_SLOT_AMP, SG_AMP_SCRATCH_BYTES, &scratch);
+}
+
 sg_status sg_optim_set_lr(sg_optim *o, float lr)
 {
     if (!o) return SG_ERR_NULL;
@@ -105,13 +124,26 @@ sg_status sg_optim_get_hparams(sg_optim *o, sg_optim_hparams *out)
     return sg_tensor_copy_to_host(o->hp, out, sizeof *out);
 }
 
+sg_status sg_optim_unscale(sg_optim *o)
+{
+    if (!o) return SG_ERR_NULL;
+    if (!o->grad_lo) return SG_OK;
+    return sg_amp_unscale(o->ctx, o->grad_lo, o->ps->grad_flat, o->scaler, o->skip);
+}
+
 sg_status sg_optim_step(sg_optim *o)
+{
+    SG_TRY(sg_optim_unscale(o));
+    return sg_optim_update(o);
+}
+
+sg_status sg_optim_update(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
     sg_param_set *ps = o->ps;
     if (o->kind == SG_OPTIM_ADAMW)
         return sg_adamw_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->v, o->hp, ps->seg_start,
-                             ps->seg_decay, ps->count);
+                             ps->seg_decay, ps->count, o->skip, o->param_lo);
     return sg_sgd_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->hp, ps->seg_start, ps->seg_decay,
-                       ps->count);
+                       ps->count, o->skip, o->param_lo);
 }

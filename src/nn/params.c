@@ -106,13 +106,42 @@ sg_status sg_params_allocate(sg_param_set *ps, uint64_t seed)
     return st;
 }
 
+sg_status sg_params_allocate_lowp(sg_param_set *ps)
+{
+    sg_ctx *ctx = ps->ctx;
+    int64_t total = ps->flat->numel;
+    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_BF16, 1, &total, "params.bf16", &ps->flat_lo));
+    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_BF16, 1, &total, "grads.bf16", &ps->grad_flat_lo));
+    for (int i = 0; i < ps->count; i++) {
+        sg_param_info *p = &ps->info[i];
+        char n[80];
+        snprintf(n, sizeof n, "%s.bf16", p->name);
+        SG_TRY(sg_tensor_view(ps->flat_lo, p->offset, p->ndim, p->shape, n, &ps->param_lo[i]));
+        snprintf(n, sizeof n, "%s.grad.bf16", p->name);
+        SG_TRY(sg_tensor_view(ps->grad_flat_lo, p->offset, p->ndim, p->shape, n, &ps->grad_lo[i]));
+    }
+    /* Padding gradients are never written by a backward: zero them once. */
+    SG_TRY(sg_tensor_fill(ps->grad_flat_lo, 0.0));
+    return sg_params_sync_lowp(ps);
+}
+
+sg_status sg_params_sync_lowp(sg_param_set *ps)
+{
+    return ps->flat_lo ? sg_tensor_convert(ps->flat_lo, ps->flat) : SG_OK;
+}
+
 void sg_params_release(sg_param_set *ps)
 {
     for (int i = 0; i < ps->count; i++) {
         sg_tensor_destroy(ps->param[i]);
         sg_tensor_destroy(ps->grad[i]);
-        ps->param[i] = ps->grad[i] = NULL;
+        sg_tensor_destroy(ps->param_lo[i]);
+        sg_tensor_destroy(ps->grad_lo[i]);
+        ps->param[i] = ps->grad[i] = ps->param_lo[i] = ps->grad_lo[i] = NULL;
     }
+    sg_tensor_destroy(ps->flat_lo);
+    sg_tensor_destroy(ps->grad_flat_lo);
+    ps->flat_lo = ps->grad_flat_lo = NULL;
     sg_tensor_destroy(ps->flat);
     sg_tensor_destroy(ps->grad_flat);
     sg_tensor_destroy(ps->seg_start);

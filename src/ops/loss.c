@@ -1,7 +1,8 @@
-/* loss.c: public entry points of the losses (sg_softmax_xent, sg_mse): check arguments, then
- * run the CPU reference or the CUDA kernel. On the CPU the targets are checked against the
- * class count here; on CUDA they live on the device and are not read by the host. Dtypes are
- * in loss.h (cross-entropy takes bf16 logits; mse f32, or f64 on the CPU). */
+/* loss.c: public entry points of the losses (sg_softmax_xent, sg_softmax_xent_scaled, sg_mse):
+ * check arguments, then run the CPU reference or the CUDA kernel. On the CPU the targets are
+ * checked against the class count here; on CUDA they live on the device and are not read by
+ * the host. Dtypes are in loss.h (cross-entropy takes bf16 logits and an optional loss scaler;
+ * mse f32, or f64 on the CPU). */
 #include "ops/loss.h"
 
 #include <limits.h>
@@ -68,7 +69,8 @@ static sg_status check_target_range(sg_ctx *ctx, const char *fn, const sg_tensor
 /* The CPU references run through sg_cpu_run, so a CPU capture records them; the target range
  * is checked when the work runs, since a replay sees the targets of its own step. */
 typedef struct loss_args {
-    const sg_tensor *x, *t;
+    const char *fn; /* the public call, for the target range message */
+    const sg_tensor *x, *t, *scaler;
     float grad_scale;
     sg_tensor *loss, *dx;
     int64_t classes;
@@ -77,8 +79,8 @@ typedef struct loss_args {
 static sg_status xent_cpu(sg_ctx *ctx, const void *p)
 {
     const loss_args *a = p;
-    SG_TRY(check_target_range(ctx, "sg_softmax_xent", a->t, a->classes));
-    sg_softmax_xent_cpu(a->x, a->t, a->grad_scale, a->loss, a->dx);
+    SG_TRY(check_target_range(ctx, a->fn, a->t, a->classes));
+    sg_softmax_xent_cpu(a->x, a->t, a->grad_scale, a->scaler, a->loss, a->dx);
     return SG_OK;
 }
 
@@ -89,10 +91,28 @@ static sg_status mse_cpu(sg_ctx *ctx, const void *p)
     return SG_OK;
 }
 
-sg_status sg_softmax_xent(sg_ctx *ctx, const sg_tensor *logits, const sg_tensor *targets,
-                          float grad_scale, sg_tensor *loss, sg_tensor *dlogits)
+/* scaler: NULL, or the loss scaler's state (SG_SCALER_COUNT F32, sg_loss_scaler), read-only
+ * here, so it must not share bytes with what this call writes. */
+static sg_status check_scaler(sg_ctx *ctx, const char *fn, const sg_tensor *scaler,
+                              const sg_tensor *loss, const sg_tensor *dlogits)
 {
-    const char *fn = "sg_softmax_xent";
+    if (!scaler) return SG_OK;
+    SG_TRY(sg_check_dtype(ctx, fn, "scaler", scaler, SG_DTYPE_F32));
+    if (scaler->numel != SG_SCALER_COUNT) {
+        char s[96];
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'scaler' is %s, expected %d elements "
+                       "(sg_loss_scaler: scale, good_steps, growth_interval, skipped)", fn,
+                       sg_shape_str(scaler, s, sizeof s), SG_SCALER_COUNT);
+    }
+    SG_TRY(sg_check_not_overlapping(ctx, fn, "loss", loss, "scaler", scaler));
+    return sg_check_not_overlapping(ctx, fn, "dlogits", dlogits, "scaler", scaler);
+}
+
+/* Both public cross-entropy calls: fn names the one the caller made. */
+static sg_status softmax_xent(sg_ctx *ctx, const char *fn, const sg_tensor *logits,
+                              const sg_tensor *targets, float grad_scale, const sg_tensor *scaler,
+                              sg_tensor *loss, sg_tensor *dlogits)
+{
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(sg_check_float_or_bf16(ctx, fn, "logits", logits));
     int64_t classes = logits->shape[logits->ndim - 1], rows = logits->numel / classes;
@@ -102,15 +122,30 @@ sg_status sg_softmax_xent(sg_ctx *ctx, const sg_tensor *logits, const sg_tensor 
                         logits->dtype == SG_DTYPE_BF16 ? SG_DTYPE_F32 : logits->dtype));
     if (dlogits) SG_TRY(sg_check_same_shape(ctx, fn, "logits", logits, "dlogits", dlogits));
     SG_TRY(check_grad_scale(ctx, fn, grad_scale));
+    SG_TRY(check_scaler(ctx, fn, scaler, loss, dlogits));
     if (ctx->backend == SG_BACKEND_CPU) {
-        loss_args a = {logits, targets, grad_scale, loss, dlogits, classes};
+        loss_args a = {fn, logits, targets, scaler, grad_scale, loss, dlogits, classes};
         return sg_cpu_run(ctx, xent_cpu, &a, sizeof a);
     }
     if (rows > INT_MAX)
         return sg_fail(ctx, SG_ERR_UNSUPPORTED, "%s: %lld rows; the CUDA kernel takes at most %d",
                        fn, (long long)rows, INT_MAX);
-    return SG_CUDA_DISPATCH(ctx,
-                            sg_softmax_xent_cuda(ctx, logits, targets, grad_scale, loss, dlogits));
+    return SG_CUDA_DISPATCH(ctx, sg_softmax_xent_cuda(ctx, logits, targets, grad_scale, scaler,
+                                                      loss, dlogits));
+}
+
+sg_status sg_softmax_xent_scaled(sg_ctx *ctx, const sg_tensor *logits, const sg_tensor *targets,
+                                 float grad_scale, const sg_tensor *scaler, sg_tensor *loss,
+                                 sg_tensor *dlogits)
+{
+    return softmax_xent(ctx, "sg_softmax_xent_scaled", logits, targets, grad_scale, scaler, loss,
+                        dlogits);
+}
+
+sg_status sg_softmax_xent(sg_ctx *ctx, const sg_tensor *logits, const sg_tensor *targets,
+                          float grad_scale, sg_tensor *loss, sg_tensor *dlogits)
+{
+    return softmax_xent(ctx, "sg_softmax_xent", logits, targets, grad_scale, NULL, loss, dlogits);
 }
 
 sg_status sg_mse(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *target, float grad_scale,
@@ -124,7 +159,7 @@ sg_status sg_mse(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *target, float
     if (dx) SG_TRY(sg_check_same_shape(ctx, fn, "x", x, "dx", dx));
     SG_TRY(check_grad_scale(ctx, fn, grad_scale));
     if (ctx->backend == SG_BACKEND_CPU) {
-        loss_args a = {x, target, grad_scale, loss, dx, 0};
+        loss_args a = {"sg_mse", x, target, NULL, grad_scale, loss, dx, 0};
         return sg_cpu_run(ctx, mse_cpu, &a, sizeof a);
     }
     return SG_CUDA_DISPATCH(ctx, sg_mse_cuda(ctx, x, target, grad_scale, loss, dx));

@@ -6,16 +6,18 @@
 
 /* Per row r of logits (M,C) with t = targets[r] >= 0 (t < C, checked by the caller):
  *   m = max_j x_j, s = sum_j exp(x_j - m), loss_r = log s + m - x_t
- *   dlogits_rj = (exp(x_j - m) / s - [j == t]) * grad_scale / count
- * Rows with t < 0 add nothing and get dlogits 0. dlogits may be logits itself: x_t is read
- * before the row is written, and each x_j just before its own d_j. */
+ *   dlogits_rj = (exp(x_j - m) / s - [j == t]) * (grad_scale / count * S)
+ * with S = scaler[0] (1 when scaler is NULL), multiplied after the division: a power of two,
+ * so exactly. Rows with t < 0 add nothing and get dlogits 0. dlogits may be logits itself:
+ * x_t is read before the row is written, and each x_j just before its own d_j. */
 void sg_softmax_xent_cpu(const sg_tensor *logits, const sg_tensor *targets, float grad_scale,
-                         sg_tensor *loss, sg_tensor *dlogits)
+                         const sg_tensor *scaler, sg_tensor *loss, sg_tensor *dlogits)
 {
     int64_t C = logits->shape[logits->ndim - 1], M = logits->numel / C;
     int64_t count = 0;
     for (int64_t r = 0; r < M; r++) count += sg_ld(targets, r) >= 0;
     double scale = count ? (double)grad_scale / (double)count : 0.0;
+    if (scaler) scale *= sg_ld(scaler, 0);
     double sum = 0;
     for (int64_t r = 0; r < M; r++) {
         int64_t t = (int64_t)sg_ld(targets, r), off = r * C;

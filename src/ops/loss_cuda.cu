@@ -3,6 +3,9 @@
  * fixed order for a given shape and GPU (the grid depends on M and the SM count only).
  * Cross-entropy's logits and dlogits are f32, or bf16 (mixed precision: read as f32, the same
  * f32 arithmetic, dlogits rounded once to bf16); its loss is f32 either way. MSE is f32.
+ * With a loss scaler (sg_softmax_xent_scaled), every block reads the scale from scaler[0] at
+ * entry and multiplies dlogits' unit grad_scale / count by it (exact: a power of two); the loss
+ * is not scaled. Nothing in this launch writes the scaler.
  *
  * How one launch yields a mean: each block adds its rows (elements) into a double partial in
  * scratch (sg_ctx_scratch slot SG_SLOT_LOSS, allocated once per context); the last block to
@@ -152,13 +155,15 @@ template <int G> __device__ __forceinline__ ms_t group_reduce(ms_t v, ms_t *sh)
 }
 
 /* logits (M,C), targets (M), dlogits (M,C) or NULL (may be logits itself: no __restrict__),
- * logits and dlogits of storage type T (f32 or bf16). A group of G threads takes rows
- * blockIdx.x*R + group, stepping by gridDim.x*R. Pass 1 reads the row once for (m, s) online;
- * pass 2 reads it again and writes dlogits. All arithmetic is f32 for both T. */
+ * logits and dlogits of storage type T (f32 or bf16); loss_scale: the scaler's scale (its
+ * element 0) or NULL. A group of G threads takes rows blockIdx.x*R + group, stepping by
+ * gridDim.x*R. Pass 1 reads the row once for (m, s) online; pass 2 reads it again and writes
+ * dlogits. All arithmetic is f32 for both T. */
 template <typename T, int G>
 __global__ void __launch_bounds__(LOSS_THREADS)
     xent_kernel(const T *logits, const int *__restrict__ targets, T *dlogits, int M, int64_t C,
-                float grad_scale, double *partials, unsigned *counter, float *loss)
+                float grad_scale, const float *__restrict__ loss_scale, double *partials,
+                unsigned *counter, float *loss)
 {
     constexpr int R = LOSS_THREADS / G; /* rows in flight per block */
     __shared__ ms_t sh_ms[LOSS_WARPS];
@@ -167,7 +172,10 @@ __global__ void __launch_bounds__(LOSS_THREADS)
     const int group = threadIdx.x / G, gt = threadIdx.x % G;
 
     int count = block_count_targets(targets, M, sh_i);
+    /* The unit of dlogits as without a scaler, then times the loss scale (a power of two: the
+     * product is exact, so scaled dlogits are exactly scale times unscaled ones). */
     float scale = count > 0 ? grad_scale / (float)count : 0.f;
+    if (loss_scale) scale *= *loss_scale;
 
     double acc = 0; /* this group's row losses in row order, kept by its thread 0 */
     for (int64_t r = (int64_t)blockIdx.x * R + group; r < M; r += (int64_t)gridDim.x * R) {
@@ -217,25 +225,27 @@ __global__ void __launch_bounds__(LOSS_THREADS)
 template <typename T>
 static void launch_xent(const sg_ctx *ctx, cudaStream_t stream, const void *logits,
                         const int *targets, void *dlogits, int64_t M, int64_t C,
-                        float grad_scale, double *partials, unsigned *counter, float *loss)
+                        float grad_scale, const float *loss_scale, double *partials,
+                        unsigned *counter, float *loss)
 {
     const T *x = (const T *)logits;
     T *d = (T *)dlogits;
     if (C >= XENT_BLOCK_ROW_MIN_C) {
         int blocks = grid_for(ctx, M);
         xent_kernel<T, LOSS_THREADS><<<blocks, LOSS_THREADS, 0, stream>>>(
-            x, targets, d, (int)M, C, grad_scale, partials, counter, loss);
+            x, targets, d, (int)M, C, grad_scale, loss_scale, partials, counter, loss);
     } else {
         int blocks = grid_for(ctx, (M + LOSS_WARPS - 1) / LOSS_WARPS);
-        xent_kernel<T, 32><<<blocks, LOSS_THREADS, 0, stream>>>(x, targets, d, (int)M, C,
-                                                                 grad_scale, partials, counter,
-                                                                 loss);
+        xent_kernel<T, 32><<<blocks, LOSS_THREADS, 0, stream>>>(
+            x, targets, d, (int)M, C, grad_scale, loss_scale, partials, counter, loss);
     }
 }
 
+/* scaler: NULL or SG_SCALER_COUNT F32 (loss.c checked it); only its scale is read. */
 extern "C" sg_status sg_softmax_xent_cuda(sg_ctx *ctx, const sg_tensor *logits,
                                           const sg_tensor *targets, float grad_scale,
-                                          sg_tensor *loss, sg_tensor *dlogits)
+                                          const sg_tensor *scaler, sg_tensor *loss,
+                                          sg_tensor *dlogits)
 {
     int64_t C = logits->shape[logits->ndim - 1], M = logits->numel / C;
     unsigned *counter;
@@ -244,12 +254,14 @@ extern "C" sg_status sg_softmax_xent_cuda(sg_ctx *ctx, const sg_tensor *logits,
     cudaStream_t stream = (cudaStream_t)sg_ctx_stream(ctx);
     const int *t = (const int *)targets->data;
     float *l = (float *)loss->data; /* f32 for f32 and bf16 logits (loss.c checked it) */
+    const float *ls = scaler ? (const float *)scaler->data : nullptr;
+    void *d = dlogits ? dlogits->data : nullptr;
     if (logits->dtype == SG_DTYPE_BF16)
-        launch_xent<__nv_bfloat16>(ctx, stream, logits->data, t, dlogits ? dlogits->data : nullptr,
-                                   M, C, grad_scale, partials, counter, l);
+        launch_xent<__nv_bfloat16>(ctx, stream, logits->data, t, d, M, C, grad_scale, ls,
+                                   partials, counter, l);
     else
-        launch_xent<float>(ctx, stream, logits->data, t, dlogits ? dlogits->data : nullptr, M, C,
-                           grad_scale, partials, counter, l);
+        launch_xent<float>(ctx, stream, logits->data, t, d, M, C, grad_scale, ls, partials,
+                           counter, l);
     SG_CUDA_CHECK_LAUNCH(ctx, "xent_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;

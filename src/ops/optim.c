@@ -1,6 +1,7 @@
 /* optim.c: public entry points of the optimizer steps: check the flat buffers, the
- * hyperparameter tensor and the segment tables, then run the CPU reference or the CUDA kernel.
- * Nothing is written before every check has passed. */
+ * hyperparameter tensor, the segment tables and mixed precision's skip flag and bf16 copy,
+ * then run the CPU reference or the CUDA kernel. Nothing is written before every check has
+ * passed. */
 #include "ops/optim.h"
 
 #include <stddef.h>
@@ -72,11 +73,46 @@ static sg_status check_segments(sg_ctx *ctx, const char *fn, int64_t P, const sg
     return SG_OK;
 }
 
+/* skip (NULL, or 1 I32) is read by every block while the step writes param, m, v, hp and
+ * param_lo: it must not share bytes with them. param_lo (NULL, or BF16 with param's element
+ * count) is written while everything else is read: it must share bytes with nothing. */
+static sg_status check_mixed(sg_ctx *ctx, const char *fn, const sg_tensor *param,
+                             const sg_tensor *grad, const char *mname, const sg_tensor *m,
+                             const sg_tensor *v, const sg_tensor *hp, const sg_tensor *seg_start,
+                             const sg_tensor *seg_decay, const sg_tensor *skip,
+                             const sg_tensor *param_lo)
+{
+    char s[96];
+    if (skip) {
+        SG_TRY(sg_check_dtype(ctx, fn, "skip", skip, SG_DTYPE_I32));
+        if (skip->numel != 1)
+            return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'skip' is %s, expected 1 element (a flag, "
+                           "as sg_amp_unscale's found)", fn, sg_shape_str(skip, s, sizeof s));
+    }
+    if (param_lo) {
+        SG_TRY(sg_check_dtype(ctx, fn, "param_lo", param_lo, SG_DTYPE_BF16));
+        if (param_lo->numel != param->numel) {
+            char sp[96];
+            return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'param_lo' is %s but 'param' is %s; expected "
+                           "as many elements", fn, sg_shape_str(param_lo, s, sizeof s),
+                           sg_shape_str(param, sp, sizeof sp));
+        }
+    }
+    const char *names[9] = {"param_lo", "param", mname, "v", "hp", "grad", "seg_start",
+                            "seg_decay", "skip"};
+    const sg_tensor *ts[9] = {param_lo, param, m, v, hp, grad, seg_start, seg_decay, skip};
+    SG_TRY(sg_check_disjoint(ctx, fn, 1, 9, names, ts)); /* param_lo against all */
+    for (int i = 1; i < 5; i++) /* the step's other outputs against skip */
+        SG_TRY(sg_check_not_overlapping(ctx, fn, names[i], ts[i], "skip", skip));
+    return SG_OK;
+}
+
 /* Everything both optimizers share; v is NULL for SGD. */
 static sg_status check_step(sg_ctx *ctx, const char *fn, const sg_tensor *param,
                             const sg_tensor *grad, const char *mname, const sg_tensor *m,
                             const sg_tensor *v, const sg_tensor *hp, const sg_tensor *seg_start,
-                            const sg_tensor *seg_decay, int n_seg)
+                            const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip,
+                            const sg_tensor *param_lo)
 {
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(sg_check_float(ctx, fn, "param", param));
@@ -89,7 +125,9 @@ static sg_status check_step(sg_ctx *ctx, const char *fn, const sg_tensor *param,
                            "buffers", fn);
     }
     SG_TRY(check_hp(ctx, fn, hp));
-    return check_segments(ctx, fn, param->numel, seg_start, seg_decay, n_seg);
+    SG_TRY(check_segments(ctx, fn, param->numel, seg_start, seg_decay, n_seg));
+    return check_mixed(ctx, fn, param, grad, mname, m, v, hp, seg_start, seg_decay, skip,
+                       param_lo);
 }
 
 /* The CPU references run through sg_cpu_run, so a CPU capture records them. */
@@ -99,49 +137,56 @@ typedef struct optim_args {
     sg_tensor *m, *v, *hp;
     const sg_tensor *seg_start, *seg_decay;
     int n_seg;
+    const sg_tensor *skip;
+    sg_tensor *param_lo;
 } optim_args;
 
 static sg_status adamw_cpu(sg_ctx *ctx, const void *p)
 {
     const optim_args *a = p;
-    sg_adamw_step_cpu(a->param, a->grad, a->m, a->v, a->hp, a->seg_start, a->seg_decay, a->n_seg);
+    sg_adamw_step_cpu(a->param, a->grad, a->m, a->v, a->hp, a->seg_start, a->seg_decay, a->n_seg,
+                      a->skip, a->param_lo);
     return SG_OK;
 }
 
 static sg_status sgd_cpu(sg_ctx *ctx, const void *p)
 {
     const optim_args *a = p;
-    sg_sgd_step_cpu(a->param, a->grad, a->m, a->hp, a->seg_start, a->seg_decay, a->n_seg);
+    sg_sgd_step_cpu(a->param, a->grad, a->m, a->hp, a->seg_start, a->seg_decay, a->n_seg,
+                    a->skip, a->param_lo);
     return SG_OK;
 }
 
 sg_status sg_adamw_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *m,
                         sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
-                        const sg_tensor *seg_decay, int n_seg)
+                        const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip,
+                        sg_tensor *param_lo)
 {
     const char *fn = "sg_adamw_step";
     if (!ctx) return SG_ERR_NULL;
     if (!v) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor 'v' is NULL", fn);
-    SG_TRY(check_step(ctx, fn, param, grad, "m", m, v, hp, seg_start, seg_decay, n_seg));
+    SG_TRY(check_step(ctx, fn, param, grad, "m", m, v, hp, seg_start, seg_decay, n_seg, skip,
+                      param_lo));
     if (ctx->backend == SG_BACKEND_CPU) {
-        optim_args a = {param, grad, m, v, hp, seg_start, seg_decay, n_seg};
+        optim_args a = {param, grad, m, v, hp, seg_start, seg_decay, n_seg, skip, param_lo};
         return sg_cpu_run(ctx, adamw_cpu, &a, sizeof a);
     }
     return SG_CUDA_DISPATCH(ctx, sg_adamw_step_cuda(ctx, param, grad, m, v, hp, seg_start,
-                                                    seg_decay, n_seg));
+                                                    seg_decay, n_seg, skip, param_lo));
 }
 
 /* buf is required even when momentum is 0: momentum lives in device memory, unknown here. */
 sg_status sg_sgd_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *buf,
                       sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
-                      int n_seg)
+                      int n_seg, const sg_tensor *skip, sg_tensor *param_lo)
 {
     const char *fn = "sg_sgd_step";
-    SG_TRY(check_step(ctx, fn, param, grad, "buf", buf, NULL, hp, seg_start, seg_decay, n_seg));
+    SG_TRY(check_step(ctx, fn, param, grad, "buf", buf, NULL, hp, seg_start, seg_decay, n_seg,
+                      skip, param_lo));
     if (ctx->backend == SG_BACKEND_CPU) {
-        optim_args a = {param, grad, buf, NULL, hp, seg_start, seg_decay, n_seg};
+        optim_args a = {param, grad, buf, NULL, hp, seg_start, seg_decay, n_seg, skip, param_lo};
         return sg_cpu_run(ctx, sgd_cpu, &a, sizeof a);
     }
     return SG_CUDA_DISPATCH(ctx, sg_sgd_step_cuda(ctx, param, grad, buf, hp, seg_start,
-                                                  seg_decay, n_seg));
+                                                  seg_decay, n_seg, skip, param_lo));
 }

@@ -1,6 +1,9 @@
 /* optim.h: the optimizer steps (AdamW, SGD with momentum) over one flat parameter buffer cut
  * into segments: CPU references (optim_cpu.c), the multi-tensor CUDA kernel (optim_cuda.cu),
- * and the public entry points (optim.c). Hyperparameters are read from device memory. */
+ * and the public entry points (optim.c). Hyperparameters are read from device memory, and so
+ * is the mixed-precision `skip` flag (sg_amp_unscale's found: a step with non-finite gradients
+ * changes nothing). param_lo, when given, receives bf16(param) in the same pass: the compute
+ * copy of mixed precision, rounded to nearest even. */
 #ifndef SG_OPS_OPTIM_H
 #define SG_OPS_OPTIM_H
 
@@ -30,20 +33,26 @@ enum {
 #define SG_OPTIM_SCRATCH_BYTES 16
 
 /* References, in double through sg_ld/sg_st (f32 or f64 tensors; hp f32 or f64). The
- * arguments are valid (optim.c checks them). m, v, buf: (P), like param. */
+ * arguments are valid (optim.c checks them). m, v, buf: (P), like param. skip (1 I32) or
+ * NULL: read when the work runs; nonzero returns at once, nothing written. param_lo (P BF16)
+ * or NULL: bf16 of each new param as stored (sg_double_to_bf16: round to nearest even). */
 void sg_adamw_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *m, sg_tensor *v,
                        sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
-                       int n_seg);
+                       int n_seg, const sg_tensor *skip, sg_tensor *param_lo);
 void sg_sgd_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *buf, sg_tensor *hp,
-                     const sg_tensor *seg_start, const sg_tensor *seg_decay, int n_seg);
+                     const sg_tensor *seg_start, const sg_tensor *seg_decay, int n_seg,
+                     const sg_tensor *skip, sg_tensor *param_lo);
 
-/* One launch each, f32; seg_start/seg_decay are device tensors. */
+/* One launch each, f32; seg_start/seg_decay/skip are device tensors (skip read by the kernel:
+ * on nonzero every block returns at entry, so neither the buffers nor hp.step nor the block
+ * counter move). */
 sg_status sg_adamw_step_cuda(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *m,
                              sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
-                             const sg_tensor *seg_decay, int n_seg);
+                             const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip,
+                             sg_tensor *param_lo);
 sg_status sg_sgd_step_cuda(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *buf,
                            sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
-                           int n_seg);
+                           int n_seg, const sg_tensor *skip, sg_tensor *param_lo);
 
 #ifdef __cplusplus
 }

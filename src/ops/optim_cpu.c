@@ -1,6 +1,7 @@
 /* optim_cpu.c: reference AdamW and SGD-with-momentum steps over the flat parameter buffer,
- * computed in double for every dtype with PyTorch's formulas (torch.optim.AdamW, SGD). The
- * oracle the CUDA kernel is tested against. */
+ * computed in double for every dtype with PyTorch's formulas (torch.optim.AdamW, SGD), with
+ * mixed precision's skip flag and bf16 compute copy. The oracle the CUDA kernel is tested
+ * against. */
 #include "ops/optim.h"
 
 #include <math.h>
@@ -16,12 +17,23 @@ static hp_d hp_read(const sg_tensor *hp)
                   sg_ld(hp, SG_HP_MOMENTUM), sg_ld(hp, SG_HP_DAMPENING), sg_ld(hp, SG_HP_STEP)};
 }
 
+/* skip: a nonzero flag (non-finite gradients) means the step changes nothing. */
+static bool skipped(const sg_tensor *skip) { return skip && sg_ld(skip, 0) != 0; }
+
+/* param_lo[i] = bf16 of param[i] as stored, rounded to nearest even as __float2bfloat16_rn
+ * on the device (an f64 param goes through f32 first: sg_double_to_bf16). */
+static void store_lo(sg_tensor *param_lo, const sg_tensor *param, int64_t i)
+{
+    if (param_lo) sg_st(param_lo, i, sg_ld(param, i));
+}
+
 /* t = step + 1. Per element: decoupled decay p *= 1 - lr*wd (decayed segments only);
  * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * mhat / (sqrt(vhat) + eps). */
 void sg_adamw_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *m, sg_tensor *v,
                        sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
-                       int n_seg)
+                       int n_seg, const sg_tensor *skip, sg_tensor *param_lo)
 {
+    if (skipped(skip)) return;
     hp_d h = hp_read(hp);
     double t = h.step + 1;
     double bc1 = 1 - pow(h.beta1, t), bc2 = 1 - pow(h.beta2, t);
@@ -34,6 +46,7 @@ void sg_adamw_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *m, sg
             double vi = h.beta2 * sg_ld(v, i) + (1 - h.beta2) * g * g;
             p -= h.lr * (mi / bc1) / (sqrt(vi / bc2) + h.eps);
             sg_st(param, i, p);
+            store_lo(param_lo, param, i);
             sg_st(m, i, mi);
             sg_st(v, i, vi);
         }
@@ -45,8 +58,10 @@ void sg_adamw_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *m, sg
  * buf = momentum buf + (1 - dampening) g, and g = buf; p -= lr g. buf is neither read nor
  * written when momentum is 0 (PyTorch keeps no buffer then). */
 void sg_sgd_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *buf, sg_tensor *hp,
-                     const sg_tensor *seg_start, const sg_tensor *seg_decay, int n_seg)
+                     const sg_tensor *seg_start, const sg_tensor *seg_decay, int n_seg,
+                     const sg_tensor *skip, sg_tensor *param_lo)
 {
+    if (skipped(skip)) return;
     hp_d h = hp_read(hp);
     double t = h.step + 1;
     const int32_t *start = seg_start->data, *decay = seg_decay->data;
@@ -60,6 +75,7 @@ void sg_sgd_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *buf, sg
                 g = b;
             }
             sg_st(param, i, p - h.lr * g);
+            store_lo(param_lo, param, i);
         }
     }
     sg_st(hp, SG_HP_STEP, t);

@@ -1,8 +1,11 @@
 /* optim_cuda.cu: the multi-tensor optimizer kernel (AdamW, SGD with momentum), f32: one launch
  * updates every parameter of the flat buffer, reading the hyperparameters from device memory
- * and incrementing hp.step in the same launch. Then the launchers. */
+ * and incrementing hp.step in the same launch. Mixed precision: a device flag `skip` (nonzero:
+ * the whole launch returns at entry, nothing written) and a bf16 copy of the new parameters
+ * (param_lo) written in the same pass. Then the launchers. */
 #include "ops/optim.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 enum optim_op { OP_ADAMW, OP_SGD };
@@ -81,21 +84,32 @@ template <int OP> __device__ __forceinline__ bool uses_m(const hyper &h)
 
 template <int OP>
 __device__ __forceinline__ void update_one(const hyper &h, bool decay, float *p, const float *g,
-                                           float *m, float *v, int64_t i)
+                                           float *m, float *v, __nv_bfloat16 *plo, int64_t i)
 {
     float pi = p[i], mi = uses_m<OP>(h) ? m[i] : 0.f, vi = OP == OP_ADAMW ? v[i] : 0.f;
     update<OP>(h, decay, pi, g[i], mi, vi);
     p[i] = pi;
+    if (plo) plo[i] = __float2bfloat16_rn(pi);
     if (uses_m<OP>(h)) m[i] = mi;
     if (OP == OP_ADAMW) v[i] = vi;
 }
 
-/* param/grad/m/v (n), cut into n_seg segments by seg_start (n_seg+1); seg_decay (n_seg).
+/* Two floats rounded to bf16 (nearest even) and packed, the first in the low half. */
+__device__ __forceinline__ unsigned pack_bf16x2(float a, float b)
+{
+    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(a)) |
+           ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16);
+}
+
+/* param/grad/m/v (n), cut into n_seg segments by seg_start (n_seg+1); seg_decay (n_seg);
+ * plo (n) bf16 or NULL: bf16(param) after the update; skip (1) or NULL: when nonzero every
+ * thread returns before reading anything else, so nothing is written, hp.step and the block
+ * counter included (every block sees the same flag: nothing in this launch writes it).
  * Blocks stride over chunks of OPT_CHUNK elements. A chunk's segment range [lo, hi] is found
  * once (the same binary search in every thread: broadcast loads); an element's segment is then
  * searched within it, which is no work at all when the chunk lies inside one tensor.
- * vec: all buffers 16-byte aligned, so the float4 at chunk + 4*tid is too (chunks are
- * multiples of 4 elements); otherwise elements go one by one, coalesced.
+ * vec: all f32 buffers 16-byte aligned (plo 8-byte), so the float4 at chunk + 4*tid is too
+ * (chunks are multiples of 4 elements); otherwise elements go one by one, coalesced.
  * Every thread reads the old hp.step at entry; each block then counts itself done in *done
  * and the last one writes step + 1. atomicInc wraps the counter back to 0 on the last block,
  * so the next launch (or graph replay) finds it at 0. */
@@ -104,8 +118,9 @@ __global__ void __launch_bounds__(OPT_THREADS)
 optim_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
              float *__restrict__ v, float *hp, const int *__restrict__ seg_start,
              const int *__restrict__ seg_decay, int n_seg, int64_t n, bool vec,
-             unsigned int *done)
+             const int *__restrict__ skip, __nv_bfloat16 *__restrict__ plo, unsigned int *done)
 {
+    if (skip && *skip != 0) return;
     const hyper h = read_hyper(hp);
     for (int64_t base = blockIdx.x * (int64_t)OPT_CHUNK; base < n;
          base += (int64_t)gridDim.x * OPT_CHUNK) {
@@ -131,17 +146,22 @@ optim_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restri
                 update<OP>(h, d[2], p4.z, g4.z, m4.z, v4.z);
                 update<OP>(h, d[3], p4.w, g4.w, m4.w, v4.w);
                 reinterpret_cast<float4 *>(p)[i / 4] = p4;
+                if (plo)
+                    reinterpret_cast<uint2 *>(plo)[i / 4] =
+                        make_uint2(pack_bf16x2(p4.x, p4.y), pack_bf16x2(p4.z, p4.w));
                 if (uses_m<OP>(h)) reinterpret_cast<float4 *>(m)[i / 4] = m4;
                 if (OP == OP_ADAMW) reinterpret_cast<float4 *>(v)[i / 4] = v4;
             } else {
                 for (; i < end; i++) /* the buffer's last 1-3 elements */
-                    update_one<OP>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, m, v, i);
+                    update_one<OP>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, m, v,
+                                   plo, i);
             }
         } else {
             for (int k = 0; k < 4; k++) {
                 int64_t i = base + k * OPT_THREADS + threadIdx.x;
                 if (i < end)
-                    update_one<OP>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, m, v, i);
+                    update_one<OP>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, m, v,
+                                   plo, i);
             }
         }
     }
@@ -154,27 +174,31 @@ optim_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restri
 }
 
 static bool aligned16(const void *q) { return ((uintptr_t)q & 15u) == 0; }
+static bool aligned8(const void *q) { return ((uintptr_t)q & 7u) == 0; } /* 4 bf16 */
 
 template <int OP>
 static sg_status launch(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *m,
                         sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
-                        const sg_tensor *seg_decay, int n_seg)
+                        const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip,
+                        sg_tensor *param_lo)
 {
     void *done = NULL;
     SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_OPTIM, SG_OPTIM_SCRATCH_BYTES, &done));
     int64_t n = param->numel;
     int64_t want = (n + OPT_CHUNK - 1) / OPT_CHUNK;
-    /* One wave: the AdamW kernel takes 44 registers, so 5 blocks of 256 fit an SM; 4 keep
-     * 64 KiB of loads in flight per SM, ample for a streaming kernel. */
+    /* One wave: the AdamW kernel takes 40 to 44 registers (by CUDA version), so 5 or more
+     * blocks of 256 fit an SM; 4 keep 64 KiB of loads in flight per SM, ample for a streaming
+     * kernel. */
     int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * OPT_BLOCKS_PER_SM;
     if (cap < 1) cap = 1;
     int blocks = (int)(want < 1 ? 1 : (want < cap ? want : cap));
     bool vec = aligned16(param->data) && aligned16(grad->data) && aligned16(m->data) &&
-               (!v || aligned16(v->data));
+               (!v || aligned16(v->data)) && (!param_lo || aligned8(param_lo->data));
     optim_kernel<OP><<<blocks, OPT_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
         (float *)param->data, (const float *)grad->data, (float *)m->data,
         v ? (float *)v->data : nullptr, (float *)hp->data, (const int *)seg_start->data,
-        (const int *)seg_decay->data, n_seg, n, vec, (unsigned int *)done);
+        (const int *)seg_decay->data, n_seg, n, vec, skip ? (const int *)skip->data : nullptr,
+        param_lo ? (__nv_bfloat16 *)param_lo->data : nullptr, (unsigned int *)done);
     SG_CUDA_CHECK_LAUNCH(ctx, "optim_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
@@ -183,14 +207,17 @@ static sg_status launch(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg
 extern "C" sg_status sg_adamw_step_cuda(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad,
                                         sg_tensor *m, sg_tensor *v, sg_tensor *hp,
                                         const sg_tensor *seg_start, const sg_tensor *seg_decay,
-                                        int n_seg)
+                                        int n_seg, const sg_tensor *skip, sg_tensor *param_lo)
 {
-    return launch<OP_ADAMW>(ctx, param, grad, m, v, hp, seg_start, seg_decay, n_seg);
+    return launch<OP_ADAMW>(ctx, param, grad, m, v, hp, seg_start, seg_decay, n_seg, skip,
+                            param_lo);
 }
 
 extern "C" sg_status sg_sgd_step_cuda(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad,
                                       sg_tensor *buf, sg_tensor *hp, const sg_tensor *seg_start,
-                                      const sg_tensor *seg_decay, int n_seg)
+                                      const sg_tensor *seg_decay, int n_seg,
+                                      const sg_tensor *skip, sg_tensor *param_lo)
 {
-    return launch<OP_SGD>(ctx, param, grad, buf, nullptr, hp, seg_start, seg_decay, n_seg);
+    return launch<OP_SGD>(ctx, param, grad, buf, nullptr, hp, seg_start, seg_decay, n_seg, skip,
+                          param_lo);
 }
