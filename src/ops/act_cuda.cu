@@ -6,36 +6,12 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include "ops/dtype_cuda.cuh"
 
 #define SG_GELU_K0F 0.7978845608028654f
 #define SG_GELU_K1F 0.044715f
 
 enum act_op { OP_RELU_FWD, OP_RELU_BWD, OP_GELU_FWD, OP_GELU_BWD, OP_ADD };
-
-/* ---- storage types: f32 and bf16, read as f32, written rounded to nearest even ---- */
-
-__device__ __forceinline__ float to_f(float v)
-{
-    return v;
-}
-__device__ __forceinline__ float to_f(__nv_bfloat16 v)
-{
-    return __bfloat162float(v);
-}
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v)
-{
-    return v;
-}
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
-{
-    return __float2bfloat16_rn(v);
-}
-
-/* V consecutive elements, loaded and stored as one 16-byte access. */
-template <typename T, int V> struct alignas(sizeof(T) * V) vec_t {
-    T e[V];
-};
 
 template <int OP> __device__ __forceinline__ float apply(float a, float b)
 {

@@ -11,14 +11,10 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include "ops/dtype_cuda.cuh"
 
 #define AMP_THREADS 256
 #define AMP_BLOCKS_PER_SM 4 /* a streaming kernel: one wave of 4 blocks an SM keeps it busy */
-
-/* ---- storage types of grad_lo: f32 and bf16, read as f32 (bf16 exactly) ---- */
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 /* Four elements from index 4*i4 (the buffer aligned to 4 elements: 16 or 8 bytes). */
 __device__ __forceinline__ float4 load4(const float *p, int64_t i4)

@@ -8,23 +8,12 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include "ops/dtype_cuda.cuh"
 
 #define DROP_THREADS 256
 /* 2048 threads: a full SM (the launch bounds hold the kernel to 32 registers, no spills);
  * the grid strides beyond that. */
 #define DROP_BLOCKS_PER_SM 8
-
-/* ---- storage types: f32 and bf16, read as f32 ---- */
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-/* From f32 to storage: bf16 rounds to nearest even, as the reference's sg_st does. */
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
-{
-    return __float2bfloat16_rn(v);
-}
 
 /* Four consecutive elements, loaded and stored as one access. */
 template <typename T> struct alignas(4 * sizeof(T)) drop_quad {

@@ -19,48 +19,12 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include "ops/dtype_cuda.cuh"
 
 #define EMB_THREADS 256
 #define EMB_WARPS (EMB_THREADS / 32)
 #define EMB_FWD_BLOCKS_PER_SM 16 /* forward grid cap (grid-stride beyond it) */
 #define FULL_MASK 0xffffffffu
-
-/* ---- storage types: f32 and bf16, read as f32 ---- */
-
-__device__ __forceinline__ float to_f(float v)
-{
-    return v;
-}
-__device__ __forceinline__ float to_f(__nv_bfloat16 v)
-{
-    return __bfloat162float(v);
-}
-/* From f32 math to storage: round to nearest even. */
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v)
-{
-    return v;
-}
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
-{
-    return __float2bfloat16_rn(v);
-}
-/* From a double sum to storage, rounded once: f32 as before ((float)v); bf16 straight from the
- * double (going through f32 would round twice). */
-template <typename T> __device__ __forceinline__ T from_d(double v);
-template <> __device__ __forceinline__ float from_d<float>(double v)
-{
-    return (float)v;
-}
-template <> __device__ __forceinline__ __nv_bfloat16 from_d<__nv_bfloat16>(double v)
-{
-    return __double2bfloat16(v);
-}
-
-/* V consecutive elements, loaded and stored as one access (16 bytes when V = 16/sizeof(T)). */
-template <typename T, int V> struct alignas(sizeof(T) * V) vec_t {
-    T e[V];
-};
 
 /* ---- forward ---- */
 

@@ -20,6 +20,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include "ops/dtype_cuda.cuh"
 
 #define LN_THREADS 256
 #define LN_WARPS (LN_THREADS / 32)
@@ -30,53 +31,6 @@
 #define LN_RED_SLICES (LN_THREADS / LN_RED_COLS) /* ... and partial slices per column */
 #define LN_SCRATCH_BYTES ((size_t)2 * SG_LAYERNORM_CUDA_MAX_C * sizeof(double))
 #define FULL_MASK 0xffffffffu
-
-/* ---- storage types: f32 and bf16, read as f32 ---- */
-
-__device__ __forceinline__ float to_f(float v)
-{
-    return v;
-}
-__device__ __forceinline__ float to_f(__nv_bfloat16 v)
-{
-    return __bfloat162float(v);
-}
-/* From f32 math to storage: round to nearest even. */
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v)
-{
-    return v;
-}
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
-{
-    return __float2bfloat16_rn(v);
-}
-/* From a double sum to storage, rounded once: f32 as before ((float)v); bf16 straight from the
- * double (going through f32 would round twice). */
-template <typename T> __device__ __forceinline__ T from_d(double v);
-template <> __device__ __forceinline__ float from_d<float>(double v)
-{
-    return (float)v;
-}
-template <> __device__ __forceinline__ __nv_bfloat16 from_d<__nv_bfloat16>(double v)
-{
-    return __double2bfloat16(v);
-}
-
-/* V consecutive elements, loaded and stored as one access (16 bytes when V = 16/sizeof(T)). */
-template <typename T, int V> struct alignas(sizeof(T) * V) vec_t {
-    T e[V];
-};
-
-template <typename T, int V> __device__ __forceinline__ vec_t<T, V> ldv(const T *p, int64_t j)
-{
-    return reinterpret_cast<const vec_t<T, V> *>(p)[j];
-}
-
-template <typename T, int V> __device__ __forceinline__ void stv(T *p, int64_t j, vec_t<T, V> v)
-{
-    reinterpret_cast<vec_t<T, V> *>(p)[j] = v;
-}
 
 /* ---- group sums, fixed order ---- */
 

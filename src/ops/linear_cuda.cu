@@ -18,6 +18,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
+#include "ops/dtype_cuda.cuh"
 
 /* ---- plan cache ---- */
 
@@ -270,17 +271,6 @@ static sg_status matmul(sg_ctx *ctx, const char *fn, sg_dtype dt, cublasOperatio
     sg_ctx_count_launches(ctx, 1);
     *ran = true;
     return SG_OK;
-}
-
-/* ---- storage types: f32 and bf16, read as f32, written rounded to nearest even ---- */
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
-{
-    return __float2bfloat16_rn(v);
 }
 
 /* ---- the unfused forward epilogue: one kernel ---- */

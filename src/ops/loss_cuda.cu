@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 #include <float.h>
 #include <math_constants.h>
+#include "ops/dtype_cuda.cuh"
 
 #define LOSS_THREADS 256
 #define LOSS_WARPS (LOSS_THREADS / 32)
@@ -31,18 +32,6 @@
 #define XENT_BLOCK_ROW_MIN_C 2048 /* from this many classes a whole block takes one row */
 #define SCRATCH_PARTIALS_OFF 256  /* scratch: counter at 0, double partials from here */
 #define FULL_MASK 0xffffffffu
-
-/* ---- storage types of the logits: f32 and bf16, read as f32, written rounded to nearest
- * even ---- */
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
-{
-    return __float2bfloat16_rn(v);
-}
 
 /* ---- scratch ---- */
 

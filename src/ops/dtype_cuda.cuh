@@ -1,0 +1,45 @@
+/* dtype_cuda.cuh: the storage types of the CUDA kernels, f32 and bf16, in one place: read as
+ * f32 (bf16 exactly), written rounded to nearest even, and vector loads of V consecutive
+ * elements. Included by the op families' .cu files; device code only. */
+#ifndef SG_OPS_DTYPE_CUDA_CUH
+#define SG_OPS_DTYPE_CUDA_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+/* From f32 math to storage: bf16 rounds to nearest even, as the CPU reference's sg_st does. */
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
+{
+    return __float2bfloat16_rn(v);
+}
+
+/* From a double sum to storage, rounded once: f32 as (float)v; bf16 straight from the double
+ * (going through f32 would round twice). */
+template <typename T> __device__ __forceinline__ T from_d(double v);
+template <> __device__ __forceinline__ float from_d<float>(double v) { return (float)v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_d<__nv_bfloat16>(double v)
+{
+    return __double2bfloat16(v);
+}
+
+/* V consecutive elements, loaded and stored as one access (16 bytes when V = 16/sizeof(T)). */
+template <typename T, int V> struct alignas(sizeof(T) * V) vec_t {
+    T e[V];
+};
+
+template <typename T, int V> __device__ __forceinline__ vec_t<T, V> ldv(const T *p, int64_t j)
+{
+    return reinterpret_cast<const vec_t<T, V> *>(p)[j];
+}
+
+template <typename T, int V> __device__ __forceinline__ void stv(T *p, int64_t j, vec_t<T, V> v)
+{
+    reinterpret_cast<vec_t<T, V> *>(p)[j] = v;
+}
+
+#endif
