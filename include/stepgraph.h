@@ -45,7 +45,8 @@ typedef enum sg_status {
     SG_ERR_NOT_READY,    /* an asynchronous result is not there yet: poll again */
     SG_ERR_CAPTURE,      /* a call that is forbidden while a graph is being captured */
     SG_ERR_IO,           /* a file could not be read or written */
-    SG_ERR_UNSUPPORTED   /* valid, but not implemented for this backend or dtype */
+    SG_ERR_UNSUPPORTED,  /* valid, but not implemented for this backend or dtype */
+    SG_ERR_DIST          /* data parallelism: a peer rank failed or disagrees, or it timed out */
 } sg_status;
 
 /* The status's name, e.g. "SG_ERR_SHAPE". */
@@ -407,6 +408,8 @@ void sg_graph_cache_destroy(sg_graph_cache *c);
 sg_status sg_graph_cache_get(sg_graph_cache *c, int64_t key, sg_step_fn fn, void *user,
                              const sg_graph_options *opts, sg_graph **out);
 sg_status sg_graph_cache_get_stats(const sg_graph_cache *c, sg_graph_cache_stats *out);
+/* The pool every graph of the cache allocates from (sg_pool_stats reads it). */
+sg_pool *sg_graph_cache_pool(const sg_graph_cache *c);
 /* The smallest of n_buckets sorted sizes that holds n, or -1 when n exceeds the largest. */
 int64_t sg_bucket_for(const int64_t *buckets, int n_buckets, int64_t n);
 
@@ -425,6 +428,11 @@ typedef struct sg_model_options {
      * master weights and optimizer state; dynamic loss scaling on the device, a step whose
      * gradients are not finite skipped by a device flag (sg_trainer_get_scaler). */
     sg_dtype precision;
+    /* Data parallelism: the model trains on part `shard` of `shards` equal parts of every batch
+     * (rows shard*B/shards .. of the name's batch B, which they must divide) and builds its
+     * buffers for B/shards rows, so `shards` models together see the rows one model of batch B
+     * sees. 0 and 0 (or 1): the whole batch. */
+    int shard, shards;
 } sg_model_options;
 
 /* As sg_model_create, with options (NULL: defaults). "gpt-WIDTH-DEPTH-BATCH-SEQ" names a GPT
@@ -508,6 +516,11 @@ typedef struct sg_trainer_options {
     int steps_per_call;
     /* Clip gradients to this global norm inside the step (0: no clipping). */
     float clip;
+    /* Data parallelism (NULL: none): gradients are averaged over the ranks of dist inside the
+     * step, in buckets overlapping the backward pass; the model must be built with shard =
+     * its rank and shards = its world size. Captured scopes run at least SG_DIST_MIN_WARMUP
+     * eager steps first. Not with batch or sequence buckets. dist must outlive the trainer. */
+    struct sg_dist *dist;
 } sg_trainer_options;
 
 typedef struct sg_trainer_stats {
@@ -520,6 +533,16 @@ typedef struct sg_trainer_stats {
     int fell_back;              /* on_capture_fail = eager took over */
     sg_graph_cache_stats cache; /* variable batch or sequence length under step scope */
     char fallback_reason[512];
+    /* Memory, in bytes of whole allocator blocks (as sg_alloc_stats counts them). The static
+     * buffers, allocated when the model, optimizer and trainer were built, and never again: */
+    size_t param_bytes;         /* parameters: f32 masters (+ bf16 copies), segment tables */
+    size_t grad_bytes;          /* gradients: f32 (+ bf16 in mixed precision) */
+    size_t optim_bytes;         /* optimizer state: moments and device hyperparameters */
+    size_t data_bytes;          /* the data set held on the device */
+    size_t activation_bytes;    /* the rest of the model: activations and their gradients,
+                                 * workspaces, static inputs, loss, scaler */
+    sg_alloc_stats graph_pool;  /* the pool the trainer's graphs share (zeros without graphs):
+                                 * what capture needed beyond the static buffers */
 } sg_trainer_stats;
 
 sg_trainer_options sg_trainer_options_default(void);
@@ -561,6 +584,114 @@ sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step);
 const sg_tensor *sg_model_logits(const sg_model *m);
 /* The model's token input (gpt: (B, T) I32), for callers that fill it themselves (sampling). */
 sg_tensor *sg_model_input(sg_model *m);
+
+/* ---- data parallelism: one process per GPU, gradients averaged over NCCL ------------------ *
+ *
+ * Each process (rank) builds the same model with shard = rank, shards = world, joins the run
+ * with sg_dist_create, and trains with sg_trainer_options.dist set: every rank then holds the
+ * parameters one process training on the whole batch would. `stepgraph train --gpus N` starts
+ * the N processes (sg_dist_launch) and hands each its rank and the run's id. */
+
+typedef struct sg_dist sg_dist;
+
+/* What every rank of a run shares to find the others: NCCL's ncclUniqueId (128 bytes: rank 0's
+ * address) on CUDA; on the CPU backend, whose collectives run over local sockets as the
+ * reference that lets machines without GPUs test data parallelism, a local socket name. */
+#define SG_DIST_ID_BYTES 128
+typedef struct sg_dist_id {
+    unsigned char bytes[SG_DIST_ID_BYTES];
+} sg_dist_id;
+
+#define SG_DIST_MAX_WORLD 1024
+#define SG_DIST_MIN_WARMUP 2  /* eager steps before a capture: NCCL connects during them */
+
+typedef struct sg_dist_options {
+    int rank, world;            /* this process is rank 0..world-1 */
+    sg_dist_id id;              /* the same on every rank (sg_dist_id_create, on one of them) */
+    size_t bucket_bytes;        /* gradient bytes a bucket gathers before its all-reduce (0: 4 MiB) */
+    double timeout_s;           /* the longest wait for peers: connecting, a collective, a check (0: 300) */
+} sg_dist_options;
+
+sg_dist_options sg_dist_options_default(void);
+/* A fresh id for ranks on backend b: ncclGetUniqueId for SG_BACKEND_CUDA (SG_ERR_UNSUPPORTED
+ * in a build without NCCL), a new local socket name for SG_BACKEND_CPU. On CUDA the calling
+ * process answers NCCL's bootstrap until every rank has connected: it must outlive set-up. */
+sg_status sg_dist_id_create(sg_backend b, sg_dist_id *out);
+/* The id as 256 lowercase hex digits and a NUL; and back (SG_ERR_INVALID for anything else). */
+void sg_dist_id_to_hex(const sg_dist_id *id, char out[2 * SG_DIST_ID_BYTES + 1]);
+sg_status sg_dist_id_from_hex(const char *hex, sg_dist_id *out);
+
+/* Joins the run as opts->rank of opts->world on ctx's device: NCCL over ctx's GPU (a
+ * communicator, a second stream for collectives, and a watchdog thread that aborts the
+ * communicator when NCCL reports an error or queued steps make no progress for timeout_s),
+ * or local sockets on the CPU. Waits for every rank, at most timeout_s: SG_ERR_DIST (message
+ * in sg_ctx_last_error(ctx)) when they do not all arrive. */
+sg_status sg_dist_create(sg_ctx *ctx, const sg_dist_options *opts, sg_dist **out);
+/* Leaves the run (aborting the communicator if a peer failed). Destroy trainers first. */
+void sg_dist_destroy(sg_dist *d);
+int sg_dist_rank(const sg_dist *d);
+int sg_dist_world(const sg_dist *d);
+/* SG_OK while the run is healthy; once a peer failed, a collective timed out or the ranks
+ * disagreed, SG_ERR_DIST with the reason, from then on (the communicator is aborted, so no
+ * rank hangs). Cheap; no host sync. */
+sg_status sg_dist_poll(sg_dist *d);
+/* Averages n host values over the ranks (every rank calls it; a host sync): an evaluation loss. */
+sg_status sg_dist_average_host(sg_dist *d, double *v, int n);
+
+typedef struct sg_dist_stats {
+    uint64_t collectives;       /* queued (or captured) so far */
+    uint64_t bytes;             /* their payload */
+    int buckets_per_step;       /* gradient all-reduces in the last backward */
+    int checks;                 /* captures whose collectives every rank compared */
+} sg_dist_stats;
+sg_status sg_dist_get_stats(const sg_dist *d, sg_dist_stats *out);
+
+/* ---- launching ranks: one process per GPU, on one host or several ---- */
+
+/* A worker's place in the run, from the environment sg_dist_launch gives it: SG_DIST_RANK,
+ * SG_DIST_WORLD, SG_DIST_LOCAL_RANK (its GPU), SG_DIST_LOCAL_WORLD and SG_DIST_ID (hex). */
+typedef struct sg_dist_env {
+    int rank, world, local_rank, local_world;
+    sg_dist_id id;
+} sg_dist_env;
+
+/* *found = 1 and *out filled when SG_DIST_RANK is set, 0 when it is not; SG_ERR_INVALID
+ * (sg_ctx_last_error(NULL) names the variable) when the variables are partial or malformed. */
+sg_status sg_dist_env_read(sg_dist_env *out, int *found);
+
+typedef struct sg_dist_launch_options {
+    int local_world;            /* workers on this host, one per GPU (--gpus N) */
+    int nnodes, node_rank;      /* hosts in the run (1) and this one's index (0) */
+    const char *master;         /* "ADDR:PORT" node 0 listens on, for nnodes > 1 */
+    sg_dist_id id;              /* node 0: the run's id (other nodes receive node 0's) */
+    double timeout_s;           /* the longest wait for the other hosts (0: 60) */
+    double grace_s;             /* after a failure: SIGTERM, then SIGKILL after this (0: 5) */
+    char *const *argv;          /* a worker's command line, NULL-terminated; argv[0]: its program */
+} sg_dist_launch_options;
+
+typedef struct sg_dist_launch_result {
+    int failed_rank;            /* the first rank that failed (-1: none, or a whole host was lost) */
+    int exit_status;            /* its exit status, or 128 + the signal that ended it */
+    int failed_node;            /* the host it ran on (-1: none) */
+} sg_dist_launch_result;
+
+/* Runs local_world workers of argv on this host, as ranks node_rank*local_world + i (i: the
+ * worker's GPU), each with the SG_DIST_* variables set, and waits for them all. When one exits
+ * with a non-zero status or is killed, the others (on every host) get SIGTERM, then SIGKILL
+ * after grace_s, and the call fails with SG_ERR_DIST naming the rank and how it ended
+ * (sg_ctx_last_error(NULL)); res (may be NULL) says the same. With nnodes > 1 the hosts first
+ * exchange node 0's id over TCP (sg_dist_exchange_id) and keep that connection to stop each
+ * other's workers on a failure. Only processes it started are signalled. */
+sg_status sg_dist_launch(const sg_dist_launch_options *o, sg_dist_launch_result *res);
+
+/* The id exchange on its own: node 0 listens on master ("ADDR:PORT"), accepts the nnodes-1
+ * others, checks that their node ranks are distinct and their local_world is its own, and
+ * sends each *id; the others connect (retrying while refused) and receive it into *id. At
+ * most timeout_s in all: SG_ERR_DIST naming the address and what went wrong (a name that does
+ * not resolve, refused connections, no answer, nodes missing, a mismatch); SG_ERR_INVALID for
+ * a malformed address. */
+sg_status sg_dist_exchange_id(const char *master, int nnodes, int node_rank, int local_world,
+                              double timeout_s, sg_dist_id *id);
 
 #ifdef __cplusplus
 }

@@ -15,10 +15,12 @@
 # (default mlp-512-6-32,mlp-2048-6-256), GPU_CHECK_PRECISIONS (default fp32; e.g. fp32,bf16 with
 # gpt models: every benchmark runs in each), GPU_CHECK_VERIFY (models that `stepgraph verify`
 # checks under layer, model and step scope in each precision with dropout and clipping on;
-# default none), SANITIZE_JOBS (default 4), SANITIZE_SKIP (test names,
-# space-separated, kept out of the sanitizers; empty for none; default "prof": CUPTI and
-# compute-sanitizer both hook the driver, and test_prof's only kernels are fills that the other
-# tests check).
+# default none), GPU_CHECK_MULTI_GPU_TESTS (ctest names allowed to skip on a one-GPU machine;
+# default dist_gpu), SANITIZE_JOBS (default 4), SANITIZE_SKIP (test names,
+# space-separated, kept out of the sanitizers; empty for none; default "prof advise dist":
+# CUPTI and compute-sanitizer both hook the driver, and test_prof's and test_advise's only own
+# kernels are fills that the other tests check; test_dist needs two GPUs and NCCL's own
+# processes).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -31,8 +33,10 @@ MODELS=${GPU_CHECK_MODELS:-mlp-512-6-32,mlp-2048-6-256}
 SCOPES=${GPU_CHECK_SCOPES:-all}
 TORCH_MODES=${GPU_CHECK_TORCH_MODES:-eager,graph,graphed_callables,graphed_layers,compile}
 PRECISIONS=${GPU_CHECK_PRECISIONS:-fp32}
+MULTI_GPU_TESTS=${GPU_CHECK_MULTI_GPU_TESTS:-dist_gpu}
+export MULTI_GPU_TESTS
 VERIFY_MODELS=${GPU_CHECK_VERIFY:-}
-SANITIZE_SKIP=${SANITIZE_SKIP-prof}
+SANITIZE_SKIP=${SANITIZE_SKIP-prof advise dist}
 SANITIZE_JOBS=${SANITIZE_JOBS:-4}
 JOBS=$(nproc 2>/dev/null || echo 4)
 QUICK=0 NO_BENCH=0 BENCH_ONLY=0
@@ -158,9 +162,18 @@ grep -E 'warning|CUPTI' "$OUT/build.log" | grep -v '^--' | sort -u | head -n 20 
 run_gpu_tests() {
     ctest --test-dir "$BUILD" -L gpu --output-on-failure 2>&1 | tee "$TMP/gpu_ctest.out"
     local rc=${PIPESTATUS[0]}
-    if grep -q 'Skipped' "$TMP/gpu_ctest.out"; then
+    # A test that needs several GPUs (GPU_CHECK_MULTI_GPU_TESTS) may skip on a one-GPU machine.
+    local ngpu skipped
+    ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    skipped=$(grep 'Skipped' "$TMP/gpu_ctest.out" || true)
+    if [ "${ngpu:-0}" -lt 2 ]; then
+        for t in $MULTI_GPU_TESTS; do
+            skipped=$(echo "$skipped" | grep -v " $t " || true)
+        done
+    fi
+    if [ -n "$skipped" ]; then
         echo "gpu-check.sh: gpu tests skipped on a GPU machine:"
-        grep 'Skipped' "$TMP/gpu_ctest.out"
+        echo "$skipped"
         return 1
     fi
     if grep -q 'No tests were found' "$TMP/gpu_ctest.out"; then

@@ -31,6 +31,10 @@ expect 0 'verify' -- verify --help
 expect 2 "--scope 'graph': expected eager, layer, model or step" -- train --model mlp-16-1-4 --scope graph
 expect 2 "--on-capture-fail 'maybe'" -- train --model mlp-16-1-4 --on-capture-fail maybe
 expect 2 "--model and --scope are required" -- verify --model mlp-16-1-4
+# advise profiles a CUDA device: the CPU backend is refused clearly (exit 1); help and usage.
+expect 0 'usage: stepgraph advise --model NAME' -- advise --help
+expect 1 "advise profiles a CUDA device .*--backend cpu has none" -- advise --model mlp-64-2-32 --backend cpu
+expect 2 "--model is required" -- advise --no-measure
 for sc in layer model step; do
     expect 0 "OK: 12 steps match \(bit-exact\); scope $sc" -- verify --model mlp-32-2-8 --scope $sc --steps 12 --backend cpu --lr-schedule
     expect 0 "graphs: .* replays" -- train --model mlp-32-2-8 --scope $sc --steps 20 --backend cpu --quiet
@@ -76,6 +80,14 @@ head -c 100 "$tmp/ck.safetensors" > "$tmp/cut.safetensors"
 expect 1 "cut.safetensors" -- train $g --steps 2 --resume "$tmp/cut.safetensors"
 expect 1 "/nonexistent/file.txt" -- train --model gpt-64-1-2-16 --backend cpu --steps 1 --data /nonexistent/file.txt
 rm -rf "$tmp"
+# Memory report (bench --memory): host memory stands in on the CPU; the static buffers, the
+# graphs' pool and executable graphs, and no allocation per 100 steps eagerly or under replay.
+m="--backend cpu --steps 5 --repeats 1 --warmup 2 --memory"
+expect 0 "memory in MiB \(CPU backend: host memory stands in for device memory\)" -- bench --model mlp-64-2-32 $m
+expect 0 "^mlp-64-2-32 +step( +[0-9]+\.[0-9]+){9} +0\.00 +0\.00$" -- bench --model mlp-64-2-32 $m --scope all
+expect 0 "^gpt-64-1-2-16 +eager( +[0-9]+\.[0-9]+){9} +0\.00 +n/a$" -- bench --model gpt-64-1-2-16 $m --scope eager,step
+expect 0 "\"memory_of\": \"host\".*\"params_mib\": [0-9.]+.*\"allocs_per_100_replay\": 0\.00" -- bench --model gpt-64-1-2-16 $m --scope step --json
+expect 2 "--model is required" -- bench --memory
 # The loss printed at the end is below the first.
 out=$("$bin" train --model mlp-32-2-16 --steps 150 --backend cpu --lr 3e-3 --quiet 2>&1)
 l=$(sed -nE 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/p' <<<"$out")
@@ -84,5 +96,5 @@ if ! awk -v a="${l% *}" -v b="${l#* }" 'BEGIN { exit !(b < a / 2) }'; then
 else
     echo "ok: loss $l"
 fi
-echo "$((29 + 6 - fails)) passed, $fails failed"
+echo "$((37 + 6 - fails)) passed, $fails failed"
 [ "$fails" = 0 ]

@@ -24,7 +24,7 @@ static side make_seq(sg_ctx *ctx, const char *name, uint64_t seed, float dropout
                      const int64_t *lens, int n)
 {
     side s = {0};
-    sg_model_options mo = {NULL, dropout, precision};
+    sg_model_options mo = {.dropout = dropout, .precision = precision};
     sg_trainer_options to = sg_trainer_options_default();
     to.scope = scope;
     to.clip = clip;

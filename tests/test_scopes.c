@@ -1,8 +1,9 @@
 /* test_scopes.c: training under every capture scope reproduces eager training bit for bit
  * (our kernels are deterministic and the graphs run the same kernels in the same order), with
  * a warm-up + cosine lr schedule set on the device between replays (no re-capture), and
- * falls back to eager with a reason when capture fails. `cpu`: mlp-64-2-32 on the CPU backend
- * (graphs are plans); `gpu`: mlp-512-6-32 on CUDA over 50 steps. */
+ * falls back to eager with a reason when capture fails; capture needs no memory beyond the
+ * static buffers (sg_trainer_stats's breakdown: the graphs' pool stays empty). `cpu`:
+ * mlp-64-2-32 on the CPU backend (graphs are plans); `gpu`: mlp-512-6-32 on CUDA over 50 steps. */
 #include "testutil.h"
 #include "models/model.h"
 
@@ -75,6 +76,19 @@ static void against_eager(sg_backend be, const char *name, sg_scope scope, int s
         TU_CHECK(ts.replays == per_step * (uint64_t)(steps - 3) * (scope == SG_SCOPE_MODEL ? 2 : 1),
                  "%llu replays", (unsigned long long)ts.replays);
     TU_CHECK(!ts.fell_back, "fell back: %s", ts.fallback_reason);
+    /* Memory: the static buffers hold at least their tensors' bytes and no more than the context
+     * holds; capture needed nothing beyond them, so the graphs' pool stayed empty. */
+    size_t p4 = 4 * (size_t)sg_model_param_count(g.m);
+    size_t statics = ts.param_bytes + ts.grad_bytes + ts.optim_bytes + ts.data_bytes + ts.activation_bytes;
+    sg_alloc_stats as;
+    TU_OK(ctx, sg_ctx_alloc_stats(ctx, &as));
+    TU_CHECK(ts.param_bytes >= p4 && ts.grad_bytes >= p4 && ts.optim_bytes >= 2 * p4 && ts.data_bytes > 0 &&
+             ts.activation_bytes > 0 && statics <= as.bytes_in_use,
+             "memory: params %zu, grads %zu, optim %zu, data %zu, activations %zu (%zu parameter bytes, %zu in use)",
+             ts.param_bytes, ts.grad_bytes, ts.optim_bytes, ts.data_bytes, ts.activation_bytes, p4, as.bytes_in_use);
+    TU_CHECK(ts.graph_pool.bytes_reserved == 0 && ts.graph_pool.device_allocs == 0,
+             "the graphs' pool reserved %zu bytes in %llu allocations", ts.graph_pool.bytes_reserved,
+             (unsigned long long)ts.graph_pool.device_allocs);
     printf("%s scope on %s: %d steps bit-exact with eager%s; %d graphs, %d nodes, %llu replays\n",
            sg_scope_name(scope), name, steps, schedule ? " under a warm-up + cosine lr schedule" : "",
            ts.graphs, ts.nodes, (unsigned long long)ts.replays);

@@ -2,7 +2,9 @@
  * (median over repeats of wall time per block of steps, synced at the end of each block),
  * host ms/step (time the host spends queuing a block, before its sync), kernels launched
  * per step (the runtime's own counter), GPU-busy ms/step (CUPTI: union of device activity),
- * device allocations per 100 steps, and peak memory. --json prints one line per model. */
+ * device allocations per 100 steps, and peak memory. --json prints one line per model.
+ * --memory adds where the memory goes: peaks, the static buffers by kind, the graphs' pool and
+ * executable graphs, and allocations per 100 steps eager and under replay. */
 #include "cli/cli.h"
 #include "prof/prof.h"
 
@@ -33,6 +35,13 @@ static const char *bench_usage =
     "  --steps-per-graph K optimizer steps per trainer call: under step scope, one graph launch\n"
     "                      runs K steps (default 1); --steps is rounded up to a multiple of K\n"
     "  --precision P       fp32 (default) or bf16 (gpt: mixed precision with loss scaling)\n"
+    "  --memory            also report memory, per model and scope: peak reserved and in use,\n"
+    "                      the static buffers (parameters, gradients, optimizer state,\n"
+    "                      activations, data), the graphs' pool and executable graphs, and\n"
+    "                      device allocations per 100 steps eagerly (the warm-up steps before\n"
+    "                      capture) and under replay (the timed steps): a second table, or\n"
+    "                      extra fields with --json. On the CPU backend host memory stands in\n"
+    "                      for device memory\n"
     "  --json              one JSON object per model on stdout instead of a table\n"
     "  -h, --help          this text\n";
 
@@ -40,6 +49,11 @@ typedef struct bench_row {
     char model[64], device[320];
     double ms, host_ms, kernels, cupti_kernels, busy_ms, allocs100, peak_mib, loss0, loss1;
     bool busy_ok;
+    /* --memory: peaks over the whole run and over its eager steps (before any capture), and
+     * allocations per 100 eager steps (NAN: none measured) and per 100 replayed ones (NAN:
+     * eager scope, nothing replays). */
+    bool host_memory;
+    double peak_use_mib, eager_peak_mib, eager_peak_use_mib, eager_allocs100, replay_allocs100;
     sg_scope scope;
     sg_trainer_stats ts;
 } bench_row;
@@ -64,6 +78,26 @@ static sg_status steps(sg_trainer *t, long long from, long long n)
 {
     for (long long s = from; s < from + n; s += steps_per_call) SG_TRY_CLI(sg_trainer_step(t, s));
     return SG_OK;
+}
+
+/* Device allocations per 100 optimizer steps between two snapshots. */
+static double per100(const sg_alloc_stats *a, const sg_alloc_stats *b, long long nsteps)
+{
+    return nsteps > 0 ? 100.0 * (double)(b->device_allocs - a->device_allocs) / (double)nsteps : NAN;
+}
+
+/* The warm-up's `calls` trainer calls: the first (lazy set-up allocates there), the eager calls
+ * before capture (`eager_calls` in all, the first included), then the rest. *first and *eager:
+ * allocator statistics after the first and after the eager calls. */
+static sg_status warm_up(sg_trainer *t, sg_ctx *ctx, long long calls, long long eager_calls,
+                         sg_alloc_stats *first, sg_alloc_stats *eager)
+{
+    long long k = steps_per_call;
+    SG_TRY_CLI(steps(t, 0, k));
+    sg_ctx_alloc_stats(ctx, first);
+    SG_TRY_CLI(steps(t, k, (eager_calls - 1) * k));
+    sg_ctx_alloc_stats(ctx, eager);
+    return steps(t, eager_calls * k, (calls - eager_calls) * k);
 }
 
 /* Mean loss over the first four batches, forward only: the same inputs before and after. */
@@ -105,7 +139,11 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
         goto fail;
     /* Validate: the mean loss on fixed batches must fall over the warm-up. */
     if (held_out_loss(m, &l0) != SG_OK) goto fail;
-    if (steps(t, 0, (warmup + 1) * steps_per_call) != SG_OK || held_out_loss(m, &l1) != SG_OK) goto fail;
+    /* Eager calls before capture: the trainer's warm-up (all of them under eager scope). */
+    long long calls = warmup + 1, eager_calls = to.warmup < calls ? to.warmup : calls;
+    if (scope == SG_SCOPE_EAGER || eager_calls < 1) eager_calls = 1;
+    sg_alloc_stats w0, w1;
+    if (warm_up(t, ctx, calls, eager_calls, &w0, &w1) != SG_OK || held_out_loss(m, &l1) != SG_OK) goto fail;
     r->loss0 = l0, r->loss1 = l1;
     if (!isfinite(l0) || !isfinite(l1)) {
         fprintf(stderr, "stepgraph bench: %s: the loss is not finite (%g -> %g); not timing a broken step\n",
@@ -134,6 +172,17 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     r->kernels = (double)(sg_ctx_launch_count(ctx) - k0) / (double)(repeats * nsteps);
     r->allocs100 = 100.0 * (double)(a1.device_allocs - a0.device_allocs) / (double)(repeats * nsteps);
     r->peak_mib = a1.peak_bytes_reserved / 1048576.0;
+    r->peak_use_mib = a1.peak_bytes_in_use / 1048576.0;
+    r->host_memory = sg_ctx_backend(ctx) == SG_BACKEND_CPU;
+    if (scope == SG_SCOPE_EAGER) {
+        r->eager_peak_mib = r->peak_mib, r->eager_peak_use_mib = r->peak_use_mib;
+        r->eager_allocs100 = r->allocs100, r->replay_allocs100 = NAN;
+    } else {
+        r->eager_peak_mib = w1.peak_bytes_reserved / 1048576.0;
+        r->eager_peak_use_mib = w1.peak_bytes_in_use / 1048576.0;
+        r->eager_allocs100 = per100(&w0, &w1, (eager_calls - 1) * steps_per_call);
+        r->replay_allocs100 = r->allocs100;
+    }
     qsort(ms, (size_t)repeats, sizeof *ms, cmp_double);
     qsort(host, (size_t)repeats, sizeof *host, cmp_double);
     r->ms = ms[repeats / 2];
@@ -167,12 +216,65 @@ out:
     return rc;
 }
 
+static void print_num_or_null(const char *key, double v)
+{
+    if (isnan(v)) printf(", \"%s\": null", key);
+    else printf(", \"%s\": %.2f", key, v);
+}
+
+/* --memory --json: the extra fields of a row's line (before "device"). */
+static void print_memory_json(const bench_row *r)
+{
+    const double mib = 1048576.0;
+    const sg_trainer_stats *ts = &r->ts;
+    printf(", \"memory_of\": \"%s\", \"peak_in_use_mib\": %.3f, \"eager_peak_mib\": %.3f, "
+           "\"eager_peak_in_use_mib\": %.3f, \"params_mib\": %.3f, \"grads_mib\": %.3f, "
+           "\"optim_state_mib\": %.3f, \"activations_mib\": %.3f, \"data_mib\": %.3f, "
+           "\"graph_pool_mib\": %.3f, \"graph_pool_peak_in_use_mib\": %.3f",
+           r->host_memory ? "host" : "device", r->peak_use_mib, r->eager_peak_mib, r->eager_peak_use_mib,
+           ts->param_bytes / mib, ts->grad_bytes / mib, ts->optim_bytes / mib, ts->activation_bytes / mib,
+           ts->data_bytes / mib, ts->graph_pool.bytes_reserved / mib, ts->graph_pool.peak_bytes_in_use / mib);
+    print_num_or_null("allocs_per_100_eager", r->eager_allocs100);
+    print_num_or_null("allocs_per_100_replay", r->replay_allocs100);
+}
+
+static void print_count(double v)
+{
+    if (isnan(v)) printf(" %10s", "n/a");
+    else printf(" %10.2f", v);
+}
+
+/* --memory, table output: one row per model and scope, after the timing table. */
+static void print_memory_table(const bench_row *rows, int n)
+{
+    const double mib = 1048576.0;
+    printf("\nmemory in MiB%s\n",
+           n && rows[0].host_memory ? " (CPU backend: host memory stands in for device memory)" : "");
+    printf("%-16s %-6s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s %10s\n", "model", "scope", "peak res",
+           "peak use", "params", "grads", "optim", "activ", "data", "pool res", "exec", "eager/100", "replay/100");
+    for (int i = 0; i < n; i++) {
+        const bench_row *r = &rows[i];
+        const sg_trainer_stats *ts = &r->ts;
+        printf("%-16s %-6s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f", r->model,
+               sg_scope_name(r->scope), r->peak_mib, r->peak_use_mib, ts->param_bytes / mib,
+               ts->grad_bytes / mib, ts->optim_bytes / mib, ts->activation_bytes / mib, ts->data_bytes / mib,
+               ts->graph_pool.bytes_reserved / mib, ts->exec_bytes / mib);
+        print_count(r->eager_allocs100);
+        print_count(r->replay_allocs100);
+        printf("\n");
+    }
+    printf("peak res/use: the run's peak reserved / in use (summed over pools; eager rows: the eager peak).\n"
+           "params, grads, optim, activ, data: the static buffers, allocated when built. pool res: the\n"
+           "graphs' pool; exec: the instantiated graphs. eager/100, replay/100: device allocations per 100\n"
+           "steps before capture (the warm-up) and under replay (the timed steps).\n");
+}
+
 int sg_cmd_bench(int argc, char **argv)
 {
     const char *models = NULL, *scopes = "eager";
     long long nsteps = 100, repeats = 5, warmup = 30;
     sg_backend backend = SG_BACKEND_AUTO;
-    bool json = false, bad = false;
+    bool json = false, memory = false, bad = false;
     for (int i = 1; i < argc && !bad;) {
         const char *v = NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -180,6 +282,8 @@ int sg_cmd_bench(int argc, char **argv)
             return 0;
         } else if (!strcmp(argv[i], "--json")) {
             json = true, i++;
+        } else if (!strcmp(argv[i], "--memory")) {
+            memory = true, i++;
         } else if (sg_cli_opt(argc, argv, &i, "--model", &v, &bad)) {
             models = v;
         } else if (sg_cli_opt(argc, argv, &i, "--steps", &v, &bad)) {
@@ -226,7 +330,8 @@ int sg_cmd_bench(int argc, char **argv)
         }
     }
     char *list = strdup(models), *save = NULL;
-    int rc = 0;
+    int rc = 0, nrows = 0;
+    bench_row *rows = NULL; /* --memory: kept for the memory table */
     if (!json)
         printf("%-16s %-6s %9s %9s %8s %9s %9s %8s %9s %8s\n", "model", "scope", "ms/step", "host ms",
                "launch", "busy ms", "capt ms", "nodes", "alloc/100", "peak MiB");
@@ -248,11 +353,12 @@ int sg_cmd_bench(int argc, char **argv)
                 else printf("null");
                 printf(", \"graphs\": %d, \"graph_nodes\": %d, \"steps_per_graph\": %d, \"capture_ms\": %.3f, \"instantiate_ms\": %.3f, "
                        "\"graph_exec_mib\": %.2f, \"fell_back\": %s, \"allocs_per_100_steps\": %.2f, "
-                       "\"peak_mib\": %.1f, \"loss_first\": %.4f, \"loss_after_warmup\": %.4f, "
-                       "\"device\": \"%s\", \"commit\": \"%s\"}\n",
+                       "\"peak_mib\": %.1f, \"loss_first\": %.4f, \"loss_after_warmup\": %.4f",
                        r.ts.graphs, r.ts.nodes, steps_per_call, r.ts.capture_ms, r.ts.instantiate_ms,
                        r.ts.exec_bytes / 1048576.0, r.ts.fell_back ? "true" : "false", r.allocs100,
-                       r.peak_mib, r.loss0, r.loss1, r.device, commit);
+                       r.peak_mib, r.loss0, r.loss1);
+                if (memory) print_memory_json(&r);
+                printf(", \"device\": \"%s\", \"commit\": \"%s\"}\n", r.device, commit);
             } else {
                 char busy[32];
                 if (r.busy_ok) snprintf(busy, sizeof busy, "%.4f", r.busy_ms);
@@ -260,10 +366,14 @@ int sg_cmd_bench(int argc, char **argv)
                 printf("%-16s %-6s %9.4f %9.4f %8.1f %9s %9.2f %8d %9.2f %8.1f\n", r.model,
                        sg_scope_name(r.scope), r.ms, r.host_ms, r.kernels, busy,
                        r.ts.capture_ms + r.ts.instantiate_ms, r.ts.nodes, r.allocs100, r.peak_mib);
+                bench_row *grown = memory ? realloc(rows, (size_t)(nrows + 1) * sizeof *rows) : NULL;
+                if (grown) rows = grown, rows[nrows++] = r;
             }
             fflush(stdout);
         }
     }
+    if (memory && !json) print_memory_table(rows, nrows);
+    free(rows);
     free(list);
     return rc;
 }

@@ -34,5 +34,7 @@ int sg_cmd_train(int argc, char **argv);
 int sg_cmd_bench(int argc, char **argv);
 int sg_cmd_verify(int argc, char **argv);
 int sg_cmd_sample(int argc, char **argv);
+int sg_cmd_advise(int argc, char **argv);
+int sg_cmd_trace(int argc, char **argv);
 
 #endif

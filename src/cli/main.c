@@ -19,6 +19,8 @@ static const char *usage =
     "  bench    time training steps: ms/step, host ms/step, kernels/step, GPU-busy/step\n"
     "  verify   check that a captured scope computes what eager computes, step by step\n"
     "  sample   generate text from a GPT checkpoint (train --save)\n"
+    "  advise   profile eager steps, predict what each capture scope buys, then measure it\n"
+    "  trace    write a Perfetto/Chrome trace of a few steps under a scope\n"
     "\n"
     "Run 'stepgraph <command> --help' for a command's options.\n"
     "Models: mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32), gpt-WIDTH-DEPTH-BATCH-SEQ (e.g.\n"
@@ -168,6 +170,8 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "bench")) return sg_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "verify")) return sg_cmd_verify(argc - 1, argv + 1);
     if (!strcmp(cmd, "sample")) return sg_cmd_sample(argc - 1, argv + 1);
+    if (!strcmp(cmd, "advise")) return sg_cmd_advise(argc - 1, argv + 1);
+    if (!strcmp(cmd, "trace")) return sg_cmd_trace(argc - 1, argv + 1);
     fprintf(stderr, "stepgraph: unknown command '%s'\n\n%s", cmd, usage);
     return SG_EXIT_USAGE;
 }

@@ -138,6 +138,9 @@ struct sg_ctx {
     sg_capture cap;
     const char *module;      /* the module whose work is being queued, for messages */
     struct sg_graph *graphs; /* live graphs: told when a static input is destroyed */
+    /* Named ranges (sg_range_push/pop): an observer (the profiler) sees each push and pop. */
+    void (*range_hook)(void *user, const char *name, bool push);
+    void *range_user;
 };
 
 /* During capture, fails with SG_ERR_CAPTURE: "<call>: <what> during capture in module 'm'; <hint>",
@@ -153,6 +156,13 @@ size_t sg_plan_bytes(const sg_plan *p);
 void sg_plan_destroy(sg_plan *p);
 /* Called by sg_tensor_destroy: graphs mark a destroyed static input. */
 void sg_graph_forget_tensor(sg_ctx *ctx, const sg_tensor *t);
+
+/* Named host ranges around a step and each module's forward and backward: NVTX ranges (so
+ * Nsight Systems shows them by name; CUDA builds), and the context's range hook when one is
+ * set (the profiler records them for traces and per-step analysis). Cheap when nobody
+ * listens: NVTX without a tool attached is a no-op call. Pops must pair with pushes. */
+void sg_range_push(sg_ctx *ctx, const char *name);
+void sg_range_pop(sg_ctx *ctx, const char *name);
 
 /* Slots of sg_ctx_scratch and sg_ctx_ext: one per op family that needs one. */
 enum { SG_SLOT_LINEAR = 0, SG_SLOT_LOSS, SG_SLOT_OPTIM, SG_SLOT_NN, SG_SLOT_AMP, SG_SLOT_COUNT = 8 };

@@ -26,6 +26,7 @@ const char *sg_status_name(sg_status s)
     case SG_ERR_CAPTURE: return "SG_ERR_CAPTURE";
     case SG_ERR_IO: return "SG_ERR_IO";
     case SG_ERR_UNSUPPORTED: return "SG_ERR_UNSUPPORTED";
+    case SG_ERR_DIST: return "SG_ERR_DIST";
     }
     return "SG_ERR_?";
 }

@@ -112,6 +112,8 @@ sg_status sg_graph_cache_get_stats(const sg_graph_cache *c, sg_graph_cache_stats
     return SG_OK;
 }
 
+sg_pool *sg_graph_cache_pool(const sg_graph_cache *c) { return c ? c->pool : NULL; }
+
 static int find_entry(const sg_graph_cache *c, int64_t key)
 {
     for (int i = 0; i < c->n; i++)

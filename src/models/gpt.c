@@ -301,7 +301,9 @@ sg_status sg_gpt_build(sg_model *m, uint64_t seed)
 
     /* Randomness for dropout: seed and offset on the device. */
     SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){4}, "rng", &m->rng));
-    int32_t rs[4] = {(int32_t)(seed & 0x7fffffff), (int32_t)(seed >> 32), 0, 0};
+    /* (Data parallelism: each shard draws its own masks; element indices restart on each.) */
+    uint64_t ds = seed + (uint64_t)m->shard * 0x9e3779b97f4a7c15ull;
+    int32_t rs[4] = {(int32_t)(ds & 0x7fffffff), (int32_t)(ds >> 32), 0, 0};
     SG_TRY(sg_tensor_copy_from_host(m->rng, rs, sizeof rs));
 
     int nmod = (int)L + 3;
@@ -380,6 +382,12 @@ sg_status sg_gpt_build(sg_model *m, uint64_t seed)
 #undef P
 #undef G
     SG_TRY(st);
+    /* Each child's first parameter: the embedding's, each block's, ln_f's, the head's. */
+    int first[67];
+    first[0] = iwte;
+    for (int l = 0; l < L; l++) first[1 + l] = ib[l][0];
+    first[L + 1] = ilnw, first[L + 2] = ihead;
+    SG_TRY(sg_model_set_grad_ready(m, first, (int)L + 3));
 
     /* Inputs: tokens (B, T) and next-byte targets, static; the loss sees targets as (M). */
     SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 2, (int64_t[]){B, T}, "tokens", &m->x_static));
@@ -399,5 +407,6 @@ sg_status sg_gpt_build(sg_model *m, uint64_t seed)
                        "(train %lld, validation %lld)", path, (long long)T + 1,
                        (long long)sg_text_size(m->text, 0), (long long)sg_text_size(m->text, 1));
     m->data_seed = seed ^ 0xda7a5eedull;
+    sg_text_set_row0(m->text, (int64_t)m->shard * B); /* data parallelism: this shard's rows */
     return SG_OK;
 }

@@ -42,6 +42,7 @@ sg_status sg_mlp_build(sg_model *m, uint64_t seed)
         }
     }
     SG_TRY(sg_sequential_create(ctx, "mlp", layers, nl, &m->net));
+    SG_TRY(sg_model_set_grad_ready(m, wi, nl)); /* layer l writes its weight, then its bias */
 
     SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 3, (int64_t[]){m->n_batches, B, W}, "data.x", &m->data_x));
     SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 2, (int64_t[]){m->n_batches, B}, "data.y", &m->data_y));

@@ -33,6 +33,7 @@ void sg_model_destroy(sg_model *m)
     sg_tensor *ts[] = {m->scaler, m->found, m->rng, m->gnorm, m->nonfinite, m->batch_idx, m->x_pad, m->t_pad, m->x_view, m->t_view, m->x_static, m->t_static, m->loss, m->dlogits, m->data_x, m->data_y};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
     sg_params_release(&m->params);
+    free(m->grad_ready);
     free(m);
 }
 
@@ -46,6 +47,35 @@ static sg_status create_scaler(sg_model *m)
     SG_TRY(sg_tensor_copy_from_host(m->scaler, &s, sizeof s));
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "amp.found", &m->found));
     return sg_tensor_fill(m->found, 0.0);
+}
+
+/* Data parallelism: the model's part of every batch. spec.batch becomes B / shards, the rows
+ * each shard builds its buffers for; global_batch keeps the name's B. */
+static sg_status set_shard(sg_model *m, const sg_model_options *o)
+{
+    int shards = o && o->shards > 1 ? o->shards : 1, shard = o ? o->shard : 0;
+    m->global_batch = m->spec.batch;
+    if (o && (o->shards < 0 || shard < 0 || shard >= shards || m->spec.batch % shards))
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_model_create: shard %d of %d of '%s': expected 0 <= shard < "
+                       "shards, and shards dividing the batch %lld into equal parts", o->shard, o->shards,
+                       m->name, (long long)m->spec.batch);
+    m->shard = shard, m->shards = shards;
+    m->spec.batch /= shards;
+    return SG_OK;
+}
+
+sg_status sg_model_set_grad_ready(sg_model *m, const int *first_param, int n)
+{
+    free(m->grad_ready);
+    m->n_grad_ready = 0;
+    m->grad_ready = malloc((size_t)(n > 0 ? n : 1) * sizeof *m->grad_ready);
+    if (!m->grad_ready) return sg_fail(m->ctx, SG_ERR_OOM, "sg_model_create: out of host memory");
+    for (int i = 0; i < n; i++) {
+        int p = first_param[i];
+        m->grad_ready[i] = p >= 0 && p < m->params.count ? m->params.info[p].offset : m->params.total;
+    }
+    m->n_grad_ready = n;
+    return SG_OK;
 }
 
 sg_status sg_model_create(sg_ctx *ctx, const char *name, uint64_t seed, sg_model **out)
@@ -68,6 +98,8 @@ sg_status sg_model_create_ex(sg_ctx *ctx, const char *name, uint64_t seed,
     m->params.ctx = ctx;
     snprintf(m->name, sizeof m->name, "%s", name);
     sg_status st = SG_OK;
+    sg_alloc_stats a0, a1;
+    sg_ctx_alloc_stats(ctx, &a0);
     if (opts) {
         if (!(opts->dropout >= 0.f && opts->dropout < 1.f))
             st = sg_fail(ctx, SG_ERR_INVALID, "sg_model_create: dropout %g: expected 0 <= p < 1", opts->dropout);
@@ -83,11 +115,14 @@ sg_status sg_model_create_ex(sg_ctx *ctx, const char *name, uint64_t seed,
     if (st == SG_OK && m->precision == SG_DTYPE_BF16 && strcmp(spec.kind, "gpt"))
         st = sg_fail(ctx, SG_ERR_UNSUPPORTED, "sg_model_create: bf16 mixed precision is implemented for gpt "
                      "models; '%s' trains in f32", name);
+    if (st == SG_OK) st = set_shard(m, opts);
     if (st == SG_OK) st = create_scaler(m);
     if (st == SG_OK) st = !strcmp(spec.kind, "gpt") ? sg_gpt_build(m, seed) : sg_mlp_build(m, seed);
     if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, (int64_t[]){1}, "grad.norm", &m->gnorm);
     if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "grad.nonfinite", &m->nonfinite);
     if (st == SG_OK) st = sg_model_load_batch(m, 0);
+    sg_ctx_alloc_stats(ctx, &a1);
+    m->bytes = a1.bytes_in_use - a0.bytes_in_use; /* one stream, one thread: all of it is ours */
     if (st != SG_OK) {
         sg_model_destroy(m);
         return st;
@@ -179,9 +214,13 @@ sg_status sg_model_advance_batch(sg_model *m)
 sg_status sg_model_use_static_inputs(sg_model *m)
 {
     if (m->x_static) return SG_OK; /* (gpt models are built with them) */
+    sg_alloc_stats a0, a1;
+    sg_ctx_alloc_stats(m->ctx, &a0);
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_F32, m->x_view->ndim, m->x_view->shape, "input.static", &m->x_static));
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_I32, m->t_view->ndim, m->t_view->shape, "targets.static", &m->t_static));
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "batch.index", &m->batch_idx));
+    sg_ctx_alloc_stats(m->ctx, &a1);
+    m->bytes += a1.bytes_in_use - a0.bytes_in_use;
     SG_TRY(sg_tensor_view(m->x_static, 0, m->x_static->ndim, m->x_static->shape, "input.pad", &m->x_pad));
     SG_TRY(sg_tensor_view(m->t_static, 0, m->t_static->ndim, m->t_static->shape, "targets.pad", &m->t_pad));
     m->x = m->x_static, m->targets = m->t_static;

@@ -42,10 +42,17 @@ struct sg_model {
     int64_t seq_len;           /* positions the passes run on (Tb <= T; sg_model_set_seq) */
     sg_tensor *rng;            /* (4) I32: dropout seed and offset */
     sg_tensor *gnorm, *nonfinite; /* clipping results, (1) F32 and (1) I32 */
+    /* data parallelism */
+    int shard, shards;         /* this model trains on rows shard*B/shards.. of each batch */
+    int64_t global_batch;      /* the name's batch B; spec.batch is B / shards */
+    int64_t *grad_ready;       /* (children of net): after child i's backward, gradients */
+    int n_grad_ready;          /*   [grad_ready[i], total) of the flat buffer are final */
     /* mixed precision */
     sg_dtype precision;        /* SG_DTYPE_F32, or SG_DTYPE_BF16: activations and gradients */
     sg_tensor *scaler;         /* (SG_SCALER_COUNT) F32: sg_loss_scaler; every model has one */
     sg_tensor *found;          /* (1) I32: this step's gradients were not finite (skip it) */
+    size_t bytes;              /* device bytes (whole blocks) allocated by the build and the
+                                * static inputs: sg_trainer_stats splits them */
 };
 
 /* "mlp-512-6-32" -> spec; SG_ERR_INVALID with a message listing the accepted forms. */
@@ -81,6 +88,11 @@ sg_status sg_model_load_seq(sg_model *m, int64_t index, int64_t len, int64_t buc
 /* The full shape after padded steps (rows B for mlp models with static inputs, T for gpt):
  * what a captured full-size step expects. Host bookkeeping only. */
 sg_status sg_model_full_shape(sg_model *m);
+/* The children's grad_ready offsets: first_param[i] is the first parameter (in declaration
+ * order) child i of net writes the gradient of; every later child's come after it, so after
+ * child i's backward the gradients from that parameter's offset on are final. A child without
+ * parameters gives -1 (the end of the buffer). */
+sg_status sg_model_set_grad_ready(sg_model *m, const int *first_param, int n);
 /* Fills data_x with N(0,1) inputs and data_y with the argmax of a fixed random linear
  * teacher over `classes` outputs: a learnable task, identical on every backend. */
 sg_status sg_data_teacher(sg_model *m, uint64_t seed);

@@ -15,6 +15,7 @@ struct sg_text {
     char path[512];
     int64_t size[2];        /* bytes in train, validation */
     sg_tensor *data[2];     /* (size) I32, values 0..255; NULL for an empty split */
+    int64_t row0;           /* data parallelism: the batch row this model's row 0 is */
 };
 
 static const char *split_name(int split) { return split == 0 ? "train" : "validation"; }
@@ -138,6 +139,19 @@ int64_t sg_text_size(const sg_text *t, int split)
 
 const char *sg_text_path(const sg_text *t) { return t ? t->path : NULL; }
 
+void sg_text_set_row0(sg_text *t, int64_t row0)
+{
+    if (t) t->row0 = row0;
+}
+
+size_t sg_text_bytes(const sg_text *t)
+{
+    size_t n = 0;
+    for (int i = 0; t && i < 2; i++)
+        if (t->data[i]) n += t->data[i]->block->size;
+    return n;
+}
+
 /* ---- the batch gather ---- */
 
 typedef struct batch_args {
@@ -147,10 +161,11 @@ typedef struct batch_args {
     const sg_tensor *step_t;    /* (1) I32, read when the thunk runs */
     sg_tensor *tokens, *targets;
     int64_t len;                /* real tokens a row (<= T); the rest is padding */
+    int64_t row0;               /* row b is the window of row row0 + b (data parallelism) */
 } batch_args;
 
-/* The CPU reference: row b is the window at sg_text_window_start(seed, step, b, n - len), then
- * padding (token 0, target -1) up to T. */
+/* The CPU reference: row b is the window at sg_text_window_start(seed, step, row0 + b, n - len),
+ * then padding (token 0, target -1) up to T. */
 static sg_status batch_cpu(sg_ctx *ctx, const void *p)
 {
     const batch_args *a = p;
@@ -159,7 +174,7 @@ static sg_status batch_cpu(sg_ctx *ctx, const void *p)
     const int32_t *d = a->data->data;
     int32_t *tok = a->tokens->data, *tgt = a->targets->data;
     for (int64_t b = 0; b < B; b++) {
-        const int32_t *w = d + sg_text_window_start(a->seed, step, b, n_starts);
+        const int32_t *w = d + sg_text_window_start(a->seed, step, a->row0 + b, n_starts);
         memcpy(tok + b * T, w, (size_t)L * sizeof *tok);
         memcpy(tgt + b * T, w + 1, (size_t)L * sizeof *tgt);
         for (int64_t t = L; t < T; t++) tok[b * T + t] = 0, tgt[b * T + t] = -1;
@@ -208,7 +223,7 @@ static sg_status run_batch(sg_text *t, const batch_args *a)
                                 a->seed, a->step,
                                 a->step_t ? (const int32_t *)a->step_t->data : NULL,
                                 (int32_t *)a->tokens->data, (int32_t *)a->targets->data,
-                                a->tokens->shape[0], a->tokens->shape[1], a->len));
+                                a->tokens->shape[0], a->tokens->shape[1], a->len, a->row0));
 }
 
 sg_status sg_text_batch_host(sg_text *t, int split, uint64_t seed, int64_t step, sg_tensor *tokens,
@@ -216,7 +231,7 @@ sg_status sg_text_batch_host(sg_text *t, int split, uint64_t seed, int64_t step,
 {
     const sg_tensor *data = NULL;
     SG_TRY(check_batch(t, "sg_text_batch_host", split, tokens, targets, &data));
-    batch_args a = {data, seed, step, NULL, tokens, targets, tokens->shape[1]};
+    batch_args a = {data, seed, step, NULL, tokens, targets, tokens->shape[1], t->row0};
     return run_batch(t, &a);
 }
 
@@ -229,7 +244,7 @@ sg_status sg_text_batch_padded(sg_text *t, int split, uint64_t seed, int64_t ste
         return sg_fail(t->ctx, SG_ERR_SHAPE,
                        "sg_text_batch_padded: len %lld: expected 1 to %lld (the T of tokens '%s')",
                        (long long)len, (long long)tokens->shape[1], tokens->name);
-    batch_args a = {data, seed, step, NULL, tokens, targets, len};
+    batch_args a = {data, seed, step, NULL, tokens, targets, len, t->row0};
     return run_batch(t, &a);
 }
 
@@ -244,6 +259,6 @@ sg_status sg_text_batch_device(sg_text *t, int split, uint64_t seed, const sg_te
         return sg_fail(t->ctx, SG_ERR_SHAPE,
                        "sg_text_batch_device: step_tensor '%s' has %lld elements, expected 1",
                        step_tensor->name, (long long)step_tensor->numel);
-    batch_args a = {data, seed, 0, step_tensor, tokens, targets, tokens->shape[1]};
+    batch_args a = {data, seed, 0, step_tensor, tokens, targets, tokens->shape[1], t->row0};
     return run_batch(t, &a);
 }

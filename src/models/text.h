@@ -29,9 +29,15 @@ void sg_text_close(sg_text *t);
  * Apache-2.0, /usr/share/dict/words. Plain English text found on most Linux machines. */
 const char *sg_text_default_path(void);
 
+/* Data parallelism: row b of every batch gathered from now on is the window of row row0 + b
+ * (a model training on rows row0.. of each batch; 0 by default). */
+void sg_text_set_row0(sg_text *t, int64_t row0);
+
 /* Bytes in split 0 (train) or 1 (validation); -1 for another split number. */
 int64_t sg_text_size(const sg_text *t, int split);
 const char *sg_text_path(const sg_text *t);
+/* Device bytes the two splits take (whole allocator blocks, as sg_alloc_stats counts them). */
+size_t sg_text_bytes(const sg_text *t);
 
 /* Batch of step `step`: row b of tokens (B, T) I32 holds bytes [s, s + T) of the split, row b
  * of targets the bytes [s + 1, s + T + 1) (targets: I32, (B, T) or (B*T)), where
@@ -85,10 +91,10 @@ static inline SG_TEXT_HD int64_t sg_text_window_start(uint64_t seed, int64_t ste
 #ifdef SG_HAVE_CUDA
 /* text_cuda.cu: tokens/targets (B*T) from data (n_starts + len bytes as I32), len <= T real
  * tokens a row and padding (token 0, target -1) after them; the step is *step_dev when
- * step_dev is not NULL, else `step`. */
+ * step_dev is not NULL, else `step`; row b holds the window of row row0 + b. */
 sg_status sg_text_batch_cuda(sg_ctx *ctx, const int32_t *data, int64_t n_starts, uint64_t seed,
                              int64_t step, const int32_t *step_dev, int32_t *tokens,
-                             int32_t *targets, int64_t B, int64_t T, int64_t len);
+                             int32_t *targets, int64_t B, int64_t T, int64_t len, int64_t row0);
 #endif
 
 #ifdef __cplusplus

@@ -6,12 +6,12 @@
 
 #include <cuda_runtime.h>
 
-/* tokens[b, t] = data[s + t], targets[b, t] = data[s + t + 1], s = start of row b, for
+/* tokens[b, t] = data[s + t], targets[b, t] = data[s + t + 1], s = start of row row0 + b, for
  * t < len; padding (token 0, target -1) for len <= t < T. */
 __global__ void text_batch_kernel(const int32_t *__restrict__ data, int64_t n_starts, uint64_t seed,
                                   int64_t step, const int32_t *__restrict__ step_dev,
                                   int32_t *__restrict__ tokens, int32_t *__restrict__ targets,
-                                  int64_t B, int64_t T, int64_t len)
+                                  int64_t B, int64_t T, int64_t len, int64_t row0)
 {
     int64_t s = step_dev ? (int64_t)*step_dev : step;
     int64_t n = B * T, stride = (int64_t)gridDim.x * blockDim.x;
@@ -22,7 +22,7 @@ __global__ void text_batch_kernel(const int32_t *__restrict__ data, int64_t n_st
             targets[i] = -1;
             continue;
         }
-        int64_t start = sg_text_window_start(seed, s, b, n_starts);
+        int64_t start = sg_text_window_start(seed, s, row0 + b, n_starts);
         tokens[i] = data[start + t];
         targets[i] = data[start + t + 1];
     }
@@ -31,7 +31,7 @@ __global__ void text_batch_kernel(const int32_t *__restrict__ data, int64_t n_st
 extern "C" sg_status sg_text_batch_cuda(sg_ctx *ctx, const int32_t *data, int64_t n_starts,
                                         uint64_t seed, int64_t step, const int32_t *step_dev,
                                         int32_t *tokens, int32_t *targets, int64_t B, int64_t T,
-                                        int64_t len)
+                                        int64_t len, int64_t row0)
 {
     SG_ASSERT(n_starts >= 1 && B >= 1 && T >= 1 && len >= 1 && len <= T);
     int threads = 256;
@@ -39,7 +39,7 @@ extern "C" sg_status sg_text_batch_cuda(sg_ctx *ctx, const int32_t *data, int64_
     int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * 8;
     int blocks = (int)(want < 1 ? 1 : want < cap ? want : cap);
     text_batch_kernel<<<blocks, threads, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
-        data, n_starts, seed, step, step_dev, tokens, targets, B, T, len);
+        data, n_starts, seed, step, step_dev, tokens, targets, B, T, len, row0);
     SG_CUDA_CHECK_LAUNCH(ctx, "text_batch_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;

@@ -8,6 +8,8 @@
  * lengths of a gpt) run padded up to a bucket, with a step graph per bucket under step scope.
  * (Design note: models/ calls graph/ for this.) */
 #include "models/model.h"
+#include "dist/dist.h"
+#include "models/text.h"
 #include "nn/checkpoint.h"
 
 #include <stdlib.h>
@@ -34,6 +36,7 @@ struct sg_trainer {
     bool bucket_warm[32];        /* the bucket ran one eager step: its lazy set-up is done */
     sg_graph_cache *cache;       /* buckets under step scope: a graph per bucket */
     int64_t next_index;          /* step scope: the batch index the graph's counter holds */
+    sg_dist *dist;               /* data parallelism: gradients averaged over its ranks */
 };
 
 sg_trainer_options sg_trainer_options_default(void)
@@ -87,7 +90,16 @@ static sg_status capture(sg_trainer *t, const char *name, sg_step_fn fn, void *u
     o.pool = t->pool;
     o.static_inputs = inputs;
     o.n_static_inputs = n_inputs;
-    SG_TRY(sg_graph_capture(t->ctx, fn, user, &o, out));
+    if (t->dist) sg_dist_capture_begin(t->dist);
+    sg_status st = sg_graph_capture(t->ctx, fn, user, &o, out);
+    /* Data parallelism: no rank replays a graph unless every rank captured one, with the same
+     * collectives (a replay that waits for a collective a peer never launches hangs). */
+    if (t->dist) st = sg_dist_capture_check(t->dist, name, st);
+    if (st != SG_OK) {
+        sg_graph_destroy(*out);
+        *out = NULL;
+        return st;
+    }
     if (!t->pool) t->pool = sg_graph_pool(*out);
     return SG_OK;
 }
@@ -260,11 +272,18 @@ static sg_status run_loss(sg_model *m)
     return st;
 }
 
+/* With data parallelism, buckets of final gradients are averaged over the ranks while the
+ * backward goes on (the Sequential's hook after each child), the rest and the loss at its end,
+ * and the context's stream waits for them before the optimizer. */
 static sg_status run_backward(void *u)
 {
-    sg_model *m = u;
+    sg_trainer *t = u;
+    sg_model *m = t->m;
     sg_tensor *dx = NULL;
-    return sg_module_backward(m->net, m->dlogits, &dx);
+    if (!t->dist) return sg_module_backward(m->net, m->dlogits, &dx);
+    SG_TRY(sg_dist_backward_begin(t->dist));
+    SG_TRY(sg_module_backward(m->net, m->dlogits, &dx));
+    return sg_dist_backward_end(t->dist);
 }
 
 /* Unscaling (mixed precision: the bf16 gradients, divided by the loss scale, into the f32
@@ -289,7 +308,7 @@ static sg_status run_step(void *u)
     sg_trainer *t = u;
     SG_TRY(run_forward(t->m));
     SG_TRY(run_loss(t->m));
-    SG_TRY(run_backward(t->m));
+    SG_TRY(run_backward(t));
     return run_optim(t);
 }
 
@@ -319,6 +338,30 @@ static sg_status set_buckets(sg_trainer *t, const sg_trainer_options *op)
     t->opts.seq_buckets = seq ? t->buckets : NULL;
     SG_TRY(sg_model_use_static_inputs(m)); /* padding needs static inputs to pad, even eagerly */
     if (op->scope == SG_SCOPE_STEP) SG_TRY(sg_graph_cache_create(m->ctx, op->cache_budget, 0, &t->cache));
+    return SG_OK;
+}
+
+/* Data parallelism: the model must be the run's shard; captured scopes warm up long enough for
+ * NCCL to connect before a capture; the gradient buckets hook into the net's backward. */
+static sg_status attach_dist(sg_trainer *t)
+{
+    sg_model *m = t->m;
+    sg_dist *d = t->opts.dist;
+    if (d->ctx != t->ctx)
+        return sg_fail(t->ctx, SG_ERR_BACKEND, "sg_trainer_create: the data-parallel run belongs to another context");
+    if (m->shards != sg_dist_world(d) || m->shard != sg_dist_rank(d))
+        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: model '%s' trains on shard %d of %d of each "
+                       "batch, but this process is rank %d of %d: build it with sg_model_options.shard = the "
+                       "rank and shards = the world size", m->name, m->shard, m->shards, sg_dist_rank(d),
+                       sg_dist_world(d));
+    if (t->n_buckets)
+        return sg_fail(t->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: batch or sequence buckets with data "
+                       "parallelism are not implemented; train at the model's full shape");
+    if (t->opts.scope != SG_SCOPE_EAGER && t->opts.warmup < SG_DIST_MIN_WARMUP) t->opts.warmup = SG_DIST_MIN_WARMUP;
+    sg_tensor *g = m->params.grad_flat_lo ? m->params.grad_flat_lo : m->params.grad_flat;
+    SG_TRY(sg_dist_attach(d, g, m->loss, m->grad_ready, m->n_grad_ready));
+    sg_sequential_set_backward_hook(m->net, sg_dist_backward_hook, d);
+    t->dist = d;
     return SG_OK;
 }
 
@@ -354,6 +397,7 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
         st = set_buckets(t, &op);
     if (st == SG_OK && op.scope != SG_SCOPE_EAGER) st = sg_model_use_static_inputs(m);
     if (st == SG_OK && op.scope == SG_SCOPE_LAYER) st = wrap_modules(t);
+    if (st == SG_OK && op.dist) st = attach_dist(t);
     if (st != SG_OK) {
         sg_trainer_destroy(t);
         return st;
@@ -365,6 +409,10 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
 void sg_trainer_destroy(sg_trainer *t)
 {
     if (!t) return;
+    if (t->dist) {
+        sg_sequential_set_backward_hook(t->m->net, NULL, NULL);
+        sg_dist_detach(t->dist);
+    }
     unwrap_modules(t);
     sg_graph_destroy(t->g_step);
     sg_graph_destroy(t->g_fwd);
@@ -424,10 +472,10 @@ static sg_status model_scope(sg_trainer *t)
     SG_TRY(run_loss(m));
     if (!t->g_bwd) {
         const sg_tensor *in[] = {m->dlogits};
-        sg_status st = capture(t, "model.backward", run_backward, m, in, 1, &t->g_bwd);
+        sg_status st = capture(t, "model.backward", run_backward, t, in, 1, &t->g_bwd);
         if (st != SG_OK) {
             SG_TRY(capture_failed(t, st, "model.backward", true));
-            SG_TRY(run_backward(m));
+            SG_TRY(run_backward(t));
             return run_optim(t);
         }
     }
@@ -444,9 +492,21 @@ static sg_status one_step(sg_trainer *t, int64_t index)
     return eager_step(t); /* layer: the wrapped modules replay their graphs; step: fell back */
 }
 
+static sg_status trainer_step(sg_trainer *t, int64_t index);
+
+/* Each call is one "step" range (NVTX, and the profiler's step boundaries). */
 sg_status sg_trainer_step(sg_trainer *t, int64_t index)
 {
     if (!t) return SG_ERR_NULL;
+    sg_range_push(t->ctx, "step");
+    sg_status st = trainer_step(t, index);
+    sg_range_pop(t->ctx, "step");
+    return st;
+}
+
+static sg_status trainer_step(sg_trainer *t, int64_t index)
+{
+    if (t->dist) SG_TRY(sg_dist_poll(t->dist)); /* a failed run fails every step, at once */
     t->armed = t->steps >= t->opts.warmup && !t->fallback && t->opts.scope != SG_SCOPE_EAGER;
     sg_status st = SG_OK;
     if (t->armed && t->opts.scope == SG_SCOPE_STEP) {
@@ -456,6 +516,7 @@ sg_status sg_trainer_step(sg_trainer *t, int64_t index)
     } else {
         for (int k = 0; k < t->opts.steps_per_call && st == SG_OK; k++) st = one_step(t, index + k);
     }
+    if (st == SG_OK && t->dist) st = sg_dist_step_end(t->dist); /* the watchdog's progress mark */
     if (st == SG_OK) t->steps++;
     return st;
 }
@@ -512,22 +573,28 @@ static sg_status bucket_step(sg_trainer *t, int k)
     return st;
 }
 
-sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows)
+/* A step of n rows (seq false) or n tokens per row (seq true), in a "step" range. */
+static sg_status bucketed(sg_trainer *t, const char *fn, bool seq, int64_t index, int64_t n)
 {
     if (!t) return SG_ERR_NULL;
     int k = 0;
-    SG_TRY(find_bucket(t, "sg_trainer_step_rows", false, rows, &k));
-    SG_TRY(sg_model_load_padded(t->m, index, rows, t->buckets[k]));
-    return bucket_step(t, k);
+    SG_TRY(find_bucket(t, fn, seq, n, &k));
+    sg_range_push(t->ctx, "step");
+    sg_status st = seq ? sg_model_load_seq(t->m, index, n, t->buckets[k])
+                       : sg_model_load_padded(t->m, index, n, t->buckets[k]);
+    if (st == SG_OK) st = bucket_step(t, k);
+    sg_range_pop(t->ctx, "step");
+    return st;
+}
+
+sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows)
+{
+    return bucketed(t, "sg_trainer_step_rows", false, index, rows);
 }
 
 sg_status sg_trainer_step_seq(sg_trainer *t, int64_t index, int64_t len)
 {
-    if (!t) return SG_ERR_NULL;
-    int k = 0;
-    SG_TRY(find_bucket(t, "sg_trainer_step_seq", true, len, &k));
-    SG_TRY(sg_model_load_seq(t->m, index, len, t->buckets[k]));
-    return bucket_step(t, k);
+    return bucketed(t, "sg_trainer_step_seq", true, index, len);
 }
 
 static void add_graph(sg_trainer_stats *s, const sg_graph *g)
@@ -540,6 +607,27 @@ static void add_graph(sg_trainer_stats *s, const sg_graph *g)
     s->capture_ms += gs.capture_ms;
     s->instantiate_ms += gs.instantiate_ms;
     s->exec_bytes += gs.exec_bytes;
+}
+
+/* Bytes of the allocator block a tensor owns (0 for a view or no tensor). */
+static size_t block_bytes(const sg_tensor *x) { return x && x->block ? x->block->size : 0; }
+
+/* The static buffers by kind; the model's bytes not otherwise named are its activations. */
+static void add_memory(const sg_trainer *t, sg_trainer_stats *s)
+{
+    const sg_model *m = t->m;
+    const sg_param_set *ps = &m->params;
+    s->param_bytes = block_bytes(ps->flat) + block_bytes(ps->flat_lo) + block_bytes(ps->seg_start) +
+                     block_bytes(ps->seg_decay);
+    s->grad_bytes = block_bytes(ps->grad_flat) + block_bytes(ps->grad_flat_lo);
+    sg_tensor *om, *ov, *hp;
+    sg_optim_state(t->o, &om, &ov, &hp);
+    s->optim_bytes = block_bytes(om) + block_bytes(ov) + block_bytes(hp);
+    s->data_bytes = m->text ? sg_text_bytes(m->text) : block_bytes(m->data_x) + block_bytes(m->data_y);
+    size_t named = s->param_bytes + s->grad_bytes + s->data_bytes;
+    s->activation_bytes = m->bytes > named ? m->bytes - named : 0;
+    sg_pool *p = t->cache ? sg_graph_cache_pool(t->cache) : t->pool;
+    if (p) sg_pool_stats(t->ctx, p, &s->graph_pool);
 }
 
 sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out)
@@ -561,6 +649,7 @@ sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out)
         out->graphs += out->cache.cached;
     }
     snprintf(out->fallback_reason, sizeof out->fallback_reason, "%s", t->reason);
+    add_memory(t, out);
     return SG_OK;
 }
 
@@ -591,7 +680,9 @@ sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out)
     m->eval = false;
     m->split = 0;
     t->armed = armed;
-    if (st == SG_OK) *out = (float)(sum / n_batches);
+    double mean = sum / n_batches;
+    if (st == SG_OK && t->dist) st = sg_dist_average_host(t->dist, &mean, 1); /* each rank saw its rows */
+    if (st == SG_OK) *out = (float)mean;
     return st;
 }
 

@@ -171,6 +171,8 @@ typedef struct seq_module {
     sg_module base;
     int n;
     sg_module **child;
+    sg_backward_hook hook;        /* after each child's backward (data parallelism) */
+    void *hook_user;
 } seq_module;
 
 static sg_status seq_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
@@ -188,6 +190,7 @@ static sg_status seq_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
     sg_tensor *g = dy;
     for (int i = s->n - 1; i >= 0; i--) {
         SG_TRY(sg_module_backward(s->child[i], g, &g));
+        if (s->hook) SG_TRY(s->hook(s->hook_user, i));
         if (!g && i > 0)
             return sg_fail(m->ctx, SG_ERR_INVALID,
                            "sg_module_backward: '%s' gives no input gradient, but '%s' comes before it",
@@ -232,6 +235,14 @@ sg_module *sg_sequential_replace(sg_module *seq, int i, sg_module *m)
     sg_module *old = s->child[i];
     s->child[i] = m;
     return old;
+}
+
+void sg_sequential_set_backward_hook(sg_module *seq, sg_backward_hook fn, void *user)
+{
+    if (!seq || seq->vt != &seq_i) return;
+    seq_module *s = (seq_module *)seq;
+    s->hook = fn;
+    s->hook_user = user;
 }
 
 sg_status sg_sequential_create(sg_ctx *ctx, const char *name, sg_module **children, int n,

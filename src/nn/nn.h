@@ -117,19 +117,28 @@ sg_status sg_sequential_create(sg_ctx *ctx, const char *name, sg_module **childr
 void sg_module_destroy(sg_module *m);
 
 /* Forward and backward name the module on the context while they queue work, so that an
- * error during capture says which module made the forbidden call. */
+ * error during capture says which module made the forbidden call, and run inside a named
+ * range ("blocks.3.forward"): NVTX for Nsight Systems, and the profiler's traces. */
 static inline sg_status sg_module_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
 {
+    char range[80];
+    snprintf(range, sizeof range, "%s.forward", m->name);
+    sg_range_push(m->ctx, range);
     const char *prev = sg_ctx_set_module(m->ctx, m->name);
     sg_status st = m->vt->forward(m, x, y);
     sg_ctx_set_module(m->ctx, prev);
+    sg_range_pop(m->ctx, range);
     return st;
 }
 static inline sg_status sg_module_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
+    char range[80];
+    snprintf(range, sizeof range, "%s.backward", m->name);
+    sg_range_push(m->ctx, range);
     const char *prev = sg_ctx_set_module(m->ctx, m->name);
     sg_status st = m->vt->backward(m, dy, dx);
     sg_ctx_set_module(m->ctx, prev);
+    sg_range_pop(m->ctx, range);
     return st;
 }
 
@@ -144,6 +153,11 @@ int sg_sequential_count(const sg_module *seq);
 sg_module *sg_sequential_child(const sg_module *seq, int i);
 /* Puts m in place of child i and returns the child it replaced (now owned by the caller). */
 sg_module *sg_sequential_replace(sg_module *seq, int i, sg_module *m);
+/* fn(user, i) runs after child i's backward has been queued (children go from the last to
+ * the first), so a caller can act on the gradients that are final from then on (data
+ * parallelism starts their all-reduce); its error fails the backward. fn NULL: none. */
+typedef sg_status (*sg_backward_hook)(void *user, int child);
+void sg_sequential_set_backward_hook(sg_module *seq, sg_backward_hook fn, void *user);
 
 /* ---- optimizers (the public sg_optim_* calls live in optim.c; creation takes a model,
  * so the public sg_optim_create is in models/, which calls this) ---- */

@@ -1,7 +1,10 @@
-/* prof_cupti.c: sg_prof over CUPTI's activity API. CUPTI hands us buffers of records (kernel,
- * memcpy, memset) through two process-global callbacks, possibly on its own thread; we copy
- * each record's kind, ids and timestamps into the one live profiler's array under a spin lock,
- * and sum the window up at sg_prof_stop. Compiled only in CUDA builds; empty without CUPTI. */
+/* prof_cupti.c: sg_prof over CUPTI's activity API. CUPTI hands us buffers of records (kernels,
+ * memcpys, memsets, runtime and driver API calls) through two process-global callbacks,
+ * possibly on its own thread; we copy each record's kind, ids, timestamps and name (interned
+ * into profiler-owned strings) into the one live profiler's array under a spin lock. Named
+ * ranges come from the context's range hook, timed on CUPTI's clock. sg_prof_stop marks calls
+ * made inside other calls (so that a launch counts once) and sums the window up.
+ * Compiled only in CUDA builds; empty without CUPTI. */
 #ifdef SG_HAVE_CUPTI
 #include "core/core.h"
 #include "prof/prof.h"
@@ -10,18 +13,48 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* Activity buffers handed to CUPTI: 4 MiB holds ~20k kernel records. */
 #define PROF_BUFFER_BYTES ((size_t)4 << 20)
+/* Named ranges nested deeper than this are not recorded (their depth is still tracked). */
+#define PROF_RANGE_DEPTH 64
+
+/* Distinct strings (kernel, API and range names), copied once and owned by the profiler:
+ * open addressing over a power-of-two table. */
+typedef struct name_table {
+    char **slot;
+    size_t n, cap;
+} name_table;
+
+/* A runtime or driver callback id's name and class, looked up once. */
+typedef struct api_info {
+    const char *name;
+    sg_prof_api api;
+    bool known;
+} api_info;
 
 struct sg_prof {
     sg_ctx *ctx;
     bool running;             /* between start and stop; records are accepted only then */
-    /* Filled by the buffer-completed callback, guarded by g_lock. */
+    /* Filled by the buffer-completed callback and the range hook, guarded by g_lock. */
     sg_prof_record *rec;
     size_t n, cap;
-    bool rec_oom;             /* a record could not be stored (host out of memory) */
+    bool rec_oom;             /* a record or a name could not be stored (host out of memory) */
     CUptiResult parse_err;    /* cuptiActivityGetNextRecord failed on a buffer */
+    name_table names;         /* kept for the profiler's life: names stay valid across windows */
+    api_info runtime_api[CUPTI_RUNTIME_TRACE_CBID_SIZE];
+    api_info driver_api[CUPTI_DRIVER_TRACE_CBID_SIZE];
+    /* The range hook's state (the thread that drives the context only). */
+    void (*prev_hook)(void *user, const char *name, bool push);
+    void *prev_user;
+    int range_depth;
+    struct {
+        const char *name;
+        uint64_t start;
+    } range_stack[PROF_RANGE_DEPTH];
+    CUptiResult hook_err;     /* cuptiGetTimestamp failed in the range hook */
 };
 
 /* The live profiler (at most one: CUPTI's activity API is process-global) and the lock that
@@ -43,6 +76,8 @@ static const CUpti_ActivityKind prof_kinds[] = {
     CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
     CUPTI_ACTIVITY_KIND_MEMCPY,
     CUPTI_ACTIVITY_KIND_MEMSET,
+    CUPTI_ACTIVITY_KIND_RUNTIME,
+    CUPTI_ACTIVITY_KIND_DRIVER,
 };
 #define PROF_NKINDS (sizeof prof_kinds / sizeof *prof_kinds)
 
@@ -93,29 +128,134 @@ static void record_push(sg_prof *p, sg_prof_record r)
     p->rec[p->n++] = r;
 }
 
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static bool name_table_grow(name_table *t)
+{
+    size_t cap = t->cap ? 2 * t->cap : 256;
+    char **slot = calloc(cap, sizeof *slot);
+    if (!slot) return false;
+    for (size_t i = 0; i < t->cap; i++) {
+        if (!t->slot[i]) continue;
+        size_t j = name_hash(t->slot[i]) & (cap - 1);
+        while (slot[j]) j = (j + 1) & (cap - 1);
+        slot[j] = t->slot[i];
+    }
+    free(t->slot);
+    t->slot = slot;
+    t->cap = cap;
+    return true;
+}
+
+/* The profiler's copy of s, made on first sight; NULL when out of host memory. Called with
+ * g_lock held (CUPTI's thread and the range hook share the table). */
+static const char *name_intern(name_table *t, const char *s)
+{
+    if (2 * (t->n + 1) > t->cap && !name_table_grow(t)) return NULL;
+    size_t i = name_hash(s) & (t->cap - 1);
+    for (; t->slot[i]; i = (i + 1) & (t->cap - 1))
+        if (!strcmp(t->slot[i], s)) return t->slot[i];
+    size_t len = strlen(s) + 1;
+    char *copy = malloc(len);
+    if (!copy) return NULL;
+    memcpy(copy, s, len);
+    t->slot[i] = copy;
+    t->n++;
+    return copy;
+}
+
+static void name_table_free(name_table *t)
+{
+    for (size_t i = 0; i < t->cap; i++) free(t->slot[i]);
+    free(t->slot);
+    *t = (name_table){0};
+}
+
+/* A string the profiler owns (NULL stays NULL); on failure NULL, noted as out of memory. */
+static const char *own_name(sg_prof *p, const char *s)
+{
+    if (!s) return NULL;
+    const char *copy = name_intern(&p->names, s);
+    if (!copy) p->rec_oom = true;
+    return copy;
+}
+
+/* The name and class of a runtime or driver call, cached per callback id. A call CUPTI
+ * cannot name keeps a generic name and class OTHER: names only label and classify, so a
+ * window is not failed for one. Called with g_lock held. */
+static api_info api_lookup(sg_prof *p, bool driver, uint32_t cbid)
+{
+    api_info *cache = driver ? p->driver_api : p->runtime_api;
+    uint32_t size = driver ? CUPTI_DRIVER_TRACE_CBID_SIZE : CUPTI_RUNTIME_TRACE_CBID_SIZE;
+    if (cbid < size && cache[cbid].known) return cache[cbid];
+    api_info info = {driver ? "CUDA driver call" : "CUDA runtime call", SG_PROF_API_OTHER, true};
+    const char *name = NULL;
+    CUptiResult r = cuptiGetCallbackName(
+        driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &name);
+    if (r == CUPTI_SUCCESS && name) {
+        const char *copy = own_name(p, name);
+        if (copy) info.name = copy, info.api = sg_prof_api_classify(copy);
+    }
+    if (cbid < size) cache[cbid] = info; /* a newer CUPTI's ids past our header's: not cached */
+    return info;
+}
+
+static const char *memcpy_name(uint8_t kind)
+{
+    switch (kind) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "memcpy HtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "memcpy DtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "memcpy DtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOH: return "memcpy HtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: return "memcpy PtoP";
+    default: return "memcpy";
+    }
+}
+
 /* One CUPTI record in our form; false for kinds we do not collect. The structs are those of
- * the CUDA 13 headers (CUPTI writes the version its header declares); start, end and the ids
- * sit at the same places in every version of them. */
-static bool record_from_cupti(const CUpti_Activity *a, sg_prof_record *r)
+ * the CUDA 13 headers (CUPTI writes the version its header declares; later versions only append
+ * fields). Kernel names are the mangled names CUPTI gives (copied: CUPTI owns its string),
+ * shortened for display by the trace writer only. Called with g_lock held. */
+static bool record_from_cupti(sg_prof *p, const CUpti_Activity *a, sg_prof_record *r)
 {
     switch (a->kind) {
     case CUPTI_ACTIVITY_KIND_KERNEL:
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)a;
-        *r = (sg_prof_record){SG_PROF_KIND_KERNEL, k->deviceId, k->streamId, k->correlationId,
-                              k->start, k->end};
+        *r = (sg_prof_record){.kind = SG_PROF_KIND_KERNEL, .device_id = k->deviceId,
+                              .stream_id = k->streamId, .correlation_id = k->correlationId,
+                              .start_ns = k->start, .end_ns = k->end, .graph_id = k->graphId,
+                              .name = own_name(p, k->name)};
         return true;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)a;
-        *r = (sg_prof_record){SG_PROF_KIND_MEMCPY, m->deviceId, m->streamId, m->correlationId,
-                              m->start, m->end};
+        *r = (sg_prof_record){.kind = SG_PROF_KIND_MEMCPY, .device_id = m->deviceId,
+                              .stream_id = m->streamId, .correlation_id = m->correlationId,
+                              .start_ns = m->start, .end_ns = m->end, .graph_id = m->graphId,
+                              .name = memcpy_name(m->copyKind)};
         return true;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
         const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)a;
-        *r = (sg_prof_record){SG_PROF_KIND_MEMSET, m->deviceId, m->streamId, m->correlationId,
-                              m->start, m->end};
+        *r = (sg_prof_record){.kind = SG_PROF_KIND_MEMSET, .device_id = m->deviceId,
+                              .stream_id = m->streamId, .correlation_id = m->correlationId,
+                              .start_ns = m->start, .end_ns = m->end, .graph_id = m->graphId,
+                              .name = "memset"};
+        return true;
+    }
+    case CUPTI_ACTIVITY_KIND_RUNTIME:
+    case CUPTI_ACTIVITY_KIND_DRIVER: {
+        const CUpti_ActivityAPI *c = (const CUpti_ActivityAPI *)a;
+        api_info info = api_lookup(p, a->kind == CUPTI_ACTIVITY_KIND_DRIVER, c->cbid);
+        *r = (sg_prof_record){.kind = SG_PROF_KIND_API, .correlation_id = c->correlationId,
+                              .start_ns = c->start, .end_ns = c->end, .thread_id = c->threadId,
+                              .api = info.api, .name = info.name};
         return true;
     }
     default: return false;
@@ -140,11 +280,43 @@ static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream_id, uin
                 break;
             }
             sg_prof_record rec;
-            if (record_from_cupti(a, &rec)) record_push(p, rec);
+            if (record_from_cupti(p, a, &rec)) record_push(p, rec);
         }
     }
     prof_unlock();
     free(buffer);
+}
+
+/* ---- named ranges: the context's range hook while a window records ---- */
+
+/* Pushes and pops of sg_range_push/pop, timed on CUPTI's clock (that of the activity records)
+ * and stored as range records when they close. Ranges opened before the window began are not
+ * recorded, nor those still open when it ends. Chains to the hook it replaced. */
+static void range_hook(void *user, const char *name, bool push)
+{
+    sg_prof *p = user;
+    if (p->prev_hook) p->prev_hook(p->prev_user, name, push);
+    uint64_t t = 0;
+    CUptiResult r = cuptiGetTimestamp(&t);
+    if (r != CUPTI_SUCCESS && p->hook_err == CUPTI_SUCCESS) p->hook_err = r;
+    if (push) {
+        int d = p->range_depth++;
+        if (d >= PROF_RANGE_DEPTH) return;
+        prof_lock();
+        p->range_stack[d].name = own_name(p, name ? name : "(unnamed)");
+        prof_unlock();
+        p->range_stack[d].start = t;
+        return;
+    }
+    if (p->range_depth == 0) return; /* the pop of a range pushed before sg_prof_start */
+    int d = --p->range_depth;
+    if (d >= PROF_RANGE_DEPTH || r != CUPTI_SUCCESS) return;
+    sg_prof_record rec = {.kind = SG_PROF_KIND_RANGE, .start_ns = p->range_stack[d].start,
+                          .end_ns = t, .thread_id = (uint32_t)syscall(SYS_gettid), .depth = d,
+                          .name = p->range_stack[d].name};
+    prof_lock();
+    if (p->running) record_push(p, rec);
+    prof_unlock();
 }
 
 /* ---- the API ---- */
@@ -194,6 +366,15 @@ sg_status sg_prof_create(sg_ctx *ctx, sg_prof **out)
         }
         g_callbacks_registered = true;
     }
+    /* API records then carry the kernel's thread id (gettid), which the range hook records too,
+     * so that a thread's calls and ranges share one track. */
+    CUptiResult r = cuptiSetThreadIdType(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM);
+    if (r != CUPTI_SUCCESS) {
+        sg_status st = cupti_status(ctx, r, "sg_prof_create", "cuptiSetThreadIdType", __FILE__,
+                                    __LINE__);
+        sg_prof_destroy(p);
+        return st;
+    }
     *out = p;
     return SG_OK;
 }
@@ -206,6 +387,7 @@ void sg_prof_destroy(sg_prof *p)
     if (g_active == p) g_active = NULL;
     prof_unlock();
     free(p->rec);
+    name_table_free(&p->names);
     free(p);
 }
 
@@ -223,6 +405,8 @@ sg_status sg_prof_start(sg_prof *p)
     p->parse_err = CUPTI_SUCCESS;
     p->running = true;
     prof_unlock();
+    p->range_depth = 0;
+    p->hook_err = CUPTI_SUCCESS;
     for (size_t i = 0; i < PROF_NKINDS; i++) {
         CUptiResult r = cuptiActivityEnable(prof_kinds[i]);
         if (r != CUPTI_SUCCESS) {
@@ -238,6 +422,10 @@ sg_status sg_prof_start(sg_prof *p)
             return st;
         }
     }
+    p->prev_hook = p->ctx->range_hook;
+    p->prev_user = p->ctx->range_user;
+    p->ctx->range_hook = range_hook;
+    p->ctx->range_user = p;
     return SG_OK;
 }
 
@@ -248,6 +436,8 @@ sg_status sg_prof_stop(sg_prof *p, sg_prof_result *out)
     if (!p->running)
         return sg_fail(p->ctx, SG_ERR_INVALID,
                        "sg_prof_stop: the profiler is not started; call sg_prof_start first");
+    p->ctx->range_hook = p->prev_hook; /* no more ranges: the window ends here */
+    p->ctx->range_user = p->prev_user;
     /* Every queued activity must finish before its record is complete; then no new records,
      * then CUPTI hands over what it holds (the forced flush includes part-filled buffers). */
     sg_status st = sg_ctx_sync(p->ctx);
@@ -270,9 +460,15 @@ sg_status sg_prof_stop(sg_prof *p, sg_prof_result *out)
     if (parse_err != CUPTI_SUCCESS)
         return cupti_status(p->ctx, parse_err, "sg_prof_stop", "cuptiActivityGetNextRecord",
                             __FILE__, __LINE__);
+    if (p->hook_err != CUPTI_SUCCESS)
+        return cupti_status(p->ctx, p->hook_err, "sg_prof_stop (a named range)",
+                            "cuptiGetTimestamp", __FILE__, __LINE__);
     if (oom)
         return sg_fail(p->ctx, SG_ERR_OOM,
                        "sg_prof_stop: out of host memory storing activity records (%zu kept)", p->n);
+    if (sg_prof_mark_nested(p->rec, p->n) != SG_OK)
+        return sg_fail(p->ctx, SG_ERR_OOM, "sg_prof_stop: out of host memory sorting %zu records",
+                       p->n);
     if (out) {
         sg_prof_summarize(p->rec, p->n, out);
         out->dropped = (uint64_t)dropped;

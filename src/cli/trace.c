@@ -1,0 +1,234 @@
+/* trace.c: `stepgraph trace`: runs a model's warm-up (and capture) under a scope unprofiled,
+ * then records a few steps with the CUPTI profiler and writes them as a Perfetto / Chrome
+ * trace (CUDA calls and named ranges per host thread, kernels and copies per stream), with a
+ * line per step: kernels, launch calls, graph launches, host time in launches, GPU busy/idle. */
+#include "cli/cli.h"
+#include "prof/prof.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *trace_usage =
+    "usage: stepgraph trace --model NAME --scope S --out FILE.json [options]\n"
+    "\n"
+    "Builds NAME, runs the warm-up steps (and, under a capture scope, the capture) without\n"
+    "profiling, then records N training steps with CUPTI and writes a trace-event JSON file\n"
+    "that https://ui.perfetto.dev and chrome://tracing open: on the host, each thread's CUDA\n"
+    "calls and named ranges (\"step\", \"blocks.3.forward\"); on the GPU, each stream's kernels,\n"
+    "copies and sets, graph-launched ones carrying their graph id. Prints one line per step:\n"
+    "kernels, kernel launch calls, graph launches, host time inside them (and its share of the\n"
+    "step's host time), and the GPU's busy and idle time over the step's work.\n"
+    "\n"
+    "options:\n"
+    "  --model NAME        mlp-WIDTH-DEPTH-BATCH or gpt-WIDTH-DEPTH-BATCH-SEQ (required)\n"
+    "  --scope S           eager, layer, model or step (required)\n"
+    "  --out FILE          the trace to write, e.g. trace.json (required)\n"
+    "  --steps N           steps to trace (default 5)\n"
+    "  --warmup W          eager steps before capture, not traced (default 3)\n"
+    "  --precision P       fp32 (default) or bf16 (gpt: mixed precision)\n"
+    "  --data PATH         gpt: the text to train on\n"
+    "  --backend B         cuda or auto (default auto); tracing needs a CUDA GPU and CUPTI\n"
+    "  -h, --help          this text\n"
+    "\n"
+    "exit status: 0 written, 1 a runtime error (no GPU or CUPTI, a path that cannot be\n"
+    "written), 2 a usage error\n";
+
+typedef struct trace_opts {
+    const char *model, *out;
+    long long steps;
+    sg_backend backend;
+    sg_trainer_options tr;
+    sg_model_options mo;
+} trace_opts;
+
+static int parse(int argc, char **argv, trace_opts *o)
+{
+    *o = (trace_opts){.steps = 5, .backend = SG_BACKEND_AUTO, .tr = sg_trainer_options_default()};
+    bool bad = false, scope_set = false;
+    for (int i = 1; i < argc && !bad;) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(trace_usage, stdout);
+            exit(0);
+        } else if (sg_cli_opt(argc, argv, &i, "--model", &v, &bad)) {
+            o->model = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--out", &v, &bad)) {
+            o->out = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--scope", &v, &bad)) {
+            scope_set = true;
+            if (!bad && sg_scope_parse(v, &o->tr.scope) != SG_OK) {
+                fprintf(stderr, "stepgraph trace: --scope '%s': expected eager, layer, model or step\n", v);
+                bad = true;
+            }
+        } else if (sg_cli_opt(argc, argv, &i, "--steps", &v, &bad)) {
+            bad = bad || !sg_cli_int("trace", "--steps", v, 1, 10000, &o->steps);
+        } else if (sg_cli_opt(argc, argv, &i, "--warmup", &v, &bad)) {
+            long long w = 0;
+            bad = bad || !sg_cli_int("trace", "--warmup", v, 0, 1000000, &w);
+            o->tr.warmup = (int)w;
+        } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
+            bad = bad || !sg_cli_precision("trace", v, &o->mo.precision);
+        } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
+            o->mo.data_path = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--backend", &v, &bad)) {
+            bad = bad || !sg_cli_backend("trace", v, &o->backend);
+            if (!bad && o->backend == SG_BACKEND_CPU) {
+                fprintf(stderr, "stepgraph trace: --backend cpu: trace needs a CUDA GPU and CUPTI (the "
+                                "CPU backend runs no device activity to trace)\n");
+                bad = true;
+            }
+        } else {
+            fprintf(stderr, "stepgraph trace: unknown option '%s' (see stepgraph trace --help)\n", argv[i]);
+            bad = true;
+        }
+    }
+    if (!bad && (!o->model || !scope_set || !o->out)) {
+        fprintf(stderr, "stepgraph trace: --model, --scope and --out are required (see stepgraph trace "
+                        "--help)\n");
+        bad = true;
+    }
+    return bad ? SG_EXIT_USAGE : 0;
+}
+
+/* Fails early, before minutes of work, when the trace could not be written: opens the path
+ * for appending (so an existing file is left as it is) and removes it again if it was new. */
+static bool out_writable(const char *path)
+{
+    bool existed = access(path, F_OK) == 0;
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        fprintf(stderr, "stepgraph trace: --out '%s': cannot write there: %s\n", path, strerror(errno));
+        return false;
+    }
+    fclose(f);
+    if (!existed) remove(path);
+    return true;
+}
+
+static int fail(sg_ctx *ctx, const char *what)
+{
+    fprintf(stderr, "stepgraph trace: %s: %s\n", what, sg_ctx_last_error(ctx));
+    return SG_EXIT_FAIL;
+}
+
+/* One line per step, as sg_prof_analyze cut the window. */
+static void print_steps(const sg_prof_step *st, int n)
+{
+    printf("%5s %8s %9s %7s %10s %9s %6s %9s %9s %9s\n", "step", "kernels", "launches", "graphs",
+           "launch us", "host us", "share", "GPU us", "busy us", "idle us");
+    for (int k = 0; k < n; k++)
+        printf("%5d %8llu %9llu %7llu %10.1f %9.1f %5.0f%% %9.1f %9.1f %9.1f\n", k + 1,
+               (unsigned long long)st[k].kernels, (unsigned long long)st[k].launch_calls,
+               (unsigned long long)st[k].graph_launches, st[k].launch_host_us, st[k].host_us,
+               100.0 * st[k].launch_share, st[k].device_us, st[k].busy_us, st[k].idle_us);
+}
+
+int sg_cmd_trace(int argc, char **argv)
+{
+    trace_opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    if (!out_writable(o.out)) return SG_EXIT_FAIL;
+    sg_ctx *ctx = sg_cli_ctx("trace", o.backend, true);
+    if (!ctx) return SG_EXIT_FAIL;
+    sg_prof *p = NULL;
+    sg_model *m = NULL;
+    sg_optim *opt = NULL;
+    sg_trainer *tr = NULL;
+    sg_prof_step *steps = NULL;
+    rc = SG_EXIT_FAIL;
+    if (sg_ctx_backend(ctx) != SG_BACKEND_CUDA) {
+        fprintf(stderr, "stepgraph trace: trace needs a CUDA GPU and CUPTI: no usable GPU%s\n",
+#ifdef SG_HAVE_CUDA
+                ""
+#else
+                " (this build has no CUDA)"
+#endif
+        );
+        goto out;
+    }
+    if (sg_prof_create(ctx, &p) != SG_OK) {
+        rc = fail(ctx, "trace needs a CUDA GPU and CUPTI");
+        goto out;
+    }
+    if (sg_model_create_ex(ctx, o.model, 1, &o.mo, &m) != SG_OK) {
+        rc = fail(ctx, "model");
+        goto out;
+    }
+    if (sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &opt) != SG_OK || sg_trainer_create(m, opt, &o.tr, &tr) != SG_OK) {
+        rc = fail(ctx, "trainer");
+        goto out;
+    }
+    /* Warm-up steps, then (under a capture scope) the capture step, all unprofiled: the trace
+     * shows steady-state steps. */
+    long long untraced = o.tr.warmup + (o.tr.scope != SG_SCOPE_EAGER ? 1 : 0);
+    if (untraced < 1) untraced = 1;
+    printf("stepgraph trace: %s (%s) on %s, scope %s%s: %lld untraced step%s, then %lld traced\n",
+           sg_model_name(m), o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32", sg_ctx_device_name(ctx),
+           sg_scope_name(o.tr.scope),
+           sg_graphs_disabled() && o.tr.scope != SG_SCOPE_EAGER ? " (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" : "",
+           untraced, untraced == 1 ? "" : "s", o.steps);
+    for (long long s = 0; s < untraced; s++)
+        if (sg_trainer_step(tr, s) != SG_OK) {
+            rc = fail(ctx, "warm-up step");
+            goto out;
+        }
+    if (sg_ctx_sync(ctx) != SG_OK || sg_prof_start(p) != SG_OK) {
+        rc = fail(ctx, "profiler");
+        goto out;
+    }
+    for (long long s = untraced; s < untraced + o.steps; s++)
+        if (sg_trainer_step(tr, s) != SG_OK) {
+            rc = fail(ctx, "traced step");
+            (void)sg_prof_stop(p, NULL);
+            goto out;
+        }
+    sg_prof_result res;
+    if (sg_prof_stop(p, &res) != SG_OK) {
+        rc = fail(ctx, "profiler");
+        goto out;
+    }
+    size_t n = 0;
+    const sg_prof_record *rec = sg_prof_records(p, &n);
+    steps = calloc((size_t)o.steps, sizeof *steps);
+    int found = 0;
+    if (!steps || sg_prof_analyze(rec, n, steps, (int)o.steps, &found) != SG_OK) {
+        fprintf(stderr, "stepgraph trace: out of host memory analysing %zu records\n", n);
+        goto out;
+    }
+    print_steps(steps, found < o.steps ? found : (int)o.steps);
+    if (found != o.steps)
+        fprintf(stderr, "stepgraph trace: warning: the window holds %d \"step\" ranges, %lld steps ran\n",
+                found, o.steps);
+    if (res.dropped)
+        fprintf(stderr, "stepgraph trace: warning: CUPTI dropped %llu records (no buffer space): the "
+                        "trace and the numbers above miss them\n", (unsigned long long)res.dropped);
+    sg_trainer_stats ts;
+    if (sg_trainer_get_stats(tr, &ts) == SG_OK && ts.fell_back)
+        printf("note: the trainer fell back to eager: %s\n", ts.fallback_reason);
+    if (sg_prof_write_trace(ctx, rec, n, o.out) != SG_OK) {
+        rc = fail(ctx, "writing the trace");
+        goto out;
+    }
+    size_t host = 0, dev = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (rec[i].start_ns == 0 && rec[i].end_ns == 0) continue;
+        if (rec[i].kind == SG_PROF_KIND_API || rec[i].kind == SG_PROF_KIND_RANGE) host++;
+        else dev++;
+    }
+    printf("wrote %s: %zu host events (CUDA calls, ranges), %zu GPU events (%llu kernels, %llu "
+           "copies, %llu sets); open it in https://ui.perfetto.dev or chrome://tracing\n",
+           o.out, host, dev, (unsigned long long)res.kernels, (unsigned long long)res.memcpys,
+           (unsigned long long)res.memsets);
+    rc = 0;
+out:
+    free(steps);
+    sg_prof_destroy(p);
+    sg_trainer_destroy(tr);
+    sg_optim_destroy(opt);
+    sg_model_destroy(m);
+    sg_ctx_destroy(ctx);
+    return rc;
+}

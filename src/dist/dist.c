@@ -1,0 +1,366 @@
+/* dist.c: data parallelism's shared part. sg_dist joins a run through a transport (NCCL on
+ * CUDA, local sockets on the CPU); attached to a trainer, it turns the backward pass into
+ * bucketed all-reduces: after each child of the model's Sequential, the tail of the flat
+ * gradient buffer that is final and not yet sent is averaged over the ranks, on a second
+ * stream, once it holds bucket_bytes (the last bucket and the loss at the end), and the
+ * context stream waits for them before the optimizer. While a graph is captured the
+ * collectives are recorded, and before any rank replays it every rank checks that all ranks
+ * captured the same ones: a difference would make the replay hang. */
+#include "dist/dist.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+sg_dist_options sg_dist_options_default(void)
+{
+    sg_dist_options o;
+    memset(&o, 0, sizeof o);
+    o.world = 1;
+    o.bucket_bytes = (size_t)4 << 20;
+    o.timeout_s = 300.0;
+    return o;
+}
+
+sg_status sg_dist_id_create(sg_backend b, sg_dist_id *out)
+{
+    if (!out) return sg_fail(NULL, SG_ERR_NULL, "sg_dist_id_create: out is NULL");
+    if (b == SG_BACKEND_CPU) return sg_dist_cpu_id(out);
+    if (b != SG_BACKEND_CUDA)
+        return sg_fail(NULL, SG_ERR_INVALID, "sg_dist_id_create: backend %s: expected cpu or cuda (an id names "
+                       "one transport: NCCL for cuda, local sockets for cpu)", sg_backend_name(b));
+#ifdef SG_HAVE_NCCL
+    return sg_dist_nccl_id(out);
+#else
+    return sg_fail(NULL, SG_ERR_UNSUPPORTED, "sg_dist_id_create: this build of stepgraph has no NCCL (%s); "
+                   "data parallelism on GPUs needs NCCL (nccl.h and libnccl where CMake looks: the CUDA "
+                   "toolkit, or NCCL_HOME)",
+#ifdef SG_HAVE_CUDA
+                   "it was not found when the build was configured"
+#else
+                   "nor CUDA"
+#endif
+    );
+#endif
+}
+
+/* ---- failure: recorded once, reported by every later call ---- */
+
+sg_status sg_dist_set_failed(sg_dist *d, const char *fmt, ...)
+{
+    pthread_mutex_lock(&d->fail_mu);
+    if (!d->failed) {
+        int k = snprintf(d->fail_msg, sizeof d->fail_msg, "sg_dist: rank %d of %d: ", d->rank, d->world);
+        va_list ap;
+        va_start(ap, fmt);
+        if (k > 0 && (size_t)k < sizeof d->fail_msg) vsnprintf(d->fail_msg + k, sizeof d->fail_msg - (size_t)k, fmt, ap);
+        va_end(ap);
+        d->failed = 1;
+    }
+    pthread_mutex_unlock(&d->fail_mu);
+    return SG_ERR_DIST;
+}
+
+sg_status sg_dist_check_failed(sg_dist *d)
+{
+    if (!d->failed) return SG_OK;
+    pthread_mutex_lock(&d->fail_mu);
+    sg_status st = sg_fail(d->ctx, SG_ERR_DIST, "%s", d->fail_msg);
+    pthread_mutex_unlock(&d->fail_mu);
+    return st;
+}
+
+/* ---- the run ---- */
+
+sg_status sg_dist_create(sg_ctx *ctx, const sg_dist_options *opts, sg_dist **out)
+{
+    if (!ctx) return SG_ERR_NULL;
+    if (!opts || !out) return sg_fail(ctx, SG_ERR_NULL, "sg_dist_create: opts or out is NULL");
+    *out = NULL;
+    if (opts->world < 1 || opts->world > SG_DIST_MAX_WORLD || opts->rank < 0 || opts->rank >= opts->world ||
+        opts->timeout_s < 0)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_dist_create: rank %d of %d, timeout %g s: expected a world of 1 "
+                       "to %d, a rank from 0 to world - 1 and a timeout >= 0", opts->rank, opts->world,
+                       opts->timeout_s, SG_DIST_MAX_WORLD);
+    if (sg_ctx_capturing(ctx))
+        return sg_capture_forbid(ctx, "sg_dist_create", "joined a data-parallel run", "join before capture");
+    const sg_dist_i *vt = &sg_dist_cpu;
+    if (ctx->backend == SG_BACKEND_CUDA) {
+#ifdef SG_HAVE_NCCL
+        vt = &sg_dist_nccl;
+#else
+        return sg_fail(ctx, SG_ERR_UNSUPPORTED, "sg_dist_create: data parallelism on the CUDA backend needs NCCL, "
+                       "and this build has none (it was not found when the build was configured)");
+#endif
+    }
+    sg_dist *d = calloc(1, sizeof *d);
+    if (!d) return sg_fail(ctx, SG_ERR_OOM, "sg_dist_create: out of host memory");
+    d->ctx = ctx, d->vt = vt, d->rank = opts->rank, d->world = opts->world, d->id = opts->id;
+    d->bucket_bytes = opts->bucket_bytes ? opts->bucket_bytes : (size_t)4 << 20;
+    d->timeout_s = opts->timeout_s > 0 ? opts->timeout_s : 300.0;
+    pthread_mutex_init(&d->fail_mu, NULL);
+    const char *inj = getenv("SG_DIST_INJECT_SEQ"); /* test hook: see sg_dist_capture_check */
+    d->inject_rank = inj && *inj ? atoi(inj) : -1;
+    sg_status st = vt->init(d);
+    if (st != SG_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", d->failed ? d->fail_msg : sg_ctx_last_error(ctx));
+        vt->shutdown(d);
+        pthread_mutex_destroy(&d->fail_mu);
+        free(d);
+        return sg_fail(ctx, st, "%s", msg);
+    }
+    *out = d;
+    return SG_OK;
+}
+
+void sg_dist_destroy(sg_dist *d)
+{
+    if (!d) return;
+    d->vt->shutdown(d);
+    free(d->ready);
+    pthread_mutex_destroy(&d->fail_mu);
+    free(d);
+}
+
+int sg_dist_rank(const sg_dist *d) { return d ? d->rank : 0; }
+int sg_dist_world(const sg_dist *d) { return d ? d->world : 1; }
+
+sg_status sg_dist_poll(sg_dist *d)
+{
+    if (!d) return SG_ERR_NULL;
+    return sg_dist_check_failed(d);
+}
+
+sg_status sg_dist_get_stats(const sg_dist *d, sg_dist_stats *out)
+{
+    if (!d || !out) return SG_ERR_NULL;
+    *out = d->st;
+    out->buckets_per_step = d->last_buckets;
+    return SG_OK;
+}
+
+sg_status sg_dist_average_host(sg_dist *d, double *v, int n)
+{
+    if (!d) return SG_ERR_NULL;
+    if (!v || n < 1 || n > 64)
+        return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_average_host: %d values: expected 1 to 64", n);
+    SG_TRY(sg_dist_check_failed(d));
+    if (sg_ctx_capturing(d->ctx))
+        return sg_capture_forbid(d->ctx, "sg_dist_average_host", "averaged host values over the ranks",
+                                 "average after replay");
+    double *all = malloc((size_t)d->world * (size_t)n * sizeof *all);
+    if (!all) return sg_fail(d->ctx, SG_ERR_OOM, "sg_dist_average_host: out of host memory");
+    sg_status st = d->vt->all_gather_host(d, v, all, (size_t)n * sizeof *v);
+    for (int i = 0; i < n && st == SG_OK; i++) {
+        double s = 0;
+        for (int r = 0; r < d->world; r++) s += all[(size_t)r * (size_t)n + (size_t)i];
+        v[i] = s / d->world;
+    }
+    free(all);
+    return st;
+}
+
+/* ---- gradients: buckets fired by the backward ---- */
+
+sg_status sg_dist_attach(sg_dist *d, sg_tensor *grads, sg_tensor *loss, const int64_t *ready, int n)
+{
+    if (!grads || !loss || (n > 0 && !ready) || n < 0)
+        return sg_fail(d->ctx, SG_ERR_NULL, "sg_dist_attach: gradients, loss and %d ready offsets needed", n);
+    if (grads->ctx != d->ctx || loss->ctx != d->ctx)
+        return sg_fail(d->ctx, SG_ERR_BACKEND, "sg_dist_attach: '%s' or '%s' belongs to another context than the "
+                       "run's", grads->name, loss->name);
+    if ((grads->dtype != SG_DTYPE_F32 && grads->dtype != SG_DTYPE_BF16) || loss->dtype != SG_DTYPE_F32)
+        return sg_fail(d->ctx, SG_ERR_DTYPE, "sg_dist_attach: gradients '%s' are %s and the loss %s: expected f32 "
+                       "or bf16 gradients and an f32 loss", grads->name, sg_dtype_name(grads->dtype),
+                       sg_dtype_name(loss->dtype));
+    int64_t *r = malloc((size_t)(n > 0 ? n : 1) * sizeof *r);
+    if (!r) return sg_fail(d->ctx, SG_ERR_OOM, "sg_dist_attach: out of host memory");
+    for (int i = 0; i < n; i++) {
+        if (ready[i] < 0 || ready[i] > grads->numel) {
+            free(r);
+            return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_attach: ready offset %lld of child %d is outside "
+                           "'%s' (%lld elements)", (long long)ready[i], i, grads->name, (long long)grads->numel);
+        }
+        r[i] = ready[i];
+    }
+    free(d->ready);
+    d->ready = r, d->n_ready = n, d->grads = grads, d->loss = loss;
+    return SG_OK;
+}
+
+void sg_dist_detach(sg_dist *d)
+{
+    if (!d) return;
+    free(d->ready);
+    d->ready = NULL, d->n_ready = 0, d->grads = d->loss = NULL, d->in_backward = false;
+}
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* One all-reduce; recorded when the context captures. */
+static sg_status all_reduce(sg_dist *d, sg_tensor *t, int64_t off, int64_t count)
+{
+    if (d->recording && sg_ctx_capturing(d->ctx)) {
+        sg_dist_coll c;
+        memset(&c, 0, sizeof c);
+        c.op = SG_DIST_OP_ALL_REDUCE_AVG, c.dtype = (int32_t)t->dtype, c.offset = off, c.count = count;
+        snprintf(c.tensor, sizeof c.tensor, "%.23s", t->name);
+        d->rec_hash = fnv1a(d->rec_hash, &c, sizeof c);
+        if (d->n_rec < SG_DIST_RECORD) d->rec[d->n_rec] = c;
+        d->n_rec++;
+    }
+    d->st.collectives++;
+    d->st.bytes += (uint64_t)count * sg_dtype_size(t->dtype);
+    return d->vt->all_reduce_avg(d, t, off, count);
+}
+
+/* grads[lo, hi) is final: fork the second stream here and average it there. */
+static sg_status send_bucket(sg_dist *d, int64_t lo, int64_t hi)
+{
+    if (hi <= lo) return SG_OK;
+    SG_TRY(d->vt->fork(d));
+    /* Test hook: rank SG_DIST_INJECT_SEQ captures its first bucket as two all-reduces (the same
+     * numbers, another sequence), which the check must catch before any replay. */
+    if (d->rank == d->inject_rank && d->recording && d->buckets == 0 && hi - lo >= 2) {
+        int64_t mid = lo + (hi - lo) / 2;
+        SG_TRY(all_reduce(d, d->grads, lo, mid - lo));
+        lo = mid;
+    }
+    d->buckets++;
+    return all_reduce(d, d->grads, lo, hi - lo);
+}
+
+sg_status sg_dist_backward_begin(sg_dist *d)
+{
+    SG_TRY(sg_dist_check_failed(d));
+    if (!d->grads)
+        return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_backward_begin: no gradients attached (sg_dist_attach)");
+    d->in_backward = true;
+    d->sent_lo = d->grads->numel;
+    d->buckets = 0;
+    return SG_OK;
+}
+
+sg_status sg_dist_backward_hook(void *dist, int child)
+{
+    sg_dist *d = dist;
+    if (!d->in_backward || child < 0 || child >= d->n_ready) return SG_OK;
+    int64_t lo = d->ready[child] < d->sent_lo ? d->ready[child] : d->sent_lo;
+    size_t bytes = (size_t)(d->sent_lo - lo) * sg_dtype_size(d->grads->dtype);
+    if (bytes == 0 || (bytes < d->bucket_bytes && child > 0)) return SG_OK;
+    SG_TRY(send_bucket(d, lo, d->sent_lo));
+    d->sent_lo = lo;
+    return SG_OK;
+}
+
+sg_status sg_dist_backward_end(sg_dist *d)
+{
+    if (!d->in_backward)
+        return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_backward_end: no sg_dist_backward_begin before it");
+    d->in_backward = false;
+    SG_TRY(send_bucket(d, 0, d->sent_lo)); /* what no child's hook sent (alignment padding too) */
+    d->sent_lo = 0;
+    if (d->buckets == 0) SG_TRY(d->vt->fork(d));
+    /* The loss, so that every rank reports the whole batch's. */
+    SG_TRY(all_reduce(d, d->loss, 0, 1));
+    d->last_buckets = d->buckets;
+    return d->vt->join(d);
+}
+
+sg_status sg_dist_step_end(sg_dist *d)
+{
+    SG_TRY(sg_dist_check_failed(d));
+    return d->vt->step_end(d);
+}
+
+/* ---- the check of captured collectives ---- */
+
+/* What a rank tells the others about one capture. */
+typedef struct summary {
+    char magic[8];
+    int32_t rank, failed, n, pad;
+    uint64_t hash;
+    char graph[32];
+    char msg[384];
+    sg_dist_coll c[SG_DIST_RECORD];
+} summary;
+
+void sg_dist_capture_begin(sg_dist *d)
+{
+    d->recording = true;
+    d->n_rec = 0;
+    d->rec_hash = 0xcbf29ce484222325ull;
+}
+
+static void describe(const summary *s, int k, char *buf, size_t n)
+{
+    if (k >= s->n) {
+        snprintf(buf, n, "nothing (it captured %d collectives)", s->n);
+        return;
+    }
+    if (k >= SG_DIST_RECORD) {
+        snprintf(buf, n, "collectives #%d.. differ (only the first %d are compared one by one)", SG_DIST_RECORD,
+                 SG_DIST_RECORD);
+        return;
+    }
+    const sg_dist_coll *c = &s->c[k];
+    snprintf(buf, n, "all_reduce(avg) of %lld %s at %s[%lld..%lld)", (long long)c->count,
+             sg_dtype_name((sg_dtype)c->dtype), c->tensor, (long long)c->offset, (long long)(c->offset + c->count));
+}
+
+/* The first collective where a and b differ, or -1 when they are the same. */
+static int first_difference(const summary *a, const summary *b)
+{
+    int n = a->n < b->n ? a->n : b->n;
+    for (int k = 0; k < n && k < SG_DIST_RECORD; k++)
+        if (memcmp(&a->c[k], &b->c[k], sizeof a->c[k]) != 0) return k;
+    if (a->n != b->n) return n;
+    return a->hash != b->hash ? SG_DIST_RECORD : -1;
+}
+
+sg_status sg_dist_capture_check(sg_dist *d, const char *graph, sg_status local)
+{
+    d->recording = false;
+    if (d->failed) return sg_dist_check_failed(d);
+    summary *all = calloc((size_t)d->world + 1, sizeof *all);
+    if (!all) return sg_fail(d->ctx, SG_ERR_OOM, "sg_dist_capture_check: out of host memory");
+    summary *mine = &all[d->world];
+    memcpy(mine->magic, "SGDSUM01", 8);
+    mine->rank = d->rank, mine->failed = local != SG_OK, mine->n = d->n_rec, mine->hash = d->rec_hash;
+    snprintf(mine->graph, sizeof mine->graph, "%s", graph);
+    snprintf(mine->msg, sizeof mine->msg, "%s", local != SG_OK ? sg_ctx_last_error(d->ctx) : "");
+    memcpy(mine->c, d->rec, sizeof mine->c);
+    char local_msg[1024];
+    snprintf(local_msg, sizeof local_msg, "%s", sg_ctx_last_error(d->ctx));
+    sg_status st = d->vt->all_gather_host(d, mine, all, sizeof *mine);
+    if (st == SG_OK) d->st.checks++;
+    /* Every rank reads the same summaries, so every rank comes to the same verdict. */
+    for (int r = 0; r < d->world && st == SG_OK; r++) {
+        all[r].msg[sizeof all[r].msg - 1] = '\0';
+        if (!all[r].failed) continue;
+        if (r == d->rank) st = sg_fail(d->ctx, local, "%s", local_msg);
+        else
+            st = sg_fail(d->ctx, SG_ERR_CAPTURE, "sg_dist: rank %d of %d: graph '%s': rank %d's capture failed, so no "
+                         "rank replays it: %s", d->rank, d->world, graph, r, all[r].msg);
+    }
+    for (int r = 1; r < d->world && st == SG_OK; r++) {
+        int k = first_difference(&all[0], &all[r]);
+        if (k < 0) continue;
+        char a[160], b[160];
+        describe(&all[0], k, a, sizeof a);
+        describe(&all[r], k, b, sizeof b);
+        st = sg_dist_set_failed(d, "graph '%s': rank %d captured other collectives than rank 0, and replaying it "
+                                "would hang: first difference at collective #%d: rank 0 %s, rank %d %s (rank 0 "
+                                "captured %d, rank %d captured %d). Every rank must capture the same step: the "
+                                "same model, options and bucket size", graph, r, k, a, r, b, all[0].n, r, all[r].n);
+        st = sg_dist_check_failed(d);
+    }
+    free(all);
+    return st;
+}

@@ -1,0 +1,158 @@
+/* dist.h: data parallelism's internals. dist.c holds what every transport shares (options,
+ * gradient buckets fired by the backward, the record of collectives captured into a graph and
+ * the check that every rank captured the same); a transport fills the sg_dist_i table:
+ * dist_cpu.c (local sockets, the reference) and dist_nccl.c (NCCL, CUDA builds with NCCL).
+ * net.c holds the socket helpers, exchange.c the TCP id exchange, launch.c the launcher. */
+#ifndef SG_DIST_H
+#define SG_DIST_H
+
+#include "core/core.h"
+
+#include <pthread.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- transports ---- */
+
+typedef struct sg_dist_i {
+    const char *name;
+    /* Connects to the other ranks (bounded by d->timeout_s). */
+    sg_status (*init)(sg_dist *d);
+    /* Leaves the run; aborts instead when the run failed. */
+    void (*shutdown)(sg_dist *d);
+    /* t's elements [off, off + count) averaged over the ranks, in place: queued on the
+     * communication stream (CUDA) or run through sg_cpu_run (CPU), so capture records it. */
+    sg_status (*all_reduce_avg)(sg_dist *d, sg_tensor *t, int64_t off, int64_t count);
+    /* Eager and blocking, outside capture: every rank's `bytes` of mine into all (world *
+     * bytes, in rank order), after the work already queued. */
+    sg_status (*all_gather_host)(sg_dist *d, const void *mine, void *all, size_t bytes);
+    /* The communication stream waits for the context stream's work so far (fork), and the
+     * context stream for the communication stream's (join). Legal during capture. */
+    sg_status (*fork)(sg_dist *d);
+    sg_status (*join)(sg_dist *d);
+    /* After each training step (outside capture): a progress mark for the watchdog. */
+    sg_status (*step_end)(sg_dist *d);
+} sg_dist_i;
+
+extern const sg_dist_i sg_dist_cpu;
+#ifdef SG_HAVE_NCCL
+extern const sg_dist_i sg_dist_nccl;
+sg_status sg_dist_nccl_id(sg_dist_id *out);
+#endif
+/* The CPU transport's ids: a magic prefix and a local socket name. */
+sg_status sg_dist_cpu_id(sg_dist_id *out);
+
+/* ---- the record of captured collectives ---- */
+
+typedef enum sg_dist_op { SG_DIST_OP_ALL_REDUCE_AVG = 1 } sg_dist_op;
+
+/* One collective as every rank must capture it. */
+typedef struct sg_dist_coll {
+    int32_t op;                /* sg_dist_op */
+    int32_t dtype;             /* sg_dtype */
+    int64_t offset, count;     /* elements of the tensor */
+    char tensor[24];           /* its name */
+} sg_dist_coll;
+
+#define SG_DIST_RECORD 64      /* collectives a rank sends whole for the check; the rest hashed */
+
+struct sg_dist {
+    sg_ctx *ctx;
+    const sg_dist_i *vt;
+    int rank, world;
+    sg_dist_id id;
+    size_t bucket_bytes;
+    double timeout_s;
+    void *impl;                /* the transport's state */
+    /* Failure: set once (by any thread), read by every later call. */
+    pthread_mutex_t fail_mu;
+    volatile int failed;
+    char fail_msg[768];
+    /* Attached gradients (sg_dist_attach): the flat buffer, the loss, and after child i's
+     * backward, elements [ready[i], numel) of grads are final. */
+    sg_tensor *grads, *loss;
+    int64_t *ready;
+    int n_ready;
+    bool in_backward;
+    int64_t sent_lo;           /* this backward queued [sent_lo, numel) already */
+    int buckets, last_buckets;
+    /* Capture: the collectives queued while ctx captures. */
+    bool recording;
+    sg_dist_coll rec[SG_DIST_RECORD];
+    int n_rec;
+    uint64_t rec_hash;
+    int inject_rank;           /* test hook SG_DIST_INJECT_SEQ: this rank captures differently */
+    sg_dist_stats st;
+};
+
+/* Records the run's failure (the first one wins; "sg_dist: rank r of n: " is prepended) and
+ * returns SG_ERR_DIST. Thread-safe (the watchdog calls it); does not touch the context. */
+sg_status sg_dist_set_failed(sg_dist *d, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* On the calling (context's) thread: SG_OK, or the recorded failure, its message put on the
+ * context. */
+sg_status sg_dist_check_failed(sg_dist *d);
+double sg_dist_now(void);
+/* The thread's last message (sg_fail(NULL, ...)) behind a prefix: "prefix: message". */
+sg_status sg_dist_wrap(sg_status st, const char *prefix);
+
+/* ---- what the trainer calls ---- */
+
+/* Gradients to average: grads (the flat buffer, F32 or BF16), loss (averaged too, so every
+ * rank reports the global batch's loss), and ready[i] for each of the n children of the
+ * model's Sequential: after child i's backward, grads[ready[i] ..] are final. */
+sg_status sg_dist_attach(sg_dist *d, sg_tensor *grads, sg_tensor *loss, const int64_t *ready, int n);
+void sg_dist_detach(sg_dist *d);
+/* Around the model's backward: begin, then sg_dist_backward_hook after each child (buckets
+ * of at least bucket_bytes are all-reduced on the second stream as soon as they are final),
+ * then end: the rest and the loss, and the join before the optimizer. */
+sg_status sg_dist_backward_begin(sg_dist *d);
+sg_status sg_dist_backward_hook(void *dist, int child);
+sg_status sg_dist_backward_end(sg_dist *d);
+/* Around a capture: begin starts the record; check, on every rank after its capture (local:
+ * its status), compares the records of all ranks and returns SG_OK only when every rank
+ * captured, and captured the same collectives; otherwise an error naming the first
+ * difference (or the rank whose capture failed, with its message). */
+void sg_dist_capture_begin(sg_dist *d);
+sg_status sg_dist_capture_check(sg_dist *d, const char *graph, sg_status local);
+/* After every training step, outside capture. */
+sg_status sg_dist_step_end(sg_dist *d);
+
+/* ---- sockets (net.c): blocking calls bounded by an absolute deadline (sg_dist_now) ---- */
+
+/* Sends / receives exactly n bytes; SG_ERR_DIST on EOF, error or the deadline (what names
+ * the peer in the message, e.g. "rank 1"). */
+sg_status sg_net_send(int fd, const void *buf, size_t n, double deadline, const char *what);
+sg_status sg_net_recv(int fd, void *buf, size_t n, double deadline, const char *what);
+/* "HOST:PORT" into host and port; SG_ERR_INVALID when malformed. */
+sg_status sg_net_parse_addr(const char *addr, char *host, size_t host_n, char *port, size_t port_n);
+/* A TCP listener on addr; a connection to addr, retried while refused until the deadline. */
+sg_status sg_net_listen_tcp(const char *addr, int *fd);
+sg_status sg_net_connect_tcp(const char *addr, double deadline, int *fd);
+/* Accepts one connection on a listener before the deadline. */
+sg_status sg_net_accept(int lfd, double deadline, const char *what, int *fd);
+/* Local (abstract Unix) sockets named by name: the CPU transport. */
+sg_status sg_net_listen_local(const char *name, int *fd);
+sg_status sg_net_connect_local(const char *name, double deadline, int *fd);
+
+/* ---- exchange.c: the TCP id exchange, keeping its connections for the launcher ---- */
+
+typedef struct sg_dist_link {
+    int fd[64];                /* node 0: one per other node, by node rank (fd[0] unused) */
+    int n;                     /* nodes */
+    int master_fd;             /* other nodes: the connection to node 0 */
+} sg_dist_link;
+
+sg_status sg_dist_exchange_open(const char *master, int nnodes, int node_rank, int local_world,
+                                double timeout_s, sg_dist_id *id, sg_dist_link *link);
+void sg_dist_link_close(sg_dist_link *link);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,336 @@
+/* dist_nccl.c: the NCCL transport (CUDA builds with NCCL). One non-blocking communicator per
+ * process (a rank per GPU), created with a bounded wait; collectives go on a second,
+ * high-priority stream that forks from the context's stream with an event and joins it with
+ * another, which stream capture records as graph edges, so a captured step holds its
+ * all-reduces. A watchdog thread polls NCCL's asynchronous error and an event recorded after
+ * each step: when NCCL reports an error, or queued steps make no progress for the timeout (a
+ * peer died in a way NCCL cannot see), it aborts the communicator (NCCL's kernels then return)
+ * and records why, so no rank hangs; every later call fails with that reason. A mutex keeps
+ * the abort from freeing the communicator under a call that is using it. */
+#define _GNU_SOURCE
+
+#include "dist/dist.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define RING 16                /* steps in flight the watchdog follows */
+
+typedef struct nccl_state {
+    ncclComm_t comm;
+    int device;
+    cudaStream_t stream;       /* collectives */
+    cudaEvent_t fork_ev, join_ev;
+    cudaEvent_t ring[RING];    /* one per step in flight, recorded after it */
+    double ring_t[RING];
+    int head, count;
+    double last_progress;      /* when a step was last seen to finish */
+    void *gather;              /* device buffer for the host all-gather */
+    void *pinned;              /* its pinned host staging */
+    size_t gather_bytes;
+    pthread_mutex_t mu;        /* the communicator: calls and the abort */
+    pthread_t watchdog;
+    bool watching;
+    volatile int stop;
+    bool aborted;
+} nccl_state;
+
+static nccl_state *state(sg_dist *d) { return d->impl; }
+static cudaStream_t main_stream(sg_dist *d) { return (cudaStream_t)sg_ctx_stream(d->ctx); }
+
+sg_status sg_dist_nccl_id(sg_dist_id *out)
+{
+    ncclUniqueId id;
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess)
+        return sg_fail(NULL, SG_ERR_DIST, "sg_dist_id_create: ncclGetUniqueId failed: %s (%s)", ncclGetErrorString(r),
+                       ncclGetLastError(NULL));
+    memcpy(out->bytes, id.internal, SG_DIST_ID_BYTES);
+    return SG_OK;
+}
+
+/* Under mu: aborts the communicator (once) and records why. */
+static void abort_locked(sg_dist *d, const char *why)
+{
+    nccl_state *s = state(d);
+    sg_dist_set_failed(d, "%s; the NCCL communicator was aborted", why);
+    if (s->comm && !s->aborted) {
+        ncclResult_t r = ncclCommAbort(s->comm);
+        if (r != ncclSuccess) { /* it is being torn down either way */ }
+        s->aborted = true;
+    }
+}
+
+/* Under mu: waits, at most the timeout, until a non-blocking NCCL call has finished. */
+static sg_status settle(sg_dist *d, ncclResult_t r, const char *call)
+{
+    nccl_state *s = state(d);
+    double deadline = sg_dist_now() + d->timeout_s;
+    char why[512];
+    while (r == ncclInProgress) {
+        if (sg_dist_now() > deadline) {
+            snprintf(why, sizeof why, "%s did not complete within %.0f s: a rank is missing, stuck or cannot be "
+                     "reached", call, d->timeout_s);
+            abort_locked(d, why);
+            return SG_ERR_DIST;
+        }
+        sched_yield();
+        ncclResult_t q = ncclCommGetAsyncError(s->comm, &r);
+        if (q != ncclSuccess) r = q;
+    }
+    if (r == ncclSuccess) return SG_OK;
+    snprintf(why, sizeof why, "%s failed: %s (%s)", call, ncclGetErrorString(r), ncclGetLastError(s->comm));
+    abort_locked(d, why);
+    return SG_ERR_DIST;
+}
+
+/* ---- the watchdog ---- */
+
+static void watch_once(sg_dist *d)
+{
+    nccl_state *s = state(d);
+    char why[512];
+    ncclResult_t e = ncclSuccess, q = ncclCommGetAsyncError(s->comm, &e);
+    if (q != ncclSuccess) e = q;
+    if (e != ncclSuccess && e != ncclInProgress) {
+        snprintf(why, sizeof why, "NCCL reported %s (%s): a peer rank failed or its connection broke",
+                 ncclGetErrorString(e), ncclGetLastError(s->comm));
+        abort_locked(d, why);
+        return;
+    }
+    double now = sg_dist_now();
+    while (s->count > 0) {
+        int tail = (s->head - s->count + RING) % RING;
+        cudaError_t ce = cudaEventQuery(s->ring[tail]);
+        if (ce == cudaErrorNotReady) break;
+        if (ce != cudaSuccess) {
+            snprintf(why, sizeof why, "a step failed on the GPU: %s", cudaGetErrorString(ce));
+            abort_locked(d, why);
+            return;
+        }
+        s->count--;
+        s->last_progress = now;
+    }
+    if (s->count == 0) return;
+    int tail = (s->head - s->count + RING) % RING;
+    double since = s->ring_t[tail] > s->last_progress ? s->ring_t[tail] : s->last_progress;
+    if (now - since > d->timeout_s) {
+        snprintf(why, sizeof why, "queued steps made no progress for %.0f s: a peer rank died or is stuck in "
+                 "another collective", d->timeout_s);
+        abort_locked(d, why);
+    }
+}
+
+static void *watchdog(void *u)
+{
+    sg_dist *d = u;
+    nccl_state *s = state(d);
+    if (cudaSetDevice(s->device) != cudaSuccess) cudaGetLastError();
+    while (!s->stop) {
+        usleep(20000);
+        pthread_mutex_lock(&s->mu);
+        if (!s->aborted) watch_once(d);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+/* ---- the transport ---- */
+
+static sg_status nccl_init(sg_dist *d)
+{
+    nccl_state *s = calloc(1, sizeof *s);
+    if (!s) return sg_fail(d->ctx, SG_ERR_OOM, "sg_dist_create: out of host memory");
+    d->impl = s;
+    pthread_mutex_init(&s->mu, NULL);
+    s->device = d->ctx->opts.device;
+    SG_CUDA_CHECK(d->ctx, cudaSetDevice(s->device));
+    int lo = 0, hi = 0;
+    SG_CUDA_CHECK(d->ctx, cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    /* High priority: a bucket's all-reduce starts as soon as the backward makes it ready. */
+    SG_CUDA_CHECK(d->ctx, cudaStreamCreateWithPriority(&s->stream, cudaStreamNonBlocking, hi));
+    SG_CUDA_CHECK(d->ctx, cudaEventCreateWithFlags(&s->fork_ev, cudaEventDisableTiming));
+    SG_CUDA_CHECK(d->ctx, cudaEventCreateWithFlags(&s->join_ev, cudaEventDisableTiming));
+    for (int i = 0; i < RING; i++) SG_CUDA_CHECK(d->ctx, cudaEventCreateWithFlags(&s->ring[i], cudaEventDisableTiming));
+    ncclUniqueId id;
+    memcpy(id.internal, d->id.bytes, SG_DIST_ID_BYTES);
+    /* Non-blocking: the init returns at once and is polled with a deadline, so a rank that never
+     * arrives (or an id whose address cannot be reached) is an error, not a hang. */
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    pthread_mutex_lock(&s->mu);
+    ncclResult_t r = ncclCommInitRankConfig(&s->comm, d->world, id, d->rank, &cfg);
+    sg_status st = SG_OK;
+    if (r != ncclSuccess && r != ncclInProgress) {
+        char why[512];
+        snprintf(why, sizeof why, "ncclCommInitRankConfig failed: %s (%s)", ncclGetErrorString(r),
+                 ncclGetLastError(NULL));
+        if (s->comm) abort_locked(d, why);
+        else sg_dist_set_failed(d, "%s", why);
+        st = SG_ERR_DIST;
+    } else {
+        st = settle(d, r, "joining the NCCL communicator (ncclCommInitRankConfig)");
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (st != SG_OK) return sg_dist_check_failed(d);
+    s->last_progress = sg_dist_now();
+    if (pthread_create(&s->watchdog, NULL, watchdog, d) != 0)
+        return sg_fail(d->ctx, SG_ERR_DIST, "sg_dist_create: could not start the watchdog thread");
+    s->watching = true;
+    return SG_OK;
+}
+
+static void nccl_shutdown(sg_dist *d)
+{
+    nccl_state *s = state(d);
+    if (!s) return;
+    if (s->watching) {
+        s->stop = 1;
+        pthread_join(s->watchdog, NULL);
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->comm && !s->aborted) {
+        /* Finalize flushes what was queued; bounded like every wait, then destroy. */
+        if (!d->failed && settle(d, ncclCommFinalize(s->comm), "ncclCommFinalize") == SG_OK) {
+            if (ncclCommDestroy(s->comm) != ncclSuccess) { /* nothing left to act on */ }
+        } else if (!s->aborted) {
+            if (ncclCommAbort(s->comm) != ncclSuccess) { /* nothing left to act on */ }
+        }
+        s->aborted = true;
+    }
+    pthread_mutex_unlock(&s->mu);
+    /* Teardown: each call is made and checked; errors here cannot be acted on. */
+    if (s->stream && cudaStreamSynchronize(s->stream) != cudaSuccess) cudaGetLastError();
+    for (int i = 0; i < RING; i++)
+        if (s->ring[i] && cudaEventDestroy(s->ring[i]) != cudaSuccess) cudaGetLastError();
+    if (s->fork_ev && cudaEventDestroy(s->fork_ev) != cudaSuccess) cudaGetLastError();
+    if (s->join_ev && cudaEventDestroy(s->join_ev) != cudaSuccess) cudaGetLastError();
+    if (s->stream && cudaStreamDestroy(s->stream) != cudaSuccess) cudaGetLastError();
+    if (s->gather && cudaFree(s->gather) != cudaSuccess) cudaGetLastError();
+    if (s->pinned && cudaFreeHost(s->pinned) != cudaSuccess) cudaGetLastError();
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    d->impl = NULL;
+}
+
+static ncclDataType_t nccl_type(sg_dtype dt) { return dt == SG_DTYPE_BF16 ? ncclBfloat16 : ncclFloat32; }
+
+static sg_status nccl_all_reduce_avg(sg_dist *d, sg_tensor *t, int64_t off, int64_t count)
+{
+    nccl_state *s = state(d);
+    void *p = (char *)t->data + (size_t)off * sg_dtype_size(t->dtype);
+    pthread_mutex_lock(&s->mu);
+    sg_status st = SG_ERR_DIST;
+    if (!s->aborted)
+        st = settle(d, ncclAllReduce(p, p, (size_t)count, nccl_type(t->dtype), ncclAvg, s->comm, s->stream),
+                    "ncclAllReduce");
+    pthread_mutex_unlock(&s->mu);
+    return st == SG_OK ? SG_OK : sg_dist_check_failed(d);
+}
+
+static sg_status nccl_fork(sg_dist *d)
+{
+    nccl_state *s = state(d);
+    SG_CUDA_CHECK(d->ctx, cudaEventRecord(s->fork_ev, main_stream(d)));
+    SG_CUDA_CHECK(d->ctx, cudaStreamWaitEvent(s->stream, s->fork_ev, 0));
+    return SG_OK;
+}
+
+static sg_status nccl_join(sg_dist *d)
+{
+    nccl_state *s = state(d);
+    SG_CUDA_CHECK(d->ctx, cudaEventRecord(s->join_ev, s->stream));
+    SG_CUDA_CHECK(d->ctx, cudaStreamWaitEvent(main_stream(d), s->join_ev, 0));
+    return SG_OK;
+}
+
+/* Waits for the collectives stream, at most the timeout (aborting after it). */
+static sg_status wait_stream(sg_dist *d, const char *what)
+{
+    nccl_state *s = state(d);
+    double deadline = sg_dist_now() + d->timeout_s;
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(s->stream);
+        if (e == cudaSuccess) return SG_OK;
+        if (e != cudaErrorNotReady) return sg_cuda_status(d->ctx, (int)e, "cudaStreamQuery", __FILE__, __LINE__);
+        SG_TRY(sg_dist_check_failed(d));
+        if (sg_dist_now() > deadline) {
+            char why[256];
+            snprintf(why, sizeof why, "%s did not finish within %.0f s: a peer rank died or is stuck", what,
+                     d->timeout_s);
+            pthread_mutex_lock(&s->mu);
+            abort_locked(d, why);
+            pthread_mutex_unlock(&s->mu);
+            return sg_dist_check_failed(d);
+        }
+        usleep(200);
+    }
+}
+
+static sg_status nccl_all_gather_host(sg_dist *d, const void *mine, void *all, size_t bytes)
+{
+    nccl_state *s = state(d);
+    SG_TRY(sg_dist_check_failed(d));
+    size_t total = bytes * (size_t)d->world;
+    if (total > s->gather_bytes) {
+        /* Pinned staging: a pageable copy could block the host behind a hung collective. */
+        if (s->gather && cudaFree(s->gather) != cudaSuccess) cudaGetLastError();
+        if (s->pinned && cudaFreeHost(s->pinned) != cudaSuccess) cudaGetLastError();
+        s->gather = s->pinned = NULL;
+        s->gather_bytes = 0;
+        SG_CUDA_CHECK(d->ctx, cudaMalloc(&s->gather, total));
+        SG_CUDA_CHECK(d->ctx, cudaMallocHost(&s->pinned, total));
+        s->gather_bytes = total;
+    }
+    char *dev = s->gather, *host = s->pinned;
+    memcpy(host + (size_t)d->rank * bytes, mine, bytes);
+    SG_TRY(nccl_fork(d)); /* after the steps already queued: one order of collectives on every rank */
+    SG_CUDA_CHECK(d->ctx, cudaMemcpyAsync(dev + (size_t)d->rank * bytes, host + (size_t)d->rank * bytes, bytes,
+                                          cudaMemcpyHostToDevice, s->stream));
+    pthread_mutex_lock(&s->mu);
+    sg_status st = SG_ERR_DIST;
+    if (!s->aborted)
+        st = settle(d, ncclAllGather(dev + (size_t)d->rank * bytes, dev, bytes, ncclUint8, s->comm, s->stream),
+                    "ncclAllGather");
+    pthread_mutex_unlock(&s->mu);
+    if (st != SG_OK) return sg_dist_check_failed(d);
+    SG_CUDA_CHECK(d->ctx, cudaMemcpyAsync(host, dev, total, cudaMemcpyDeviceToHost, s->stream));
+    SG_TRY(wait_stream(d, "an all-gather of the ranks' check data"));
+    memcpy(all, host, total);
+    return SG_OK;
+}
+
+static sg_status nccl_step_end(sg_dist *d)
+{
+    nccl_state *s = state(d);
+    pthread_mutex_lock(&s->mu);
+    /* At most RING steps in flight: wait (bounded by the watchdog) for the oldest to finish. */
+    while (s->count == RING && !s->aborted) {
+        pthread_mutex_unlock(&s->mu);
+        usleep(500);
+        pthread_mutex_lock(&s->mu);
+    }
+    sg_status st = SG_OK;
+    if (!s->aborted) {
+        cudaError_t e = cudaEventRecord(s->ring[s->head], main_stream(d));
+        if (e != cudaSuccess) st = sg_cuda_status(d->ctx, (int)e, "cudaEventRecord", __FILE__, __LINE__);
+        else {
+            if (s->count == 0) s->last_progress = sg_dist_now();
+            s->ring_t[s->head] = sg_dist_now();
+            s->head = (s->head + 1) % RING;
+            s->count++;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (st != SG_OK) return st;
+    return sg_dist_check_failed(d);
+}
+
+const sg_dist_i sg_dist_nccl = {
+    "nccl", nccl_init, nccl_shutdown, nccl_all_reduce_avg, nccl_all_gather_host,
+    nccl_fork, nccl_join, nccl_step_end,
+};

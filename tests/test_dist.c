@@ -1,0 +1,685 @@
+/* test_dist.c: data parallelism. `cpu`: ids and their hex form; the id exchange over TCP
+ * loopback between several processes (every node gets node 0's id) and its errors, each within
+ * a bounded time (a malformed address, a name that does not resolve, refused connections, a
+ * listener that never answers, a node that never comes, nodes that disagree); the launcher
+ * (each worker's environment; a failing worker is named and stops the others; two hosts on
+ * loopback, where a failure on one stops the other); then training over the CPU transport: 2
+ * ranks with global batch B match 1 rank with batch B over 20 steps under every scope, the
+ * check catches a rank that captured other collectives, and a rank that dies makes the other
+ * fail within the timeout instead of hanging. `gpu` (2 GPUs and NCCL, else skipped): the same
+ * training checks over NCCL, eager and step scope, for mlp-64-2-32 and a small gpt.
+ * Workers are this program again, started by the launcher: `test_dist worker ...`. */
+#define _GNU_SOURCE
+
+#include "testutil.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define STEPS 20
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* A TCP port on 127.0.0.1 that nobody listens on (now). */
+static int free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(s, (struct sockaddr *)&a, &len) != 0) {
+        fprintf(stderr, "FAIL: no free port: %s\n", strerror(errno));
+        exit(1);
+    }
+    close(s);
+    return ntohs(a.sin_port);
+}
+
+static sg_dist_id fake_id(void)
+{
+    sg_dist_id id;
+    for (int i = 0; i < SG_DIST_ID_BYTES; i++) id.bytes[i] = (unsigned char)tu_next();
+    return id;
+}
+
+/* ---- a call in a child process, its result sent back through a pipe ---- */
+
+typedef struct result {
+    int status;
+    double secs;
+    sg_dist_id id;
+    sg_dist_launch_result launch;
+    char msg[1024];
+} result;
+
+typedef struct child {
+    pid_t pid;
+    int fd;
+} child;
+
+typedef struct exchange_args {
+    char master[64];
+    int nnodes, node_rank, local_world;
+    double timeout;
+    sg_dist_id id;
+} exchange_args;
+
+static child spawn(void (*fn)(const void *, result *), const void *args)
+{
+    int p[2];
+    if (pipe(p) != 0) exit(1);
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        result r;
+        memset(&r, 0, sizeof r);
+        double t0 = now_s();
+        fn(args, &r);
+        r.secs = now_s() - t0;
+        snprintf(r.msg, sizeof r.msg, "%s", sg_ctx_last_error(NULL));
+        if (write(p[1], &r, sizeof r) != (ssize_t)sizeof r) _exit(2);
+        _exit(0);
+    }
+    close(p[1]);
+    return (child){pid, p[0]};
+}
+
+static result collect(child c)
+{
+    result r;
+    memset(&r, 0, sizeof r);
+    size_t got = 0;
+    while (got < sizeof r) {
+        ssize_t k = read(c.fd, (char *)&r + got, sizeof r - got);
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+    close(c.fd);
+    int wst;
+    waitpid(c.pid, &wst, 0);
+    if (got != sizeof r) {
+        r.status = -1;
+        snprintf(r.msg, sizeof r.msg, "the child process ended without a result");
+    }
+    return r;
+}
+
+static void do_exchange(const void *p, result *r)
+{
+    const exchange_args *a = p;
+    r->id = a->id;
+    r->status = sg_dist_exchange_id(a->master, a->nnodes, a->node_rank, a->local_world, a->timeout, &r->id);
+}
+
+static child exchange(const char *master, int nnodes, int node_rank, int local_world, double timeout,
+                      sg_dist_id id)
+{
+    exchange_args a = {"", nnodes, node_rank, local_world, timeout, id};
+    snprintf(a.master, sizeof a.master, "%s", master);
+    return spawn(do_exchange, &a);
+}
+
+/* ---- ids, hex, environment ---- */
+
+static void cpu_ids(void)
+{
+    sg_dist_id a, b, c;
+    TU_OK(NULL, sg_dist_id_create(SG_BACKEND_CPU, &a));
+    TU_OK(NULL, sg_dist_id_create(SG_BACKEND_CPU, &b));
+    TU_CHECK(memcmp(&a, &b, sizeof a) != 0, "two CPU ids are the same");
+    char hex[2 * SG_DIST_ID_BYTES + 1];
+    sg_dist_id f = fake_id();
+    sg_dist_id_to_hex(&f, hex);
+    TU_CHECK(strlen(hex) == 2 * SG_DIST_ID_BYTES, "hex of %zu characters", strlen(hex));
+    TU_OK(NULL, sg_dist_id_from_hex(hex, &c));
+    TU_CHECK(memcmp(&c, &f, sizeof c) == 0, "hex round trip changed the id");
+    TU_FAILS(NULL, sg_dist_id_from_hex("abc", &c), SG_ERR_INVALID, "expected 256 hex digits");
+    hex[10] = 'g';
+    TU_FAILS(NULL, sg_dist_id_from_hex(hex, &c), SG_ERR_INVALID, "is not a hex byte");
+    TU_FAILS(NULL, sg_dist_id_create(SG_BACKEND_AUTO, &c), SG_ERR_INVALID, "expected cpu or cuda");
+
+    sg_dist_env e;
+    int found = 1;
+    unsetenv("SG_DIST_RANK");
+    TU_OK(NULL, sg_dist_env_read(&e, &found));
+    TU_CHECK(found == 0, "no SG_DIST_RANK, yet found");
+    setenv("SG_DIST_RANK", "1", 1);
+    setenv("SG_DIST_WORLD", "2", 1);
+    TU_FAILS(NULL, sg_dist_env_read(&e, &found), SG_ERR_INVALID, "SG_DIST_LOCAL_WORLD is unset");
+    setenv("SG_DIST_LOCAL_WORLD", "2", 1);
+    setenv("SG_DIST_LOCAL_RANK", "1", 1);
+    sg_dist_id_to_hex(&f, hex);
+    setenv("SG_DIST_ID", hex, 1);
+    TU_OK(NULL, sg_dist_env_read(&e, &found));
+    TU_CHECK(found == 1 && e.rank == 1 && e.world == 2 && e.local_rank == 1 && !memcmp(&e.id, &f, sizeof f),
+             "environment read as rank %d of %d", e.rank, e.world);
+    setenv("SG_DIST_RANK", "2", 1);
+    TU_FAILS(NULL, sg_dist_env_read(&e, &found), SG_ERR_INVALID, "SG_DIST_RANK is '2'");
+    const char *vars[] = {"SG_DIST_RANK", "SG_DIST_WORLD", "SG_DIST_LOCAL_RANK", "SG_DIST_LOCAL_WORLD", "SG_DIST_ID"};
+    for (int i = 0; i < 5; i++) unsetenv(vars[i]);
+}
+
+/* ---- the id exchange over TCP loopback ---- */
+
+static void cpu_exchange(void)
+{
+    char master[64];
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    sg_dist_id id = fake_id(), none;
+    memset(&none, 0, sizeof none);
+    /* Nodes 1..3 start before node 0: they retry while refused. */
+    child c[4];
+    for (int n = 1; n < 4; n++) c[n] = exchange(master, 4, n, 2, 20, none);
+    usleep(200000);
+    c[0] = exchange(master, 4, 0, 2, 20, id);
+    for (int n = 0; n < 4; n++) {
+        result r = collect(c[n]);
+        TU_CHECK(r.status == SG_OK, "node %d: %s", n, r.msg);
+        TU_CHECK(memcmp(&r.id, &id, sizeof id) == 0, "node %d received another id than node 0's", n);
+    }
+
+    /* Nodes that disagree: every node hears why. */
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    c[1] = exchange(master, 2, 1, 3, 10, none);
+    c[0] = exchange(master, 2, 0, 2, 10, id);
+    result r0 = collect(c[0]), r1 = collect(c[1]);
+    TU_CHECK(r0.status == SG_ERR_DIST && strstr(r0.msg, "node 1 runs 3 workers (--gpus), node 0 runs 2"),
+             "mismatched --gpus, node 0: %d %s", r0.status, r0.msg);
+    TU_CHECK(r1.status == SG_ERR_DIST && strstr(r1.msg, "stopped the run: node 1 runs 3 workers"),
+             "mismatched --gpus, node 1: %d %s", r1.status, r1.msg);
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    c[1] = exchange(master, 3, 1, 2, 10, none);
+    usleep(100000);
+    c[2] = exchange(master, 3, 1, 2, 10, none);
+    c[0] = exchange(master, 3, 0, 2, 10, id);
+    r0 = collect(c[0]);
+    collect(c[1]), collect(c[2]);
+    TU_CHECK(r0.status == SG_ERR_DIST && strstr(r0.msg, "two nodes were started with --node-rank 1"),
+             "duplicate node rank: %d %s", r0.status, r0.msg);
+
+    /* Bad addresses fail at once, or within the timeout; never later. */
+    TU_FAILS(NULL, sg_dist_exchange_id("127.0.0.1", 2, 1, 1, 1, &none), SG_ERR_INVALID, "expected HOST:PORT");
+    TU_FAILS(NULL, sg_dist_exchange_id("127.0.0.1:99999", 2, 1, 1, 1, &none), SG_ERR_INVALID, "port from 1 to 65535");
+    double t0 = now_s();
+    TU_FAILS(NULL, sg_dist_exchange_id("no-such-host.invalid:29500", 2, 1, 1, 2, &none), SG_ERR_DIST,
+             "cannot resolve 'no-such-host.invalid'");
+    TU_CHECK(now_s() - t0 < 30, "an unresolvable name took %.1f s", now_s() - t0);
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    t0 = now_s();
+    TU_FAILS(NULL, sg_dist_exchange_id(master, 2, 1, 1, 1.5, &none), SG_ERR_DIST, "Connection refused");
+    double dt = now_s() - t0;
+    TU_CHECK(dt >= 1.0 && dt < 6, "refused connections: gave up after %.1f s, expected about the 1.5 s timeout", dt);
+
+    /* A listener that accepts (in the kernel's backlog) but never answers. */
+    int port = free_port();
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)port);
+    TU_CHECK(l >= 0 && bind(l, (struct sockaddr *)&a, sizeof a) == 0 && listen(l, 8) == 0, "silent listener: %s",
+             strerror(errno));
+    snprintf(master, sizeof master, "127.0.0.1:%d", port);
+    t0 = now_s();
+    TU_FAILS(NULL, sg_dist_exchange_id(master, 2, 1, 1, 1.5, &none), SG_ERR_DIST, "no answer from node 0");
+    dt = now_s() - t0;
+    TU_CHECK(dt >= 1.0 && dt < 6, "silent listener: gave up after %.1f s, expected about 1.5 s", dt);
+    close(l);
+
+    /* Node 0 waits for a node that never comes: bounded, naming the missing one; the node that
+     * came hears that the run stopped. */
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    c[1] = exchange(master, 3, 1, 1, 5, none);
+    c[0] = exchange(master, 3, 0, 1, 1.5, id);
+    r0 = collect(c[0]), r1 = collect(c[1]);
+    TU_CHECK(r0.status == SG_ERR_DIST && strstr(r0.msg, "only 1 of the 2 other nodes") &&
+             strstr(r0.msg, "missing node ranks: 2") && r0.secs < 6,
+             "missing node: %d after %.1f s: %s", r0.status, r0.secs, r0.msg);
+    TU_CHECK(r1.status == SG_ERR_DIST && strstr(r1.msg, "stopped the run") && r1.secs < 6,
+             "the node that came: %d after %.1f s: %s", r1.status, r1.secs, r1.msg);
+}
+
+/* ---- the launcher ---- */
+
+typedef struct launch_args {
+    sg_dist_launch_options o;
+    char master[64];
+    char script[1024];
+} launch_args;
+
+static void do_launch(const void *p, result *r)
+{
+    launch_args a = *(const launch_args *)p;
+    char *argv[] = {"/bin/sh", "-c", a.script, NULL};
+    a.o.argv = argv;
+    a.o.master = a.master[0] ? a.master : NULL;
+    r->status = sg_dist_launch(&a.o, &r->launch);
+}
+
+static child launch(int local_world, int nnodes, int node_rank, const char *master, sg_dist_id id,
+                    const char *script)
+{
+    launch_args a;
+    memset(&a, 0, sizeof a);
+    a.o.local_world = local_world, a.o.nnodes = nnodes, a.o.node_rank = node_rank, a.o.id = id;
+    a.o.timeout_s = 20, a.o.grace_s = 2;
+    snprintf(a.master, sizeof a.master, "%s", master ? master : "");
+    snprintf(a.script, sizeof a.script, "%s", script);
+    return spawn(do_launch, &a);
+}
+
+/* Each worker of a finished launch wrote "rank world local_rank local_world id" to dir/rank.R. */
+static void check_env_files(const char *dir, int world, int local_world, const sg_dist_id *id)
+{
+    char hex[2 * SG_DIST_ID_BYTES + 1];
+    sg_dist_id_to_hex(id, hex);
+    for (int r = 0; r < world; r++) {
+        char path[512], got_hex[300] = "";
+        snprintf(path, sizeof path, "%s/rank.%d", dir, r);
+        FILE *f = fopen(path, "r");
+        int rank = -1, w = -1, lr = -1, lw = -1;
+        if (f) {
+            if (fscanf(f, "%d %d %d %d %299s", &rank, &w, &lr, &lw, got_hex) != 5) rank = -2;
+            fclose(f);
+        }
+        TU_CHECK(rank == r && w == world && lr == r % local_world && lw == local_world,
+                 "rank %d's worker saw rank %d, world %d, local rank %d of %d", r, rank, w, lr, lw);
+        TU_CHECK(!strcmp(got_hex, hex), "rank %d's worker got another id", r);
+    }
+}
+
+static void cpu_launcher(void)
+{
+    char dir[] = "/tmp/sg_test_dist_XXXXXX";
+    TU_CHECK(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
+    char script[1024];
+    sg_dist_id id = fake_id();
+    snprintf(script, sizeof script, "echo $SG_DIST_RANK $SG_DIST_WORLD $SG_DIST_LOCAL_RANK $SG_DIST_LOCAL_WORLD "
+             "$SG_DIST_ID > %s/rank.$SG_DIST_RANK", dir);
+    result r = collect(launch(3, 1, 0, NULL, id, script));
+    TU_CHECK(r.status == SG_OK && r.launch.failed_rank == -1, "launch of 3 workers: %s", r.msg);
+    check_env_files(dir, 3, 3, &id);
+
+    /* Rank 1 fails: the launcher names it and stops the others long before their sleep ends (it
+     * returns once it has reaped every worker). The others exec sleep, so no grandchild outlives
+     * them holding the test's output open. */
+    snprintf(script, sizeof script, "if [ $SG_DIST_RANK = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 30");
+    r = collect(launch(3, 1, 0, NULL, id, script));
+    TU_CHECK(r.status == SG_ERR_DIST && r.launch.failed_rank == 1 && r.launch.exit_status == 3 &&
+             strstr(r.msg, "rank 1 (GPU 1) exited with status 3; stopped the other workers"),
+             "a failing worker: status %d, rank %d, exit %d: %s", r.status, r.launch.failed_rank,
+             r.launch.exit_status, r.msg);
+    TU_CHECK(r.secs < 10, "the launcher took %.1f s to stop the workers", r.secs);
+    /* A worker killed by a signal; one that ignores SIGTERM is killed after the grace period. */
+    snprintf(script, sizeof script, "if [ $SG_DIST_RANK = 0 ]; then sleep 0.3; kill -9 $$; fi; trap '' TERM; "
+             "exec sleep 30");
+    r = collect(launch(2, 1, 0, NULL, id, script));
+    TU_CHECK(r.status == SG_ERR_DIST && r.launch.failed_rank == 0 && r.launch.exit_status == 128 + 9 &&
+             strstr(r.msg, "rank 0 (GPU 0) was killed by signal 9"), "a killed worker: %s", r.msg);
+    TU_CHECK(r.secs < 10, "the launcher took %.1f s with a worker ignoring SIGTERM (grace 2 s)", r.secs);
+    /* A program that cannot run. */
+    sg_dist_launch_options o;
+    memset(&o, 0, sizeof o);
+    char *bad[] = {"/nonexistent/worker", NULL};
+    o.local_world = 1, o.argv = bad;
+    TU_FAILS(NULL, sg_dist_launch(&o, NULL), SG_ERR_INVALID, "cannot execute '/nonexistent/worker'");
+    o.local_world = 0;
+    TU_FAILS(NULL, sg_dist_launch(&o, NULL), SG_ERR_INVALID, "expected 1 to 64 workers");
+
+    /* Two hosts on loopback, two workers each: ranks 0..3 and node 0's id everywhere. */
+    char master[64];
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    snprintf(script, sizeof script, "echo $SG_DIST_RANK $SG_DIST_WORLD $SG_DIST_LOCAL_RANK $SG_DIST_LOCAL_WORLD "
+             "$SG_DIST_ID > %s/rank.$SG_DIST_RANK", dir);
+    sg_dist_id other = fake_id();
+    child n1 = launch(2, 2, 1, master, other, script);
+    child n0 = launch(2, 2, 0, master, id, script);
+    result r0 = collect(n0), r1 = collect(n1);
+    TU_CHECK(r0.status == SG_OK && r1.status == SG_OK, "two nodes: %s / %s", r0.msg, r1.msg);
+    check_env_files(dir, 4, 2, &id);
+
+    /* Rank 3 (node 1) fails: both launchers say so, and node 0's workers stop too. */
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    snprintf(script, sizeof script, "if [ $SG_DIST_RANK = 3 ]; then sleep 0.5; exit 5; fi; exec sleep 30");
+    n1 = launch(2, 2, 1, master, other, script);
+    n0 = launch(2, 2, 0, master, id, script);
+    r0 = collect(n0), r1 = collect(n1);
+    TU_CHECK(r0.status == SG_ERR_DIST && r0.launch.failed_rank == 3 && r0.launch.failed_node == 1 &&
+             strstr(r0.msg, "rank 3 on node 1 exited with status 5; stopped the workers of every node"),
+             "node 0 after rank 3 failed: %s", r0.msg);
+    TU_CHECK(r1.status == SG_ERR_DIST && strstr(r1.msg, "rank 3 (GPU 1) exited with status 5"),
+             "node 1 after rank 3 failed: %s", r1.msg);
+    TU_CHECK(r0.secs < 12 && r1.secs < 12, "stopping two nodes took %.1f / %.1f s", r0.secs, r1.secs);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) { /* a leftover temporary directory */ }
+}
+
+/* ---- training: N ranks with global batch B against 1 rank with batch B ---- */
+
+typedef struct tcase {
+    const char *name, *model;
+    sg_scope scope;
+    sg_optim_kind optim;
+    float lr;
+    bool gpu;
+} tcase;
+
+/* SGD: a sum where an average belongs would change its steps (AdamW's barely: it is scale-free),
+ * and its differences stay proportional to the gradients' (AdamW normalises the update of a
+ * gradient that cancels to near zero, so rounding there moves a parameter by up to lr). */
+static const tcase cases[] = {
+    {"mlp-eager", "mlp-32-2-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, false},
+    {"mlp-layer", "mlp-32-2-16", SG_SCOPE_LAYER, SG_OPTIM_SGD, 0.05f, false},
+    {"mlp-model", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false},
+    {"mlp-step", "mlp-32-2-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, false},
+    {"gpt-eager", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, false},
+    {"gpt-step", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false},
+    {"mlp64-eager", "mlp-64-2-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, true},
+    {"mlp64-step", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true},
+    {"gpt-eager-gpu", "gpt-128-2-4-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, true},
+    {"gpt-step-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true},
+};
+
+static const tcase *find_case(const char *name)
+{
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (!strcmp(cases[i].name, name)) return &cases[i];
+    return NULL;
+}
+
+typedef struct trainee {
+    sg_ctx *ctx;
+    sg_model *m;
+    sg_optim *o;
+    sg_trainer *t;
+} trainee;
+
+static trainee make(sg_ctx *ctx, const tcase *c, uint64_t seed, int shard, int shards, sg_dist *d)
+{
+    trainee r = {ctx, NULL, NULL, NULL};
+    sg_model_options mo = {.shard = shard, .shards = shards};
+    TU_OK(ctx, sg_model_create_ex(ctx, c->model, seed, &mo, &r.m));
+    TU_OK(ctx, sg_optim_create(ctx, r.m, c->optim, &r.o));
+    TU_OK(ctx, sg_optim_set_lr(r.o, c->lr));
+    sg_trainer_options to = sg_trainer_options_default();
+    to.scope = c->scope;
+    to.warmup = SG_DIST_MIN_WARMUP;
+    to.dist = d;
+    TU_OK(ctx, sg_trainer_create(r.m, r.o, &to, &r.t));
+    return r;
+}
+
+static void unmake(trainee *r)
+{
+    sg_trainer_destroy(r->t);
+    sg_optim_destroy(r->o);
+    sg_model_destroy(r->m);
+}
+
+/* The reference: one rank with the whole batch. Its losses and final parameters go to path. */
+static void reference(sg_backend be, const tcase *c, uint64_t seed, const char *path)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    trainee r = make(ctx, c, seed, 0, 0, NULL);
+    float loss[STEPS];
+    for (int s = 0; s < STEPS; s++) {
+        TU_OK(ctx, sg_trainer_step(r.t, s));
+        TU_OK(ctx, sg_model_loss_read(r.m, &loss[s]));
+    }
+    int64_t n = sg_tensor_numel(sg_model_params(r.m));
+    float *p = malloc((size_t)n * sizeof *p);
+    TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(r.m), p, (size_t)n * sizeof *p));
+    FILE *f = fopen(path, "wb");
+    TU_CHECK(f && fwrite(loss, sizeof loss, 1, f) == 1 && fwrite(&n, sizeof n, 1, f) == 1 &&
+             fwrite(p, sizeof *p, (size_t)n, f) == (size_t)n, "writing %s", path);
+    if (f) fclose(f);
+    free(p);
+    unmake(&r);
+    sg_ctx_destroy(ctx);
+}
+
+/* Tolerance of N ranks against 1: the gradients' sums run in another order (rows split across
+ * ranks, then averaged), a few ulps per step that 20 steps barely grow; a missing or doubled
+ * average moves SGD's parameters by a whole step, orders of magnitude more. */
+static bool close_to(double got, double ref, double atol, double rtol)
+{
+    return fabs(got - ref) <= atol + rtol * fabs(ref);
+}
+
+/* `test_dist worker BACKEND CASE SEED REF MODE`: one rank of a run the launcher started. MODE
+ * "match": train 20 steps and compare with REF; "inject": step scope where rank 1 captures other
+ * collectives (SG_DIST_INJECT_SEQ=1): the capture step must fail naming the difference; "die":
+ * rank 1 leaves after 3 steps, and rank 0 must fail within the timeout. Exit 0 when all held. */
+static int worker(int argc, char **argv)
+{
+    if (argc < 7) return 2;
+    sg_backend be = !strcmp(argv[2], "cuda") ? SG_BACKEND_CUDA : SG_BACKEND_CPU;
+    const tcase *c = find_case(argv[3]);
+    uint64_t seed = strtoull(argv[4], NULL, 10);
+    const char *ref = argv[5], *mode = argv[6];
+    sg_dist_env e;
+    int found = 0;
+    if (!c || sg_dist_env_read(&e, &found) != SG_OK || !found) {
+        fprintf(stderr, "worker: no case '%s' or no launcher environment: %s\n", argv[3], sg_ctx_last_error(NULL));
+        return 2;
+    }
+    alarm(180); /* a hang fails the test instead of holding ctest */
+    sg_ctx_options co = sg_ctx_options_default();
+    co.backend = be;
+    co.device = be == SG_BACKEND_CUDA ? e.local_rank : 0;
+    sg_ctx *ctx;
+    TU_OK(NULL, sg_ctx_create(&co, &ctx));
+    sg_dist_options dopt = sg_dist_options_default();
+    dopt.rank = e.rank, dopt.world = e.world, dopt.id = e.id;
+    dopt.bucket_bytes = 1024; /* several buckets even for small models */
+    dopt.timeout_s = !strcmp(mode, "die") ? 15 : 60;
+    sg_dist *d;
+    TU_OK(ctx, sg_dist_create(ctx, &dopt, &d));
+    trainee r = make(ctx, c, seed, e.rank, e.world, d);
+    char tag[32];
+    snprintf(tag, sizeof tag, "worker %s rank %d", c->name, e.rank);
+    if (!strcmp(mode, "match")) {
+        FILE *f = fopen(ref, "rb");
+        float ref_loss[STEPS];
+        int64_t n = 0;
+        TU_CHECK(f && fread(ref_loss, sizeof ref_loss, 1, f) == 1 && fread(&n, sizeof n, 1, f) == 1, "reading %s", ref);
+        float *ref_p = malloc((size_t)(n > 0 ? n : 1) * sizeof *ref_p);
+        TU_CHECK(f && fread(ref_p, sizeof *ref_p, (size_t)n, f) == (size_t)n, "reading %s", ref);
+        if (f) fclose(f);
+        for (int s = 0; s < STEPS; s++) {
+            float l;
+            TU_OK(ctx, sg_trainer_step(r.t, s));
+            TU_OK(ctx, sg_model_loss_read(r.m, &l));
+            TU_CHECK(close_to(l, ref_loss[s], 1e-5, 1e-4), "%s: step %d loss %.7f, 1 rank %.7f", tag, s, l, ref_loss[s]);
+        }
+        int64_t np = sg_tensor_numel(sg_model_params(r.m));
+        TU_CHECK(np == n, "%s: %lld parameters, the reference %lld", tag, (long long)np, (long long)n);
+        float *p = malloc((size_t)np * sizeof *p);
+        TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(r.m), p, (size_t)np * sizeof *p));
+        int64_t worst = 0;
+        double sum = 0, worst_d = 0;
+        for (int64_t i = 0; i < np && np == n; i++) {
+            double dd = fabs((double)p[i] - ref_p[i]) / (1e-5 + 1e-3 * fabs(ref_p[i]));
+            if (dd > worst_d) worst_d = dd, worst = i;
+            sum += p[i] * (double)(i % 7 + 1);
+        }
+        TU_CHECK(worst_d <= 1, "%s: parameter %lld is %.8g, 1 rank %.8g (|d| / tolerance %.2f)", tag,
+                 (long long)worst, p[worst], ref_p[worst], worst_d);
+        printf("%s: 20 steps; the largest parameter difference from 1 rank is %.3f of the tolerance "
+               "(parameter %lld: %.9g vs %.9g)\n", tag, worst_d, (long long)worst, p[worst], ref_p[worst]);
+        /* Every rank holds the same parameters: their checksum's average is each one's. */
+        double avg = sum;
+        TU_OK(ctx, sg_dist_average_host(d, &avg, 1));
+        TU_CHECK(avg == sum, "%s: the ranks' parameters differ (checksum %.17g, average %.17g)", tag, sum, avg);
+        sg_dist_stats ds;
+        TU_OK(ctx, sg_dist_get_stats(d, &ds));
+        TU_CHECK(ds.buckets_per_step >= 2, "%s: %d gradient buckets a step with 1 KiB buckets", tag, ds.buckets_per_step);
+        TU_CHECK(c->scope == SG_SCOPE_EAGER || ds.checks >= 1, "%s: no capture was checked", tag);
+        free(p);
+        free(ref_p);
+    } else if (!strcmp(mode, "inject")) {
+        sg_status st = SG_OK;
+        int s = 0;
+        for (; s < STEPS && st == SG_OK; s++) st = sg_trainer_step(r.t, s);
+        const char *msg = sg_ctx_last_error(ctx);
+        TU_CHECK(st == SG_ERR_DIST && s - 1 == SG_DIST_MIN_WARMUP &&
+                 strstr(msg, "rank 1 captured other collectives than rank 0") &&
+                 strstr(msg, "first difference at collective #0"),
+                 "%s: a different capture on rank 1 gave %s at step %d: %s", tag, sg_status_name(st), s - 1, msg);
+        printf("%s: %s\n", tag, msg);
+    } else if (!strcmp(mode, "die")) {
+        sg_status st = SG_OK;
+        double t0 = 0;
+        for (int s = 0; s < 200 && st == SG_OK; s++) {
+            if (s == 3 && e.rank == 1) _exit(0); /* a clean exit: the launcher lets rank 0 find out */
+            if (s == 3) t0 = now_s();
+            float l;
+            st = sg_trainer_step(r.t, s);
+            if (st == SG_OK) st = sg_model_loss_read(r.m, &l);
+        }
+        double dt = now_s() - t0;
+        TU_CHECK(st == SG_ERR_DIST && dt < dopt.timeout_s + 15, "%s: after rank 1 left: %s after %.1f s: %s", tag,
+                 sg_status_name(st), dt, sg_ctx_last_error(ctx));
+        TU_CHECK(sg_dist_poll(d) == SG_ERR_DIST, "%s: the run is not marked failed", tag);
+        printf("%s: failed after %.1f s, as it should: %s\n", tag, dt, sg_ctx_last_error(ctx));
+    }
+    unmake(&r);
+    sg_dist_destroy(d);
+    sg_ctx_destroy(ctx);
+    return tu_failures ? 1 : 0;
+}
+
+/* Runs `mode` of case c on `world` ranks of backend be; SG_OK when every worker exited 0. */
+static void run_ranks(sg_backend be, const tcase *c, int world, uint64_t seed, const char *ref, const char *mode)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    TU_CHECK(n > 0, "readlink /proc/self/exe: %s", strerror(errno));
+    if (n <= 0) return;
+    self[n] = '\0';
+    char seeds[32];
+    snprintf(seeds, sizeof seeds, "%llu", (unsigned long long)seed);
+    char *argv[] = {self, "worker", be == SG_BACKEND_CUDA ? "cuda" : "cpu", (char *)c->name, seeds, (char *)ref,
+                    (char *)mode, NULL};
+    sg_dist_launch_options o;
+    memset(&o, 0, sizeof o);
+    o.local_world = world;
+    o.argv = argv;
+    TU_OK(NULL, sg_dist_id_create(be, &o.id));
+    fflush(stdout);
+    double t0 = now_s();
+    sg_status st = sg_dist_launch(&o, NULL);
+    TU_CHECK(st == SG_OK, "%s (%s, %d ranks): %s", c->name, mode, world, sg_ctx_last_error(NULL));
+    printf("%s: %s on %d ranks: %s in %.1f s\n", c->name, mode, world, st == SG_OK ? "ok" : "FAILED", now_s() - t0);
+}
+
+static void training(sg_backend be, bool gpu)
+{
+    uint64_t seed = tu_next() % 1000000;
+    char ref[] = "/tmp/sg_test_dist_ref_XXXXXX";
+    int fd = mkstemp(ref);
+    TU_CHECK(fd >= 0, "mkstemp: %s", strerror(errno));
+    if (fd < 0) return;
+    close(fd);
+    const char *first = NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const tcase *c = &cases[i];
+        if (c->gpu != gpu) continue;
+        if (!first) first = c->name;
+        reference(be, c, seed, ref);
+        run_ranks(be, c, 2, seed, ref, "match");
+    }
+    /* A different capture on one rank, and a rank that dies: errors, not hangs. */
+    const tcase *step = find_case(gpu ? "mlp64-step" : "mlp-step");
+    setenv("SG_DIST_INJECT_SEQ", "1", 1);
+    run_ranks(be, step, 2, seed, ref, "inject");
+    unsetenv("SG_DIST_INJECT_SEQ");
+    run_ranks(be, step, 2, seed, ref, "die");
+    unlink(ref);
+}
+
+/* Training with the run but the wrong shard, and other misuse: clear errors. */
+static void cpu_misuse(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    sg_dist_options o = sg_dist_options_default();
+    TU_OK(NULL, sg_dist_id_create(SG_BACKEND_CPU, &o.id));
+    sg_dist *d;
+    TU_OK(ctx, sg_dist_create(ctx, &o, &d)); /* a run of one */
+    sg_model *m;
+    sg_optim *opt;
+    sg_model_options mo = {.shard = 1, .shards = 3};
+    TU_FAILS(ctx, sg_model_create_ex(ctx, "mlp-32-2-16", 1, &mo, &m), SG_ERR_INVALID, "shards dividing the batch 16");
+    mo = (sg_model_options){.shard = 1, .shards = 2};
+    TU_OK(ctx, sg_model_create_ex(ctx, "mlp-32-2-16", 1, &mo, &m));
+    TU_OK(ctx, sg_optim_create(ctx, m, SG_OPTIM_SGD, &opt));
+    sg_trainer_options to = sg_trainer_options_default();
+    to.dist = d;
+    sg_trainer *t;
+    TU_FAILS(ctx, sg_trainer_create(m, opt, &to, &t), SG_ERR_INVALID, "shard 1 of 2 of each batch, but this "
+             "process is rank 0 of 1");
+    sg_optim_destroy(opt);
+    sg_model_destroy(m);
+    sg_dist_destroy(d);
+    o.rank = 2;
+    TU_FAILS(ctx, sg_dist_create(ctx, &o, &d), SG_ERR_INVALID, "rank 2 of 1");
+    sg_dist_id other;
+    memset(&other, 7, sizeof other);
+    o = sg_dist_options_default();
+    o.id = other;
+    TU_FAILS(ctx, sg_dist_create(ctx, &o, &d), SG_ERR_INVALID, "the id was not made for the CPU backend");
+    sg_ctx_destroy(ctx);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "cpu";
+    if (!strcmp(mode, "worker")) return worker(argc, argv);
+    tu_seed("test_dist");
+    if (!strcmp(mode, "gpu")) {
+        sg_dist_id id;
+        if (!sg_cuda_available()) {
+            printf("SKIP: no CUDA device (or a CPU-only build): the NCCL tests need 2 GPUs\n");
+            return TU_SKIP;
+        }
+        sg_ctx_options co = sg_ctx_options_default();
+        co.backend = SG_BACKEND_CUDA, co.device = 1;
+        sg_ctx *probe = NULL;
+        if (sg_ctx_create(&co, &probe) != SG_OK) {
+            printf("SKIP: the NCCL tests need 2 GPUs: %s\n", sg_ctx_last_error(NULL));
+            return TU_SKIP;
+        }
+        sg_ctx_destroy(probe);
+        if (sg_dist_id_create(SG_BACKEND_CUDA, &id) == SG_ERR_UNSUPPORTED) {
+            printf("SKIP: %s\n", sg_ctx_last_error(NULL));
+            return TU_SKIP;
+        }
+        training(SG_BACKEND_CUDA, true);
+    } else {
+        double t0 = now_s();
+        cpu_ids();
+        cpu_exchange();
+        printf("id exchange: %.1f s\n", now_s() - t0);
+        t0 = now_s();
+        cpu_launcher();
+        printf("launcher: %.1f s\n", now_s() - t0);
+        cpu_misuse();
+        t0 = now_s();
+        training(SG_BACKEND_CPU, false);
+        printf("training: %.1f s\n", now_s() - t0);
+    }
+    return tu_finish("test_dist");
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# trace_test.sh TEST_PROF STEPGRAPH: the trace export and `stepgraph trace`'s contract, without
+# a GPU. test_prof writes the trace of a synthetic window and says what it holds; check_trace.py
+# parses it as a viewer would. Then the command's help, usage errors (exit 2) and runtime
+# errors (exit 1: a path that cannot be written, no GPU). Exit 77 (skipped) without python3.
+set -u
+test_prof=$1
+bin=$2
+here=$(cd "$(dirname "$0")" && pwd)
+fails=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+expect() { # expect CODE REGEX -- ARGS...
+    local code=$1 re=$2; shift 3
+    out=$("$bin" "$@" 2>&1); rc=$?
+    if [ "$rc" != "$code" ] || ! grep -Eq -- "$re" <<<"$out"; then
+        echo "FAIL: stepgraph $* -> exit $rc (want $code), output lacks /$re/:"; echo "$out" | head -20
+        fails=$((fails + 1))
+    else
+        echo "ok: stepgraph $*"
+    fi
+}
+
+expect 0 'usage: stepgraph trace' -- trace --help
+expect 0 'trace    write a Perfetto' -- --help
+expect 2 "--model, --scope and --out are required" -- trace --model mlp-16-1-4 --scope step
+expect 2 "--scope 'graph': expected eager, layer, model or step" -- trace --model mlp-16-1-4 --scope graph --out "$tmp/t.json"
+expect 2 "--steps '0' is not a whole number" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --steps 0
+expect 2 "unknown option '--bogus'" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --bogus
+expect 2 "--backend cpu: trace needs a CUDA GPU and CUPTI" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --backend cpu
+expect 1 "--out '/nonexistent-dir/t.json': cannot write there" -- trace --model mlp-16-1-4 --scope step --out /nonexistent-dir/t.json
+if [ ! -e "$tmp/t.json" ]; then echo "ok: no file left by failed runs"; else echo "FAIL: a failed run left $tmp/t.json"; fails=$((fails + 1)); fi
+# Without a usable GPU (this machine, in CI) the command says what it needs; with one it writes.
+out=$("$bin" trace --model mlp-16-1-4 --scope step --out "$tmp/gpu.json" --steps 2 2>&1); rc=$?
+if [ "$rc" = 1 ] && grep -q "trace needs a CUDA GPU and CUPTI" <<<"$out"; then
+    echo "ok: stepgraph trace without a GPU or CUPTI: $(tail -n 1 <<<"$out")"
+elif [ "$rc" = 0 ] && [ -s "$tmp/gpu.json" ]; then
+    echo "ok: stepgraph trace on a GPU wrote $(wc -c <"$tmp/gpu.json") bytes"
+else
+    echo "FAIL: stepgraph trace --steps 2: exit $rc: $out"; fails=$((fails + 1))
+fi
+
+skip=0
+out=$("$test_prof" trace "$tmp/synthetic.json"); rc=$?
+expect_args=$(sed -n 's/^expect: //p' <<<"$out")
+if [ "$rc" != 0 ] || [ -z "$expect_args" ]; then
+    echo "FAIL: test_prof trace: exit $rc: $out"; fails=$((fails + 1))
+elif ! command -v python3 >/dev/null 2>&1; then
+    echo "SKIP: no python3 to run check_trace.py (test_prof cpu parses traces in C)"; skip=1
+else
+    # shellcheck disable=SC2086
+    if python3 "$here/check_trace.py" "$tmp/synthetic.json" $expect_args; then
+        echo "ok: check_trace.py accepts the synthetic trace"
+    else
+        fails=$((fails + 1))
+    fi
+    # ... and rejects a broken one.
+    printf '{"traceEvents": [{"ph": "X", "name": "k", "ts": -1, "dur": 2, "pid": 2, "tid": 7}]}' >"$tmp/bad.json"
+    if python3 "$here/check_trace.py" "$tmp/bad.json" >/dev/null 2>&1; then
+        echo "FAIL: check_trace.py accepted a negative ts"; fails=$((fails + 1))
+    else
+        echo "ok: check_trace.py rejects a negative ts"
+    fi
+fi
+echo "trace_test: $fails failed"
+[ "$fails" = 0 ] || exit 1
+[ "$skip" = 0 ] || exit 77
