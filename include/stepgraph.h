@@ -635,13 +635,15 @@ int sg_dist_world(const sg_dist *d);
  * disagreed, SG_ERR_DIST with the reason, from then on (the communicator is aborted, so no
  * rank hangs). Cheap; no host sync. */
 sg_status sg_dist_poll(sg_dist *d);
-/* Averages n host values over the ranks (every rank calls it; a host sync): an evaluation loss. */
+/* Averages n (1 to 512) host values over the ranks (every rank calls it; a host sync): an
+ * evaluation loss. */
 sg_status sg_dist_average_host(sg_dist *d, double *v, int n);
 
 typedef struct sg_dist_stats {
-    uint64_t collectives;       /* queued (or captured) so far */
+    uint64_t collectives;       /* queued from the host so far (a replay runs its own, unseen) */
     uint64_t bytes;             /* their payload */
     int buckets_per_step;       /* gradient all-reduces in the last backward */
+    uint64_t bytes_per_step;    /* the payload of the last backward's collectives (the loss too) */
     int checks;                 /* captures whose collectives every rank compared */
 } sg_dist_stats;
 sg_status sg_dist_get_stats(const sg_dist *d, sg_dist_stats *out);

@@ -88,6 +88,35 @@ expect 0 "^mlp-64-2-32 +step( +[0-9]+\.[0-9]+){9} +0\.00 +0\.00$" -- bench --mod
 expect 0 "^gpt-64-1-2-16 +eager( +[0-9]+\.[0-9]+){9} +0\.00 +n/a$" -- bench --model gpt-64-1-2-16 $m --scope eager,step
 expect 0 "\"memory_of\": \"host\".*\"params_mib\": [0-9.]+.*\"allocs_per_100_replay\": 0\.00" -- bench --model gpt-64-1-2-16 $m --scope step --json
 expect 2 "--model is required" -- bench --memory
+# Data parallelism (--gpus): usage errors before any process starts; then two CPU ranks (local
+# sockets) print the loss curve of one process with the whole batch, and a rank that fails (test
+# hook: rank 1 captures other collectives) is named while the other stops.
+d="--model mlp-32-2-16 --backend cpu"
+expect 2 "--gpus '0' is not a whole number from 1 to 64" -- train $d --gpus 0
+expect 2 "the global batch 16 of mlp-32-2-16 does not split into 3 equal parts" -- train $d --gpus 3
+expect 2 "--nnodes > 1 needs --master ADDR:PORT" -- train --model mlp-32-2-16 --gpus 2 --nnodes 2
+expect 2 "--node-rank 2: expected 0 to 1 \(--nnodes 2\)" -- train --model mlp-32-2-16 --gpus 2 --nnodes 2 --node-rank 2 --master 127.0.0.1:29500
+expect 2 "--master 'localhost': expected ADDR:PORT" -- train --model mlp-32-2-16 --gpus 2 --nnodes 2 --master localhost
+expect 2 "are for data-parallel runs: add --gpus N" -- train $d --bucket-mib 1
+expect 2 "--master and --node-rank are for runs on several hosts" -- train $d --gpus 2 --master 127.0.0.1:29500
+expect 2 "--gpus does not combine with --batch-sizes or --seq-lens" -- train $d --gpus 2 --batch-sizes 4,8
+expect 2 "--nnodes needs the CUDA backend" -- train $d --gpus 2 --nnodes 2 --master 127.0.0.1:29500
+d="$d --steps 30 --scope step --optim sgd --lr 0.05 --log-every 10"
+one=$("$bin" train $d 2>&1 | grep '^step ')
+two=$("$bin" train $d --gpus 2 --bucket-mib 0.002 2>&1); rc=$?
+if [ "$rc" != 0 ] || [ -z "$one" ] || [ "$one" != "$(grep '^step ' <<<"$two")" ] || ! grep -q "data parallel: 2 ranks" <<<"$two"; then
+    echo "FAIL: --gpus 2 on the CPU: exit $rc; one rank:"; echo "$one"; echo "two ranks:"; echo "$two" | head -20
+    fails=$((fails + 1))
+else
+    echo "ok: --gpus 2 (CPU ranks) prints the loss curve of one process: $(tail -n 1 <<<"$one")"
+fi
+out=$(SG_DIST_INJECT_SEQ=1 "$bin" train $d --gpus 2 --bucket-mib 0.002 2>&1); rc=$?
+if [ "$rc" != 1 ] || ! grep -q "rank 1 captured other collectives than rank 0" <<<"$out" ||
+   ! grep -Eq "sg_dist_launch: rank [01] \(GPU [01]\) exited with status 1; stopped the other workers" <<<"$out"; then
+    echo "FAIL: a failing rank: exit $rc: $out"; fails=$((fails + 1))
+else
+    echo "ok: a failing rank is named and the run stops"
+fi
 # The loss printed at the end is below the first.
 out=$("$bin" train --model mlp-32-2-16 --steps 150 --backend cpu --lr 3e-3 --quiet 2>&1)
 l=$(sed -nE 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/p' <<<"$out")
@@ -96,5 +125,5 @@ if ! awk -v a="${l% *}" -v b="${l#* }" 'BEGIN { exit !(b < a / 2) }'; then
 else
     echo "ok: loss $l"
 fi
-echo "$((37 + 6 - fails)) passed, $fails failed"
+echo "$((37 + 6 + 11 - fails)) passed, $fails failed"
 [ "$fails" = 0 ]

@@ -1,6 +1,8 @@
 /* train.c: `stepgraph train`: trains a model eagerly. The loss is read back asynchronously
  * (a pinned copy and an event, polled at the next log point), so logging never stalls the
- * GPU; the only host syncs are at the end. */
+ * GPU; the only host syncs are at the end. With --gpus N it is the launcher: it starts N
+ * copies of itself as the ranks of a data-parallel run (sg_dist_launch), and each copy, finding
+ * SG_DIST_RANK in its environment, trains its shard of every batch; rank 0 reports. */
 #include "cli/cli.h"
 
 #include <stdlib.h>
@@ -53,6 +55,16 @@ static const char *train_usage =
     "                      graphs above it\n"
     "  --steps-per-graph K step scope: one graph holds K consecutive steps, so one launch runs\n"
     "                      K steps (default 1); the loss is read every K steps at most\n"
+    "  --gpus N            data parallelism: N processes on this host, one per GPU, each\n"
+    "                      training on 1/N of every batch (the model's batch is the global\n"
+    "                      batch), gradients averaged over NCCL inside the step; rank 0\n"
+    "                      reports. On the CPU backend the ranks are CPU processes joined by\n"
+    "                      local sockets (the reference). Not with --batch-sizes or --seq-lens\n"
+    "  --nnodes K          hosts in the run (default 1); each runs the same command with its\n"
+    "  --node-rank R         own --node-rank (0..K-1) and --gpus; node 0 listens on --master\n"
+    "  --master ADDR:PORT    and sends the others the run's id\n"
+    "  --bucket-mib X      gradient MiB an all-reduce bucket gathers (default 4)\n"
+    "  --dist-timeout S    the longest wait for other ranks or hosts before failing (default 300)\n"
     "  --quiet             no per-step lines; the summary only\n"
     "  -h, --help          this text\n"
     "\n"
@@ -72,12 +84,55 @@ typedef struct train_opts {
     bool vary, vary_seq;
     sg_model_options mo;
     const char *save, *resume;
+    /* data parallelism */
+    long long gpus, nnodes, node_rank;
+    const char *master;
+    double bucket_mib, dist_timeout;
+    bool dist_opts;             /* one of --nnodes, --node-rank, --master, --bucket-mib, --dist-timeout */
 } train_opts;
+
+/* "HOST:PORT" with a port from 1 to 65535 (the library checks it again, and resolves it). */
+static bool addr_ok(const char *a)
+{
+    const char *c = strrchr(a, ':');
+    char *end;
+    long p = c ? strtol(c + 1, &end, 10) : 0;
+    return c && c != a && c[1] && !*end && p >= 1 && p <= 65535;
+}
+
+/* The data-parallel options, together: usage errors before any process starts. */
+static bool check_dist(const train_opts *o)
+{
+    const char *err = NULL;
+    char buf[256];
+    long long world = o->gpus * o->nnodes;
+    long long w = 0, d = 0, b = 0;
+    char kind[16] = "";
+    if (o->dist_opts && !o->gpus) err = "--nnodes, --node-rank, --master, --bucket-mib and --dist-timeout are for "
+                                        "data-parallel runs: add --gpus N";
+    else if (o->nnodes > 1 && !o->master) err = "--nnodes > 1 needs --master ADDR:PORT (node 0's address)";
+    else if (o->nnodes == 1 && (o->master || o->node_rank)) err = "--master and --node-rank are for runs on several "
+                                                                  "hosts (--nnodes K > 1)";
+    else if (o->master && !addr_ok(o->master))
+        snprintf(buf, sizeof buf, "--master '%s': expected ADDR:PORT with a port from 1 to 65535", o->master), err = buf;
+    else if (o->node_rank >= o->nnodes)
+        snprintf(buf, sizeof buf, "--node-rank %lld: expected 0 to %lld (--nnodes %lld)", o->node_rank, o->nnodes - 1,
+                 o->nnodes), err = buf;
+    else if (o->gpus && (o->tr.n_buckets || o->tr.n_seq_buckets))
+        err = "--gpus does not combine with --batch-sizes or --seq-lens yet";
+    else if (o->gpus && o->nnodes > 1 && o->backend == SG_BACKEND_CPU)
+        err = "--nnodes needs the CUDA backend: the CPU backend's collectives run over local sockets, on one host";
+    else if (o->gpus && sscanf(o->model, "%15[a-z]-%lld-%lld-%lld", kind, &w, &d, &b) == 4 && b % world)
+        snprintf(buf, sizeof buf, "--gpus %lld%s: the global batch %lld of %s does not split into %lld equal parts, "
+                 "one per rank", o->gpus, o->nnodes > 1 ? " on each node" : "", b, o->model, world), err = buf;
+    if (err) fprintf(stderr, "stepgraph train: %s\n", err);
+    return err == NULL;
+}
 
 static int parse(int argc, char **argv, train_opts *o)
 {
     *o = (train_opts){.steps = 200, .seed = 1, .log_every = 20, .backend = SG_BACKEND_AUTO,
-                      .tr = sg_trainer_options_default()};
+                      .tr = sg_trainer_options_default(), .nnodes = 1, .bucket_mib = 4, .dist_timeout = 300};
     bool bad = false;
     for (int i = 1; i < argc && !bad;) {
         const char *v = NULL;
@@ -96,6 +151,23 @@ static int parse(int argc, char **argv, train_opts *o)
         } else if (sg_cli_opt(argc, argv, &i, "--seq-lens", &v, &bad)) {
             bad = bad || !sg_cli_buckets("train", "--seq-lens", v, o->seq_lens, &o->tr.n_seq_buckets, 32);
             o->tr.seq_buckets = o->seq_lens;
+        } else if (sg_cli_opt(argc, argv, &i, "--gpus", &v, &bad)) {
+            bad = bad || !sg_cli_int("train", "--gpus", v, 1, 64, &o->gpus);
+        } else if (sg_cli_opt(argc, argv, &i, "--nnodes", &v, &bad)) {
+            bad = bad || !sg_cli_int("train", "--nnodes", v, 1, 64, &o->nnodes);
+            o->dist_opts = true;
+        } else if (sg_cli_opt(argc, argv, &i, "--node-rank", &v, &bad)) {
+            bad = bad || !sg_cli_int("train", "--node-rank", v, 0, 63, &o->node_rank);
+            o->dist_opts = true;
+        } else if (sg_cli_opt(argc, argv, &i, "--master", &v, &bad)) {
+            o->master = v;
+            o->dist_opts = true;
+        } else if (sg_cli_opt(argc, argv, &i, "--bucket-mib", &v, &bad)) {
+            bad = bad || !sg_cli_float("train", "--bucket-mib", v, 1.0 / 1024, 4096, &o->bucket_mib);
+            o->dist_opts = true;
+        } else if (sg_cli_opt(argc, argv, &i, "--dist-timeout", &v, &bad)) {
+            bad = bad || !sg_cli_float("train", "--dist-timeout", v, 1, 86400, &o->dist_timeout);
+            o->dist_opts = true;
         } else if (sg_cli_opt(argc, argv, &i, "--save", &v, &bad)) {
             o->save = v;
         } else if (sg_cli_opt(argc, argv, &i, "--resume", &v, &bad)) {
@@ -185,14 +257,81 @@ static int parse(int argc, char **argv, train_opts *o)
         fprintf(stderr, "stepgraph train: --seq-lens is for gpt models, not '%s'\n", o->model);
         bad = true;
     }
+    if (!bad) bad = !check_dist(o);
     return bad ? SG_EXIT_USAGE : 0;
 }
 
 /* Prints a failed call's message and says the run is over. */
+static char rank_tag[48]; /* " [rank r of n]" in a data-parallel worker's messages */
+
 static int fail(sg_ctx *ctx, const char *what)
 {
-    fprintf(stderr, "stepgraph train: %s: %s\n", what, sg_ctx_last_error(ctx));
+    fprintf(stderr, "stepgraph train%s: %s: %s\n", rank_tag, what, sg_ctx_last_error(ctx));
     return SG_EXIT_FAIL;
+}
+
+/* --gpus N: this process is the launcher. It starts the ranks (this program again, with the
+ * same arguments and the backend made explicit), waits for them, and reports a failed one. */
+static int launch_ranks(int argc, char **argv, const train_opts *o)
+{
+    sg_backend be = o->backend;
+    if (be == SG_BACKEND_AUTO) be = sg_cuda_available() ? SG_BACKEND_CUDA : SG_BACKEND_CPU;
+    if (be == SG_BACKEND_CPU && o->nnodes > 1) {
+        fprintf(stderr, "stepgraph train: --nnodes needs the CUDA backend, and no GPU is usable here: the CPU "
+                "backend's collectives run over local sockets, on one host\n");
+        return SG_EXIT_FAIL;
+    }
+    sg_dist_launch_options lo;
+    memset(&lo, 0, sizeof lo);
+    lo.local_world = (int)o->gpus, lo.nnodes = (int)o->nnodes, lo.node_rank = (int)o->node_rank;
+    lo.master = o->master, lo.timeout_s = o->dist_timeout;
+    /* Node 0 makes the run's id (NCCL's answers from this process until every rank joined). */
+    if (o->node_rank == 0 && sg_dist_id_create(be, &lo.id) != SG_OK) {
+        fprintf(stderr, "stepgraph train: --gpus %lld: %s\n", o->gpus, sg_ctx_last_error(NULL));
+        return SG_EXIT_FAIL;
+    }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) snprintf(self, sizeof self, "%s", "stepgraph"); /* found on PATH, then */
+    else self[n] = '\0';
+    char **wargv = calloc((size_t)argc + 5, sizeof *wargv);
+    if (!wargv) return fail(NULL, "launch");
+    int k = 0;
+    wargv[k++] = self;
+    for (int i = 0; i < argc; i++) wargv[k++] = argv[i]; /* argv[0] is "train" */
+    wargv[k++] = "--backend";
+    wargv[k++] = (char *)sg_backend_name(be);
+    wargv[k] = NULL;
+    lo.argv = wargv;
+    fprintf(stderr, "stepgraph train: data parallel: %lld rank%s on this host%s (%s backend%s); rank 0 reports\n",
+            o->gpus, o->gpus > 1 ? "s" : "", o->nnodes > 1 ? ", one node of several" : "", sg_backend_name(be),
+            be == SG_BACKEND_CPU ? ": CPU processes, collectives over local sockets" : ", one GPU each, NCCL");
+    fflush(stdout);
+    sg_dist_launch_result res;
+    sg_status st = sg_dist_launch(&lo, &res);
+    free(wargv);
+    if (st != SG_OK) {
+        fprintf(stderr, "stepgraph train: %s%s\n", sg_ctx_last_error(NULL),
+                res.failed_rank >= 0 ? " (its own error is above)" : "");
+        return SG_EXIT_FAIL;
+    }
+    return 0;
+}
+
+/* A worker of a data-parallel run: its GPU (local rank), its shard, and the run. */
+static sg_ctx *worker_ctx(const train_opts *o, const sg_dist_env *e)
+{
+    snprintf(rank_tag, sizeof rank_tag, " [rank %d of %d]", e->rank, e->world);
+    if (e->rank != 0 && !freopen("/dev/null", "w", stdout)) { /* rank 0 reports; errors still go to stderr */ }
+    sg_ctx_options co = sg_ctx_options_default();
+    co.backend = o->backend;
+    co.device = o->backend == SG_BACKEND_CUDA ? e->local_rank : 0;
+    sg_ctx *ctx;
+    if (sg_ctx_create(&co, &ctx) != SG_OK) {
+        fprintf(stderr, "stepgraph train%s: %s\n", rank_tag, sg_ctx_last_error(NULL));
+        return NULL;
+    }
+    return ctx;
 }
 
 int sg_cmd_train(int argc, char **argv)
@@ -200,13 +339,34 @@ int sg_cmd_train(int argc, char **argv)
     train_opts o;
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
-    sg_ctx *ctx = sg_cli_ctx("train", o.backend, false);
+    sg_dist_env env;
+    int worker = 0;
+    if (sg_dist_env_read(&env, &worker) != SG_OK) {
+        fprintf(stderr, "stepgraph train: %s\n", sg_ctx_last_error(NULL));
+        return SG_EXIT_FAIL;
+    }
+    if (o.gpus && !worker) return launch_ranks(argc, argv, &o);
+    sg_ctx *ctx = worker ? worker_ctx(&o, &env) : sg_cli_ctx("train", o.backend, false);
     if (!ctx) return SG_EXIT_FAIL;
     sg_model *m = NULL;
     sg_optim *opt = NULL;
     sg_readback *rb = NULL;
     sg_trainer *tr = NULL;
+    sg_dist *dist = NULL;
     rc = 0;
+    if (worker) {
+        sg_dist_options dopt = sg_dist_options_default();
+        dopt.rank = env.rank, dopt.world = env.world, dopt.id = env.id;
+        dopt.bucket_bytes = (size_t)(o.bucket_mib * 1048576.0);
+        dopt.timeout_s = o.dist_timeout;
+        if (sg_dist_create(ctx, &dopt, &dist) != SG_OK) {
+            rc = fail(ctx, "joining the run");
+            goto out;
+        }
+        o.mo.shard = env.rank, o.mo.shards = env.world;
+        o.tr.dist = dist;
+        if (o.tr.scope != SG_SCOPE_EAGER && o.tr.warmup < SG_DIST_MIN_WARMUP) o.tr.warmup = SG_DIST_MIN_WARMUP;
+    }
     if (sg_model_create_ex(ctx, o.model, (uint64_t)o.seed, &o.mo, &m) != SG_OK) {
         rc = fail(ctx, "model");
         goto out;
@@ -308,7 +468,8 @@ int sg_cmd_train(int argc, char **argv)
         if (tty && (last / 10 != (s - 1) / 10 || s == 0))
             fprintf(stderr, "\r  step %lld/%lld  %.0f ms  ", last + 1, o.steps, sg_cli_now_ms() - t_start);
     }
-    if (sg_ctx_sync(ctx) != SG_OK || sg_readback_wait(rb, &loss, sizeof loss) != SG_OK) {
+    if (sg_ctx_sync(ctx) != SG_OK || (dist && sg_dist_poll(dist) != SG_OK) ||
+        sg_readback_wait(rb, &loss, sizeof loss) != SG_OK) {
         rc = fail(ctx, "sync");
         goto out;
     }
@@ -324,6 +485,11 @@ int sg_cmd_train(int argc, char **argv)
            "per step after set-up: %.2f (%llu in all), peak memory %.1f MiB\n",
            o.steps, ms, first_timed + 1, o.steps, first_loss, loss, allocs,
            (unsigned long long)a1.device_allocs, a1.peak_bytes_reserved / 1048576.0);
+    sg_dist_stats ds;
+    if (dist && sg_dist_get_stats(dist, &ds) == SG_OK)
+        printf("data parallel: %d ranks, each on 1/%d of every batch; %d gradient all-reduces a step (buckets of "
+               "%.3g MiB) averaging %.3f MiB; captures checked on every rank: %d\n", sg_dist_world(dist),
+               sg_dist_world(dist), ds.buckets_per_step, o.bucket_mib, ds.bytes_per_step / 1048576.0, ds.checks);
     sg_loss_scaler sc;
     if (o.mo.precision == SG_DTYPE_BF16) {
         if (sg_trainer_get_scaler(tr, &sc) != SG_OK) {
@@ -340,7 +506,7 @@ int sg_cmd_train(int argc, char **argv)
         }
         printf("validation loss (4 held-out batches): %.4f -> %.4f\n", val0, val1);
     }
-    if (o.save) {
+    if (o.save && (!dist || sg_dist_rank(dist) == 0)) { /* every rank holds the same state */
         if (sg_trainer_save(tr, start + o.steps, o.save) != SG_OK) {
             rc = fail(ctx, "save");
             goto out;
@@ -369,6 +535,7 @@ out:
     sg_readback_destroy(rb);
     sg_optim_destroy(opt);
     sg_model_destroy(m);
+    sg_dist_destroy(dist); /* after the trainer: its graphs hold the run's collectives */
     sg_ctx_destroy(ctx);
     return rc;
 }

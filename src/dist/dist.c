@@ -137,14 +137,16 @@ sg_status sg_dist_get_stats(const sg_dist *d, sg_dist_stats *out)
     if (!d || !out) return SG_ERR_NULL;
     *out = d->st;
     out->buckets_per_step = d->last_buckets;
+    out->bytes_per_step = d->last_bytes;
     return SG_OK;
 }
 
 sg_status sg_dist_average_host(sg_dist *d, double *v, int n)
 {
     if (!d) return SG_ERR_NULL;
-    if (!v || n < 1 || n > 64)
-        return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_average_host: %d values: expected 1 to 64", n);
+    if (!v || n < 1 || n > SG_DIST_GATHER_BYTES / (int)sizeof(double))
+        return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_average_host: %d values: expected 1 to %d", n,
+                       SG_DIST_GATHER_BYTES / (int)sizeof(double));
     SG_TRY(sg_dist_check_failed(d));
     if (sg_ctx_capturing(d->ctx))
         return sg_capture_forbid(d->ctx, "sg_dist_average_host", "averaged host values over the ranks",
@@ -217,6 +219,7 @@ static sg_status all_reduce(sg_dist *d, sg_tensor *t, int64_t off, int64_t count
     }
     d->st.collectives++;
     d->st.bytes += (uint64_t)count * sg_dtype_size(t->dtype);
+    d->step_bytes += (uint64_t)count * sg_dtype_size(t->dtype);
     return d->vt->all_reduce_avg(d, t, off, count);
 }
 
@@ -244,6 +247,7 @@ sg_status sg_dist_backward_begin(sg_dist *d)
     d->in_backward = true;
     d->sent_lo = d->grads->numel;
     d->buckets = 0;
+    d->step_bytes = 0;
     return SG_OK;
 }
 
@@ -270,6 +274,7 @@ sg_status sg_dist_backward_end(sg_dist *d)
     /* The loss, so that every rank reports the whole batch's. */
     SG_TRY(all_reduce(d, d->loss, 0, 1));
     d->last_buckets = d->buckets;
+    d->last_bytes = d->step_bytes;
     return d->vt->join(d);
 }
 
@@ -290,6 +295,8 @@ typedef struct summary {
     char msg[384];
     sg_dist_coll c[SG_DIST_RECORD];
 } summary;
+
+_Static_assert(sizeof(summary) <= SG_DIST_GATHER_BYTES, "a check's summary must fit all_gather_host");
 
 void sg_dist_capture_begin(sg_dist *d)
 {

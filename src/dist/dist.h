@@ -57,6 +57,7 @@ typedef struct sg_dist_coll {
 } sg_dist_coll;
 
 #define SG_DIST_RECORD 64      /* collectives a rank sends whole for the check; the rest hashed */
+#define SG_DIST_GATHER_BYTES 4096 /* the most a rank contributes to all_gather_host */
 
 struct sg_dist {
     sg_ctx *ctx;
@@ -78,6 +79,7 @@ struct sg_dist {
     bool in_backward;
     int64_t sent_lo;           /* this backward queued [sent_lo, numel) already */
     int buckets, last_buckets;
+    uint64_t step_bytes, last_bytes;
     /* Capture: the collectives queued while ctx captures. */
     bool recording;
     sg_dist_coll rec[SG_DIST_RECORD];

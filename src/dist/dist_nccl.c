@@ -29,9 +29,9 @@ typedef struct nccl_state {
     double ring_t[RING];
     int head, count;
     double last_progress;      /* when a step was last seen to finish */
-    void *gather;              /* device buffer for the host all-gather */
-    void *pinned;              /* its pinned host staging */
-    size_t gather_bytes;
+    void *gather;              /* device buffer for the host all-gather: world * SG_DIST_GATHER_BYTES */
+    void *pinned;              /* its pinned host staging (a pageable copy could block the host
+                                * behind a hung collective) */
     pthread_mutex_t mu;        /* the communicator: calls and the abort */
     pthread_t watchdog;
     bool watching;
@@ -156,6 +156,9 @@ static sg_status nccl_init(sg_dist *d)
     SG_CUDA_CHECK(d->ctx, cudaEventCreateWithFlags(&s->fork_ev, cudaEventDisableTiming));
     SG_CUDA_CHECK(d->ctx, cudaEventCreateWithFlags(&s->join_ev, cudaEventDisableTiming));
     for (int i = 0; i < RING; i++) SG_CUDA_CHECK(d->ctx, cudaEventCreateWithFlags(&s->ring[i], cudaEventDisableTiming));
+    /* Allocated now: a cudaFree later could wait for the device behind a hung collective. */
+    SG_CUDA_CHECK(d->ctx, cudaMalloc(&s->gather, (size_t)d->world * SG_DIST_GATHER_BYTES));
+    SG_CUDA_CHECK(d->ctx, cudaMallocHost(&s->pinned, (size_t)d->world * SG_DIST_GATHER_BYTES));
     ncclUniqueId id;
     memcpy(id.internal, d->id.bytes, SG_DIST_ID_BYTES);
     /* Non-blocking: the init returns at once and is polled with a deadline, so a rank that never
@@ -276,16 +279,7 @@ static sg_status nccl_all_gather_host(sg_dist *d, const void *mine, void *all, s
     nccl_state *s = state(d);
     SG_TRY(sg_dist_check_failed(d));
     size_t total = bytes * (size_t)d->world;
-    if (total > s->gather_bytes) {
-        /* Pinned staging: a pageable copy could block the host behind a hung collective. */
-        if (s->gather && cudaFree(s->gather) != cudaSuccess) cudaGetLastError();
-        if (s->pinned && cudaFreeHost(s->pinned) != cudaSuccess) cudaGetLastError();
-        s->gather = s->pinned = NULL;
-        s->gather_bytes = 0;
-        SG_CUDA_CHECK(d->ctx, cudaMalloc(&s->gather, total));
-        SG_CUDA_CHECK(d->ctx, cudaMallocHost(&s->pinned, total));
-        s->gather_bytes = total;
-    }
+    SG_ASSERT(bytes <= SG_DIST_GATHER_BYTES);
     char *dev = s->gather, *host = s->pinned;
     memcpy(host + (size_t)d->rank * bytes, mine, bytes);
     SG_TRY(nccl_fork(d)); /* after the steps already queued: one order of collectives on every rank */

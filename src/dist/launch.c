@@ -154,6 +154,7 @@ typedef struct worker {
 typedef struct link_msg {
     int32_t kind;              /* 'F' failure, 'D' done */
     int32_t rank, status, node;
+    int32_t signalled;         /* status is 128 + the signal that killed the rank */
 } link_msg;
 
 typedef struct run {
@@ -179,9 +180,10 @@ static int exit_status(int wst)
     return 255;
 }
 
-static void describe(int status, char *buf, size_t n)
+/* How a worker ended; signalled: status is 128 + the signal. */
+static void describe(int status, bool signalled, char *buf, size_t n)
 {
-    if (status > 128 && status < 128 + 65)
+    if (signalled)
         snprintf(buf, n, "was killed by signal %d (%s)", status - 128, strsignal(status - 128));
     else if (status == 127)
         snprintf(buf, n, "exited with status 127 (its program could not be started, or it said so)");
@@ -205,7 +207,7 @@ static void tell_nodes(run *r, link_msg m, int except)
 }
 
 /* The first failure stops every live worker: SIGTERM now, SIGKILL after the grace period. */
-static void stop_all(run *r, int rank, int status, int node, const char *what, int from_node)
+static void stop_all(run *r, int rank, int status, bool signalled, int node, const char *what, int from_node)
 {
     if (r->stopping) return;
     r->stopping = true;
@@ -214,7 +216,7 @@ static void stop_all(run *r, int rank, int status, int node, const char *what, i
     r->kill_at = sg_dist_now() + (r->o->grace_s > 0 ? r->o->grace_s : 5.0);
     for (int i = 0; i < r->n; i++)
         if (r->w[i].live) kill(r->w[i].pid, SIGTERM);
-    tell_nodes(r, (link_msg){'F', rank, status, node}, from_node);
+    tell_nodes(r, (link_msg){'F', rank, status, node, signalled}, from_node);
 }
 
 static void reap(run *r, int i, int wst)
@@ -224,8 +226,8 @@ static void reap(run *r, int i, int wst)
     int status = exit_status(wst);
     if (status != 0 && !r->stopping) {
         char what[160];
-        describe(status, what, sizeof what);
-        stop_all(r, r->w[i].rank, status, r->o->node_rank, what, -1);
+        describe(status, WIFSIGNALED(wst), what, sizeof what);
+        stop_all(r, r->w[i].rank, status, WIFSIGNALED(wst), r->o->node_rank, what, -1);
     }
 }
 
@@ -244,9 +246,9 @@ static void on_link(run *r, int fd, int node)
     }
     if (!gone && m.kind == 'F') {
         char what[160];
-        if (m.rank >= 0) describe(m.status, what, sizeof what);
+        if (m.rank >= 0) describe(m.status, m.signalled != 0, what, sizeof what);
         else snprintf(what, sizeof what, "was lost");
-        stop_all(r, m.rank, m.status, m.node, what, node);
+        stop_all(r, m.rank, m.status, m.signalled != 0, m.node, what, node);
         return;
     }
     if (r->o->node_rank == 0) {
@@ -259,7 +261,7 @@ static void on_link(run *r, int fd, int node)
     }
     char what[200];
     snprintf(what, sizeof what, "lost contact with %s (its host or launcher died?)", who);
-    stop_all(r, -1, 0, node, what, node);
+    stop_all(r, -1, 0, false, node, what, node);
 }
 
 /* Waits up to ms for a message from another node; without other nodes, just sleeps. */
@@ -357,14 +359,14 @@ sg_status sg_dist_launch(const sg_dist_launch_options *o, sg_dist_launch_result 
     if (st != SG_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", sg_ctx_last_error(NULL));
-        stop_all(r, -1, 0, o->node_rank, "could not start", -1);
+        stop_all(r, -1, 0, false, o->node_rank, "could not start", -1);
         wait_all(r);
         sg_dist_link_close(&r->link);
         free(r);
         return sg_fail(NULL, st, "%s", msg);
     }
     wait_all(r);
-    if (!r->stopping) tell_nodes(r, (link_msg){'D', -1, 0, o->node_rank}, -1);
+    if (!r->stopping) tell_nodes(r, (link_msg){'D', -1, 0, o->node_rank, 0}, -1);
     sg_dist_link_close(&r->link);
     if (res && r->stopping) *res = (sg_dist_launch_result){r->fail_rank, r->fail_status, r->fail_node};
     if (!r->stopping) {
