@@ -314,7 +314,7 @@ sg_status sg_gpt_build(sg_model *m, uint64_t seed)
     embed_module *e = calloc(1, sizeof *e);
     if (!e) g.st = sg_fail(ctx, SG_ERR_OOM, "sg_model_create: out of host memory");
     else {
-        e->base = (sg_module){&embed_i, ctx, "embedding"};
+        e->base = (sg_module){.vt = &embed_i, .ctx = ctx, .name = "embedding"};
         e->m = m;
         e->wte = P(iwte), e->wpe = P(iwpe), e->dwte = G(iwte), e->dwpe = G(iwpe);
         e->y = rows(&g, "embedding", "y", M, C);
@@ -328,7 +328,7 @@ sg_status sg_gpt_build(sg_model *m, uint64_t seed)
             g.st = sg_fail(ctx, SG_ERR_OOM, "sg_model_create: out of host memory");
             break;
         }
-        b->base = (sg_module){&block_i, ctx, ""};
+        b->base = (sg_module){.vt = &block_i, .ctx = ctx};
         snprintf(b->base.name, sizeof b->base.name, "blocks.%d", l);
         mods[k++] = &b->base;
         b->m = m, b->index = l, b->heads = (int)H, b->site = 1 + 2 * (uint32_t)l;
@@ -362,7 +362,7 @@ sg_status sg_gpt_build(sg_model *m, uint64_t seed)
         ln_module *l = calloc(1, sizeof *l);
         if (!l) g.st = sg_fail(ctx, SG_ERR_OOM, "sg_model_create: out of host memory");
         else {
-            l->base = (sg_module){&ln_i, ctx, "ln_f"};
+            l->base = (sg_module){.vt = &ln_i, .ctx = ctx, .name = "ln_f"};
             mods[k++] = &l->base;
             l->w = P(ilnw), l->b = P(ilnb), l->dw = G(ilnw), l->db = G(ilnb);
             l->y = rows(&g, "ln_f", "y", M, C), l->dx = rows(&g, "ln_f", "dx", M, C);

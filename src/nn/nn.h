@@ -100,6 +100,7 @@ struct sg_module {
     const sg_module_i *vt;
     sg_ctx *ctx;
     char name[64];
+    char range[2][80];       /* "<name>.forward", "<name>.backward": made on first use */
 };
 
 /* Linear with an optional fused activation (cuBLASLt epilogue): y(M,N) = act(x W^T + b).
@@ -119,10 +120,16 @@ void sg_module_destroy(sg_module *m);
 /* Forward and backward name the module on the context while they queue work, so that an
  * error during capture says which module made the forbidden call, and run inside a named
  * range ("blocks.3.forward"): NVTX for Nsight Systems, and the profiler's traces. */
+/* The module's range name for pass 0 (forward) or 1 (backward), formatted once, not per step. */
+static inline const char *sg_module_range(sg_module *m, int pass)
+{
+    if (!m->range[pass][0])
+        snprintf(m->range[pass], sizeof m->range[pass], "%s.%s", m->name, pass ? "backward" : "forward");
+    return m->range[pass];
+}
 static inline sg_status sg_module_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
 {
-    char range[80];
-    snprintf(range, sizeof range, "%s.forward", m->name);
+    const char *range = sg_module_range(m, 0);
     sg_range_push(m->ctx, range);
     const char *prev = sg_ctx_set_module(m->ctx, m->name);
     sg_status st = m->vt->forward(m, x, y);
@@ -132,8 +139,7 @@ static inline sg_status sg_module_forward(sg_module *m, const sg_tensor *x, cons
 }
 static inline sg_status sg_module_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
-    char range[80];
-    snprintf(range, sizeof range, "%s.backward", m->name);
+    const char *range = sg_module_range(m, 1);
     sg_range_push(m->ctx, range);
     const char *prev = sg_ctx_set_module(m->ctx, m->name);
     sg_status st = m->vt->backward(m, dy, dx);
