@@ -32,6 +32,7 @@ void sg_model_destroy(sg_model *m)
     sg_text_close(m->text);
     sg_tensor *ts[] = {m->scaler, m->found, m->rng, m->gnorm, m->nonfinite, m->batch_idx, m->x_pad, m->t_pad, m->x_view, m->t_view, m->x_static, m->t_static, m->loss, m->dlogits, m->data_x, m->data_y};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+    for (int i = 0; i < m->n_shared; i++) sg_tensor_destroy(m->shared[i]);
     sg_params_release(&m->params);
     free(m->grad_ready);
     free(m);

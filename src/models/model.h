@@ -47,6 +47,10 @@ struct sg_model {
     int64_t global_batch;      /* the name's batch B; spec.batch is B / shards */
     int64_t *grad_ready;       /* (children of net): after child i's backward, gradients */
     int n_grad_ready;          /*   [grad_ready[i], total) of the flat buffer are final */
+    /* Buffers the modules share (gpt: the blocks' backward scratch and attention work), owned
+     * by the model and destroyed with it, after the modules. */
+    sg_tensor *shared[16];
+    int n_shared;
     /* mixed precision */
     sg_dtype precision;        /* SG_DTYPE_F32, or SG_DTYPE_BF16: activations and gradients */
     sg_tensor *scaler;         /* (SG_SCALER_COUNT) F32: sg_loss_scaler; every model has one */
