@@ -16,6 +16,7 @@
  * difference is at most about P * 2^-53 (3e-9 at 25M elements), far below f32's 2^-24: the
  * norm written as f32 agrees with the reference to 1 ulp. */
 #include "ops/clip.h"
+#include "ops/reduce_cuda.cuh"
 
 #include <cuda_runtime.h>
 
@@ -29,19 +30,6 @@
 
 static_assert(SCRATCH_PARTIALS_OFF + 8 * SG_CLIP_MAX_BLOCKS == SG_CLIP_SCRATCH_BYTES,
               "clip.h's scratch size must match the layout here");
-
-/* Sum over the block in a fixed tree; the result is valid in thread 0. sh: CLIP_WARPS. */
-__device__ __forceinline__ double clip_block_sum(double v, double *sh)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(FULL_MASK, v, o);
-    __syncthreads(); /* earlier readers of sh are done */
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double r = 0;
-    if (threadIdx.x == 0)
-        for (int k = 0; k < CLIP_WARPS; k++) r += sh[k];
-    return r;
-}
 
 __device__ __forceinline__ double clip_add_squares(double acc, float4 v)
 {
@@ -59,7 +47,6 @@ __global__ void __launch_bounds__(CLIP_THREADS)
                       unsigned *counter, double *norm_d, float *norm, int *nonfinite)
 {
     __shared__ double sh[CLIP_WARPS];
-    __shared__ bool last;
     const int64_t stride = (int64_t)gridDim.x * CLIP_THREADS;
     const int64_t tid = blockIdx.x * (int64_t)CLIP_THREADS + threadIdx.x;
     const int64_t n4 = vec ? n / 4 : 0;
@@ -75,24 +62,14 @@ __global__ void __launch_bounds__(CLIP_THREADS)
         double v = g[i];
         acc += v * v;
     }
-    double bsum = clip_block_sum(acc, sh);
-    if (threadIdx.x == 0) {
-        partials[blockIdx.x] = bsum;
-        __threadfence(); /* the partial is visible before the ticket is taken */
-        last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
     double a = 0;
-    for (unsigned k = threadIdx.x; k < gridDim.x; k += CLIP_THREADS) a += __ldcg(&partials[k]);
-    a = clip_block_sum(a, sh);
+    if (!sg_grid_sum_last<CLIP_THREADS>(sg_block_sum<CLIP_THREADS>(acc, sh), partials, counter, sh, &a))
+        return;
     if (threadIdx.x == 0) {
         double nd = sqrt(a); /* inf or NaN when an element is */
         *norm_d = nd;
         *norm = (float)nd;
         *nonfinite = isfinite(a) ? 0 : 1;
-        *counter = 0;
     }
 }
 

@@ -19,6 +19,7 @@
  * logit out of bounds; it counts in the divisor, its loss term is NaN and its dlogits row is
  * NaN, so the loss the host reads back is NaN. (The CPU backend reports SG_ERR_INVALID.) */
 #include "ops/loss.h"
+#include "ops/reduce_cuda.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -57,41 +58,15 @@ static int grid_for(const sg_ctx *ctx, int64_t want)
 
 /* ---- block reductions, fixed order ---- */
 
-/* Sum over the block in a fixed tree; the result is valid in thread 0. sh: LOSS_WARPS. */
-__device__ __forceinline__ double block_sum_double(double v, double *sh)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(FULL_MASK, v, o);
-    __syncthreads(); /* earlier readers of sh are done */
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double r = 0;
-    if (threadIdx.x == 0)
-        for (int k = 0; k < LOSS_WARPS; k++) r += sh[k];
-    return r;
-}
-
 /* Every block calls this once with its partial (valid in thread 0). The last block to arrive
  * sums all partials in index order, writes loss = total / divisor (0 when divisor is 0) and
  * resets the counter. */
 __device__ void finish_mean(double block_sum, double divisor, double *partials,
                             unsigned *counter, float *loss, double *sh)
 {
-    __shared__ bool last;
-    if (threadIdx.x == 0) {
-        partials[blockIdx.x] = block_sum;
-        __threadfence(); /* the partial is visible before the ticket is taken */
-        last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
     double a = 0;
-    for (unsigned i = threadIdx.x; i < gridDim.x; i += LOSS_THREADS) a += __ldcg(&partials[i]);
-    a = block_sum_double(a, sh);
-    if (threadIdx.x == 0) {
-        *loss = divisor > 0 ? (float)(a / divisor) : 0.f;
-        *counter = 0;
-    }
+    if (!sg_grid_sum_last<LOSS_THREADS>(block_sum, partials, counter, sh, &a)) return;
+    if (threadIdx.x == 0) *loss = divisor > 0 ? (float)(a / divisor) : 0.f;
 }
 
 /* Rows with a target >= 0, counted by the whole block (integer: order does not matter). */
@@ -272,7 +247,7 @@ __global__ void __launch_bounds__(LOSS_THREADS)
         acc += (double)d * d;
         if (dx) dx[i] = d * k;
     }
-    double bsum = block_sum_double(acc, sh_d);
+    double bsum = sg_block_sum<LOSS_THREADS>(acc, sh_d);
     finish_mean(bsum, (double)n, partials, counter, loss, sh_d);
 }
 
