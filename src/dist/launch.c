@@ -87,11 +87,15 @@ sg_status sg_dist_env_read(sg_dist_env *out, int *found)
     else if (!env_int("SG_DIST_LOCAL_RANK", 0, out->local_world - 1, &out->local_rank)) bad = "SG_DIST_LOCAL_RANK";
     else if (!getenv("SG_DIST_ID") || sg_dist_id_from_hex(getenv("SG_DIST_ID"), &out->id) != SG_OK)
         bad = "SG_DIST_ID";
-    if (bad)
-        return sg_fail(NULL, SG_ERR_INVALID, "sg_dist_env_read: %s is %s'%s'%s; the launcher (stepgraph train "
+    if (bad) {
+        const char *v = getenv(bad);
+        char shown[96];
+        if (v) snprintf(shown, sizeof shown, "'%.80s'", v);
+        else snprintf(shown, sizeof shown, "unset");
+        return sg_fail(NULL, SG_ERR_INVALID, "sg_dist_env_read: %s is %s; the launcher (stepgraph train "
                        "--gpus N) sets SG_DIST_RANK, SG_DIST_WORLD, SG_DIST_LOCAL_RANK, SG_DIST_LOCAL_WORLD and "
-                       "SG_DIST_ID (%d hex digits) together", bad, getenv(bad) ? "" : "unset",
-                       getenv(bad) ? getenv(bad) : "", getenv(bad) ? "" : "", 2 * SG_DIST_ID_BYTES);
+                       "SG_DIST_ID (%d hex digits) together", bad, shown, 2 * SG_DIST_ID_BYTES);
+    }
     *found = 1;
     return SG_OK;
 }
