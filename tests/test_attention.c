@@ -8,21 +8,6 @@
  * bf16) replayed against eager; the capture refusal when the cuBLAS handle would be created. */
 #include "testutil.h"
 
-/* Tensors of one case, destroyed together. */
-static sg_tensor *live[64];
-static int n_live;
-
-static sg_tensor *keep(sg_tensor *t)
-{
-    SG_ASSERT(n_live < 64);
-    return live[n_live++] = t;
-}
-
-static void free_live(void)
-{
-    while (n_live) sg_tensor_destroy(live[--n_live]);
-}
-
 typedef struct {
     int64_t B, T, C;
     int H;
@@ -37,12 +22,12 @@ typedef struct {
 static sg_tensor *mk(sg_ctx *ctx, sg_dtype dt, int nd, const int64_t *shape, const char *name,
                      int mis)
 {
-    if (!mis) return keep(tu_tensor(ctx, dt, nd, shape, name));
+    if (!mis) return tu_keep(tu_tensor(ctx, dt, nd, shape, name));
     int64_t n = 1;
     for (int i = 0; i < nd; i++) n *= shape[i];
-    sg_tensor *base = keep(tu_tensor1(ctx, dt, n + 1, "base")), *v;
+    sg_tensor *base = tu_keep(tu_tensor1(ctx, dt, n + 1, "base")), *v;
     TU_OK(ctx, sg_tensor_view(base, 1, nd, shape, name, &v));
-    return keep(v);
+    return tu_keep(v);
 }
 
 /* flat: qkv, out, dout, dqkv 2-D with B*T rows, as a model's linear layers hold them. */
@@ -207,7 +192,7 @@ static void cpu_forward_naive(void)
             check_forward_naive(what, &s, d, tu_tol_for(dts[k]));
             /* f32: each entry rounded once (2^-24 relative), so a row sum is off by <= T ulp. */
             check_att_rows(what, s.att, dts[k] == SG_DTYPE_F64 ? 1e-13 : 1.2e-7 * (double)d.T);
-            free_live();
+            tu_free_live();
         }
     sg_ctx_destroy(ctx);
 }
@@ -233,7 +218,7 @@ static void cpu_gradcheck_case(sg_ctx *ctx, dims d, int flat)
     char what[80], label[112]; /* tu_gradcheck appends to label in a buffer of 160 */
     dims_str(what, sizeof what, "cpu gradcheck", d, f64, flat);
     fd_case c = {ctx, make_set(ctx, f64, d, 0, flat), d, NULL};
-    c.r = keep(tu_tensor(ctx, f64, c.s.out->ndim, c.s.out->shape, "r"));
+    c.r = tu_keep(tu_tensor(ctx, f64, c.s.out->ndim, c.s.out->shape, "r"));
     free(tu_random(c.s.qkv, -1, 1));
     double *rv = tu_random(c.r, -1, 1);
 
@@ -262,7 +247,7 @@ static void cpu_gradcheck_case(sg_ctx *ctx, dims d, int flat)
     snprintf(label, sizeof label, "%s: dqkv", what);
     tu_gradcheck(label, fd_loss, &c, c.s.qkv, c.s.dqkv, 0, 1e-6, (tu_tol){1e-8, 1e-6});
     free(rv);
-    free_live();
+    tu_free_live();
 }
 
 static void cpu_gradchecks(void)
@@ -309,7 +294,7 @@ static void cpu_f32_vs_f64(void)
     /* The f32 backward reads the f32-rounded att: an extra 2^-24 relative per entry. */
     snprintf(label, sizeof label, "%s: dqkv", what);
     tu_close_tensors(label, s32.dqkv, s64.dqkv, tu_tol_for(SG_DTYPE_F32));
-    free_live();
+    tu_free_live();
     sg_ctx_destroy(ctx);
 }
 
@@ -352,7 +337,7 @@ static void cpu_bf16_vs_f64(void)
         check_att_rows(what, sb.att, BF16_ROW_SUM_TOL);
         snprintf(label, sizeof label, "%s: dqkv", what);
         check_bf16(label, sb.dqkv, s64.dqkv);
-        free_live();
+        tu_free_live();
     }
     sg_ctx_destroy(ctx);
 }
@@ -380,26 +365,26 @@ static void cpu_errors(void)
     const int64_t q25[3] = {2, 3, 25}, q2d[2] = {5, 24}, o9[3] = {2, 3, 9}, a1[4] = {2, 1, 3, 3};
     const int64_t q1d = 144, qf[2] = {6, 24}, of[2] = {6, 8}, of9[2] = {6, 9};
     const int64_t o24[3] = {2, 3, 24}, q8[3] = {2, 3, 8}, a33[4] = {2, 2, 3, 4};
-    sg_tensor *qkv25 = keep(tu_tensor(ctx, f, 3, q25, "qkv25"));
-    sg_tensor *qkv2d = keep(tu_tensor(ctx, f, 2, q2d, "qkv2d"));
-    sg_tensor *qkv1d = keep(tu_tensor(ctx, f, 1, &q1d, "qkv1d"));
-    sg_tensor *qkvf = keep(tu_tensor(ctx, f, 2, qf, "qkv_flat"));
-    sg_tensor *outf = keep(tu_tensor(ctx, f, 2, of, "out_flat"));
-    sg_tensor *outf9 = keep(tu_tensor(ctx, f, 2, of9, "out_flat9"));
-    sg_tensor *qkvi = keep(tu_tensor(ctx, SG_DTYPE_I32, 3, s.qkv->shape, "qkvi"));
-    sg_tensor *out9 = keep(tu_tensor(ctx, f, 3, o9, "out9"));
-    sg_tensor *out64 = keep(tu_tensor(ctx, SG_DTYPE_F64, 3, s.out->shape, "out64"));
-    sg_tensor *att1 = keep(tu_tensor(ctx, f, 4, a1, "att1"));
-    sg_tensor *att34 = keep(tu_tensor(ctx, f, 4, a33, "att34"));
-    sg_tensor *ws = keep(tu_tensor1(ctx, f, wsmall, "work_small"));
-    sg_tensor *w64 = keep(tu_tensor1(ctx, SG_DTYPE_F64, wn, "work64"));
-    sg_tensor *dout24 = keep(tu_tensor(ctx, f, 3, o24, "dout24"));
-    sg_tensor *dqkv8 = keep(tu_tensor(ctx, f, 3, q8, "dqkv8"));
-    sg_tensor *dqkv64 = keep(tu_tensor(ctx, SG_DTYPE_F64, 3, s.qkv->shape, "dqkv64"));
+    sg_tensor *qkv25 = tu_keep(tu_tensor(ctx, f, 3, q25, "qkv25"));
+    sg_tensor *qkv2d = tu_keep(tu_tensor(ctx, f, 2, q2d, "qkv2d"));
+    sg_tensor *qkv1d = tu_keep(tu_tensor(ctx, f, 1, &q1d, "qkv1d"));
+    sg_tensor *qkvf = tu_keep(tu_tensor(ctx, f, 2, qf, "qkv_flat"));
+    sg_tensor *outf = tu_keep(tu_tensor(ctx, f, 2, of, "out_flat"));
+    sg_tensor *outf9 = tu_keep(tu_tensor(ctx, f, 2, of9, "out_flat9"));
+    sg_tensor *qkvi = tu_keep(tu_tensor(ctx, SG_DTYPE_I32, 3, s.qkv->shape, "qkvi"));
+    sg_tensor *out9 = tu_keep(tu_tensor(ctx, f, 3, o9, "out9"));
+    sg_tensor *out64 = tu_keep(tu_tensor(ctx, SG_DTYPE_F64, 3, s.out->shape, "out64"));
+    sg_tensor *att1 = tu_keep(tu_tensor(ctx, f, 4, a1, "att1"));
+    sg_tensor *att34 = tu_keep(tu_tensor(ctx, f, 4, a33, "att34"));
+    sg_tensor *ws = tu_keep(tu_tensor1(ctx, f, wsmall, "work_small"));
+    sg_tensor *w64 = tu_keep(tu_tensor1(ctx, SG_DTYPE_F64, wn, "work64"));
+    sg_tensor *dout24 = tu_keep(tu_tensor(ctx, f, 3, o24, "dout24"));
+    sg_tensor *dqkv8 = tu_keep(tu_tensor(ctx, f, 3, q8, "dqkv8"));
+    sg_tensor *dqkv64 = tu_keep(tu_tensor(ctx, SG_DTYPE_F64, 3, s.qkv->shape, "dqkv64"));
     sg_tensor *wo = tu_tensor1(other, f, wn, "work_other");
     sg_tensor *outv; /* 'out' inside work */
     TU_OK(ctx, sg_tensor_view(s.work, 0, 3, s.out->shape, "out_in_work", &outv));
-    keep(outv);
+    tu_keep(outv);
     free(tu_random(s.qkv, -1, 1));
     free(tu_random(s.dout, -1, 1));
     free(tu_random(qkvf, -1, 1));
@@ -495,7 +480,7 @@ static void cpu_errors(void)
     TU_CHECK(nan == 0, "cpu after errors: %lld elements of dqkv unwritten", (long long)nan);
     free(g);
     sg_tensor_destroy(wo);
-    free_live();
+    tu_free_live();
     sg_ctx_destroy(other);
     sg_ctx_destroy(ctx);
 }
@@ -509,8 +494,8 @@ static void cpu_mixed_dtypes(void)
     att_set b = make_set(ctx, SG_DTYPE_BF16, d, 0, 0), f = make_set(ctx, SG_DTYPE_F32, d, 0, 0);
     att_set w = make_set(ctx, SG_DTYPE_F64, d, 0, 0);
     const int64_t wn = sg_attention_work_elems(2, 3, 8, 2);
-    sg_tensor *wb = keep(tu_tensor1(ctx, SG_DTYPE_BF16, wn, "work_bf16"));
-    sg_tensor *w64 = keep(tu_tensor1(ctx, SG_DTYPE_F64, wn, "work_f64"));
+    sg_tensor *wb = tu_keep(tu_tensor1(ctx, SG_DTYPE_BF16, wn, "work_bf16"));
+    sg_tensor *w64 = tu_keep(tu_tensor1(ctx, SG_DTYPE_F64, wn, "work_f64"));
     free(tu_random(b.qkv, -1, 1));
     free(tu_random(b.dout, -1, 1));
     tu_poison(b.out);
@@ -554,7 +539,7 @@ static void cpu_mixed_dtypes(void)
     TU_OK(ctx, sg_attention_forward(ctx, b.qkv, 2, b.out, b.att, b.work));
     TU_OK(ctx, sg_attention_backward(ctx, b.qkv, b.att, b.dout, 2, b.dqkv, b.work));
     check_forward_naive("cpu bf16 after mixed-dtype errors", &b, d, tu_tol_for(SG_DTYPE_BF16));
-    free_live();
+    tu_free_live();
     sg_ctx_destroy(ctx);
 }
 
@@ -615,7 +600,7 @@ static void check_capture(sg_ctx *ctx, dims d, int warmup, int flat, sg_dtype dt
         free(dy);
     }
     sg_graph_destroy(g);
-    free_live();
+    tu_free_live();
 }
 
 static void cpu_capture(void)
@@ -700,7 +685,7 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, dims d, int mis, int flat, sg_dty
 
     /* ---- backward, from the GPU's att (so only the backward's error is measured), with the
      * work poisoned again: nothing may carry over from the forward. */
-    sg_tensor *catt = keep(tu_clone_to(cpu, g.att, f));
+    sg_tensor *catt = tu_keep(tu_clone_to(cpu, g.att, f));
     tu_poison(g.dqkv);
     tu_poison(g.work);
     l0 = sg_ctx_launch_count(gpu);
@@ -738,7 +723,7 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, dims d, int mis, int flat, sg_dty
     free(dqkv1);
     free(x);
     free(dy);
-    free_live();
+    tu_free_live();
 }
 
 /* A capture whose first attention call would create the cuBLAS handle is refused, naming
@@ -761,7 +746,7 @@ static void gpu_capture_refused(void)
     tu_poison(st.s.out);
     TU_OK(gpu, att_step_fn(&st));
     check_forward_naive("gpu after a refused capture", &st.s, d, gemm_tol(d.T + d.C / d.H));
-    free_live();
+    tu_free_live();
     sg_ctx_destroy(gpu);
 }
 
@@ -790,16 +775,16 @@ static void gpu_vs_cpu(void)
     /* f32 and bf16 do not mix: the tensor that differs from qkv is named. */
     dims d = {1, 4, 8, 2};
     att_set s = make_set(gpu, SG_DTYPE_F32, d, 0, 0);
-    sg_tensor *qh = keep(tu_tensor(gpu, SG_DTYPE_BF16, 3, s.qkv->shape, "qkv_bf16"));
-    sg_tensor *oh = keep(tu_tensor(gpu, SG_DTYPE_BF16, 3, s.out->shape, "out_bf16"));
-    sg_tensor *wh = keep(tu_tensor1(gpu, SG_DTYPE_BF16, sg_attention_work_elems(1, 4, 8, 2), "work_bf16"));
+    sg_tensor *qh = tu_keep(tu_tensor(gpu, SG_DTYPE_BF16, 3, s.qkv->shape, "qkv_bf16"));
+    sg_tensor *oh = tu_keep(tu_tensor(gpu, SG_DTYPE_BF16, 3, s.out->shape, "out_bf16"));
+    sg_tensor *wh = tu_keep(tu_tensor1(gpu, SG_DTYPE_BF16, sg_attention_work_elems(1, 4, 8, 2), "work_bf16"));
     TU_FAILS(gpu, sg_attention_forward(gpu, qh, 2, s.out, s.att, s.work), SG_ERR_DTYPE,
              "'att' is f32, expected bf16");
     TU_FAILS(gpu, sg_attention_forward(gpu, s.qkv, 2, oh, s.att, s.work), SG_ERR_DTYPE,
              "'out' is bf16, expected f32");
     TU_FAILS(gpu, sg_attention_backward(gpu, s.qkv, s.att, s.dout, 2, s.dqkv, wh), SG_ERR_DTYPE,
              "'work' is bf16, expected f32");
-    free_live();
+    tu_free_live();
 
     /* Captured forward + backward (the handle exists by now) replays as eager runs. */
     check_capture(gpu, (dims){2, 33, 48, 3}, 1, 1, SG_DTYPE_F32, "gpu capture");

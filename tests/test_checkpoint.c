@@ -27,23 +27,6 @@ static const char *tpath(char *buf, size_t cap, const char *name)
     return buf;
 }
 
-static unsigned char *file_read(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "FAIL: cannot open %s: %s\n", path, strerror(errno));
-        exit(1);
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) exit(1);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
 static void file_write(const char *path, const void *p, size_t n)
 {
     FILE *f = fopen(path, "wb");
@@ -176,7 +159,7 @@ static void json_name(const char *name, char *out, size_t cap)
 static void check_layout(const char *path, const tset *s, const char *step_value)
 {
     size_t len;
-    unsigned char *f = file_read(path, &len);
+    unsigned char *f = tu_file_read(path, &len);
     TU_CHECK(len >= 8, "file of %zu bytes", len);
     uint64_t N = 0;
     for (int i = 0; i < 8; i++) N |= (uint64_t)f[i] << (8 * i);
@@ -341,7 +324,7 @@ static void check_reference_file(sg_ctx *ctx)
     const char *kv[] = {"note", "a\"b\\c\n\t\x01 caf\xc3\xa9", "step", "12", NULL};
     TU_OK(ctx, sg_checkpoint_save(ctx, again, e, 3, kv));
     size_t len;
-    unsigned char *b = file_read(again, &len);
+    unsigned char *b = tu_file_read(again, &len);
     TU_CHECK(len == sizeof reference_file && !memcmp(b, reference_file, len),
              "the saved file differs from the reference implementation's (%zu vs %zu bytes)", len,
              sizeof reference_file);
@@ -360,7 +343,7 @@ static void check_truncated(sg_ctx *ctx)
     const char *kv[] = {"step", "7", NULL};
     TU_OK(ctx, sg_checkpoint_save(ctx, path, a.e, a.n, kv));
     size_t len;
-    unsigned char *f = file_read(path, &len);
+    unsigned char *f = tu_file_read(path, &len);
     uint64_t N = 0;
     for (int i = 0; i < 8; i++) N |= (uint64_t)f[i] << (8 * i);
     size_t data = len - 8 - (size_t)N;
@@ -586,7 +569,7 @@ static void check_random_damage(sg_ctx *ctx)
     tset a = make_set(ctx, NULL), b = make_set(ctx, &a);
     TU_OK(ctx, sg_checkpoint_save(ctx, path, a.e, a.n, NULL));
     size_t len;
-    unsigned char *f = file_read(path, &len);
+    unsigned char *f = tu_file_read(path, &len);
     uint64_t N = 0;
     for (int i = 0; i < 8; i++) N |= (uint64_t)f[i] << (8 * i);
     unsigned char *sa[NSET], *sb[NSET];
@@ -646,7 +629,7 @@ static void check_atomic(sg_ctx *ctx)
      * makes the write itself fail (EFBIG), as a full disk would. */
     TU_OK(ctx, sg_checkpoint_save(ctx, path, a.e, a.n, NULL));
     size_t len0, len1;
-    unsigned char *before = file_read(path, &len0);
+    unsigned char *before = tu_file_read(path, &len0);
     sg_tensor *big = tu_tensor1(ctx, SG_DTYPE_F32, 1 << 18, "big"); /* 1 MiB */
     fill_random_bits(big);
     sg_ckpt_entry with_big[NSET + 1];
@@ -664,7 +647,7 @@ static void check_atomic(sg_ctx *ctx)
                  sg_ctx_last_error(ctx));
         TU_CHECK(strstr(sg_ctx_last_error(ctx), path) != NULL, "message lacks the path: %s",
                  sg_ctx_last_error(ctx));
-        unsigned char *after = file_read(path, &len1);
+        unsigned char *after = tu_file_read(path, &len1);
         TU_CHECK(len1 == len0 && !memcmp(before, after, len0),
                  "a failed save changed the existing file");
         free(after);

@@ -51,21 +51,6 @@ static void naive_forward(const double *tok, const double *wte, const double *wp
             y[i * C + c] = wte[(int64_t)tok[i] * C + c] + wpe[(i % T) * C + c];
 }
 
-/* The tensor's bytes, any dtype (caller frees). */
-static void *raw(const sg_tensor *t)
-{
-    void *v = malloc(sg_tensor_nbytes(t));
-    TU_OK(t->ctx, sg_tensor_copy_to_host(t, v, sg_tensor_nbytes(t)));
-    return v;
-}
-
-static int same_bits(const sg_tensor *a, const void *b)
-{
-    void *v = raw(a);
-    int same = memcmp(v, b, sg_tensor_nbytes(a)) == 0;
-    free(v);
-    return same;
-}
 
 /* ---- cpu: formula, finite differences, errors ---- */
 
@@ -486,7 +471,7 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, emb_shape s, bool odd, sg_dtype d
 
     sg_tensor *outs[3] = {y, dwte, dwpe};
     void *first[3];
-    for (int i = 0; i < 3; i++) first[i] = raw(outs[i]), tu_poison(outs[i]);
+    for (int i = 0; i < 3; i++) first[i] = tu_raw(outs[i]), tu_poison(outs[i]);
     uint64_t n0 = sg_ctx_launch_count(gpu);
     TU_OK(gpu, sg_embedding_forward(gpu, tokens, wte, wpe, y));
     uint64_t n1 = sg_ctx_launch_count(gpu);
@@ -497,7 +482,7 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, emb_shape s, bool odd, sg_dtype d
     TU_CHECK(n2 - n1 == 1, "%s: backward made %llu launches, expected 1", what,
              (unsigned long long)(n2 - n1));
     for (int i = 0; i < 3; i++) {
-        TU_CHECK(same_bits(outs[i], first[i]), "%s: %s differs between two identical runs", what,
+        TU_CHECK(tu_same_bytes(outs[i], first[i]), "%s: %s differs between two identical runs", what,
                  outs[i]->name);
         free(first[i]);
     }

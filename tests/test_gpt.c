@@ -49,17 +49,6 @@ static void drop(side *s)
     sg_model_destroy(s->m);
 }
 
-static bool same_bits(const sg_tensor *a, const sg_tensor *b, const char *what, int step)
-{
-    size_t n = sg_tensor_nbytes(a);
-    void *x = malloc(n), *y = malloc(n);
-    TU_OK(a->ctx, sg_tensor_copy_to_host(a, x, n));
-    TU_OK(b->ctx, sg_tensor_copy_to_host(b, y, n));
-    bool same = memcmp(x, y, n) == 0;
-    TU_CHECK(same, "%s differs from eager after step %d", what, step);
-    free(x), free(y);
-    return same;
-}
 
 static const char *prec_name(void) { return precision == SG_DTYPE_BF16 ? "bf16" : "fp32"; }
 
@@ -99,12 +88,12 @@ static void scopes_match(sg_backend be, const char *name, int steps)
         for (int i = 0; i < steps && ok; i++) {
             TU_OK(ctx, sg_trainer_step(e.t, i));
             TU_OK(ctx, sg_trainer_step(g.t, i));
-            ok = same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss", i + 1) &&
-                 same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters", i + 1) &&
-                 same_bits(e.m->rng, g.m->rng, "dropout offset", i + 1) &&
-                 same_bits(e.m->scaler, g.m->scaler, "loss scaler", i + 1);
+            ok = tu_same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss", i + 1) &&
+                 tu_same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters", i + 1) &&
+                 tu_same_bits(e.m->rng, g.m->rng, "dropout offset", i + 1) &&
+                 tu_same_bits(e.m->scaler, g.m->scaler, "loss scaler", i + 1);
             if (ok && precision == SG_DTYPE_BF16)
-                ok = same_bits(e.m->params.flat_lo, g.m->params.flat_lo, "bf16 parameter copies", i + 1);
+                ok = tu_same_bits(e.m->params.flat_lo, g.m->params.flat_lo, "bf16 parameter copies", i + 1);
         }
         sg_trainer_stats ts;
         TU_OK(ctx, sg_trainer_get_stats(g.t, &ts));
@@ -171,8 +160,8 @@ static void overflow_skips(sg_backend be, const char *name)
         }
         for (int w = 0; w < 4; w++) free(before[w]);
     }
-    same_bits(sg_model_params(s[0].m), sg_model_params(s[1].m), "parameters (overflow run)", bad + 3);
-    same_bits(s[0].m->scaler, s[1].m->scaler, "loss scaler (overflow run)", bad + 3);
+    tu_same_bits(sg_model_params(s[0].m), sg_model_params(s[1].m), "parameters (overflow run)", bad + 3);
+    tu_same_bits(s[0].m->scaler, s[1].m->scaler, "loss scaler (overflow run)", bad + 3);
     printf("%s bf16: a forced overflow at step %d skipped exactly that step, eagerly and replayed\n", name, bad + 1);
     drop(&s[0]), drop(&s[1]);
     sg_ctx_destroy(ctx);
@@ -362,12 +351,12 @@ static void seq_vary_matches_eager(sg_backend be, const char *name)
         int64_t len = T * sixteenths[i] / 16 > 0 ? T * sixteenths[i] / 16 : 1;
         TU_OK(ctx, sg_trainer_step_seq(e.t, i, len));
         TU_OK(ctx, sg_trainer_step_seq(g.t, i, len));
-        ok = same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss", i + 1) &&
-             same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters", i + 1) &&
-             same_bits(e.m->rng, g.m->rng, "dropout offset", i + 1) &&
-             same_bits(e.m->scaler, g.m->scaler, "loss scaler", i + 1);
+        ok = tu_same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss", i + 1) &&
+             tu_same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters", i + 1) &&
+             tu_same_bits(e.m->rng, g.m->rng, "dropout offset", i + 1) &&
+             tu_same_bits(e.m->scaler, g.m->scaler, "loss scaler", i + 1);
         if (ok && precision == SG_DTYPE_BF16)
-            ok = same_bits(e.m->params.flat_lo, g.m->params.flat_lo, "bf16 parameter copies", i + 1);
+            ok = tu_same_bits(e.m->params.flat_lo, g.m->params.flat_lo, "bf16 parameter copies", i + 1);
         if (i == all_warm) {
             TU_OK(ctx, sg_ctx_sync(ctx));
             TU_OK(ctx, sg_ctx_alloc_stats(ctx, &a0));

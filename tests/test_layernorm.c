@@ -478,21 +478,6 @@ static void cpu_tests(void)
 
 /* ---- gpu: CUDA against the CPU reference ---- */
 
-/* The tensor's bytes, any dtype (caller frees). */
-static void *raw(const sg_tensor *t)
-{
-    void *v = malloc(sg_tensor_nbytes(t));
-    TU_OK(t->ctx, sg_tensor_copy_to_host(t, v, sg_tensor_nbytes(t)));
-    return v;
-}
-
-static int same_bits(const sg_tensor *a, const void *b)
-{
-    void *v = raw(a);
-    int same = memcmp(v, b, sg_tensor_nbytes(a)) == 0;
-    free(v);
-    return same;
-}
 
 /* A tensor of `shape` and dtype dt, as a view one element into a larger buffer when `odd` (its
  * address is then 4 (f32) or 2 (bf16) mod 16: the kernels must take their scalar path).
@@ -579,7 +564,7 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, b
     /* Again: the same bits, and the documented launches. */
     const sg_tensor *outs[6] = {y, mean, rstd, dx, dg, db};
     void *first[6];
-    for (int i = 0; i < 6; i++) first[i] = raw(outs[i]);
+    for (int i = 0; i < 6; i++) first[i] = tu_raw(outs[i]);
     for (int i = 0; i < 6; i++) tu_poison((sg_tensor *)outs[i]);
     uint64_t n0 = sg_ctx_launch_count(gpu);
     TU_OK(gpu, sg_layernorm_forward(gpu, x, g, b, 1e-5f, y, mean, rstd));
@@ -591,7 +576,7 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, b
     TU_CHECK(n2 - n1 == 2, "%s: backward made %llu launches, expected 2", what,
              (unsigned long long)(n2 - n1));
     for (int i = 0; i < 6; i++) {
-        TU_CHECK(same_bits(outs[i], first[i]), "%s: %s differs between two identical runs", what,
+        TU_CHECK(tu_same_bytes(outs[i], first[i]), "%s: %s differs between two identical runs", what,
                  outs[i]->name);
         free(first[i]);
     }

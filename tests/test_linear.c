@@ -24,21 +24,6 @@ static double naive_gelu_grad(double v)
     return (naive_gelu(v + h) - naive_gelu(v - h)) / (2 * h);
 }
 
-/* Tensors of one case, destroyed together. */
-static sg_tensor *live[64];
-static int n_live;
-
-static sg_tensor *keep(sg_tensor *t)
-{
-    SG_ASSERT(n_live < 64);
-    return live[n_live++] = t;
-}
-
-static void free_live(void)
-{
-    while (n_live) sg_tensor_destroy(live[--n_live]);
-}
-
 /* x's shape: (M, K), or (2, M/2, K) when nd and M is even; the same leading dims with last
  * dim c into out. Returns ndim. */
 static int lead_shape(int64_t m, int nd, int64_t c, int64_t *out)
@@ -106,11 +91,11 @@ static void cpu_gradcheck_case(sg_ctx *ctx, sg_activation act, int64_t m, int64_
     snprintf(what, sizeof what, "cpu %s M=%lld N=%lld K=%lld ndim=%d bias=%d dx=%d", act_name(act),
              (long long)m, (long long)n, (long long)k, xnd, has_b, has_dx);
 
-    fd_case c = {ctx, act, keep(tu_tensor(ctx, f64, xnd, xs, "x")), keep(tu_tensor2(ctx, f64, n, k, "w")),
-                 has_b ? keep(tu_tensor1(ctx, f64, n, "b")) : NULL, keep(tu_tensor(ctx, f64, xnd, ys, "y")),
-                 act == SG_ACT_GELU ? keep(tu_tensor(ctx, f64, xnd, ys, "pre")) : NULL,
-                 keep(tu_tensor(ctx, f64, xnd, ys, "r"))};
-    sg_tensor *lin = keep(tu_tensor(ctx, f64, xnd, ys, "lin")); /* x w^T + b, no act */
+    fd_case c = {ctx, act, tu_keep(tu_tensor(ctx, f64, xnd, xs, "x")), tu_keep(tu_tensor2(ctx, f64, n, k, "w")),
+                 has_b ? tu_keep(tu_tensor1(ctx, f64, n, "b")) : NULL, tu_keep(tu_tensor(ctx, f64, xnd, ys, "y")),
+                 act == SG_ACT_GELU ? tu_keep(tu_tensor(ctx, f64, xnd, ys, "pre")) : NULL,
+                 tu_keep(tu_tensor(ctx, f64, xnd, ys, "r"))};
+    sg_tensor *lin = tu_keep(tu_tensor(ctx, f64, xnd, ys, "lin")); /* x w^T + b, no act */
     free(tu_random(c.w, -1, 1));
     if (c.b) free(tu_random(c.b, -1, 1));
     free(tu_random(c.r, -1, 1));
@@ -133,9 +118,9 @@ static void cpu_gradcheck_case(sg_ctx *ctx, sg_activation act, int64_t m, int64_
     check_forward_naive(what, c.x, c.w, c.b, act, c.y, c.pre, tu_tol_for(f64));
 
     /* Backward of L = sum(y * r): dy = r. Outputs poisoned: they must be written. */
-    sg_tensor *dy = keep(tu_tensor(ctx, f64, xnd, ys, "dy"));
-    sg_tensor *dx = keep(tu_tensor(ctx, f64, xnd, xs, "dx")), *dw = keep(tu_tensor2(ctx, f64, n, k, "dw"));
-    sg_tensor *db = keep(tu_tensor1(ctx, f64, n, "db"));
+    sg_tensor *dy = tu_keep(tu_tensor(ctx, f64, xnd, ys, "dy"));
+    sg_tensor *dx = tu_keep(tu_tensor(ctx, f64, xnd, xs, "dx")), *dw = tu_keep(tu_tensor2(ctx, f64, n, k, "dw"));
+    sg_tensor *db = tu_keep(tu_tensor1(ctx, f64, n, "db"));
     TU_OK(ctx, sg_tensor_copy(dy, c.r));
     tu_poison(dx);
     tu_poison(dw);
@@ -174,7 +159,7 @@ static void cpu_gradcheck_case(sg_ctx *ctx, sg_activation act, int64_t m, int64_
         snprintf(label, sizeof label, "%s: db", what);
         tu_gradcheck(label, fd_loss, &c, c.b, db, 0, 1e-6, fd_tol);
     }
-    free_live();
+    tu_free_live();
 }
 
 static void cpu_gradchecks(void)
@@ -200,11 +185,11 @@ static void cpu_forward_naive(void)
     const sg_activation acts[] = {SG_ACT_NONE, SG_ACT_RELU, SG_ACT_GELU};
     for (int a = 0; a < 3; a++) {
         int64_t m = tu_randint(1, 64), n = tu_randint(1, 64), k = tu_randint(1, 64);
-        sg_tensor *x = keep(tu_tensor2(ctx, SG_DTYPE_F64, m, k, "x"));
-        sg_tensor *w = keep(tu_tensor2(ctx, SG_DTYPE_F64, n, k, "w"));
-        sg_tensor *b = keep(tu_tensor1(ctx, SG_DTYPE_F64, n, "b"));
-        sg_tensor *y = keep(tu_tensor2(ctx, SG_DTYPE_F64, m, n, "y"));
-        sg_tensor *pre = acts[a] == SG_ACT_GELU ? keep(tu_tensor2(ctx, SG_DTYPE_F64, m, n, "pre")) : NULL;
+        sg_tensor *x = tu_keep(tu_tensor2(ctx, SG_DTYPE_F64, m, k, "x"));
+        sg_tensor *w = tu_keep(tu_tensor2(ctx, SG_DTYPE_F64, n, k, "w"));
+        sg_tensor *b = tu_keep(tu_tensor1(ctx, SG_DTYPE_F64, n, "b"));
+        sg_tensor *y = tu_keep(tu_tensor2(ctx, SG_DTYPE_F64, m, n, "y"));
+        sg_tensor *pre = acts[a] == SG_ACT_GELU ? tu_keep(tu_tensor2(ctx, SG_DTYPE_F64, m, n, "pre")) : NULL;
         free(tu_random(x, -1, 1));
         free(tu_random(w, -1, 1));
         free(tu_random(b, -1, 1));
@@ -215,7 +200,7 @@ static void cpu_forward_naive(void)
         snprintf(what, sizeof what, "cpu forward %s M=%lld N=%lld K=%lld", act_name(acts[a]),
                  (long long)m, (long long)n, (long long)k);
         check_forward_naive(what, x, w, b, acts[a], y, pre, tu_tol_for(SG_DTYPE_F64));
-        free_live();
+        tu_free_live();
     }
     sg_ctx_destroy(ctx);
 }
@@ -229,15 +214,15 @@ static void cpu_f32_vs_f64(void)
     sg_tensor *t[2][9]; /* x w b y pre dy dx dw db */
     for (int d = 0; d < 2; d++) {
         sg_dtype dt = dts[d];
-        t[d][0] = keep(tu_tensor2(ctx, dt, m, k, "x"));
-        t[d][1] = keep(tu_tensor2(ctx, dt, n, k, "w"));
-        t[d][2] = keep(tu_tensor1(ctx, dt, n, "b"));
-        t[d][3] = keep(tu_tensor2(ctx, dt, m, n, "y"));
-        t[d][4] = keep(tu_tensor2(ctx, dt, m, n, "pre"));
-        t[d][5] = keep(tu_tensor2(ctx, dt, m, n, "dy"));
-        t[d][6] = keep(tu_tensor2(ctx, dt, m, k, "dx"));
-        t[d][7] = keep(tu_tensor2(ctx, dt, n, k, "dw"));
-        t[d][8] = keep(tu_tensor1(ctx, dt, n, "db"));
+        t[d][0] = tu_keep(tu_tensor2(ctx, dt, m, k, "x"));
+        t[d][1] = tu_keep(tu_tensor2(ctx, dt, n, k, "w"));
+        t[d][2] = tu_keep(tu_tensor1(ctx, dt, n, "b"));
+        t[d][3] = tu_keep(tu_tensor2(ctx, dt, m, n, "y"));
+        t[d][4] = tu_keep(tu_tensor2(ctx, dt, m, n, "pre"));
+        t[d][5] = tu_keep(tu_tensor2(ctx, dt, m, n, "dy"));
+        t[d][6] = tu_keep(tu_tensor2(ctx, dt, m, k, "dx"));
+        t[d][7] = tu_keep(tu_tensor2(ctx, dt, n, k, "dw"));
+        t[d][8] = tu_keep(tu_tensor1(ctx, dt, n, "db"));
     }
     /* Values representable in f32, so both paths start from the same numbers. */
     for (int i = 0; i < 3; i++) {
@@ -264,7 +249,7 @@ static void cpu_f32_vs_f64(void)
                  (long long)m, (long long)n, (long long)k);
         tu_close_tensors(label, t[1][i], t[0][i], tu_tol_for(SG_DTYPE_F32));
     }
-    free_live();
+    tu_free_live();
     sg_ctx_destroy(ctx);
 }
 
@@ -274,18 +259,18 @@ static void cpu_errors(void)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU), *other = tu_ctx(SG_BACKEND_CPU);
     const sg_dtype f = SG_DTYPE_F32;
-    sg_tensor *x = keep(tu_tensor2(ctx, f, 4, 8, "x")), *w = keep(tu_tensor2(ctx, f, 5, 8, "w"));
-    sg_tensor *b = keep(tu_tensor1(ctx, f, 5, "b")), *y = keep(tu_tensor2(ctx, f, 4, 5, "y"));
-    sg_tensor *pre = keep(tu_tensor2(ctx, f, 4, 5, "pre")), *dy = keep(tu_tensor2(ctx, f, 4, 5, "dy"));
-    sg_tensor *dx = keep(tu_tensor2(ctx, f, 4, 8, "dx")), *dw = keep(tu_tensor2(ctx, f, 5, 8, "dw"));
-    sg_tensor *db = keep(tu_tensor1(ctx, f, 5, "db"));
-    sg_tensor *w59 = keep(tu_tensor2(ctx, f, 5, 9, "w59")), *w1d = keep(tu_tensor1(ctx, f, 8, "w1d"));
-    sg_tensor *b6 = keep(tu_tensor1(ctx, f, 6, "b6")), *y46 = keep(tu_tensor2(ctx, f, 4, 6, "y46"));
-    sg_tensor *y35 = keep(tu_tensor2(ctx, f, 3, 5, "y35"));
-    sg_tensor *w64 = keep(tu_tensor2(ctx, SG_DTYPE_F64, 5, 8, "w64"));
-    sg_tensor *xi = keep(tu_tensor2(ctx, SG_DTYPE_I32, 4, 8, "xi"));
-    sg_tensor *w88 = keep(tu_tensor2(ctx, f, 8, 8, "w88"));
-    sg_tensor *dx49 = keep(tu_tensor2(ctx, f, 4, 9, "dx49")), *db4 = keep(tu_tensor1(ctx, f, 4, "db4"));
+    sg_tensor *x = tu_keep(tu_tensor2(ctx, f, 4, 8, "x")), *w = tu_keep(tu_tensor2(ctx, f, 5, 8, "w"));
+    sg_tensor *b = tu_keep(tu_tensor1(ctx, f, 5, "b")), *y = tu_keep(tu_tensor2(ctx, f, 4, 5, "y"));
+    sg_tensor *pre = tu_keep(tu_tensor2(ctx, f, 4, 5, "pre")), *dy = tu_keep(tu_tensor2(ctx, f, 4, 5, "dy"));
+    sg_tensor *dx = tu_keep(tu_tensor2(ctx, f, 4, 8, "dx")), *dw = tu_keep(tu_tensor2(ctx, f, 5, 8, "dw"));
+    sg_tensor *db = tu_keep(tu_tensor1(ctx, f, 5, "db"));
+    sg_tensor *w59 = tu_keep(tu_tensor2(ctx, f, 5, 9, "w59")), *w1d = tu_keep(tu_tensor1(ctx, f, 8, "w1d"));
+    sg_tensor *b6 = tu_keep(tu_tensor1(ctx, f, 6, "b6")), *y46 = tu_keep(tu_tensor2(ctx, f, 4, 6, "y46"));
+    sg_tensor *y35 = tu_keep(tu_tensor2(ctx, f, 3, 5, "y35"));
+    sg_tensor *w64 = tu_keep(tu_tensor2(ctx, SG_DTYPE_F64, 5, 8, "w64"));
+    sg_tensor *xi = tu_keep(tu_tensor2(ctx, SG_DTYPE_I32, 4, 8, "xi"));
+    sg_tensor *w88 = tu_keep(tu_tensor2(ctx, f, 8, 8, "w88"));
+    sg_tensor *dx49 = tu_keep(tu_tensor2(ctx, f, 4, 9, "dx49")), *db4 = tu_keep(tu_tensor1(ctx, f, 4, "db4"));
     sg_tensor *wo = tu_tensor2(other, f, 5, 8, "w_other");
     free(tu_random(x, -1, 1));
     free(tu_random(w, -1, 1));
@@ -349,7 +334,7 @@ static void cpu_errors(void)
              SG_ERR_INVALID, "'dx' overlaps 'x'");
     {
         /* dw and db as views into one buffer that overlap by two elements */
-        sg_tensor *flat = keep(tu_tensor1(ctx, f, 64, "flat")), *vw, *vb;
+        sg_tensor *flat = tu_keep(tu_tensor1(ctx, f, 64, "flat")), *vw, *vb;
         int64_t sw[2] = {5, 8}, sb = 5;
         TU_OK(ctx, sg_tensor_view(flat, 0, 2, sw, "vw", &vw));
         TU_OK(ctx, sg_tensor_view(flat, 38, 1, &sb, "vb", &vb));
@@ -367,7 +352,7 @@ static void cpu_errors(void)
     check_forward_naive("cpu f32 after errors", x, w, b, R, y, NULL, tu_tol_for(f));
     TU_OK(ctx, sg_linear_backward(ctx, x, w, dy, N0, NULL, dx, dw, db));
     sg_tensor_destroy(wo);
-    free_live();
+    tu_free_live();
     sg_ctx_destroy(other);
     sg_ctx_destroy(ctx);
 }
@@ -377,10 +362,10 @@ static void cpu_timing(void)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
     const sg_dtype f = SG_DTYPE_F32;
-    sg_tensor *x = keep(tu_tensor2(ctx, f, 32, 512, "x")), *w = keep(tu_tensor2(ctx, f, 512, 512, "w"));
-    sg_tensor *b = keep(tu_tensor1(ctx, f, 512, "b")), *y = keep(tu_tensor2(ctx, f, 32, 512, "y"));
-    sg_tensor *dy = keep(tu_tensor2(ctx, f, 32, 512, "dy")), *dx = keep(tu_tensor2(ctx, f, 32, 512, "dx"));
-    sg_tensor *dw = keep(tu_tensor2(ctx, f, 512, 512, "dw")), *db = keep(tu_tensor1(ctx, f, 512, "db"));
+    sg_tensor *x = tu_keep(tu_tensor2(ctx, f, 32, 512, "x")), *w = tu_keep(tu_tensor2(ctx, f, 512, 512, "w"));
+    sg_tensor *b = tu_keep(tu_tensor1(ctx, f, 512, "b")), *y = tu_keep(tu_tensor2(ctx, f, 32, 512, "y"));
+    sg_tensor *dy = tu_keep(tu_tensor2(ctx, f, 32, 512, "dy")), *dx = tu_keep(tu_tensor2(ctx, f, 32, 512, "dx"));
+    sg_tensor *dw = tu_keep(tu_tensor2(ctx, f, 512, 512, "dw")), *db = tu_keep(tu_tensor1(ctx, f, 512, "db"));
     free(tu_random(x, -1, 1));
     free(tu_random(w, -0.05, 0.05));
     free(tu_random(b, -1, 1));
@@ -390,7 +375,7 @@ static void cpu_timing(void)
     TU_OK(ctx, sg_linear_backward(ctx, x, w, dy, SG_ACT_RELU, y, dx, dw, db));
     printf("cpu 32x512x512 relu forward+backward: %.1f ms\n",
            1e3 * (double)(clock() - t0) / CLOCKS_PER_SEC);
-    free_live();
+    tu_free_live();
     sg_ctx_destroy(ctx);
 }
 
@@ -440,12 +425,12 @@ static void check_same_bits(const char *what, const sg_tensor *t, const double *
 static sg_tensor *dev_tensor(sg_ctx *ctx, sg_dtype dt, int nd, const int64_t *shape,
                              const char *name, int mis)
 {
-    if (!mis) return keep(tu_tensor(ctx, dt, nd, shape, name));
+    if (!mis) return tu_keep(tu_tensor(ctx, dt, nd, shape, name));
     int64_t n = 1;
     for (int i = 0; i < nd; i++) n *= shape[i];
-    sg_tensor *base = keep(tu_tensor1(ctx, dt, n + 1, "base")), *v;
+    sg_tensor *base = tu_keep(tu_tensor1(ctx, dt, n + 1, "base")), *v;
     TU_OK(ctx, sg_tensor_view(base, 1, nd, shape, name, &v));
-    return keep(v);
+    return tu_keep(v);
 }
 
 /* An f32 GPU tensor, as dev_tensor. */
@@ -480,10 +465,10 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, gpu_spec s)
     free(tu_random(x, -1, 1));
     free(tu_random(w, -wscale, wscale));
     if (b) free(tu_random(b, -1, 1));
-    sg_tensor *xc = keep(tu_clone_to(cpu, x, f)), *wc = keep(tu_clone_to(cpu, w, f));
-    sg_tensor *bc = b ? keep(tu_clone_to(cpu, b, f)) : NULL;
-    sg_tensor *yc = keep(tu_tensor(cpu, f, xnd, ys, "y_ref"));
-    sg_tensor *prec = pre ? keep(tu_tensor(cpu, f, xnd, ys, "pre_ref")) : NULL;
+    sg_tensor *xc = tu_keep(tu_clone_to(cpu, x, f)), *wc = tu_keep(tu_clone_to(cpu, w, f));
+    sg_tensor *bc = b ? tu_keep(tu_clone_to(cpu, b, f)) : NULL;
+    sg_tensor *yc = tu_keep(tu_tensor(cpu, f, xnd, ys, "y_ref"));
+    sg_tensor *prec = pre ? tu_keep(tu_tensor(cpu, f, xnd, ys, "pre_ref")) : NULL;
 
     /* ---- forward ---- */
     tu_poison(y);
@@ -538,10 +523,10 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, gpu_spec s)
     sg_tensor *dw = gpu_tensor(gpu, 2, ws, "dw", s.mis);
     sg_tensor *db = s.has_b ? gpu_tensor(gpu, 1, &s.n, "db", s.mis) : NULL;
     const sg_tensor *ain = s.act == SG_ACT_RELU ? y : s.act == SG_ACT_GELU ? pre : NULL;
-    sg_tensor *dyc = keep(tu_clone_to(cpu, dy, f)), *ainc = ain ? keep(tu_clone_to(cpu, ain, f)) : NULL;
-    sg_tensor *dxc = dx ? keep(tu_tensor(cpu, f, xnd, xs, "dx_ref")) : NULL;
-    sg_tensor *dwc = keep(tu_tensor2(cpu, f, s.n, s.k, "dw_ref"));
-    sg_tensor *dbc = db ? keep(tu_tensor1(cpu, f, s.n, "db_ref")) : NULL;
+    sg_tensor *dyc = tu_keep(tu_clone_to(cpu, dy, f)), *ainc = ain ? tu_keep(tu_clone_to(cpu, ain, f)) : NULL;
+    sg_tensor *dxc = dx ? tu_keep(tu_tensor(cpu, f, xnd, xs, "dx_ref")) : NULL;
+    sg_tensor *dwc = tu_keep(tu_tensor2(cpu, f, s.n, s.k, "dw_ref"));
+    sg_tensor *dbc = db ? tu_keep(tu_tensor1(cpu, f, s.n, "db_ref")) : NULL;
     sg_tensor *outs[3] = {dx, dw, db};
     for (int i = 0; i < 3; i++)
         if (outs[i]) tu_poison(outs[i]);
@@ -595,7 +580,7 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, gpu_spec s)
     free(dw1);
     free(dx1);
     free(db1);
-    free_live();
+    tu_free_live();
 }
 
 /* The first backward with a bias gradient allocates the context's linear scratch (a fixed
@@ -604,11 +589,11 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, gpu_spec s)
  * nothing. */
 static void gpu_scratch_warmup(sg_ctx *gpu)
 {
-    sg_tensor *x = keep(tu_tensor2(gpu, SG_DTYPE_F32, 64, 8, "x"));
-    sg_tensor *w = keep(tu_tensor2(gpu, SG_DTYPE_F32, 8, 8, "w"));
-    sg_tensor *dy = keep(tu_tensor2(gpu, SG_DTYPE_F32, 64, 8, "dy"));
-    sg_tensor *dw = keep(tu_tensor2(gpu, SG_DTYPE_F32, 8, 8, "dw"));
-    sg_tensor *db = keep(tu_tensor1(gpu, SG_DTYPE_F32, 8, "db"));
+    sg_tensor *x = tu_keep(tu_tensor2(gpu, SG_DTYPE_F32, 64, 8, "x"));
+    sg_tensor *w = tu_keep(tu_tensor2(gpu, SG_DTYPE_F32, 8, 8, "w"));
+    sg_tensor *dy = tu_keep(tu_tensor2(gpu, SG_DTYPE_F32, 64, 8, "dy"));
+    sg_tensor *dw = tu_keep(tu_tensor2(gpu, SG_DTYPE_F32, 8, 8, "dw"));
+    sg_tensor *db = tu_keep(tu_tensor1(gpu, SG_DTYPE_F32, 8, "db"));
     free(tu_random(x, -1, 1));
     free(tu_random(w, -1, 1));
     free(tu_random(dy, -1, 1));
@@ -618,7 +603,7 @@ static void gpu_scratch_warmup(sg_ctx *gpu)
     TU_OK(gpu, sg_ctx_alloc_stats(gpu, &a1));
     TU_CHECK(a1.device_allocs - a0.device_allocs <= 1, "the scratch took %llu allocations",
              (unsigned long long)(a1.device_allocs - a0.device_allocs));
-    free_live();
+    tu_free_live();
 }
 
 /* ---- bf16 (mixed precision): either backend against the f64 reference ----
@@ -712,10 +697,10 @@ static void bf16_case(sg_ctx *ctx, sg_ctx *ref, gpu_spec s)
     free(tu_random(w, -wscale, wscale));
     if (b) free(tu_random(b, -1, 1));
     /* The reference's inputs: the bf16 values as stored, exactly, in f64. */
-    sg_tensor *xr = keep(tu_clone_to(ref, x, d)), *wr = keep(tu_clone_to(ref, w, d));
-    sg_tensor *br = b ? keep(tu_clone_to(ref, b, d)) : NULL;
-    sg_tensor *yr = keep(tu_tensor(ref, d, xnd, ys, "y_ref"));
-    sg_tensor *prer = pre ? keep(tu_tensor(ref, d, xnd, ys, "pre_ref")) : NULL;
+    sg_tensor *xr = tu_keep(tu_clone_to(ref, x, d)), *wr = tu_keep(tu_clone_to(ref, w, d));
+    sg_tensor *br = b ? tu_keep(tu_clone_to(ref, b, d)) : NULL;
+    sg_tensor *yr = tu_keep(tu_tensor(ref, d, xnd, ys, "y_ref"));
+    sg_tensor *prer = pre ? tu_keep(tu_tensor(ref, d, xnd, ys, "pre_ref")) : NULL;
     double worst = 0;
 
     /* ---- forward ---- */
@@ -767,11 +752,11 @@ static void bf16_case(sg_ctx *ctx, sg_ctx *ref, gpu_spec s)
     sg_tensor *db = s.has_b ? dev_tensor(ctx, h, 1, &s.n, "db", s.mis) : NULL;
     const sg_tensor *ain = s.act == SG_ACT_RELU ? y : s.act == SG_ACT_GELU ? pre : NULL;
     /* The full f64 chain: d(pre) never rounded. */
-    sg_tensor *dyr = keep(tu_clone_to(ref, dy, d));
-    sg_tensor *ainr = ain ? keep(tu_clone_to(ref, ain, d)) : NULL;
-    sg_tensor *dxr = dx ? keep(tu_tensor(ref, d, xnd, xs, "dx_ref")) : NULL;
-    sg_tensor *dwr = keep(tu_tensor2(ref, d, s.n, s.k, "dw_ref"));
-    sg_tensor *dbr = db ? keep(tu_tensor1(ref, d, s.n, "db_ref")) : NULL;
+    sg_tensor *dyr = tu_keep(tu_clone_to(ref, dy, d));
+    sg_tensor *ainr = ain ? tu_keep(tu_clone_to(ref, ain, d)) : NULL;
+    sg_tensor *dxr = dx ? tu_keep(tu_tensor(ref, d, xnd, xs, "dx_ref")) : NULL;
+    sg_tensor *dwr = tu_keep(tu_tensor2(ref, d, s.n, s.k, "dw_ref"));
+    sg_tensor *dbr = db ? tu_keep(tu_tensor1(ref, d, s.n, "db_ref")) : NULL;
     sg_tensor *outs[3] = {dx, dw, db};
     for (int i = 0; i < 3; i++)
         if (outs[i]) tu_poison(outs[i]);
@@ -785,10 +770,10 @@ static void bf16_case(sg_ctx *ctx, sg_ctx *ref, gpu_spec s)
      * NONE, d(pre) is dy itself; with RELU it is dy or 0, exact in bf16: the chain is it. */
     sg_tensor *dxs = dxr, *dws = dwr, *dbs = dbr;
     if (s.act == SG_ACT_GELU) {
-        sg_tensor *dps = keep(tu_clone_to(ref, dy, d));
-        dxs = dx ? keep(tu_tensor(ref, d, xnd, xs, "dx_stored")) : NULL;
-        dws = keep(tu_tensor2(ref, d, s.n, s.k, "dw_stored"));
-        dbs = db ? keep(tu_tensor1(ref, d, s.n, "db_stored")) : NULL;
+        sg_tensor *dps = tu_keep(tu_clone_to(ref, dy, d));
+        dxs = dx ? tu_keep(tu_tensor(ref, d, xnd, xs, "dx_stored")) : NULL;
+        dws = tu_keep(tu_tensor2(ref, d, s.n, s.k, "dw_stored"));
+        dbs = db ? tu_keep(tu_tensor1(ref, d, s.n, "db_stored")) : NULL;
         TU_OK(ref, sg_linear_backward(ref, xr, wr, dps, SG_ACT_NONE, NULL, dxs, dws, dbs));
     }
     worst = fmax(worst, bf16_check(what, "dw", dw, dws, dwr, exact));
@@ -833,7 +818,7 @@ static void bf16_case(sg_ctx *ctx, sg_ctx *ref, gpu_spec s)
                fwd_launches == 1 ? "fused" : "unfused");
     }
     free(dyv);
-    free_live();
+    tu_free_live();
 }
 
 /* Mixed dtypes in one call fail with SG_ERR_DTYPE naming the tensor (x sets the dtype);
@@ -841,16 +826,16 @@ static void bf16_case(sg_ctx *ctx, sg_ctx *ref, gpu_spec s)
 static void bf16_errors(sg_ctx *ctx)
 {
     const sg_dtype h = SG_DTYPE_BF16, f = SG_DTYPE_F32;
-    sg_tensor *x = keep(tu_tensor2(ctx, h, 4, 8, "x")), *w = keep(tu_tensor2(ctx, h, 5, 8, "w"));
-    sg_tensor *b = keep(tu_tensor1(ctx, h, 5, "b")), *y = keep(tu_tensor2(ctx, h, 4, 5, "y"));
-    sg_tensor *pre = keep(tu_tensor2(ctx, h, 4, 5, "pre")), *dy = keep(tu_tensor2(ctx, h, 4, 5, "dy"));
-    sg_tensor *dx = keep(tu_tensor2(ctx, h, 4, 8, "dx")), *dw = keep(tu_tensor2(ctx, h, 5, 8, "dw"));
-    sg_tensor *db = keep(tu_tensor1(ctx, h, 5, "db"));
-    sg_tensor *xf = keep(tu_tensor2(ctx, f, 4, 8, "xf")), *wf = keep(tu_tensor2(ctx, f, 5, 8, "wf"));
-    sg_tensor *bf = keep(tu_tensor1(ctx, f, 5, "bf")), *yf = keep(tu_tensor2(ctx, f, 4, 5, "yf"));
-    sg_tensor *pref = keep(tu_tensor2(ctx, f, 4, 5, "pref")), *dyf = keep(tu_tensor2(ctx, f, 4, 5, "dyf"));
-    sg_tensor *dxf = keep(tu_tensor2(ctx, f, 4, 8, "dxf")), *dwf = keep(tu_tensor2(ctx, f, 5, 8, "dwf"));
-    sg_tensor *dbf = keep(tu_tensor1(ctx, f, 5, "dbf"));
+    sg_tensor *x = tu_keep(tu_tensor2(ctx, h, 4, 8, "x")), *w = tu_keep(tu_tensor2(ctx, h, 5, 8, "w"));
+    sg_tensor *b = tu_keep(tu_tensor1(ctx, h, 5, "b")), *y = tu_keep(tu_tensor2(ctx, h, 4, 5, "y"));
+    sg_tensor *pre = tu_keep(tu_tensor2(ctx, h, 4, 5, "pre")), *dy = tu_keep(tu_tensor2(ctx, h, 4, 5, "dy"));
+    sg_tensor *dx = tu_keep(tu_tensor2(ctx, h, 4, 8, "dx")), *dw = tu_keep(tu_tensor2(ctx, h, 5, 8, "dw"));
+    sg_tensor *db = tu_keep(tu_tensor1(ctx, h, 5, "db"));
+    sg_tensor *xf = tu_keep(tu_tensor2(ctx, f, 4, 8, "xf")), *wf = tu_keep(tu_tensor2(ctx, f, 5, 8, "wf"));
+    sg_tensor *bf = tu_keep(tu_tensor1(ctx, f, 5, "bf")), *yf = tu_keep(tu_tensor2(ctx, f, 4, 5, "yf"));
+    sg_tensor *pref = tu_keep(tu_tensor2(ctx, f, 4, 5, "pref")), *dyf = tu_keep(tu_tensor2(ctx, f, 4, 5, "dyf"));
+    sg_tensor *dxf = tu_keep(tu_tensor2(ctx, f, 4, 8, "dxf")), *dwf = tu_keep(tu_tensor2(ctx, f, 5, 8, "dwf"));
+    sg_tensor *dbf = tu_keep(tu_tensor1(ctx, f, 5, "dbf"));
     free(tu_random(x, -1, 1));
     free(tu_random(w, -1, 1));
     free(tu_random(b, -1, 1));
@@ -891,7 +876,7 @@ static void bf16_errors(sg_ctx *ctx)
     for (int64_t i = 0; i < dw->numel; i++) finite = finite && isfinite(v[i]);
     TU_CHECK(finite, "%s: bf16 dw after the errors is not finite", sg_ctx_device_name(ctx));
     free(v);
-    free_live();
+    tu_free_live();
 }
 
 /* cpu mode: the CPU backend in bf16 against its own f64 path, on random small shapes (N-D x,
@@ -967,20 +952,20 @@ static void gpu_vs_cpu(void)
 
     /* Mixed dtypes fail naming the tensor (x sets the call's dtype); the context and its
      * cache keep working (the cases above ran on the same context). */
-    sg_tensor *x = keep(tu_tensor2(gpu, SG_DTYPE_F32, 4, 8, "x"));
-    sg_tensor *w = keep(tu_tensor2(gpu, SG_DTYPE_F32, 5, 8, "w"));
-    sg_tensor *y = keep(tu_tensor2(gpu, SG_DTYPE_F32, 4, 5, "y"));
-    sg_tensor *xh = keep(tu_tensor2(gpu, SG_DTYPE_BF16, 4, 8, "xh"));
-    sg_tensor *wh = keep(tu_tensor2(gpu, SG_DTYPE_BF16, 5, 8, "wh"));
-    sg_tensor *dy = keep(tu_tensor2(gpu, SG_DTYPE_F32, 4, 5, "dy"));
-    sg_tensor *dw = keep(tu_tensor2(gpu, SG_DTYPE_F32, 5, 8, "dw"));
+    sg_tensor *x = tu_keep(tu_tensor2(gpu, SG_DTYPE_F32, 4, 8, "x"));
+    sg_tensor *w = tu_keep(tu_tensor2(gpu, SG_DTYPE_F32, 5, 8, "w"));
+    sg_tensor *y = tu_keep(tu_tensor2(gpu, SG_DTYPE_F32, 4, 5, "y"));
+    sg_tensor *xh = tu_keep(tu_tensor2(gpu, SG_DTYPE_BF16, 4, 8, "xh"));
+    sg_tensor *wh = tu_keep(tu_tensor2(gpu, SG_DTYPE_BF16, 5, 8, "wh"));
+    sg_tensor *dy = tu_keep(tu_tensor2(gpu, SG_DTYPE_F32, 4, 5, "dy"));
+    sg_tensor *dw = tu_keep(tu_tensor2(gpu, SG_DTYPE_F32, 5, 8, "dw"));
     TU_FAILS(gpu, sg_linear_forward(gpu, xh, w, NULL, SG_ACT_NONE, y, NULL),
              SG_ERR_DTYPE, "'w' is f32, expected bf16");
     TU_FAILS(gpu, sg_linear_forward(gpu, x, wh, NULL, SG_ACT_NONE, y, NULL),
              SG_ERR_DTYPE, "'w' is bf16, expected f32");
     TU_FAILS(gpu, sg_linear_backward(gpu, xh, w, dy, SG_ACT_NONE, NULL, NULL, dw, NULL),
              SG_ERR_DTYPE, "'w' is f32, expected bf16");
-    free_live();
+    tu_free_live();
     bf16_errors(gpu);
     gpu_case(gpu, cpu, (gpu_spec){9, 24, 16, SG_ACT_RELU, 1, 1, 0, 0, 0});
     sg_ctx_destroy(cpu);

@@ -132,16 +132,10 @@ static void hp_values(int op, double momentum, double *hv)
 /* ---- mixed precision: skip and param_lo (either backend) ---- */
 
 /* A tensor's raw bytes (caller frees), for bit-for-bit comparisons. */
-static void *raw(const sg_tensor *t)
-{
-    void *b = malloc(sg_tensor_nbytes(t));
-    TU_OK(t->ctx, sg_tensor_copy_to_host(t, b, sg_tensor_nbytes(t)));
-    return b;
-}
 
 static void expect_bits(const char *what, const sg_tensor *t, const void *want)
 {
-    void *now = raw(t);
+    void *now = tu_raw(t);
     TU_CHECK(memcmp(now, want, sg_tensor_nbytes(t)) == 0, "%s: '%s' is not bit for bit what it "
              "should be", what, t->name);
     free(now);
@@ -160,7 +154,7 @@ static uint16_t bf16_bits(float f)
  * f32 first, as documented). */
 static void expect_lo(const char *what, const sg_tensor *param_lo, const sg_tensor *param)
 {
-    uint16_t *lo = raw(param_lo);
+    uint16_t *lo = tu_raw(param_lo);
     double *p = tu_get(param);
     int64_t bad = 0, first = -1;
     for (int64_t i = 0; i < param->numel; i++)
@@ -200,10 +194,10 @@ static void one_step(int op, opt_state *s, const sg_tensor *ss, const sg_tensor 
 /* The bits of what a step writes: param, m or buf, v (AdamW), hp. */
 static void snapshot(int op, const opt_state *s, void **bits)
 {
-    bits[0] = raw(s->t[0]);
-    bits[1] = raw(s->t[2]);
-    bits[2] = op == OPT_ADAMW ? raw(s->t[3]) : NULL;
-    bits[3] = raw(s->hp);
+    bits[0] = tu_raw(s->t[0]);
+    bits[1] = tu_raw(s->t[2]);
+    bits[2] = op == OPT_ADAMW ? tu_raw(s->t[3]) : NULL;
+    bits[3] = tu_raw(s->hp);
 }
 
 static void expect_state(const char *what, int op, const opt_state *s, void **bits)
@@ -284,7 +278,7 @@ static void mixed_case(sg_ctx *ctx, int op, sg_dtype dt, int64_t P, int n_seg, d
     sg_tensor *plo_b = misaligned == 1 ? layout_tensor(ctx, SG_DTYPE_BF16, P, 1, "param_lo_b",
                                                        &bases[nb++]) : NULL;
     TU_OK(ctx, sg_tensor_fill(plo, 3.0));
-    void *before[4], *lo_bits = raw(plo);
+    void *before[4], *lo_bits = tu_raw(plo);
 
     /* 1. skip = 1: nothing moves. */
     TU_OK(ctx, sg_tensor_fill(skip, 1));
@@ -327,7 +321,7 @@ static void mixed_case(sg_ctx *ctx, int op, sg_dtype dt, int64_t P, int n_seg, d
     int32_t neg = -7;
     TU_OK(ctx, sg_tensor_write_small(skip, 0, &neg, sizeof neg));
     free(lo_bits);
-    lo_bits = raw(plo);
+    lo_bits = tu_raw(plo);
     snapshot(op, &A, before);
     one_step(op, &A, ss, sd, n_seg, skip, plo);
     snprintf(what + k, sizeof what - k, ": skip -7");
@@ -498,7 +492,7 @@ static void cpu_errors(void)
     sg_tensor *plo9 = tu_tensor1(ctx, SG_DTYPE_BF16, P - 1, "plo9");
     TU_OK(ctx, sg_tensor_fill(skip, 0));
     TU_OK(ctx, sg_tensor_fill(plo, 5.0));
-    void *plo_before = raw(plo);
+    void *plo_before = tu_raw(plo);
     TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 2, skip_f32, NULL), SG_ERR_DTYPE,
              "sg_adamw_step: tensor 'skip' is f32, expected i32");
     TU_FAILS(ctx, sg_sgd_step(ctx, p, g, m, hp, ss, sd, 2, skip2, NULL), SG_ERR_SHAPE,

@@ -29,17 +29,6 @@ static void drop(side *s)
     sg_model_destroy(s->m);
 }
 
-static bool same_bits(const sg_tensor *a, const sg_tensor *b, const char *what, int step)
-{
-    size_t n = sg_tensor_nbytes(a);
-    void *x = malloc(n), *y = malloc(n);
-    TU_OK(a->ctx, sg_tensor_copy_to_host(a, x, n));
-    TU_OK(b->ctx, sg_tensor_copy_to_host(b, y, n));
-    bool same = memcmp(x, y, n) == 0;
-    TU_CHECK(same, "%s differs from eager after step %d", what, step);
-    free(x), free(y);
-    return same;
-}
 
 /* Eager and `scope` side by side for `steps` steps; schedule: lr set every step. */
 static void against_eager(sg_backend be, const char *name, sg_scope scope, int steps, bool schedule,
@@ -60,9 +49,9 @@ static void against_eager(sg_backend be, const char *name, sg_scope scope, int s
         }
         TU_OK(ctx, sg_trainer_step(e.t, s));
         TU_OK(ctx, sg_trainer_step(g.t, s));
-        ok = same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss", s + 1) &&
-             same_bits(sg_model_grads(e.m), sg_model_grads(g.m), "gradients", s + 1) &&
-             same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters", s + 1);
+        ok = tu_same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss", s + 1) &&
+             tu_same_bits(sg_model_grads(e.m), sg_model_grads(g.m), "gradients", s + 1) &&
+             tu_same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters", s + 1);
     }
     sg_trainer_stats ts;
     TU_OK(ctx, sg_trainer_get_stats(g.t, &ts));
@@ -114,8 +103,8 @@ static void vary_batch(sg_backend be, const char *name, int steps)
         int64_t rows = tu_randint(1, 32);
         TU_OK(ctx, sg_trainer_step_rows(e.t, s, rows));
         TU_OK(ctx, sg_trainer_step_rows(g.t, s, rows));
-        ok = same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss (varying batch)", s + 1) &&
-             same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters (varying batch)", s + 1);
+        ok = tu_same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss (varying batch)", s + 1) &&
+             tu_same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters (varying batch)", s + 1);
     }
     sg_trainer_stats ts;
     TU_OK(ctx, sg_trainer_get_stats(g.t, &ts));
@@ -170,8 +159,8 @@ static void multi_step_graph(sg_backend be, const char *name, int calls, int K)
         uint64_t l0 = sg_ctx_launch_count(ctx);
         TU_OK(ctx, sg_trainer_step(g.t, (int64_t)c * K));
         if (c == calls - 1) launches = sg_ctx_launch_count(ctx) - l0;
-        ok = same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss (K-step graph)", (c + 1) * K) &&
-             same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters (K-step graph)", (c + 1) * K);
+        ok = tu_same_bits(sg_model_loss(e.m), sg_model_loss(g.m), "loss (K-step graph)", (c + 1) * K) &&
+             tu_same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters (K-step graph)", (c + 1) * K);
     }
     if (be == SG_BACKEND_CUDA) TU_CHECK(launches == 1, "a replay of %d steps made %llu launches", K, (unsigned long long)launches);
     printf("step graph of %d steps on %s: %d calls bit-exact with eager\n", K, name, calls);
@@ -235,7 +224,7 @@ static void gpu_fallback(void)
         TU_OK(ctx, sg_trainer_step(g.t, s));
         TU_OK(ctx, sg_trainer_step(e.t, s));
     }
-    same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters (fallback)", 10);
+    tu_same_bits(sg_model_params(e.m), sg_model_params(g.m), "parameters (fallback)", 10);
     sg_trainer_stats ts;
     TU_OK(ctx, sg_trainer_get_stats(g.t, &ts));
     TU_CHECK(ts.fell_back && strstr(ts.fallback_reason, "step runs eagerly") &&

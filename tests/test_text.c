@@ -17,23 +17,6 @@ static char tmp_random[64], tmp_short[64], tmp_empty[64];
 
 /* ---- files ---- */
 
-static unsigned char *file_read(const char *path, int64_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "FAIL: cannot open %s: %s\n", path, strerror(errno));
-        exit(1);
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) exit(1);
-    fclose(f);
-    *len = n;
-    return b;
-}
-
 /* A new temporary file of n bytes (random when bytes is NULL); its name into path. */
 static void file_make(char *path, size_t cap, const unsigned char *bytes, size_t n)
 {
@@ -104,8 +87,9 @@ static int check_rows(const char *what, const int32_t *tok, const int32_t *tgt, 
 /* Batches of a data set against the bytes of its file. */
 static void check_windows(sg_ctx *ctx, const char *path, double val_fraction, int64_t T_max)
 {
-    int64_t n;
-    unsigned char *bytes = file_read(path, &n);
+    size_t nb;
+    unsigned char *bytes = tu_file_read(path, &nb);
+    int64_t n = (int64_t)nb;
     sg_text *txt;
     TU_OK(ctx, sg_text_open(ctx, path, val_fraction, &txt));
     int64_t n_val = (int64_t)floor(val_fraction * (double)n);
@@ -164,8 +148,10 @@ static void check_spread(sg_ctx *ctx, const char *path)
 {
     sg_text *txt;
     TU_OK(ctx, sg_text_open(ctx, path, 0.0, &txt));
-    int64_t n, B = 8, T = 16, steps = 250;
-    unsigned char *bytes = file_read(path, &n);
+    int64_t B = 8, T = 16, steps = 250;
+    size_t nb;
+    unsigned char *bytes = tu_file_read(path, &nb);
+    int64_t n = (int64_t)nb;
     TU_CHECK(sg_text_size(txt, 1) == 0, "val_fraction 0 gave a validation split");
     sg_tensor *tok = tu_tensor2(ctx, SG_DTYPE_I32, B, T, "tokens"),
               *tgt = tu_tensor2(ctx, SG_DTYPE_I32, B, T, "targets");
@@ -335,8 +321,8 @@ static void check_errors(sg_ctx *ctx)
     TU_FAILS(ctx, sg_text_open(ctx, tmp_short, 0.01, &txt), SG_ERR_INVALID, "validation");
 
     /* A file of exactly 10 bytes: T = 9 fits (one window: the whole file); T = 10 does not. */
-    int64_t n;
-    unsigned char *bytes = file_read(tmp_short, &n);
+    size_t nb;
+    unsigned char *bytes = tu_file_read(tmp_short, &nb);
     TU_OK(ctx, sg_text_open(ctx, tmp_short, 0.0, &txt));
     sg_tensor *t9 = tu_tensor2(ctx, SG_DTYPE_I32, 3, 9, "tokens"),
               *y9 = tu_tensor2(ctx, SG_DTYPE_I32, 3, 9, "targets");

@@ -7,9 +7,11 @@
 
 #include "core/core.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define TU_SKIP 77
@@ -252,6 +254,70 @@ static inline int tu_close_tensors(const char *what, const sg_tensor *got, const
 }
 
 /* ---- small conveniences shared by op tests ---- */
+
+/* Tensors of one case, destroyed together by tu_free_live. */
+static sg_tensor *tu_live[64];
+static int tu_n_live;
+
+static inline sg_tensor *tu_keep(sg_tensor *t)
+{
+    SG_ASSERT(tu_n_live < 64);
+    return tu_live[tu_n_live++] = t;
+}
+
+static inline void tu_free_live(void)
+{
+    while (tu_n_live) sg_tensor_destroy(tu_live[--tu_n_live]);
+}
+
+/* The tensor's bytes, any dtype (caller frees). */
+static inline void *tu_raw(const sg_tensor *t)
+{
+    void *v = malloc(sg_tensor_nbytes(t));
+    TU_OK(t->ctx, sg_tensor_copy_to_host(t, v, sg_tensor_nbytes(t)));
+    return v;
+}
+
+/* Does t hold exactly the bytes at b? */
+static inline bool tu_same_bytes(const sg_tensor *t, const void *b)
+{
+    void *v = tu_raw(t);
+    bool same = memcmp(v, b, sg_tensor_nbytes(t)) == 0;
+    free(v);
+    return same;
+}
+
+/* Are a and b (same size) equal bit for bit? Reports a mismatch naming what and the step. */
+static inline bool tu_same_bits(const sg_tensor *a, const sg_tensor *b, const char *what, int step)
+{
+    size_t n = sg_tensor_nbytes(a);
+    void *x = malloc(n), *y = malloc(n);
+    TU_OK(a->ctx, sg_tensor_copy_to_host(a, x, n));
+    TU_OK(b->ctx, sg_tensor_copy_to_host(b, y, n));
+    bool same = memcmp(x, y, n) == 0;
+    TU_CHECK(same, "%s differs from eager after step %d", what, step);
+    free(x), free(y);
+    return same;
+}
+
+/* A whole file into malloc'd memory (one spare byte at the end; caller frees); a file that
+ * cannot be read fails the test run. */
+static inline unsigned char *tu_file_read(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "FAIL: cannot open %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n + 1);
+    if (!b || fread(b, 1, (size_t)n, f) != (size_t)n) exit(1);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
 
 static inline void tu_destroy_all(sg_tensor **ts, size_t n)
 {
