@@ -205,15 +205,64 @@ static bool chosen(const char *list, int i, const char *name)
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         char *end;
         long v = strtol(tok, &end, 10);
-        if ((*end == '\0' && v == i) || !strcmp(tok, name)) return true;
+        if ((*end == '\0' && end != tok && v == i) || !strcmp(tok, name)) return true;
     }
     return false;
+}
+
+/* The child of seq that token names (a module name or an index), or -1. */
+static int module_index(sg_module *seq, const char *tok)
+{
+    int n = sg_sequential_count(seq);
+    char *end;
+    long v = strtol(tok, &end, 10);
+    if (end != tok && *end == '\0') return v >= 0 && v < n ? (int)v : -1;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(sg_sequential_child(seq, i)->name, tok)) return i;
+    return -1;
+}
+
+/* A --graph-modules list is taken strictly: every item names one module, none twice (by name
+ * or by index), and an empty item is an error, so a typo is refused instead of ignored. */
+static sg_status check_module_list(sg_trainer *t, const char *list)
+{
+    if (!*list || !strcmp(list, "all")) return SG_OK;
+    sg_module *seq = t->m->net;
+    int n = sg_sequential_count(seq);
+    char buf[256];
+    if (strlen(list) >= sizeof buf)
+        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: --graph-modules list longer than %zu characters: "
+                       "name fewer modules, or 'all'", sizeof buf - 1);
+    snprintf(buf, sizeof buf, "%s", list);
+    const char *seen[64] = {0};
+    for (char *p = buf, *tok; (tok = p) != NULL;) {
+        char *comma = strchr(p, ',');
+        if (comma) *comma = '\0';
+        p = comma ? comma + 1 : NULL;
+        int i = module_index(seq, tok);
+        if (!*tok)
+            return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: --graph-modules '%s' has an empty item",
+                           list);
+        if (i < 0)
+            return sg_fail(t->ctx, SG_ERR_INVALID,
+                           "sg_trainer_create: --graph-modules '%s': '%s' names no module of '%s' (modules are "
+                           "%s..%s, or their indices 0..%d)", list, tok, t->m->name,
+                           n ? sg_sequential_child(seq, 0)->name : "?",
+                           n ? sg_sequential_child(seq, n - 1)->name : "?", n - 1);
+        if (i < 64 && seen[i])
+            return sg_fail(t->ctx, SG_ERR_INVALID,
+                           "sg_trainer_create: --graph-modules '%s' names module %d (%s) twice ('%s' and '%s')",
+                           list, i, sg_sequential_child(seq, i)->name, seen[i], tok);
+        if (i < 64) seen[i] = tok;
+    }
+    return SG_OK;
 }
 
 static sg_status wrap_modules(sg_trainer *t)
 {
     sg_module *seq = t->m->net;
     int n = sg_sequential_count(seq);
+    SG_TRY(check_module_list(t, t->modules));
     for (int i = 0; i < n; i++) {
         sg_module *c = sg_sequential_child(seq, i);
         if (!chosen(t->modules, i, c->name)) continue;
@@ -384,7 +433,10 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     snprintf(t->modules, sizeof t->modules, "%s", op.graph_modules ? op.graph_modules : "");
     t->opts.graph_modules = t->modules;
     sg_status st = SG_OK;
-    if (op.n_buckets && op.n_seq_buckets)
+    if (op.graph_modules && strlen(op.graph_modules) >= sizeof t->modules)
+        st = sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: --graph-modules list longer than %zu characters: "
+                     "name fewer modules, or 'all'", sizeof t->modules - 1);
+    else if (op.n_buckets && op.n_seq_buckets)
         st = sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: batch buckets and sequence buckets together; "
                      "a trainer varies one shape");
     else if (op.n_buckets && !m->x_view)
