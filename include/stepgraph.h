@@ -85,6 +85,10 @@ const char *sg_ctx_device_name(const sg_ctx *ctx);
 /* True when the library was built with CUDA and a GPU can be used. */
 int sg_cuda_available(void);
 
+/* Memory the context's tensors can still take, and its device's total, in bytes: the GPU's
+ * (cudaMemGetInfo, plus what the caching allocator holds free), or the host's RAM on the CPU
+ * backend; capped by the context's allocation limit. For size checks before building. */
+sg_status sg_ctx_mem_info(sg_ctx *ctx, size_t *free_bytes, size_t *total_bytes);
 /* Waits for all work queued on the context's stream. */
 sg_status sg_ctx_sync(sg_ctx *ctx);
 /* Kernels (and library matmuls) launched on the context so far: the runtime's own count. */

@@ -60,6 +60,8 @@ typedef struct sg_device_i {
     sg_status (*event_record)(sg_ctx *ctx, void *ev);
     sg_status (*event_query)(sg_ctx *ctx, void *ev);   /* SG_OK done, SG_ERR_NOT_READY */
     sg_status (*event_sync)(sg_ctx *ctx, void *ev);
+    /* Free and total bytes of the memory tensors come from (the GPU's, or the host's RAM). */
+    sg_status (*mem_info)(sg_ctx *ctx, size_t *free_bytes, size_t *total_bytes);
 } sg_device_i;
 
 extern const sg_device_i sg_device_cpu;

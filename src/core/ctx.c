@@ -102,6 +102,23 @@ sg_backend sg_ctx_backend(const sg_ctx *ctx) { return ctx ? ctx->backend : SG_BA
 const char *sg_ctx_device_name(const sg_ctx *ctx) { return ctx ? ctx->device_name : ""; }
 uint64_t sg_ctx_launch_count(const sg_ctx *ctx) { return ctx ? ctx->launches : 0; }
 
+sg_status sg_ctx_mem_info(sg_ctx *ctx, size_t *free_bytes, size_t *total_bytes)
+{
+    if (!ctx) return SG_ERR_NULL;
+    if (!free_bytes || !total_bytes) return sg_fail(ctx, SG_ERR_NULL, "sg_ctx_mem_info: an output is NULL");
+    SG_TRY(ctx->dev->mem_info(ctx, free_bytes, total_bytes));
+    /* Blocks the caching allocator holds free are free to this context too; a limit caps both. */
+    sg_alloc_stats st;
+    if (sg_ctx_alloc_stats(ctx, &st) == SG_OK && st.bytes_reserved > st.bytes_in_use)
+        *free_bytes += st.bytes_reserved - st.bytes_in_use;
+    if (ctx->opts.alloc_limit_bytes) {
+        size_t room = ctx->opts.alloc_limit_bytes > st.bytes_in_use ? ctx->opts.alloc_limit_bytes - st.bytes_in_use : 0;
+        if (room < *free_bytes) *free_bytes = room;
+        if (ctx->opts.alloc_limit_bytes < *total_bytes) *total_bytes = ctx->opts.alloc_limit_bytes;
+    }
+    return SG_OK;
+}
+
 sg_status sg_ctx_sync(sg_ctx *ctx)
 {
     if (!ctx) return SG_ERR_NULL;

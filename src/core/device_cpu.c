@@ -3,6 +3,7 @@
 #include "core/core.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 static sg_status cpu_init(sg_ctx *ctx)
 {
@@ -74,6 +75,25 @@ static sg_status cpu_event_op(sg_ctx *ctx, void *ev)
     return SG_OK;
 }
 
+/* Host RAM: MemAvailable and MemTotal of /proc/meminfo (sysconf where it is missing). */
+static sg_status cpu_mem_info(sg_ctx *ctx, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)ctx;
+    unsigned long long avail = 0, total = 0, v;
+    char line[256];
+    FILE *f = fopen("/proc/meminfo", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemAvailable: %llu kB", &v) == 1) avail = v * 1024ull;
+        else if (sscanf(line, "MemTotal: %llu kB", &v) == 1) total = v * 1024ull;
+    }
+    if (f) fclose(f);
+    long page = sysconf(_SC_PAGESIZE);
+    if (!total && page > 0) total = (unsigned long long)sysconf(_SC_PHYS_PAGES) * (unsigned long long)page;
+    if (!avail && page > 0) avail = (unsigned long long)sysconf(_SC_AVPHYS_PAGES) * (unsigned long long)page;
+    *free_bytes = (size_t)avail, *total_bytes = (size_t)total;
+    return SG_OK;
+}
+
 const sg_device_i sg_device_cpu = {
     .name = "cpu",
     .init = cpu_init,
@@ -92,6 +112,7 @@ const sg_device_i sg_device_cpu = {
     .event_record = cpu_event_op,
     .event_query = cpu_event_op,
     .event_sync = cpu_event_op,
+    .mem_info = cpu_mem_info,
 };
 
 /* Getters of CUDA state: NULL on the CPU backend (defined here so CPU builds link). */

@@ -212,6 +212,12 @@ static sg_status cuda_event_sync(sg_ctx *ctx, void *ev)
     return SG_OK;
 }
 
+static sg_status cuda_mem_info(sg_ctx *ctx, size_t *free_bytes, size_t *total_bytes)
+{
+    SG_CUDA_CHECK(ctx, cudaMemGetInfo(free_bytes, total_bytes));
+    return SG_OK;
+}
+
 const sg_device_i sg_device_cuda = {
     .name = "cuda",
     .init = cuda_init,
@@ -230,4 +236,5 @@ const sg_device_i sg_device_cuda = {
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,
     .event_sync = cuda_event_sync,
+    .mem_info = cuda_mem_info,
 };
