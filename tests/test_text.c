@@ -2,8 +2,10 @@
  * right split; targets are the tokens shifted by one; batches are a pure function of (seed,
  * step), differ between steps and spread over the whole split; a captured step gathers the
  * batch of the step held in device memory; windows of len tokens padded to T are the windows
- * of an unpadded batch of length len, then padding; errors name the file. `cpu` runs on the CPU
- * backend; `gpu` runs the same checks on CUDA, and compares CUDA windows with the CPU's. */
+ * of an unpadded batch of length len, then padding; errors name the file. Files are sized before
+ * they are read: streams, devices, FIFOs, directories and sockets are refused at once, files too
+ * large for memory before reading, and a large file loads with host memory O(chunk) and every
+ * byte in place. `cpu` runs on the CPU backend; `gpu` runs the same checks on CUDA, and compares CUDA windows with the CPU's. */
 #define _POSIX_C_SOURCE 200809L
 
 #include "testutil.h"
@@ -11,13 +13,32 @@
 #include "models/text.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+/* Under AddressSanitizer (make test's sanitizer build) resident memory has a shadow. */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
 
 static char tmp_random[64], tmp_short[64], tmp_empty[64];
 
 /* ---- files ---- */
 
-/* A new temporary file of n bytes (random when bytes is NULL); its name into path. */
+/* A new temporary file of n bytes (random when bytes is NULL); its name into path. Given
+ * bytes are written from where they are (no copy that would raise the peak RSS). */
 static void file_make(char *path, size_t cap, const unsigned char *bytes, size_t n)
 {
     snprintf(path, cap, "/tmp/sg_text_XXXXXX");
@@ -26,9 +47,9 @@ static void file_make(char *path, size_t cap, const unsigned char *bytes, size_t
         fprintf(stderr, "FAIL: mkstemp: %s\n", strerror(errno));
         exit(1);
     }
-    unsigned char *b = malloc(n + 1);
-    for (size_t i = 0; i < n; i++) b[i] = bytes ? bytes[i] : (unsigned char)tu_next();
-    if (write(fd, b, n) != (ssize_t)n) exit(1);
+    unsigned char *b = bytes ? NULL : malloc(n + 1);
+    for (size_t i = 0; b && i < n; i++) b[i] = (unsigned char)tu_next();
+    if (write(fd, bytes ? bytes : b, n) != (ssize_t)n) exit(1);
     close(fd);
     free(b);
 }
@@ -43,6 +64,197 @@ static int32_t *get_i32(const sg_tensor *t)
 static void set_step(sg_tensor *step_t, int32_t step)
 {
     TU_OK(step_t->ctx, sg_tensor_copy_from_host(step_t, &step, sizeof step));
+}
+
+/* ---- files that must be refused before reading ---- */
+
+/* A refusal that blocks or reads on forever ends the test here, naming the call. */
+static const char *volatile hang_what = "";
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    static const char m[] = "FAIL: sg_text_open did not return within its alarm (blocked, or "
+                            "reading a stream): ";
+    ssize_t r = write(2, m, sizeof m - 1);
+    r = write(2, (const char *)hang_what, strlen((const char *)hang_what));
+    r = write(2, "\n", 1);
+    (void)r;
+    _exit(1);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The process's peak resident set so far, in bytes. */
+static int64_t peak_rss(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (int64_t)ru.ru_maxrss * 1024;
+}
+
+/* sg_text_open(path) must fail with `want` and a message holding path and needle, within a
+ * few seconds, without raising the peak RSS by more than 16 MiB, and leave *out NULL. */
+static void check_refused(sg_ctx *ctx, const char *path, sg_status want, const char *needle)
+{
+    sg_text *txt = (sg_text *)&txt;
+    int64_t rss0 = peak_rss();
+    hang_what = path;
+    alarm(20);
+    double t0 = now_s();
+    TU_FAILS(ctx, sg_text_open(ctx, path, 0.1, &txt), want, needle);
+    double dt = now_s() - t0;
+    alarm(0);
+    TU_CHECK(strstr(sg_ctx_last_error(ctx), path) != NULL, "the message does not name '%s': %s",
+             path, sg_ctx_last_error(ctx));
+    TU_CHECK(txt == NULL, "'%s': out set on failure", path);
+    TU_CHECK(dt < 5.0, "'%s' refused after %.1f s, expected at once", path, dt);
+    int64_t grew = peak_rss() - rss0;
+    TU_CHECK(grew < (16 << 20), "'%s': the peak RSS grew by %lld MiB before the refusal", path,
+             (long long)(grew >> 20));
+}
+
+/* Streams and non-files: /dev/zero, /dev/urandom (endless), a FIFO with no writer (a plain
+ * open blocks), a directory, a socket, a /proc file (no size) and a /sys file (claims 4096
+ * bytes and holds fewer: a read that ends early). */
+static void check_not_files(sg_ctx *ctx)
+{
+    static const char *const devs[] = {"/dev/zero", "/dev/urandom"};
+    for (int i = 0; i < 2; i++)
+        check_refused(ctx, devs[i], SG_ERR_INVALID,
+                      "is a character device, not a regular file: give a file");
+    char dir[64], fifo[96], sock[96];
+    snprintf(dir, sizeof dir, "/tmp/sg_text_dir_XXXXXX");
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "FAIL: mkdtemp: %s\n", strerror(errno));
+        exit(1);
+    }
+    check_refused(ctx, dir, SG_ERR_INVALID, "is a directory, not a regular file");
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    TU_CHECK(mkfifo(fifo, 0600) == 0, "mkfifo %s: %s", fifo, strerror(errno));
+    check_refused(ctx, fifo, SG_ERR_INVALID, "is a FIFO (named pipe), not a regular file");
+    snprintf(sock, sizeof sock, "%s/sock", dir);
+    int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+    TU_CHECK(sfd >= 0 && bind(sfd, (struct sockaddr *)&sa, sizeof sa) == 0, "bind %s: %s", sock,
+             strerror(errno));
+    check_refused(ctx, sock, SG_ERR_INVALID, "is a socket, not a regular file");
+    close(sfd);
+    remove(sock), remove(fifo), rmdir(dir);
+    check_refused(ctx, "/proc/self/status", SG_ERR_INVALID, "is empty");
+    /* Every Linux has this one; its size says 4096 and it holds a few bytes ("0-15\n"). */
+    const char *sys = "/sys/devices/system/cpu/online";
+    struct stat sb;
+    if (stat(sys, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 64)
+        check_refused(ctx, sys, SG_ERR_IO, "ended at byte");
+    else
+        printf("note: %s is missing or not 4096 bytes by stat: the short-read check did not run\n",
+               sys);
+}
+
+/* A sparse file of `size` bytes (nothing written: it reads as zeros); its name into path.
+ * False when the file system cannot hold that size. */
+static bool sparse_make(char *path, size_t cap, int64_t size)
+{
+    snprintf(path, cap, "/tmp/sg_text_sparse_XXXXXX");
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        fprintf(stderr, "FAIL: mkstemp: %s\n", strerror(errno));
+        exit(1);
+    }
+    bool ok = ftruncate(fd, (off_t)size) == 0;
+    close(fd);
+    if (!ok) remove(path);
+    return ok;
+}
+
+/* Files too large for memory are refused from their size, naming both figures, before a byte
+ * is read: a 1 TiB sparse file against the host's memory, and a 64 MiB one against a context
+ * limited to 16 MiB, where a 2 MiB file (8 MiB of tokens) still opens. */
+static void check_too_large(sg_ctx *ctx)
+{
+    char big[64];
+    if (sparse_make(big, sizeof big, (int64_t)1 << 40)) {
+        check_refused(ctx, big, SG_ERR_OOM, "is 1.0 TiB; its tokens (4 bytes a byte of text) "
+                                            "need 4.0 TiB on ");
+        TU_CHECK(strstr(sg_ctx_last_error(ctx), " free of "), "no free memory figure: %s",
+                 sg_ctx_last_error(ctx));
+        remove(big);
+    } else {
+        printf("note: /tmp cannot hold a 1 TiB sparse file; the limited context below checks "
+               "the size refusal\n");
+    }
+    sg_ctx_options o = sg_ctx_options_default();
+    o.backend = SG_BACKEND_CPU;
+    o.alloc_limit_bytes = (size_t)16 << 20;
+    sg_ctx *small;
+    TU_OK(NULL, sg_ctx_create(&o, &small));
+    char mid[64];
+    TU_CHECK(sparse_make(mid, sizeof mid, (int64_t)64 << 20), "no 64 MiB sparse file in /tmp");
+    check_refused(small, mid, SG_ERR_OOM,
+                  "is 64.0 MiB; its tokens (4 bytes a byte of text) need 256.0 MiB on CPU");
+    TU_CHECK(strstr(sg_ctx_last_error(small), "which has 16.0 MiB free of 16.0 MiB"),
+             "the free figure is not the context's 16 MiB limit: %s", sg_ctx_last_error(small));
+    remove(mid);
+    char fits[64];
+    file_make(fits, sizeof fits, NULL, (size_t)2 << 20);
+    sg_text *txt;
+    TU_OK(small, sg_text_open(small, fits, 0.1, &txt));
+    sg_text_close(txt);
+    remove(fits);
+    sg_ctx_destroy(small);
+}
+
+/* A file of 3 to 4 chunks loads with host memory of its tokens (4 bytes a byte, the CPU
+ * backend's "device" copy) and a few chunks of staging, not a copy of the file and another of
+ * its tokens; and every byte lands in place across chunk and split boundaries: a batch of one
+ * window of T = size - 1 is the whole split. */
+static void check_large(sg_ctx *ctx)
+{
+    int64_t n = tu_randint(3 * (int)SG_TEXT_CHUNK_BYTES, 4 * (int)SG_TEXT_CHUNK_BYTES);
+    double val_fraction = tu_uniform(0.05, 0.25);
+    char path[64];
+    unsigned char *bytes = malloc((size_t)n);
+    for (int64_t i = 0; i < n; i++) bytes[i] = (unsigned char)tu_next();
+    file_make(path, sizeof path, bytes, (size_t)n);
+    int64_t rss0 = peak_rss();
+    sg_text *txt;
+    TU_OK(ctx, sg_text_open(ctx, path, val_fraction, &txt));
+    int64_t grew = peak_rss() - rss0, bound = 4 * n + 5 * SG_TEXT_CHUNK_BYTES + (8 << 20);
+    if (UNDER_ASAN) bound += bound / 4; /* ASan's shadow adds an eighth of what is touched */
+    printf("%lld-byte file: peak RSS grew by %.1f MiB (tokens %.1f MiB; bound %.1f MiB)\n",
+           (long long)n, grew / 1048576.0, 4.0 * n / 1048576.0, bound / 1048576.0);
+    TU_CHECK(grew <= bound, "loading %lld bytes raised the peak RSS by %lld bytes, more than its "
+             "tokens and the staging (%lld)", (long long)n, (long long)grew, (long long)bound);
+    int64_t n_val = (int64_t)floor(val_fraction * (double)n), off[2] = {0, n - n_val};
+    for (int split = 0; split < 2; split++) {
+        int64_t size = sg_text_size(txt, split), T = size - 1, bad = 0, first = -1;
+        TU_CHECK(size == (split ? n_val : n - n_val), "split %d holds %lld bytes", split,
+                 (long long)size);
+        sg_tensor *tok = tu_tensor2(ctx, SG_DTYPE_I32, 1, T, "tokens"),
+                  *tgt = tu_tensor2(ctx, SG_DTYPE_I32, 1, T, "targets");
+        tu_poison(tok), tu_poison(tgt);
+        TU_OK(ctx, sg_text_batch_host(txt, split, tu_next(), tu_randint(0, 1000), tok, tgt));
+        int32_t *a = get_i32(tok), *b = get_i32(tgt);
+        for (int64_t i = 0; i < size; i++) {
+            int32_t got = i < T ? a[i] : b[T - 1];
+            if (got != bytes[off[split] + i] && !bad++) first = i;
+        }
+        TU_CHECK(bad == 0, "split %d of %lld bytes (val_fraction %g): %lld bytes differ from the "
+                 "file, the first at %lld", split, (long long)size, val_fraction, (long long)bad,
+                 (long long)first);
+        free(a), free(b);
+        sg_tensor_destroy(tok), sg_tensor_destroy(tgt);
+    }
+    sg_text_close(txt);
+    free(bytes);
+    remove(path);
 }
 
 /* ---- one batch against the file ---- */
@@ -316,9 +528,20 @@ static void check_errors(sg_ctx *ctx)
     TU_FAILS(ctx, sg_text_open(ctx, missing, 0.1, &txt), SG_ERR_IO, missing);
     TU_CHECK(txt == NULL, "out set on failure");
     TU_FAILS(ctx, sg_text_open(ctx, tmp_empty, 0.0, &txt), SG_ERR_INVALID, tmp_empty);
+    TU_CHECK(strstr(sg_ctx_last_error(ctx), "is empty"), "empty: %s", sg_ctx_last_error(ctx));
     TU_FAILS(ctx, sg_text_open(ctx, tmp_random, 1.0, &txt), SG_ERR_INVALID, "val_fraction");
     TU_FAILS(ctx, sg_text_open(ctx, tmp_random, -0.1, &txt), SG_ERR_INVALID, "val_fraction");
     TU_FAILS(ctx, sg_text_open(ctx, tmp_short, 0.01, &txt), SG_ERR_INVALID, "validation");
+    /* A model's windows of T + 1 bytes, checked from the size: 10 bytes hold one of 10. */
+    TU_FAILS(ctx, sg_text_open_window(ctx, tmp_short, 0.0, 11, &txt), SG_ERR_INVALID,
+             "too short for a train split of at least 11 bytes");
+    TU_FAILS(ctx, sg_text_open_window(ctx, tmp_short, 0.5, 6, &txt), SG_ERR_INVALID,
+             "train 5, validation 5");
+    TU_FAILS(ctx, sg_text_open_window(ctx, tmp_short, 0.0, 0, &txt), SG_ERR_INVALID, "window 0");
+    TU_OK(ctx, sg_text_open_window(ctx, tmp_short, 0.5, 5, &txt));
+    TU_CHECK(sg_text_size(txt, 0) == 5 && sg_text_size(txt, 1) == 5, "splits of %lld and %lld",
+             (long long)sg_text_size(txt, 0), (long long)sg_text_size(txt, 1));
+    sg_text_close(txt);
 
     /* A file of exactly 10 bytes: T = 9 fits (one window: the whole file); T = 10 does not. */
     size_t nb;
@@ -356,6 +579,15 @@ int main(int argc, char **argv)
     tu_seed("test_text");
     sg_backend be = strcmp(mode, "gpu") ? SG_BACKEND_CPU : SG_BACKEND_CUDA;
     sg_ctx *ctx = tu_ctx(be);
+    struct sigaction sa = {.sa_handler = on_alarm};
+    sigaction(SIGALRM, &sa, NULL);
+
+    /* First, while the peak RSS is low (each measures how far it raises the peak): refusals of
+     * non-files, a file of several chunks, files too large. */
+    check_not_files(ctx);
+    check_large(ctx);
+    check_too_large(ctx);
+
     file_make(tmp_random, sizeof tmp_random, NULL, (size_t)tu_randint(20000, 60000));
     file_make(tmp_short, sizeof tmp_short, NULL, 10);
     file_make(tmp_empty, sizeof tmp_empty, (const unsigned char *)"", 0);

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -256,6 +257,16 @@ static inline void sg_st(sg_tensor *t, int64_t i, double v)
     case SG_DTYPE_I32: ((int32_t *)t->data)[i] = (int32_t)v; break;
     }
 }
+
+/* ---- files a user names (file.c) ---- */
+
+/* What mode m is ("a directory", "a FIFO (named pipe)", ...), for messages. */
+const char *sg_file_kind(mode_t m);
+/* Opens path for reading without blocking (a FIFO with no writer would block a plain open)
+ * and refuses anything but a regular file (SG_ERR_INVALID naming what it is, fn first) before
+ * a byte is read; then clears O_NONBLOCK. *fd: the descriptor (the caller closes it); *size:
+ * the file's size. */
+sg_status sg_file_open_regular(sg_ctx *ctx, const char *fn, const char *path, int *fd, int64_t *size);
 
 /* Outputs must not share bytes with anything else a call reads or writes (kernels read inputs
  * after writing outputs, and other threads read what one thread wrote). sg_check_not_overlapping:

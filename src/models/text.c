@@ -1,13 +1,16 @@
-/* text.c: the byte-level text data set: reading and splitting the file, uploading both splits,
- * and the batch gather's entry points with the CPU reference (the CUDA kernel is in
- * text_cuda.cu). */
+/* text.c: the byte-level text data set: sizing a regular file up front, streaming it onto the
+ * device chunk by chunk as both splits, and the batch gather's entry points with the CPU
+ * reference (the CUDA kernel is in text_cuda.cu). */
 #define _POSIX_C_SOURCE 200809L
+#define _FILE_OFFSET_BITS 64
 
 #include "models/text.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct sg_text {
@@ -30,58 +33,137 @@ const char *sg_text_default_path(void)
     return NULL;
 }
 
-/* The whole file into a malloc'd buffer; read in chunks, so pipes and /proc files work too. */
-static sg_status read_file(sg_ctx *ctx, const char *path, unsigned char **out, int64_t *n)
+/* ---- reading the file: a regular file of known size, chunk by chunk onto the device ---- */
+
+/* bytes as "512 B", "3.5 MiB", "50.0 GiB", for size messages. */
+static const char *human_bytes(double bytes, char *buf, size_t cap)
 {
-    *out = NULL;
-    *n = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return sg_fail(ctx, SG_ERR_IO, "sg_text_open: cannot open '%s': %s", path, strerror(errno));
-    size_t len = 0, cap = 0;
-    unsigned char *buf = NULL;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? 2 * cap : 1 << 16;
-            unsigned char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return sg_fail(ctx, SG_ERR_OOM, "sg_text_open: out of host memory reading '%s'",
-                               path);
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 6) bytes /= 1024, u++;
+    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
+    return buf;
+}
+
+/* The checks that need only the file's size, before anything is read or allocated: a split
+ * asked for shorter than window bytes, and tokens (I32: 4 bytes a byte of text) larger than
+ * the context's free memory. */
+static sg_status check_size(sg_ctx *ctx, const char *path, int64_t n, double val_fraction,
+                            int64_t window, int64_t *n_train, int64_t *n_val)
+{
+    *n_val = (int64_t)floor(val_fraction * (double)n);
+    *n_train = n - *n_val;
+    if (n == 0)
+        return sg_fail(ctx, SG_ERR_INVALID,
+                       "sg_text_open: '%s' is empty (0 bytes; a generated file, as under /proc, "
+                       "has no size and is not read either)",
+                       path);
+    if (*n_train < window || (val_fraction > 0 && *n_val < window))
+        return sg_fail(ctx, SG_ERR_INVALID,
+                       "sg_text_open: '%s' (%lld bytes) is too short for a %s split of at least "
+                       "%lld bytes with val_fraction %g (train %lld, validation %lld)",
+                       path, (long long)n, *n_train < window ? "train" : "validation",
+                       (long long)window, val_fraction, (long long)*n_train, (long long)*n_val);
+    size_t free_b = 0, total_b = 0;
+    SG_TRY(sg_ctx_mem_info(ctx, &free_b, &total_b));
+    if ((uint64_t)n > free_b / sizeof(int32_t)) { /* n * 4 > free_b, without overflow */
+        char a[32], b[32], c[32], d[32];
+        return sg_fail(ctx, SG_ERR_OOM,
+                       "sg_text_open: '%s' is %s; its tokens (4 bytes a byte of text) need %s "
+                       "on %s, which has %s free of %s: give a smaller file",
+                       path, human_bytes((double)n, a, sizeof a),
+                       human_bytes(4.0 * (double)n, b, sizeof b), sg_ctx_device_name(ctx),
+                       human_bytes((double)free_b, c, sizeof c),
+                       human_bytes((double)total_b, d, sizeof d));
     }
-    int err = ferror(f) ? errno : 0;
-    fclose(f);
-    if (err) {
-        free(buf);
-        return sg_fail(ctx, SG_ERR_IO, "sg_text_open: cannot read '%s': %s", path, strerror(err));
-    }
-    *out = buf;
-    *n = (int64_t)len;
     return SG_OK;
 }
 
-/* bytes[0, n) as an I32 tensor on the device. */
-static sg_status upload(sg_ctx *ctx, const char *path, int split, const unsigned char *bytes,
-                        int64_t n, sg_tensor **out)
+/* Exactly len bytes at offset off of the file (size bytes when opened) into buf. A read that
+ * ends early means the file shrank after it was sized (or claims a size it does not hold). */
+static sg_status read_at(sg_ctx *ctx, const char *path, int fd, unsigned char *buf, int64_t len,
+                         int64_t off, int64_t size)
 {
-    int32_t *v = malloc((size_t)n * sizeof *v);
-    if (!v) return sg_fail(ctx, SG_ERR_OOM, "sg_text_open: out of host memory for '%s'", path);
-    for (int64_t i = 0; i < n; i++) v[i] = bytes[i];
-    sg_status st =
-        sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, split ? "text.val" : "text.train", out);
-    if (st == SG_OK) st = sg_tensor_copy_from_host(*out, v, (size_t)n * sizeof *v);
-    free(v);
+    for (int64_t got = 0; got < len;) {
+        ssize_t r = pread(fd, buf + got, (size_t)(len - got), (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            return sg_fail(ctx, SG_ERR_IO, "sg_text_open: cannot read '%s' at byte %lld: %s", path,
+                           (long long)(off + got), strerror(errno));
+        if (r == 0)
+            return sg_fail(ctx, SG_ERR_IO,
+                           "sg_text_open: '%s' ended at byte %lld, but it was %lld bytes when "
+                           "opened: it shrank while being read (or is a generated file whose "
+                           "size is not its length)",
+                           path, (long long)(off + got), (long long)size);
+        got += r;
+    }
+    return SG_OK;
+}
+
+/* One staging buffer, reused for every chunk: the chunk's bytes and the same as I32 tokens. */
+typedef struct stage {
+    unsigned char *bytes;       /* (cap) */
+    int32_t *tokens;            /* (cap) I32, the source of the copy in flight when pending */
+    int64_t cap;
+    bool pending;               /* a copy from tokens may still be running (async on CUDA) */
+} stage;
+
+/* The split's n bytes, from offset off of the file, into its (n) I32 tensor chunk by chunk:
+ * host memory stays O(SG_TEXT_CHUNK_BYTES) whatever the file's size. On CUDA a chunk's copy
+ * runs while the next chunk is read; the staging tokens are overwritten only after a sync. */
+static sg_status load_split(sg_text *t, int fd, int split, int64_t off, int64_t size, stage *s)
+{
+    sg_ctx *ctx = t->ctx;
+    for (int64_t done = 0; done < t->size[split];) {
+        int64_t len = t->size[split] - done < s->cap ? t->size[split] - done : s->cap;
+        SG_TRY(read_at(ctx, t->path, fd, s->bytes, len, off + done, size));
+        if (s->pending) SG_TRY(sg_ctx_sync(ctx));
+        s->pending = false;
+        for (int64_t i = 0; i < len; i++) s->tokens[i] = s->bytes[i];
+        sg_tensor *chunk;
+        SG_TRY(sg_tensor_view(t->data[split], done, 1, &len, "text.chunk", &chunk));
+        sg_status st = sg_tensor_copy_from_host(chunk, s->tokens, (size_t)len * sizeof *s->tokens);
+        sg_tensor_destroy(chunk);
+        SG_TRY(st);
+        s->pending = true;
+        done += len;
+    }
+    return SG_OK;
+}
+
+/* Both splits' tensors, filled from the open file through one staging buffer. */
+static sg_status load(sg_text *t, int fd, int64_t size)
+{
+    sg_ctx *ctx = t->ctx;
+    for (int i = 0; i < 2; i++)
+        if (t->size[i])
+            SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, &t->size[i],
+                                    i ? "text.val" : "text.train", &t->data[i]));
+    stage s = {0};
+    s.cap = size < SG_TEXT_CHUNK_BYTES ? size : SG_TEXT_CHUNK_BYTES;
+    s.bytes = malloc((size_t)s.cap);
+    s.tokens = malloc((size_t)s.cap * sizeof *s.tokens);
+    sg_status st = SG_OK;
+    if (!s.bytes || !s.tokens) {
+        char a[32];
+        st = sg_fail(ctx, SG_ERR_OOM, "sg_text_open: out of host memory for a %s staging buffer "
+                     "reading '%s'", human_bytes(5.0 * (double)s.cap, a, sizeof a), t->path);
+    }
+    if (st == SG_OK) st = load_split(t, fd, 0, 0, size, &s);
+    if (st == SG_OK && t->size[1]) st = load_split(t, fd, 1, t->size[0], size, &s);
+    /* The last copy may still read the staging buffer: wait for it before freeing it. */
+    if (s.pending) {
+        sg_status sync = sg_ctx_sync(ctx);
+        if (st == SG_OK) st = sync;
+    }
+    free(s.bytes);
+    free(s.tokens);
     return st;
 }
 
-sg_status sg_text_open(sg_ctx *ctx, const char *path, double val_fraction, sg_text **out)
+sg_status sg_text_open_window(sg_ctx *ctx, const char *path, double val_fraction, int64_t window,
+                              sg_text **out)
 {
     if (!ctx) return SG_ERR_NULL;
     if (!path || !out)
@@ -91,20 +173,15 @@ sg_status sg_text_open(sg_ctx *ctx, const char *path, double val_fraction, sg_te
         return sg_fail(ctx, SG_ERR_INVALID,
                        "sg_text_open: '%s': val_fraction %g, expected 0 <= it < 1", path,
                        val_fraction);
+    if (window < 1)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_text_open: '%s': window %lld, expected >= 1",
+                       path, (long long)window);
     SG_TRY(sg_capture_forbid(ctx, "sg_text_open", "read a data set from a file",
                              "open the data set before capture"));
-    unsigned char *bytes;
-    int64_t n;
-    SG_TRY(read_file(ctx, path, &bytes, &n));
-    int64_t n_val = (int64_t)floor(val_fraction * (double)n), n_train = n - n_val;
-    sg_status st = SG_OK;
-    if (n == 0)
-        st = sg_fail(ctx, SG_ERR_INVALID, "sg_text_open: '%s' is empty", path);
-    else if (n_train < 1 || (val_fraction > 0 && n_val < 1))
-        st = sg_fail(
-            ctx, SG_ERR_INVALID,
-            "sg_text_open: '%s' (%lld bytes) is too short for a %s split with val_fraction %g",
-            path, (long long)n, n_train < 1 ? "train" : "validation", val_fraction);
+    int fd = -1;
+    int64_t n = 0, n_train = 0, n_val = 0;
+    SG_TRY(sg_file_open_regular(ctx, "sg_text_open", path, &fd, &n));
+    sg_status st = check_size(ctx, path, n, val_fraction, window, &n_train, &n_val);
     sg_text *t = st == SG_OK ? calloc(1, sizeof *t) : NULL;
     if (st == SG_OK && !t) st = sg_fail(ctx, SG_ERR_OOM, "sg_text_open: out of host memory");
     if (st == SG_OK) {
@@ -112,16 +189,20 @@ sg_status sg_text_open(sg_ctx *ctx, const char *path, double val_fraction, sg_te
         snprintf(t->path, sizeof t->path, "%s", path);
         t->size[0] = n_train;
         t->size[1] = n_val;
-        st = upload(ctx, path, 0, bytes, n_train, &t->data[0]);
-        if (st == SG_OK && n_val) st = upload(ctx, path, 1, bytes + n_train, n_val, &t->data[1]);
+        st = load(t, fd, n);
     }
-    free(bytes);
+    close(fd);
     if (st != SG_OK) {
         sg_text_close(t);
         return st;
     }
     *out = t;
     return SG_OK;
+}
+
+sg_status sg_text_open(sg_ctx *ctx, const char *path, double val_fraction, sg_text **out)
+{
+    return sg_text_open_window(ctx, path, val_fraction, 1, out);
 }
 
 void sg_text_close(sg_text *t)

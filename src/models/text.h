@@ -17,12 +17,23 @@ extern "C" {
 
 typedef struct sg_text sg_text;
 
-/* Reads the whole file and splits its n bytes: the first n - floor(val_fraction * n) are the
- * train split, the rest the validation split (empty when val_fraction is 0). Both are uploaded
- * as 1-D I32 tensors. val_fraction in [0, 1). SG_ERR_IO (naming the file) when it cannot be
- * read; SG_ERR_INVALID when it is empty or a split asked for would be empty. Not during
- * capture (it copies from the host). */
+/* Reads the file and splits its n bytes: the first n - floor(val_fraction * n) are the train
+ * split, the rest the validation split (empty when val_fraction is 0). Both are uploaded as 1-D
+ * I32 tensors (4 bytes of device memory a byte of text). val_fraction in [0, 1). Before reading
+ * or allocating anything: SG_ERR_INVALID (naming the file and what it is) for anything but a
+ * regular file (a FIFO, /dev/zero, a directory: opened without blocking), for an empty file or
+ * a split asked for that would be empty; SG_ERR_OOM, with both figures, when the tokens exceed
+ * the context's free memory (sg_ctx_mem_info). The file is read in chunks of
+ * SG_TEXT_CHUNK_BYTES straight onto the device: host memory O(chunk), not O(file). SG_ERR_IO
+ * (naming the file, and the offset) when it cannot be opened or read, or ends before its size.
+ * Not during capture (it copies from the host). */
 sg_status sg_text_open(sg_ctx *ctx, const char *path, double val_fraction, sg_text **out);
+/* The same, with each split asked for at least window bytes (T + 1 for windows of T tokens;
+ * window >= 1; sg_text_open is window 1), also checked from the size before reading. */
+sg_status sg_text_open_window(sg_ctx *ctx, const char *path, double val_fraction, int64_t window,
+                              sg_text **out);
+/* Bytes read (and converted to tokens) at a time; host staging is 5 bytes a chunk byte. */
+#define SG_TEXT_CHUNK_BYTES ((int64_t)4 << 20)
 void sg_text_close(sg_text *t);
 
 /* The first of these that is readable, or NULL: /usr/share/common-licenses/GPL-3, GPL-2,
