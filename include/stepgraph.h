@@ -447,6 +447,22 @@ sg_status sg_model_create_ex(sg_ctx *ctx, const char *name, uint64_t seed,
  * parameters in one allocation, initialised from seed; activations and gradients allocated
  * now, so steps allocate nothing. Fails with SG_ERR_INVALID on an unknown name. */
 sg_status sg_model_create(sg_ctx *ctx, const char *name, uint64_t seed, sg_model **out);
+
+/* What building a model takes, from its name and options alone (no context, nothing
+ * allocated): a lower bound, as the allocator rounds blocks up. sg_model_create refuses a
+ * model whose parameters, activations and data exceed the context's free memory
+ * (sg_ctx_mem_info) before allocating, naming both figures. A name that is not a model
+ * (every field a whole number in range, nothing after the last) gives SG_ERR_INVALID, the
+ * message in sg_ctx_last_error(NULL). */
+typedef struct sg_model_size {
+    int64_t params;             /* parameter count */
+    size_t param_bytes;         /* parameters and gradients (f32, plus bf16 copies under bf16) */
+    size_t activation_bytes;    /* activations, their gradients and scratch of one step */
+    size_t data_bytes;          /* the synthetic data set (mlp) or the token inputs (gpt) */
+    size_t optim_bytes;         /* AdamW's two moments, made by sg_optim_create */
+    size_t total_bytes;         /* all of the above */
+} sg_model_size;
+sg_status sg_model_estimate(const char *name, const sg_model_options *opts, sg_model_size *out);
 void sg_model_destroy(sg_model *m);
 const char *sg_model_name(const sg_model *m);
 /* SG_DTYPE_F32, or SG_DTYPE_BF16 for a mixed-precision model. */
@@ -577,12 +593,34 @@ sg_status sg_trainer_get_scaler(sg_trainer *t, sg_loss_scaler *out);
 /* Mean loss over n_batches batches of a split (0 train, 1 validation: gpt models hold one out),
  * forward only, eagerly, dropout off; a host sync. */
 sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out);
+/* The largest step a checkpoint holds, 2^53: a double counts every step up to it exactly,
+ * and a caller adding a run's step count to it cannot overflow int64_t. */
+#define SG_TRAINER_MAX_STEP ((int64_t)1 << 53)
+/* Checks a checkpoint target before a run starts, so that a bad path fails in a second, not
+ * after hours of training: path not empty (SG_ERR_INVALID); its directory exists, is a
+ * directory, writable and searchable; the target absent or a regular file, never a device
+ * (/dev/null), FIFO, directory or socket, which the save's rename would replace (SG_ERR_IO,
+ * naming the path and what is wrong). A symbolic link is written through: the save replaces
+ * the file the link names (with a temporary beside that file) and the link stays a link; a
+ * dangling link is refused. Saving applies the same check again; it also keeps an existing
+ * file's permission bits (its owner too when run as root), and removes "<file>.tmp.<pid>"
+ * temporaries that saves killed midway left, once their process is gone. */
+sg_status sg_checkpoint_check_path(sg_ctx *ctx, const char *path);
 /* A checkpoint in the safetensors format: every parameter by name, the optimizer's state
- * (moments, hyperparameters and step count), the dropout generator, and `step` in the metadata;
- * written to a temporary file, flushed and renamed. */
+ * (moments, hyperparameters and step count), the dropout generator, and in the metadata
+ * "format" "stepgraph-1", "model", "step" (0 to SG_TRAINER_MAX_STEP, else SG_ERR_INVALID) and
+ * "precision" (sg_dtype_name: "f32" or "bf16"); written to a temporary file, flushed and
+ * renamed, as sg_checkpoint_check_path describes. A tensor holding NaN or Inf is refused
+ * (SG_ERR_INVALID, naming it) and nothing is written: a non-finite checkpoint never is. */
 sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path);
-/* Loads such a checkpoint into the trainer's model and optimizer (names, shapes and dtypes
- * validated first; nothing changes unless the whole file is valid); *step: the next step. */
+/* Loads such a checkpoint into the trainer's model and optimizer; *step: the next step.
+ * Everything is validated before anything changes: names, shapes and dtypes; every floating
+ * value finite (NaN or Inf refused naming the tensor and the element); the metadata "format"
+ * exactly "stepgraph-1", "model" this model's name, "precision" "f32" or "bf16" (either
+ * resumes in either: the master weights are f32), and "step" decimal digits only (no sign,
+ * space, fraction or leading zero) from 0 to SG_TRAINER_MAX_STEP. A file that is not a
+ * regular file (a FIFO, a device) is refused without blocking. SG_ERR_INVALID (naming the
+ * file, the key and the value) or the errors of a load; the trainer is then unchanged. */
 sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step);
 /* The model's logits of the last forward, (M, classes) on the device. */
 const sg_tensor *sg_model_logits(const sg_model *m);
@@ -679,6 +717,7 @@ typedef struct sg_dist_launch_result {
     int failed_rank;            /* the first rank that failed (-1: none, or a whole host was lost) */
     int exit_status;            /* its exit status, or 128 + the signal that ended it */
     int failed_node;            /* the host it ran on (-1: none) */
+    int interrupted_by;         /* SIGINT or SIGTERM to this launcher stopped the run; else 0 */
 } sg_dist_launch_result;
 
 /* Runs local_world workers of argv on this host, as ranks node_rank*local_world + i (i: the
@@ -687,7 +726,10 @@ typedef struct sg_dist_launch_result {
  * after grace_s, and the call fails with SG_ERR_DIST naming the rank and how it ended
  * (sg_ctx_last_error(NULL)); res (may be NULL) says the same. With nnodes > 1 the hosts first
  * exchange node 0's id over TCP (sg_dist_exchange_id) and keep that connection to stop each
- * other's workers on a failure. Only processes it started are signalled. */
+ * other's workers on a failure. Only processes it started are signalled. Workers end with the
+ * launcher however it ends (a parent-death signal); SIGINT or SIGTERM to it stops them the same
+ * way (a second signal: SIGKILL at once) and fails naming the signal, res->interrupted_by set,
+ * exit_status 128 + it. */
 sg_status sg_dist_launch(const sg_dist_launch_options *o, sg_dist_launch_result *res);
 
 /* The id exchange on its own: node 0 listens on master ("ADDR:PORT"), accepts the nnodes-1

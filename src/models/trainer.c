@@ -757,6 +757,9 @@ static int ckpt_entries(sg_trainer *t, sg_ckpt_entry *e, int cap)
 sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
 {
     if (!t || !path) return SG_ERR_NULL;
+    if (step < 0 || step > SG_TRAINER_MAX_STEP)
+        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_save: '%s': step %lld: expected 0 to %lld",
+                       path, (long long)step, (long long)SG_TRAINER_MAX_STEP);
     sg_ckpt_entry e[SG_MAX_PARAMS + 8];
     int n = ckpt_entries(t, e, SG_MAX_PARAMS + 8);
     char steps[32];
@@ -766,19 +769,69 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     return sg_checkpoint_save(t->ctx, path, e, n, meta);
 }
 
+/* The step as the metadata holds it: decimal digits only (no sign, space, fraction or
+ * leading zero), at most SG_TRAINER_MAX_STEP (16 digits: the sum cannot overflow). */
+static bool step_parse(const char *s, int64_t *out)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 16 || strspn(s, "0123456789") != n || (s[0] == '0' && n > 1)) return false;
+    int64_t v = 0;
+    for (size_t i = 0; i < n; i++) v = v * 10 + (s[i] - '0');
+    if (v > SG_TRAINER_MAX_STEP) return false;
+    *out = v;
+    return true;
+}
+
+typedef struct ckpt_meta {
+    const sg_trainer *t;
+    int64_t step;
+} ckpt_meta;
+
+/* The value of key, or SG_ERR_INVALID naming the key when it is absent or too long. */
+static sg_status meta_value(sg_ctx *ctx, const char *path, const char *meta, const char *key,
+                            char *v, size_t cap)
+{
+    if (sg_checkpoint_meta_get(meta, key, v, cap) == SG_OK) return SG_OK;
+    return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_load: '%s': metadata %s is missing or longer "
+                   "than %zu bytes", path, key, cap - 1);
+}
+
+/* The metadata of a stepgraph checkpoint, checked by sg_checkpoint_load_ex before it writes
+ * any tensor: a bad value refuses the file with the trainer unchanged. */
+static sg_status ckpt_meta_check(sg_ctx *ctx, const char *path, const char *meta, void *user)
+{
+    ckpt_meta *cm = user;
+    const char *name = cm->t->m->name, *f32 = sg_dtype_name(SG_DTYPE_F32),
+               *bf16 = sg_dtype_name(SG_DTYPE_BF16);
+    char v[128];
+    SG_TRY(meta_value(ctx, path, meta, "format", v, sizeof v));
+    if (strcmp(v, "stepgraph-1"))
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_load: '%s': metadata format '%s' is not "
+                       "'stepgraph-1'", path, v);
+    SG_TRY(meta_value(ctx, path, meta, "model", v, sizeof v));
+    if (strcmp(v, name))
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_load: '%s' holds model '%s', this is '%s'",
+                       path, v, name);
+    SG_TRY(meta_value(ctx, path, meta, "precision", v, sizeof v));
+    if (strcmp(v, f32) && strcmp(v, bf16))
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_load: '%s': metadata precision '%s' is not "
+                       "'%s' or '%s'", path, v, f32, bf16);
+    SG_TRY(meta_value(ctx, path, meta, "step", v, sizeof v));
+    if (!step_parse(v, &cm->step))
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_load: '%s': metadata step '%s' is not a "
+                       "whole number from 0 to %lld (decimal digits, no sign or leading zero)",
+                       path, v, (long long)SG_TRAINER_MAX_STEP);
+    return SG_OK;
+}
+
 sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step)
 {
     if (!t || !path || !step) return SG_ERR_NULL;
     sg_ckpt_entry e[SG_MAX_PARAMS + 8];
     int n = ckpt_entries(t, e, SG_MAX_PARAMS + 8);
-    char meta[4096], model[128], steps[32];
-    SG_TRY(sg_checkpoint_load(t->ctx, path, e, n, meta, sizeof meta));
-    if (sg_checkpoint_meta_get(meta, "model", model, sizeof model) != SG_OK || strcmp(model, t->m->name))
-        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_load: '%s' holds model '%s', this is '%s'", path,
-                       model, t->m->name);
-    if (sg_checkpoint_meta_get(meta, "step", steps, sizeof steps) != SG_OK)
-        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_load: '%s' has no step in its metadata", path);
-    *step = atoll(steps);
+    ckpt_meta cm = {t, 0};
+    SG_TRY(sg_checkpoint_load_ex(t->ctx, path, e, n, NULL, 0, ckpt_meta_check, &cm));
+    *step = cm.step;
     /* The master weights are f32 in either precision, so a checkpoint resumes in both; the
      * bf16 compute copies are rebuilt from them. */
     return sg_params_sync_lowp(&t->m->params);

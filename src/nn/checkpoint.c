@@ -1,14 +1,20 @@
-/* checkpoint.c: safetensors files (see checkpoint.h for the layout): an atomic writer, and a
- * loader that reads and validates the whole file before it writes any tensor. The header is
- * parsed by a small strict JSON reader that takes exactly what the format needs: objects,
- * arrays of non-negative integers, and strings with escapes. Nothing else (numbers with a sign,
- * fraction or exponent, true/false/null, trailing commas, duplicate keys) is accepted. */
-#define _POSIX_C_SOURCE 200809L
+/* checkpoint.c: safetensors files (see checkpoint.h for the layout): an atomic writer that
+ * checks its target first (a regular file or none, in a writable directory; links written
+ * through; mode kept; stale temporaries removed) and never writes NaN or Inf, and a loader that
+ * opens only regular files and reads and validates the whole file (values finite included)
+ * before it writes any tensor. The header is parsed, in n log n of its size, by a small strict
+ * JSON reader that takes exactly what the format needs: objects, arrays of non-negative
+ * integers, and strings with escapes. Nothing else (numbers with a sign, fraction or exponent,
+ * true/false/null, trailing commas, duplicate keys) is accepted. */
+#define _XOPEN_SOURCE 700 /* POSIX 2008 with realpath */
 
 #include "nn/checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -51,6 +57,35 @@ static int ck_dtype_rank(sg_dtype dt)
     case SG_DTYPE_BF16: return 3;
     }
     return 4;
+}
+
+/* The first NaN or infinity among the nbytes of dt values at p (host order): true, with its
+ * index and what it is; false when every value is finite or dt is not a floating type. The
+ * values are read by memcpy: a file may put an F64 at any offset. */
+static bool ck_find_nonfinite(const unsigned char *p, size_t nbytes, sg_dtype dt, size_t *at,
+                              const char **what)
+{
+    uint64_t expo, frac, sign;
+    switch (dt) {
+    case SG_DTYPE_F32: expo = 0x7f800000u, frac = 0x007fffffu, sign = 0x80000000u; break;
+    case SG_DTYPE_BF16: expo = 0x7f80u, frac = 0x007fu, sign = 0x8000u; break;
+    case SG_DTYPE_F64:
+        expo = 0x7ff0000000000000u, frac = 0x000fffffffffffffu, sign = 0x8000000000000000u;
+        break;
+    default: return false;
+    }
+    size_t es = sg_dtype_size(dt);
+    for (size_t i = 0; i + es <= nbytes; i += es) {
+        uint64_t v = 0;
+        if (es == 2) { uint16_t u; memcpy(&u, p + i, 2); v = u; }
+        else if (es == 4) { uint32_t u; memcpy(&u, p + i, 4); v = u; }
+        else memcpy(&v, p + i, 8);
+        if ((v & expo) != expo) continue;
+        *at = i / es;
+        *what = (v & frac) ? "NaN" : (v & sign) ? "-Inf" : "Inf";
+        return true;
+    }
+    return false;
 }
 
 /* ---- byte order: the file is little-endian; a no-op on little-endian hosts ---- */
@@ -368,8 +403,34 @@ static bool js_uint_array(ck_json *j, uint64_t *v, int max, int *count)
 }
 
 /* Walks an object: calls member(j, key, user) with j positioned at each value; refuses
- * duplicate keys (keys are kept only for that check). */
+ * duplicate keys. The keys are kept with where they began, sorted once the object is read, and
+ * compared neighbour to neighbour: n log n, where comparing each new key with every earlier
+ * one took 65 s to refuse a header of 200,000 keys. */
 typedef bool (*js_member_fn)(ck_json *j, const char *key, void *user);
+
+typedef struct js_key {
+    char *s;
+    size_t at; /* byte of the header where the key began */
+} js_key;
+
+static int js_key_cmp(const void *a, const void *b)
+{
+    const js_key *x = a, *y = b;
+    int c = strcmp(x->s, y->s);
+    return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+
+/* The first key (in header order) that repeats an earlier one: a failure at its byte. */
+static bool js_keys_unique(ck_json *j, js_key *keys, size_t nk)
+{
+    qsort(keys, nk, sizeof *keys, js_key_cmp);
+    size_t first = SIZE_MAX, which = 0;
+    for (size_t k = 1; k < nk; k++)
+        if (!strcmp(keys[k - 1].s, keys[k].s) && keys[k].at < first) first = keys[k].at, which = k;
+    if (first == SIZE_MAX) return true;
+    j->i = first;
+    return js_fail(j, "duplicate key \"%.64s\"", keys[which].s);
+}
 
 static bool js_object(ck_json *j, js_member_fn member, void *user)
 {
@@ -379,29 +440,25 @@ static bool js_object(ck_json *j, js_member_fn member, void *user)
         j->i++;
         return true;
     }
-    char **keys = NULL;
-    int nk = 0;
+    js_key *keys = NULL;
+    size_t nk = 0, cap = 0;
     bool ok = false;
     for (;;) {
         char *key;
         js_ws(j);
         size_t at = j->i;
         if (!js_string(j, &key)) break;
-        char **nkeys = realloc(keys, (size_t)(nk + 1) * sizeof *keys);
-        if (!nkeys) {
-            free(key);
-            js_fail(j, "out of host memory");
-            break;
+        if (nk == cap) {
+            size_t ncap = cap ? 2 * cap : 8;
+            js_key *nkeys = realloc(keys, ncap * sizeof *keys);
+            if (!nkeys) {
+                free(key);
+                js_fail(j, "out of host memory");
+                break;
+            }
+            keys = nkeys, cap = ncap;
         }
-        keys = nkeys;
-        keys[nk++] = key;
-        bool dup = false;
-        for (int k = 0; k < nk - 1 && !dup; k++) dup = !strcmp(keys[k], key);
-        if (dup) {
-            j->i = at;
-            js_fail(j, "duplicate key \"%.64s\"", key);
-            break;
-        }
+        keys[nk++] = (js_key){key, at};
         if (!js_expect(j, ':', "after a key")) break;
         js_ws(j);
         if (!member(j, key, user)) break;
@@ -410,10 +467,10 @@ static bool js_object(ck_json *j, js_member_fn member, void *user)
             j->i++;
             continue;
         }
-        ok = js_expect(j, '}', "or ',' after a member");
+        ok = js_expect(j, '}', "or ',' after a member") && js_keys_unique(j, keys, nk);
         break;
     }
-    for (int k = 0; k < nk; k++) free(keys[k]);
+    for (size_t k = 0; k < nk; k++) free(keys[k].s);
     free(keys);
     return ok;
 }
@@ -433,7 +490,7 @@ typedef struct ck_rec {
 
 typedef struct ck_header {
     ck_rec *r;
-    int n;
+    int n, cap;
     size_t meta_begin, meta_end; /* the metadata object's span in the header text (0, 0: none) */
 } ck_header;
 
@@ -495,9 +552,13 @@ static bool header_member(ck_json *j, const char *key, void *user)
         h->meta_end = j->i;
         return true;
     }
-    ck_rec *nr = realloc(h->r, (size_t)(h->n + 1) * sizeof *nr);
-    if (!nr) return js_fail(j, "out of host memory");
-    h->r = nr;
+    if (h->n == h->cap) { /* grown by doubling: a record at a time copied them all again */
+        if (h->cap > INT_MAX / 2) return js_fail(j, "more than %d tensors", h->cap);
+        int cap = h->cap ? 2 * h->cap : 16;
+        ck_rec *nr = realloc(h->r, (size_t)cap * sizeof *nr);
+        if (!nr) return js_fail(j, "out of host memory");
+        h->r = nr, h->cap = cap;
+    }
     ck_rec *r = &h->r[h->n];
     memset(r, 0, sizeof *r);
     r->name = malloc(strlen(key) + 1);
@@ -630,24 +691,140 @@ static sg_status build_header(sg_ctx *ctx, const char *path, const sg_ckpt_entry
     return SG_OK;
 }
 
+/* ---- the save target: checked before anything is written ---- */
+
+
+/* Where a save goes. file: the path the temporary is renamed over: path itself, or the file
+ * a symbolic link at path names (realpath); dir and base: its directory and last component;
+ * st: its status when it exists. */
+typedef struct ck_target {
+    char *file, *dir;
+    const char *base; /* within file */
+    bool exists;
+    struct stat st;
+} ck_target;
+
+static void target_free(ck_target *t)
+{
+    free(t->file), free(t->dir);
+    memset(t, 0, sizeof *t);
+}
+
+/* t->dir and t->base from t->file: "ck" is in ".", "/ck" in "/". */
+static bool target_split(ck_target *t)
+{
+    const char *slash = strrchr(t->file, '/');
+    size_t dl = !slash ? 1 : slash == t->file ? 1 : (size_t)(slash - t->file);
+    t->base = slash ? slash + 1 : t->file;
+    if (!(t->dir = malloc(dl + 1))) return false;
+    memcpy(t->dir, slash ? t->file : ".", dl);
+    t->dir[dl] = '\0';
+    return true;
+}
+
+/* The directory a save writes in exists, is a directory, and is writable and searchable. */
+static sg_status target_check_dir(sg_ctx *ctx, const char *fn, const char *path, const char *dir)
+{
+    struct stat ds;
+    if (stat(dir, &ds) != 0)
+        return sg_fail(ctx, SG_ERR_IO, "%s: '%s': the directory '%s' %s", fn, path, dir,
+                       errno == ENOENT ? "does not exist" : strerror(errno));
+    if (!S_ISDIR(ds.st_mode))
+        return sg_fail(ctx, SG_ERR_IO, "%s: '%s': '%s' is %s, not a directory", fn, path, dir,
+                       sg_file_kind(ds.st_mode));
+    if (faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) != 0)
+        return sg_fail(ctx, SG_ERR_IO, "%s: '%s': the directory '%s' is not writable: %s", fn,
+                       path, dir, strerror(errno));
+    return SG_OK;
+}
+
+/* path's target resolved and checked (fn names the caller in messages): not empty; a symbolic
+ * link is followed to an existing file (a dangling link is refused: the file it would create
+ * is not where the user looks); the file absent or a regular file (never a device, FIFO,
+ * directory or socket, which a rename would replace); its directory existing, a directory,
+ * writable and searchable. */
+static sg_status target_resolve(sg_ctx *ctx, const char *fn, const char *path, ck_target *t)
+{
+    memset(t, 0, sizeof *t);
+    if (!path) return sg_fail(ctx, SG_ERR_NULL, "%s: path is NULL", fn);
+    if (!path[0])
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: '': the path is empty; expected a file name", fn);
+    struct stat ls;
+    bool link = lstat(path, &ls) == 0 && S_ISLNK(ls.st_mode);
+    if (link && !(t->file = realpath(path, NULL))) {
+        int err = errno;
+        char to[512];
+        ssize_t k = readlink(path, to, sizeof to - 1);
+        to[k > 0 ? k : 0] = '\0';
+        return sg_fail(ctx, SG_ERR_IO, "%s: '%s' is a symbolic link to '%s', which %s%s: a "
+                       "save writes through a link only to an existing file",
+                       fn, path, to, err == ENOENT ? "does not exist" : "cannot be resolved: ",
+                       err == ENOENT ? "" : strerror(err));
+    }
+    if (!link && !(t->file = strdup(path)))
+        return sg_fail(ctx, SG_ERR_OOM, "%s: '%s': out of host memory", fn, path);
+    sg_status st = SG_OK;
+    if (!target_split(t)) {
+        st = sg_fail(ctx, SG_ERR_OOM, "%s: '%s': out of host memory", fn, path);
+    } else if (lstat(t->file, &t->st) == 0) {
+        t->exists = true;
+        if (!S_ISREG(t->st.st_mode))
+            st = sg_fail(ctx, SG_ERR_IO, "%s: '%s'%s%s%s is %s, not a regular file: a checkpoint "
+                         "is written only to a new file or over a regular file",
+                         fn, path, link ? " (a link to '" : "", link ? t->file : "",
+                         link ? "')" : "", sg_file_kind(t->st.st_mode));
+    } else if (errno != ENOENT) {
+        st = sg_fail(ctx, SG_ERR_IO, "%s: '%s': %s", fn, path, strerror(errno));
+    } else if (!t->base[0]) {
+        st = sg_fail(ctx, SG_ERR_INVALID, "%s: '%s' ends in '/': expected a file name", fn, path);
+    }
+    if (st == SG_OK) st = target_check_dir(ctx, fn, path, t->dir);
+    if (st != SG_OK) target_free(t);
+    return st;
+}
+
+sg_status sg_checkpoint_check_path(sg_ctx *ctx, const char *path)
+{
+    if (!ctx) return SG_ERR_NULL;
+    ck_target t;
+    SG_TRY(target_resolve(ctx, "sg_checkpoint_check_path", path, &t));
+    target_free(&t);
+    return SG_OK;
+}
+
+/* Removes "<base>.tmp.<pid>" files in the target's directory left by saves that never
+ * finished: their pid no longer exists (kill says ESRCH), or it is this process's own (a
+ * leftover of an earlier process that had the pid: this one has no save of the file in
+ * flight). Only regular files named exactly so; nothing else is touched. */
+static void remove_stale_temporaries(const ck_target *t)
+{
+    DIR *d = opendir(t->dir);
+    if (!d) return;
+    size_t bl = strlen(t->base);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *nm = de->d_name, *dg = nm + bl + 5;
+        if (strncmp(nm, t->base, bl) || strncmp(nm + bl, ".tmp.", 5)) continue;
+        size_t nd = strspn(dg, "0123456789");
+        if (nd == 0 || nd > 9 || dg[nd] || dg[0] == '0') continue; /* as "%ld" writes a pid */
+        pid_t pid = (pid_t)strtol(dg, NULL, 10);
+        if (pid != getpid() && !(kill(pid, 0) != 0 && errno == ESRCH)) continue;
+        struct stat sb;
+        if (fstatat(dirfd(d), nm, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode))
+            (void)unlinkat(dirfd(d), nm, 0);
+    }
+    closedir(d);
+}
+
 /* fsync of the directory makes the rename itself durable. Best effort: some file systems
  * refuse fsync on a directory, and the data is already safe in the file. */
-static void sync_parent_dir(const char *path)
+static void sync_dir(const char *dir)
 {
-    size_t n = strlen(path);
-    char *dir = malloc(n + 2);
-    if (!dir) return;
-    memcpy(dir, path, n + 1);
-    char *slash = strrchr(dir, '/');
-    if (!slash) strcpy(dir, ".");
-    else if (slash == dir) dir[1] = '\0';
-    else *slash = '\0';
-    int fd = open(dir, O_RDONLY);
+    int fd = open(dir, O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
         (void)fsync(fd);
         close(fd);
     }
-    free(dir);
 }
 
 static sg_status io_fail(sg_ctx *ctx, const char *what, const char *tmp, const char *path, int err)
@@ -656,7 +833,8 @@ static sg_status io_fail(sg_ctx *ctx, const char *what, const char *tmp, const c
                    strerror(err));
 }
 
-/* Writes the header and the tensors to f; tensors pass through one host buffer. */
+/* Writes the header and the tensors to f; tensors pass through one host buffer, and one
+ * holding NaN or Inf stops the save. */
 static sg_status write_body(sg_ctx *ctx, FILE *f, const char *tmp, const char *path,
                             const sg_ckpt_entry *e, const int *order, int n, const ck_buf *hdr)
 {
@@ -674,14 +852,42 @@ static sg_status write_body(sg_ctx *ctx, FILE *f, const char *tmp, const char *p
     sg_status st = SG_OK;
     for (int i = 0; i < n && st == SG_OK; i++) {
         const sg_tensor *t = e[order[i]].t;
-        size_t nb = sg_tensor_nbytes(t);
+        size_t nb = sg_tensor_nbytes(t), at;
+        const char *what;
         st = sg_tensor_copy_to_host(t, buf, nb);
         if (st != SG_OK) break;
+        if (ck_find_nonfinite(buf, nb, t->dtype, &at, &what)) {
+            st = sg_fail(ctx, SG_ERR_INVALID, "sg_checkpoint_save: '%s': tensor '%s' holds a "
+                         "non-finite value (%s) at element %zu: a checkpoint with NaN or Inf is "
+                         "never written (an existing file is left as it was)",
+                         path, e[order[i]].name, what, at);
+            break;
+        }
         ck_swap_le(buf, nb, sg_dtype_size(t->dtype));
         if (fwrite(buf, 1, nb, f) != nb) st = io_fail(ctx, "cannot write", tmp, path, errno);
     }
     free(buf);
     return st;
+}
+
+/* Creates the temporary (exclusively: a stale one was removed) with the target's permission
+ * bits, and its owner when root can keep it. */
+static sg_status create_temporary(sg_ctx *ctx, const ck_target *t, const char *tmp,
+                                  const char *path, FILE **out)
+{
+    *out = NULL;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0) return io_fail(ctx, "cannot create the temporary", tmp, path, errno);
+    int err = 0;
+    if (t->exists) {
+        if (geteuid() == 0) (void)fchown(fd, t->st.st_uid, t->st.st_gid); /* before fchmod */
+        if (fchmod(fd, t->st.st_mode & 0777) != 0) err = errno;
+    }
+    if (!err && !(*out = fdopen(fd, "wb"))) err = errno;
+    if (!err) return SG_OK;
+    close(fd);
+    remove(tmp);
+    return io_fail(ctx, "cannot set up the temporary", tmp, path, err);
 }
 
 sg_status sg_checkpoint_save(sg_ctx *ctx, const char *path, const sg_ckpt_entry *e, int n,
@@ -691,12 +897,16 @@ sg_status sg_checkpoint_save(sg_ctx *ctx, const char *path, const sg_ckpt_entry 
     SG_TRY(check_entries(ctx, "sg_checkpoint_save", path, e, n));
     SG_TRY(sg_capture_forbid(ctx, "sg_checkpoint_save", "read tensors to the host to save them",
                              "save between steps, after replay"));
+    ck_target tg;
+    SG_TRY(target_resolve(ctx, "sg_checkpoint_save", path, &tg));
     ck_order *by = malloc((size_t)(n ? n : 1) * sizeof *by);
     int *order = malloc((size_t)(n ? n : 1) * sizeof *order);
-    char *tmp = malloc(strlen(path) + 32);
+    size_t tcap = strlen(tg.file) + 32;
+    char *tmp = malloc(tcap);
     ck_buf hdr = {0};
     if (!by || !order || !tmp) {
         free(by), free(order), free(tmp);
+        target_free(&tg);
         return sg_fail(ctx, SG_ERR_OOM, "sg_checkpoint_save: '%s': out of host memory", path);
     }
     for (int i = 0; i < n; i++) by[i] = (ck_order){ck_dtype_rank(e[i].t->dtype), i, e[i].name};
@@ -704,13 +914,12 @@ sg_status sg_checkpoint_save(sg_ctx *ctx, const char *path, const sg_ckpt_entry 
     for (int i = 0; i < n; i++) order[i] = by[i].index;
     sg_status st = build_header(ctx, path, e, order, n, meta_kv, &hdr);
     FILE *f = NULL;
-    bool created = false;
     if (st == SG_OK) {
-        snprintf(tmp, strlen(path) + 32, "%s.tmp.%ld", path, (long)getpid());
-        f = fopen(tmp, "wb");
-        created = f != NULL;
-        if (!f) st = io_fail(ctx, "cannot create the temporary", tmp, path, errno);
+        remove_stale_temporaries(&tg);
+        snprintf(tmp, tcap, "%s.tmp.%ld", tg.file, (long)getpid());
+        st = create_temporary(ctx, &tg, tmp, path, &f);
     }
+    bool created = f != NULL;
     if (st == SG_OK) st = write_body(ctx, f, tmp, path, e, order, n, &hdr);
     if (st == SG_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
         st = io_fail(ctx, "cannot flush", tmp, path, errno);
@@ -718,11 +927,16 @@ sg_status sg_checkpoint_save(sg_ctx *ctx, const char *path, const sg_ckpt_entry 
         int rc = fclose(f);
         if (st == SG_OK && rc != 0) st = io_fail(ctx, "cannot close", tmp, path, errno);
     }
-    if (st == SG_OK && rename(tmp, path) != 0)
+    struct stat now; /* what the target became while the file was written */
+    if (st == SG_OK && lstat(tg.file, &now) == 0 && !S_ISREG(now.st_mode))
+        st = sg_fail(ctx, SG_ERR_IO, "sg_checkpoint_save: '%s' became %s while it was written",
+                     tg.file, sg_file_kind(now.st_mode));
+    if (st == SG_OK && rename(tmp, tg.file) != 0)
         st = io_fail(ctx, "cannot rename over it the temporary", tmp, path, errno);
     if (created && st != SG_OK) remove(tmp);
-    if (st == SG_OK) sync_parent_dir(path);
+    if (st == SG_OK) sync_dir(tg.dir);
     free(by), free(order), free(tmp), free(hdr.p);
+    target_free(&tg);
     return st;
 }
 
@@ -805,110 +1019,177 @@ static sg_status check_offsets(sg_ctx *ctx, const char *path, const ck_header *h
     return st;
 }
 
+static int cmp_by_name(const void *a, const void *b)
+{
+    return strcmp((*(ck_rec *const *)a)->name, (*(ck_rec *const *)b)->name);
+}
+
+/* The record named name among the n sorted by name, or NULL. */
+static const ck_rec *find_rec(const ck_rec *const *by_name, int n, const char *name)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(by_name[mid]->name, name);
+        if (!c) return by_name[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
 /* Every caller tensor is in the file with its dtype and shape; the file holds nothing else.
- * match[i] gets the record of entry i. */
+ * match[i] gets the record of entry i. Names are looked up in the records sorted by name:
+ * (n + records) log records, however many tensors a file lists. */
 static sg_status match_entries(sg_ctx *ctx, const char *path, const ck_header *h,
                                const sg_ckpt_entry *e, int n, const ck_rec **match)
 {
-    for (int i = 0; i < n; i++) {
-        const ck_rec *r = NULL;
-        for (int k = 0; k < h->n && !r; k++)
-            if (!strcmp(h->r[k].name, e[i].name)) r = &h->r[k];
-        if (!r) return LOAD_FAIL(SG_ERR_INVALID, "tensor '%s' is not in the file", path, e[i].name);
+    const ck_rec **by = malloc((size_t)(h->n ? h->n : 1) * sizeof *by);
+    bool *asked = calloc((size_t)(h->n ? h->n : 1), sizeof *asked);
+    sg_status st = SG_OK;
+    if (!by || !asked) st = LOAD_FAIL(SG_ERR_OOM, "out of host memory", path);
+    for (int k = 0; k < h->n && st == SG_OK; k++) by[k] = &h->r[k];
+    if (st == SG_OK) qsort(by, (size_t)h->n, sizeof *by, cmp_by_name);
+    for (int i = 0; i < n && st == SG_OK; i++) {
+        const ck_rec *r = find_rec(by, h->n, e[i].name);
         const sg_tensor *t = e[i].t;
         char fs[160], ts[160];
-        if (!r->known || r->dtype != t->dtype)
-            return LOAD_FAIL(SG_ERR_DTYPE,
-                             "tensor '%s' is %s in the file, but the destination is %s", path,
-                             e[i].name, r->dtype_s, sg_shape_str(t, ts, sizeof ts));
-        bool same = r->ndim == t->ndim;
+        bool same = r && r->ndim == t->ndim;
         for (int d = 0; same && d < t->ndim; d++) same = r->shape[d] == (uint64_t)t->shape[d];
-        if (!same)
-            return LOAD_FAIL(
-                SG_ERR_SHAPE, "tensor '%s' has shape %s in the file, but the destination is %s",
-                path, e[i].name, rec_shape_str(r, fs, sizeof fs), sg_shape_str(t, ts, sizeof ts));
+        if (!r)
+            st = LOAD_FAIL(SG_ERR_INVALID, "tensor '%s' is not in the file", path, e[i].name);
+        else if (!r->known || r->dtype != t->dtype)
+            st = LOAD_FAIL(SG_ERR_DTYPE, "tensor '%s' is %s in the file, but the destination is %s",
+                           path, e[i].name, r->dtype_s, sg_shape_str(t, ts, sizeof ts));
+        else if (!same)
+            st = LOAD_FAIL(SG_ERR_SHAPE,
+                           "tensor '%s' has shape %s in the file, but the destination is %s", path,
+                           e[i].name, rec_shape_str(r, fs, sizeof fs),
+                           sg_shape_str(t, ts, sizeof ts));
+        if (st != SG_OK) break;
         match[i] = r;
+        asked[r - h->r] = true;
     }
-    for (int k = 0; k < h->n; k++) {
-        bool asked = false;
-        for (int i = 0; i < n && !asked; i++) asked = match[i] == &h->r[k];
-        if (!asked)
-            return LOAD_FAIL(SG_ERR_INVALID,
-                             "the file holds tensor '%s', which was not asked for (extra tensors "
-                             "are refused: the file is not the state being restored)",
-                             path, h->r[k].name);
-    }
-    return SG_OK;
+    for (int k = 0; k < h->n && st == SG_OK; k++)
+        if (!asked[k])
+            st = LOAD_FAIL(SG_ERR_INVALID,
+                           "the file holds tensor '%s', which was not asked for (extra tensors "
+                           "are refused: the file is not the state being restored)",
+                           path, h->r[k].name);
+    free(by), free(asked);
+    return st;
 }
 
 /* Reads exactly n bytes. */
 static bool read_all(FILE *f, void *p, size_t n) { return fread(p, 1, n, f) == n; }
 
-sg_status sg_checkpoint_load(sg_ctx *ctx, const char *path, const sg_ckpt_entry *e, int n,
-                             char *meta_json_out, size_t meta_cap)
+/* A regular file, opened without ever blocking on it (sg_file_open_regular), as a stream;
+ * *size: the file's size. */
+static sg_status open_regular(sg_ctx *ctx, const char *path, FILE **out, uint64_t *size)
+{
+    *out = NULL;
+    int fd;
+    int64_t n;
+    SG_TRY(sg_file_open_regular(ctx, "sg_checkpoint_load", path, &fd, &n));
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return LOAD_FAIL(SG_ERR_IO, "cannot open: %s", path, strerror(errno));
+    }
+    *out = f;
+    *size = (uint64_t)n;
+    return SG_OK;
+}
+
+/* The header length, the header text (*text, NUL-terminated; caller frees) parsed into h with
+ * its offsets checked against the data that follows (*data_len bytes). */
+static sg_status read_header(sg_ctx *ctx, const char *path, FILE *f, uint64_t size, char **text,
+                             ck_header *h, uint64_t *data_len)
+{
+    unsigned char len8[8];
+    char err[256];
+    if (size < 8)
+        return LOAD_FAIL(SG_ERR_INVALID,
+                         "the file is %llu bytes, too short for the 8-byte header length "
+                         "(truncated, or not a safetensors file)",
+                         path, (unsigned long long)size);
+    if (!read_all(f, len8, 8))
+        return LOAD_FAIL(SG_ERR_IO, "cannot read the header length: %s", path, strerror(errno));
+    uint64_t hlen = ck_get_u64le(len8);
+    if (hlen > size - 8)
+        return LOAD_FAIL(SG_ERR_INVALID, "header length %llu runs past the end of the file (%llu "
+                         "bytes): truncated, or not a safetensors file",
+                         path, (unsigned long long)hlen, (unsigned long long)size);
+    if (hlen > CK_MAX_HEADER)
+        return LOAD_FAIL(SG_ERR_INVALID, "header length %llu is above the format's limit of %llu",
+                         path, (unsigned long long)hlen, (unsigned long long)CK_MAX_HEADER);
+    *data_len = size - 8 - hlen;
+    if (!(*text = malloc(hlen + 1))) return LOAD_FAIL(SG_ERR_OOM, "out of host memory", path);
+    if (!read_all(f, *text, hlen))
+        return LOAD_FAIL(SG_ERR_IO, "cannot read the %llu-byte header: %s", path,
+                         (unsigned long long)hlen, ferror(f) ? strerror(errno) : "the file shrank");
+    (*text)[hlen] = '\0';
+    if (!ck_parse_header(*text, hlen, h, err, sizeof err))
+        return LOAD_FAIL(SG_ERR_INVALID, "the header is not valid safetensors JSON: %s", path, err);
+    return check_offsets(ctx, path, h, *data_len);
+}
+
+/* Each tensor's bytes put in host order, and every floating value finite: a NaN or an
+ * infinity would train on as NaN (and be saved again), so the file is refused naming the
+ * tensor and the element. */
+static sg_status check_finite(sg_ctx *ctx, const char *path, const sg_ckpt_entry *e, int n,
+                              const ck_rec *const *match, unsigned char *data)
+{
+    for (int i = 0; i < n; i++) {
+        size_t nb = (size_t)(match[i]->end - match[i]->begin), at;
+        const char *what;
+        if (!nb) continue;
+        unsigned char *p = data + match[i]->begin;
+        ck_swap_le(p, nb, sg_dtype_size(e[i].t->dtype));
+        if (ck_find_nonfinite(p, nb, e[i].t->dtype, &at, &what))
+            return LOAD_FAIL(SG_ERR_INVALID,
+                             "tensor '%s' holds a non-finite value (%s) at element %zu: a "
+                             "checkpoint with NaN or Inf is refused",
+                             path, e[i].name, what, at);
+    }
+    return SG_OK;
+}
+
+/* The metadata object's text ("{}" when the header has none), malloc'd. */
+static char *meta_text(const char *text, const ck_header *h)
+{
+    size_t len = h->meta_end > h->meta_begin ? h->meta_end - h->meta_begin : 2;
+    char *m = malloc(len + 1);
+    if (!m) return NULL;
+    memcpy(m, h->meta_end > h->meta_begin ? text + h->meta_begin : "{}", len);
+    m[len] = '\0';
+    return m;
+}
+
+sg_status sg_checkpoint_load_ex(sg_ctx *ctx, const char *path, const sg_ckpt_entry *e, int n,
+                                char *meta_json_out, size_t meta_cap, sg_ckpt_meta_check check,
+                                void *user)
 {
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(check_entries(ctx, "sg_checkpoint_load", path, e, n));
     SG_TRY(sg_capture_forbid(ctx, "sg_checkpoint_load", "copied a checkpoint into tensors",
                              "load before capture, or between replays"));
-    FILE *f = fopen(path, "rb");
-    if (!f) return LOAD_FAIL(SG_ERR_IO, "cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0) {
-        int err = errno;
-        fclose(f);
-        return LOAD_FAIL(SG_ERR_IO, "cannot stat: %s", path, strerror(err));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return LOAD_FAIL(SG_ERR_IO, "not a regular file", path);
-    }
-    uint64_t size = (uint64_t)sb.st_size;
-    unsigned char len8[8];
-    char *text = NULL, err[256];
+    FILE *f;
+    uint64_t size = 0, data_len = 0;
+    SG_TRY(open_regular(ctx, path, &f, &size));
+    char *text = NULL, *meta = NULL;
     unsigned char *data = NULL;
     const ck_rec **match = NULL;
     ck_header h = {0};
-    sg_status st = SG_OK;
-    uint64_t hlen = 0, data_len = 0;
-    if (size < 8) {
-        st = LOAD_FAIL(SG_ERR_INVALID,
-                       "the file is %llu bytes, too short for the 8-byte header length "
-                       "(truncated, or not a safetensors file)",
-                       path, (unsigned long long)size);
-    } else if (!read_all(f, len8, 8)) {
-        st = LOAD_FAIL(SG_ERR_IO, "cannot read the header length: %s", path, strerror(errno));
-    } else {
-        hlen = ck_get_u64le(len8);
-        if (hlen > size - 8)
-            st = LOAD_FAIL(SG_ERR_INVALID, "header length %llu runs past the end of the file (%llu "
-                           "bytes): truncated, or not a safetensors file",
-                           path, (unsigned long long)hlen, (unsigned long long)size);
-        else if (hlen > CK_MAX_HEADER)
-            st = LOAD_FAIL(SG_ERR_INVALID, "header length %llu is above the format's limit of %llu",
-                           path, (unsigned long long)hlen, (unsigned long long)CK_MAX_HEADER);
-        else
-            data_len = size - 8 - hlen;
-    }
-    if (st == SG_OK && !(text = malloc(hlen + 1)))
-        st = LOAD_FAIL(SG_ERR_OOM, "out of host memory", path);
-    if (st == SG_OK && !read_all(f, text, hlen))
-        st = LOAD_FAIL(SG_ERR_IO, "cannot read the %llu-byte header: %s", path,
-                       (unsigned long long)hlen, ferror(f) ? strerror(errno) : "the file shrank");
-    if (st == SG_OK) {
-        text[hlen] = '\0';
-        if (!ck_parse_header(text, hlen, &h, err, sizeof err))
-            st = LOAD_FAIL(SG_ERR_INVALID, "the header is not valid safetensors JSON: %s", path,
-                           err);
-    }
-    if (st == SG_OK) st = check_offsets(ctx, path, &h, data_len);
+    sg_status st = read_header(ctx, path, f, size, &text, &h, &data_len);
     if (st == SG_OK && !(match = calloc((size_t)(n ? n : 1), sizeof *match)))
         st = LOAD_FAIL(SG_ERR_OOM, "out of host memory", path);
     if (st == SG_OK) st = match_entries(ctx, path, &h, e, n, match);
-    size_t meta_len = h.meta_end > h.meta_begin ? h.meta_end - h.meta_begin : 2;
-    if (st == SG_OK && meta_json_out && meta_len + 1 > meta_cap)
+    if (st == SG_OK && !(meta = meta_text(text, &h)))
+        st = LOAD_FAIL(SG_ERR_OOM, "out of host memory", path);
+    if (st == SG_OK && meta_json_out && strlen(meta) + 1 > meta_cap)
         st = LOAD_FAIL(SG_ERR_INVALID, "the metadata is %zu bytes, the buffer for it holds %zu",
-                       path, meta_len + 1, meta_cap);
+                       path, strlen(meta) + 1, meta_cap);
+    if (st == SG_OK && check) st = check(ctx, path, meta, user);
     if (st == SG_OK && data_len > SIZE_MAX)
         st = LOAD_FAIL(SG_ERR_OOM, "data too large for this host", path);
     if (st == SG_OK && data_len && !(data = malloc((size_t)data_len)))
@@ -919,24 +1200,21 @@ sg_status sg_checkpoint_load(sg_ctx *ctx, const char *path, const sg_ckpt_entry 
                        (unsigned long long)data_len,
                        ferror(f) ? strerror(errno) : "the file shrank");
     fclose(f);
+    if (st == SG_OK) st = check_finite(ctx, path, e, n, match, data);
     /* Everything validated and in host memory: only now are the tensors written. */
-    for (int i = 0; i < n && st == SG_OK; i++) {
-        unsigned char *p = data + match[i]->begin;
-        size_t nb = (size_t)(match[i]->end - match[i]->begin);
-        ck_swap_le(p, nb, sg_dtype_size(e[i].t->dtype));
-        st = sg_tensor_copy_from_host(e[i].t, p, nb);
-    }
-    if (st == SG_OK && meta_json_out) {
-        if (h.meta_end > h.meta_begin) {
-            memcpy(meta_json_out, text + h.meta_begin, meta_len);
-            meta_json_out[meta_len] = '\0';
-        } else {
-            strcpy(meta_json_out, "{}");
-        }
-    }
+    for (int i = 0; i < n && st == SG_OK; i++)
+        st = sg_tensor_copy_from_host(e[i].t, data ? data + match[i]->begin : NULL,
+                                      (size_t)(match[i]->end - match[i]->begin));
+    if (st == SG_OK && meta_json_out) strcpy(meta_json_out, meta);
     ck_header_free(&h);
-    free(text), free(data), free(match);
+    free(text), free(meta), free(data), free(match);
     return st;
+}
+
+sg_status sg_checkpoint_load(sg_ctx *ctx, const char *path, const sg_ckpt_entry *e, int n,
+                             char *meta_json_out, size_t meta_cap)
+{
+    return sg_checkpoint_load_ex(ctx, path, e, n, meta_json_out, meta_cap, NULL, NULL);
 }
 
 /* ---- metadata values ---- */
