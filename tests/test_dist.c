@@ -3,7 +3,9 @@
  * a bounded time (a malformed address, a name that does not resolve, refused connections, a
  * listener that never answers, a node that never comes, nodes that disagree); the launcher
  * (each worker's environment; a failing worker is named and stops the others; two hosts on
- * loopback, where a failure on one stops the other); then training over the CPU transport: 2
+ * loopback, where a failure on one stops the other; SIGTERM or SIGINT to a launcher stops its
+ * workers and is reported as such, a second signal kills them at once, the caller's handlers
+ * come back, and workers end when their launcher is killed outright); then training over the CPU transport: 2
  * ranks with global batch B match 1 rank with batch B over 20 steps under every scope, the
  * check catches a rank that captured other collectives, and a rank that dies makes the other
  * fail within the timeout instead of hanging. `gpu` (2 GPUs and NCCL, else skipped): the same
@@ -16,7 +18,9 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -60,6 +64,7 @@ typedef struct result {
     double secs;
     sg_dist_id id;
     sg_dist_launch_result launch;
+    bool restored;             /* the signal cases: the caller's handlers were back afterwards */
     char msg[1024];
 } result;
 
@@ -268,8 +273,8 @@ static void do_launch(const void *p, result *r)
     r->status = sg_dist_launch(&a.o, &r->launch);
 }
 
-static child launch(int local_world, int nnodes, int node_rank, const char *master, sg_dist_id id,
-                    const char *script)
+static launch_args launch_setup(int local_world, int nnodes, int node_rank, const char *master, sg_dist_id id,
+                                const char *script)
 {
     launch_args a;
     memset(&a, 0, sizeof a);
@@ -277,6 +282,13 @@ static child launch(int local_world, int nnodes, int node_rank, const char *mast
     a.o.timeout_s = 20, a.o.grace_s = 2;
     snprintf(a.master, sizeof a.master, "%s", master ? master : "");
     snprintf(a.script, sizeof a.script, "%s", script);
+    return a;
+}
+
+static child launch(int local_world, int nnodes, int node_rank, const char *master, sg_dist_id id,
+                    const char *script)
+{
+    launch_args a = launch_setup(local_world, nnodes, node_rank, master, id, script);
     return spawn(do_launch, &a);
 }
 
@@ -362,6 +374,149 @@ static void cpu_launcher(void)
     TU_CHECK(r1.status == SG_ERR_DIST && strstr(r1.msg, "rank 3 (GPU 1) exited with status 5"),
              "node 1 after rank 3 failed: %s", r1.msg);
     TU_CHECK(r0.secs < 12 && r1.secs < 12, "stopping two nodes took %.1f / %.1f s", r0.secs, r1.secs);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) { /* a leftover temporary directory */ }
+}
+
+/* ---- the launcher under signals ---- */
+
+static void mark_signal(int sig) { (void)sig; }
+
+/* A launch whose caller holds SIGINT and SIGTERM itself (so neither is ignored, whatever the
+ * test's own parent did), and finds its handlers back once the launch returns. */
+static void do_signalled_launch(const void *p, result *r)
+{
+    struct sigaction mine, now_int, now_term;
+    memset(&mine, 0, sizeof mine);
+    mine.sa_handler = mark_signal;
+    sigemptyset(&mine.sa_mask);
+    sigaction(SIGINT, &mine, NULL);
+    sigaction(SIGTERM, &mine, NULL);
+    do_launch(p, r);
+    sigaction(SIGINT, NULL, &now_int);
+    sigaction(SIGTERM, NULL, &now_term);
+    r->restored = now_int.sa_handler == mark_signal && now_term.sa_handler == mark_signal;
+}
+
+/* The pids the n workers wrote to dir/TAG.RANK (the worker script below), within 20 s. */
+static bool worker_pids(const char *dir, const char *tag, int first, int n, pid_t *pids)
+{
+    double end = now_s() + 20;
+    for (;;) {
+        int got = 0;
+        for (int i = 0; i < n; i++) {
+            char path[600];
+            snprintf(path, sizeof path, "%s/%s.%d", dir, tag, first + i);
+            FILE *f = fopen(path, "r");
+            long v = 0;
+            if (f && fscanf(f, "%ld", &v) == 1 && v > 0) pids[i] = (pid_t)v, got++;
+            if (f) fclose(f);
+        }
+        if (got == n) return true;
+        if (now_s() > end) return false;
+        usleep(10000);
+    }
+}
+
+/* A worker that says its pid (written whole, then renamed) and sleeps 30 s, as its own
+ * process (exec), so signalling it reaches the sleep; ignoring SIGTERM when asked. */
+static void pid_script(char *out, size_t n, const char *dir, const char *tag, bool ignore_term)
+{
+    snprintf(out, n, "%secho $$ > %s/%s.$SG_DIST_RANK.tmp && mv %s/%s.$SG_DIST_RANK.tmp %s/%s.$SG_DIST_RANK; "
+             "exec sleep 30", ignore_term ? "trap '' TERM; " : "", dir, tag, dir, tag, dir, tag);
+}
+
+static bool gone(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
+
+static void cpu_launcher_signals(void)
+{
+    char dir[] = "/tmp/sg_test_dist_XXXXXX";
+    TU_CHECK(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
+    char script[1024];
+    sg_dist_id id = fake_id();
+    pid_t w[4];
+
+    /* SIGTERM: both workers stopped, the call says so, -1 / 143 / -1 in the result. */
+    pid_script(script, sizeof script, dir, "term", false);
+    launch_args a = launch_setup(2, 1, 0, NULL, id, script);
+    child c = spawn(do_signalled_launch, &a);
+    bool started = worker_pids(dir, "term", 0, 2, w);
+    TU_CHECK(started, "SIGTERM case: the workers did not start within 20 s");
+    kill(c.pid, SIGTERM);
+    result r = collect(c);
+    TU_CHECK(r.status == SG_ERR_DIST && r.launch.failed_rank == -1 && r.launch.failed_node == -1 &&
+             r.launch.exit_status == 128 + SIGTERM && r.launch.interrupted_by == SIGTERM &&
+             strstr(r.msg, "interrupted (SIGTERM): stopped 2 workers"),
+             "SIGTERM to the launcher: status %d, rank %d, node %d, exit %d: %s", r.status, r.launch.failed_rank,
+             r.launch.failed_node, r.launch.exit_status, r.msg);
+    TU_CHECK(r.secs < 10, "the launcher took %.1f s to stop its workers on SIGTERM", r.secs);
+    TU_CHECK(started && gone(w[0]) && gone(w[1]), "a worker outlived its launcher's SIGTERM");
+    TU_CHECK(r.restored, "the caller's SIGINT and SIGTERM handlers were not restored after the launch");
+
+    /* SIGINT, workers that ignore SIGTERM, a 30 s grace period: SIGINT again (until the
+     * launcher answers) kills them at once. */
+    pid_script(script, sizeof script, dir, "int", true);
+    a = launch_setup(2, 1, 0, NULL, id, script);
+    a.o.grace_s = 30;
+    c = spawn(do_signalled_launch, &a);
+    started = worker_pids(dir, "int", 0, 2, w);
+    TU_CHECK(started, "SIGINT case: the workers did not start within 20 s");
+    double end = now_s() + 10;
+    struct pollfd pf = {c.fd, POLLIN, 0};
+    do kill(c.pid, SIGINT);
+    while (poll(&pf, 1, 100) == 0 && now_s() < end);
+    r = collect(c);
+    TU_CHECK(r.status == SG_ERR_DIST && r.launch.failed_rank == -1 && r.launch.exit_status == 128 + SIGINT &&
+             r.launch.interrupted_by == SIGINT &&
+             strstr(r.msg, "interrupted (SIGINT): stopped 2 workers (2 with SIGKILL, after a second signal)"),
+             "SIGINT twice to the launcher: status %d, exit %d: %s", r.status, r.launch.exit_status, r.msg);
+    TU_CHECK(r.secs < 15, "a second SIGINT took %.1f s to end workers that ignore SIGTERM (grace 30 s)", r.secs);
+    TU_CHECK(started && gone(w[0]) && gone(w[1]), "a worker outlived its launcher's second SIGINT");
+
+    /* Two hosts: SIGTERM to node 0's launcher stops node 1's workers too, and node 1 says why. */
+    char master[64];
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    pid_script(script, sizeof script, dir, "nodes", false);
+    launch_args a1 = launch_setup(2, 2, 1, master, fake_id(), script);
+    a = launch_setup(2, 2, 0, master, id, script);
+    child n1 = spawn(do_signalled_launch, &a1), n0 = spawn(do_signalled_launch, &a);
+    started = worker_pids(dir, "nodes", 0, 4, w);
+    TU_CHECK(started, "two nodes: the 4 workers did not start within 20 s");
+    kill(n0.pid, SIGTERM);
+    result r0 = collect(n0), r1 = collect(n1);
+    TU_CHECK(r0.status == SG_ERR_DIST && r0.launch.exit_status == 128 + SIGTERM &&
+             strstr(r0.msg, "interrupted (SIGTERM): stopped 2 workers and told the other nodes"),
+             "node 0 after its SIGTERM: %s", r0.msg);
+    TU_CHECK(r1.status == SG_ERR_DIST && r1.launch.failed_rank == -1 && r1.launch.exit_status == 0 &&
+             r1.launch.interrupted_by == 0 &&
+             r1.launch.failed_node == 0 && strstr(r1.msg, "node 0's launcher was interrupted (SIGTERM)"),
+             "node 1 after node 0's SIGTERM: exit %d, node %d: %s", r1.launch.exit_status,
+             r1.launch.failed_node, r1.msg);
+    TU_CHECK(r0.secs < 12 && r1.secs < 12, "stopping two nodes on SIGTERM took %.1f / %.1f s", r0.secs, r1.secs);
+    for (int i = 0; i < 4; i++) TU_CHECK(started && gone(w[i]), "rank %d outlived the SIGTERM to node 0", i);
+
+    /* SIGKILL: the launcher cannot act, its workers' parent-death signal (SIGTERM) ends them.
+     * This process adopts them meanwhile (a subreaper) to see how they ended. */
+    TU_CHECK(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0, "PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
+    pid_script(script, sizeof script, dir, "kill", false);
+    c = launch(2, 1, 0, NULL, id, script);
+    started = worker_pids(dir, "kill", 0, 2, w);
+    TU_CHECK(started, "SIGKILL case: the workers did not start within 20 s");
+    kill(c.pid, SIGKILL);
+    int wst;
+    waitpid(c.pid, &wst, 0);
+    close(c.fd);
+    for (int i = 0; i < 2 && started; i++) {
+        end = now_s() + 10;
+        pid_t p = 0;
+        while ((p = waitpid(w[i], &wst, WNOHANG)) == 0 && now_s() < end) usleep(10000);
+        TU_CHECK(p == w[i] && WIFSIGNALED(wst) && WTERMSIG(wst) == SIGTERM,
+                 "worker %d after its launcher's SIGKILL: %s", i,
+                 p == 0 ? "still running 10 s later" : p < 0 ? strerror(errno) : "ended otherwise than by SIGTERM");
+        if (p == 0) kill(w[i], SIGKILL), waitpid(w[i], &wst, 0);
+    }
+    prctl(PR_SET_CHILD_SUBREAPER, 0);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) { /* a leftover temporary directory */ }
@@ -683,6 +838,7 @@ int main(int argc, char **argv)
         printf("id exchange: %.1f s\n", now_s() - t0);
         t0 = now_s();
         cpu_launcher();
+        cpu_launcher_signals();
         printf("launcher: %.1f s\n", now_s() - t0);
         cpu_misuse();
         t0 = now_s();

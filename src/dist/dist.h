@@ -154,6 +154,18 @@ sg_status sg_dist_exchange_open(const char *master, int nnodes, int node_rank, i
                                 double timeout_s, sg_dist_id *id, sg_dist_link *link);
 void sg_dist_link_close(sg_dist_link *link);
 
+/* ---- launch.c: sg_dist_launch (stepgraph.h) and signals ----
+ * From its first fork to its last reap, sg_dist_launch holds SIGINT and SIGTERM (unless the
+ * caller ignores them; its handlers come back before it returns; one launch at a time per
+ * process). The first stops the run as a worker's failure would (SIGTERM to its workers, and
+ * to the other nodes' through their launchers; SIGKILL after grace_s), a second kills the
+ * workers at once. The call then fails with SG_ERR_DIST, "sg_dist_launch: interrupted
+ * (SIGINT): stopped N workers", and the result says so: interrupted_by the signal, failed_rank
+ * -1, failed_node -1 and exit_status 128 + the signal, which the CLI exits with (130, 143); a
+ * node interrupted elsewhere reports interrupted_by 0, exit_status 0 and its failed_node. Each
+ * worker gets SIGTERM when the launcher dies (PR_SET_PDEATHSIG), and one
+ * whose launcher died before that was in place does not start. */
+
 #ifdef __cplusplus
 }
 #endif

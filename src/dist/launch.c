@@ -3,7 +3,9 @@
  * when one fails stops the others (SIGTERM, then SIGKILL after a grace period) and says which
  * rank failed and how. Across hosts the launchers keep the id exchange's connections open and
  * tell each other about failures, so every host's workers stop. Only processes this call
- * started are ever signalled. */
+ * started are ever signalled. Workers end with their launcher however it ends: SIGINT or
+ * SIGTERM to it stops them the same way (a second signal: SIGKILL at once), and a launcher
+ * that dies outright takes them along (each worker's parent-death signal, SIGTERM). */
 #define _GNU_SOURCE
 
 #include "dist/dist.h"
@@ -14,6 +16,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -169,6 +172,15 @@ typedef struct run {
     bool stopping;
     double kill_at;
     bool killed;
+    int n_killed;              /* workers still alive when SIGKILL went out */
+    bool killed_by_signal;     /* a second SIGINT or SIGTERM sent it, not the grace period */
+    /* SIGINT and SIGTERM while the workers run (see catch_signals). */
+    bool caught[2];            /* we hold the signal (false: it was ignored, and stays so) */
+    struct sigaction old_act[2];
+    sigset_t old_mask;
+    int signals_seen;          /* of sig_count, those acted on */
+    int interrupt;             /* the signal that stopped the run (0: none) */
+    int interrupt_n;           /* workers it stopped */
     sg_dist_link link;
     bool multi;
     bool node_done[64];        /* node 0: nodes that said they finished */
@@ -208,6 +220,91 @@ static void tell_nodes(run *r, link_msg m, int except)
     for (int i = 1; i < r->link.n; i++)
         if (i != except && r->link.fd[i] >= 0 && !r->node_done[i] &&
             sg_net_send(r->link.fd[i], &m, sizeof m, deadline, "a node") != SG_OK) { /* gone already */ }
+}
+
+/* ---- SIGINT and SIGTERM to the launcher ---- *
+ * The handler only counts; the wait loop acts (on_signals). One launch at a time per process:
+ * the count is the process's. */
+
+static const int caught_signals[2] = {SIGINT, SIGTERM};
+static volatile sig_atomic_t sig_first, sig_count;
+
+static void on_signal(int sig)
+{
+    if (!sig_first) sig_first = sig;
+    if (sig_count < 1000) sig_count = sig_count + 1;
+}
+
+static const char *signal_name(int sig)
+{
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
+}
+
+/* Holds SIGINT and SIGTERM for the run, unless the caller ignores them (a background job of
+ * a shell, nohup): an ignored signal stays ignored, as it would for the workers. */
+static void catch_signals(run *r)
+{
+    sig_first = 0, sig_count = 0;
+    r->signals_seen = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    for (int j = 0; j < 2; j++) sigaddset(&sa.sa_mask, caught_signals[j]);
+    for (int j = 0; j < 2; j++) {
+        r->caught[j] = false;
+        if (sigaction(caught_signals[j], NULL, &r->old_act[j]) != 0) continue;
+        if (!(r->old_act[j].sa_flags & SA_SIGINFO) && r->old_act[j].sa_handler == SIG_IGN) continue;
+        r->caught[j] = sigaction(caught_signals[j], &sa, NULL) == 0;
+    }
+}
+
+/* The caller's handlers back, once every worker has been reaped. */
+static void release_signals(run *r)
+{
+    for (int j = 0; j < 2; j++)
+        if (r->caught[j]) sigaction(caught_signals[j], &r->old_act[j], NULL), r->caught[j] = false;
+}
+
+/* In a new worker, between fork and exec (async-signal-safe calls only): the signals as the
+ * caller had them, a SIGTERM when the launcher dies (PR_SET_PDEATHSIG; it survives execve),
+ * and no start at all when the launcher died before that was in place (the worker is then
+ * someone else's child). The parent death signal follows the thread that forked: sg_dist_launch
+ * forks and waits on the calling thread, which so outlives every worker it starts. */
+static void worker_exec(const run *r, pid_t launcher, const char *path, char **env)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    for (int j = 0; j < 2; j++)
+        if (r->caught[j]) sigaction(caught_signals[j], &dfl, NULL);
+    /* An ignored SIGTERM would make the death signal a no-op: SIGKILL then. */
+    int death = r->caught[1] || r->old_act[1].sa_handler != SIG_IGN ? SIGTERM : SIGKILL;
+    if (prctl(PR_SET_PDEATHSIG, death) != 0) {
+        static const char msg[] = "sg_dist_launch: prctl(PR_SET_PDEATHSIG) failed in a worker; not starting it\n";
+        if (write(2, msg, sizeof msg - 1) < 0) { /* nothing to do */ }
+        _exit(127);
+    }
+    if (getppid() != launcher) {
+        static const char msg[] = "sg_dist_launch: the launcher ended before a worker started; not starting it\n";
+        if (write(2, msg, sizeof msg - 1) < 0) { /* nothing to do */ }
+        _exit(127);
+    }
+    pthread_sigmask(SIG_SETMASK, &r->old_mask, NULL); /* a pending signal acts here, by default */
+    execve(path, r->o->argv, env);
+    static const char msg[] = "sg_dist_launch: execve of the worker failed\n";
+    if (write(2, msg, sizeof msg - 1) < 0) { /* nothing to do */ }
+    _exit(127);
+}
+
+/* Every live worker gets SIGKILL now. */
+static void kill_all(run *r)
+{
+    r->n_killed = 0;
+    for (int i = 0; i < r->n; i++)
+        if (r->w[i].live) kill(r->w[i].pid, SIGKILL), r->n_killed++;
+    r->killed = true;
 }
 
 /* The first failure stops every live worker: SIGTERM now, SIGKILL after the grace period. */
@@ -251,6 +348,9 @@ static void on_link(run *r, int fd, int node)
     if (!gone && m.kind == 'F') {
         char what[160];
         if (m.rank >= 0) describe(m.status, m.signalled != 0, what, sizeof what);
+        else if (m.signalled && m.status > 128)
+            snprintf(what, sizeof what, "node %d's launcher was interrupted (%s)", m.node,
+                     signal_name(m.status - 128));
         else snprintf(what, sizeof what, "was lost");
         stop_all(r, m.rank, m.status, m.signalled != 0, m.node, what, node);
         return;
@@ -288,9 +388,26 @@ static void poll_links(run *r, int ms)
         if (p[i].revents) on_link(r, p[i].fd, node[i]);
 }
 
+/* Acts on SIGINT and SIGTERM the handler counted: the first stops the run as a failure would
+ * (the other nodes are told), one that comes while it stops already kills the workers now. */
+static void on_signals(run *r)
+{
+    int count = sig_count;
+    if (count == r->signals_seen) return;
+    bool again = r->stopping;
+    if (!r->stopping) {
+        r->interrupt = sig_first ? sig_first : SIGTERM;
+        r->interrupt_n = r->live;
+        stop_all(r, -1, 128 + r->interrupt, true, r->o->node_rank, "", -1);
+    }
+    if ((again || count - r->signals_seen > 1) && !r->killed) r->killed_by_signal = true, kill_all(r);
+    r->signals_seen = count;
+}
+
 static void wait_all(run *r)
 {
     while (r->live > 0) {
+        on_signals(r);
         for (int i = 0; i < r->n; i++) {
             if (!r->w[i].live) continue;
             int wst = 0;
@@ -299,30 +416,29 @@ static void wait_all(run *r)
             else if (p < 0 && errno == ECHILD) r->w[i].live = false, r->live--; /* reaped elsewhere */
         }
         if (r->live == 0) break;
-        if (r->stopping && !r->killed && sg_dist_now() >= r->kill_at) {
-            for (int i = 0; i < r->n; i++)
-                if (r->w[i].live) kill(r->w[i].pid, SIGKILL);
-            r->killed = true;
-        }
+        if (r->stopping && !r->killed && sg_dist_now() >= r->kill_at) kill_all(r);
         poll_links(r, 20);
     }
 }
 
+/* Forks the workers with SIGINT and SIGTERM blocked, so that neither runs the launcher's
+ * handler in a child before it execs (where the signal would be lost). */
 static sg_status start_workers(run *r, const char *path, const sg_dist_id *id)
 {
     const sg_dist_launch_options *o = r->o;
+    pid_t launcher = getpid();
+    sigset_t block;
+    sigemptyset(&block);
+    for (int j = 0; j < 2; j++) sigaddset(&block, caught_signals[j]);
     for (int i = 0; i < o->local_world; i++) {
         sg_dist_env e = {o->node_rank * o->local_world + i, r->nnodes * o->local_world, i, o->local_world, *id};
         char vars[N_ENV][2 * SG_DIST_ID_BYTES + 32];
         char **env = worker_env(&e, vars);
         if (!env) return sg_fail(NULL, SG_ERR_OOM, "sg_dist_launch: out of host memory");
+        pthread_sigmask(SIG_BLOCK, &block, &r->old_mask);
         pid_t pid = fork();
-        if (pid == 0) {
-            execve(path, o->argv, env);
-            static const char msg[] = "sg_dist_launch: execve of the worker failed\n";
-            if (write(2, msg, sizeof msg - 1) < 0) { /* nothing to do */ }
-            _exit(127);
-        }
+        if (pid == 0) worker_exec(r, launcher, path, env);
+        pthread_sigmask(SIG_SETMASK, &r->old_mask, NULL);
         free(env);
         if (pid < 0)
             return sg_fail(NULL, SG_ERR_DIST, "sg_dist_launch: fork of worker %d failed: %s", i, strerror(errno));
@@ -334,7 +450,7 @@ static sg_status start_workers(run *r, const char *path, const sg_dist_id *id)
 
 sg_status sg_dist_launch(const sg_dist_launch_options *o, sg_dist_launch_result *res)
 {
-    if (res) *res = (sg_dist_launch_result){-1, 0, -1};
+    if (res) *res = (sg_dist_launch_result){-1, 0, -1, 0};
     if (!o || !o->argv || !o->argv[0]) return sg_fail(NULL, SG_ERR_NULL, "sg_dist_launch: options or argv is NULL");
     int nnodes = o->nnodes > 0 ? o->nnodes : 1;
     if (o->local_world < 1 || o->local_world > MAX_LOCAL || nnodes > 64 || o->node_rank < 0 ||
@@ -359,24 +475,41 @@ sg_status sg_dist_launch(const sg_dist_launch_options *o, sg_dist_launch_result 
     if (r->multi)
         st = sg_dist_exchange_open(o->master, nnodes, o->node_rank, o->local_world,
                                    o->timeout_s > 0 ? o->timeout_s : 60.0, &id, &r->link);
-    if (st == SG_OK) st = start_workers(r, path, &id);
+    /* From the first fork to the last reap: SIGINT and SIGTERM stop the workers. */
+    if (st == SG_OK) catch_signals(r), st = start_workers(r, path, &id);
     if (st != SG_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", sg_ctx_last_error(NULL));
         stop_all(r, -1, 0, false, o->node_rank, "could not start", -1);
         wait_all(r);
+        release_signals(r);
         sg_dist_link_close(&r->link);
         free(r);
         return sg_fail(NULL, st, "%s", msg);
     }
     wait_all(r);
+    release_signals(r);
     if (!r->stopping) tell_nodes(r, (link_msg){'D', -1, 0, o->node_rank, 0}, -1);
     sg_dist_link_close(&r->link);
-    if (res && r->stopping) *res = (sg_dist_launch_result){r->fail_rank, r->fail_status, r->fail_node};
     if (!r->stopping) {
         free(r);
         return SG_OK;
     }
+    if (r->interrupt) {
+        /* Documented in dist.h: failed_rank and failed_node -1, exit_status 128 + the signal. */
+        if (res) *res = (sg_dist_launch_result){-1, 128 + r->interrupt, -1, r->interrupt};
+        char killed[96] = "";
+        if (r->killed && r->n_killed > 0)
+            snprintf(killed, sizeof killed, " (%d with SIGKILL, %s)", r->n_killed,
+                     r->killed_by_signal ? "after a second signal" : "after the grace period");
+        st = sg_fail(NULL, SG_ERR_DIST, "sg_dist_launch: interrupted (%s): stopped %d worker%s%s%s",
+                     signal_name(r->interrupt), r->interrupt_n, r->interrupt_n == 1 ? "" : "s", killed,
+                     r->multi ? " and told the other nodes" : "");
+        free(r);
+        return st;
+    }
+    /* No rank failed (a node lost, or interrupted elsewhere): exit_status 0, see dist.h. */
+    if (res) *res = (sg_dist_launch_result){r->fail_rank, r->fail_rank >= 0 ? r->fail_status : 0, r->fail_node, 0};
     char who[96] = "";
     if (r->fail_rank >= 0 && r->fail_node == o->node_rank)
         snprintf(who, sizeof who, "rank %d (GPU %d) ", r->fail_rank, r->fail_rank - o->node_rank * o->local_world);
