@@ -4,6 +4,8 @@
 set -u
 bin=$1
 fails=0
+passes=0
+pass() { echo "ok: $*"; passes=$((passes + 1)); }
 expect() { # expect CODE REGEX -- ARGS...
     local code=$1 re=$2; shift 3
     out=$("$bin" "$@" 2>&1); rc=$?
@@ -11,7 +13,7 @@ expect() { # expect CODE REGEX -- ARGS...
         echo "FAIL: stepgraph $* -> exit $rc (want $code), output lacks /$re/:"; echo "$out" | head -20
         fails=$((fails + 1))
     else
-        echo "ok: stepgraph $*"
+        pass "stepgraph $*"
     fi
 }
 expect 0 'commands:' -- --help
@@ -25,7 +27,33 @@ expect 2 "--steps '0' is not a whole number" -- train --model mlp-16-1-4 --steps
 expect 2 "--lr 'x' is not a number" -- train --model mlp-16-1-4 --lr x
 expect 2 "--backend 'tpu'" -- train --model mlp-16-1-4 --backend tpu
 expect 2 "option --model needs a value" -- train --model
-expect 1 "unknown model 'mlp-16'" -- train --model mlp-16 --backend cpu
+# Model names are taken whole: trailing text, a sign or a leading zero is a usage error (2).
+expect 2 "unknown model 'mlp-16'" -- train --model mlp-16 --backend cpu
+expect 2 "unknown model 'mlp-64-2-33x'.*BATCH must be a whole number" -- train --model mlp-64-2-33x --backend cpu
+expect 2 "unknown model 'mlp-64-2-32-garbage'" -- train --model mlp-64-2-32-garbage --backend cpu
+expect 2 "unknown model 'mlp-064-2-32'" -- train --model mlp-064-2-32 --backend cpu
+expect 2 "unknown model 'gpt-64-1-2-16-1'" -- train --model gpt-64-1-2-16-1 --backend cpu
+expect 2 "unknown model 'mlp-64-2-32\"x'" -- bench --model 'mlp-64-2-32"x' --backend cpu --json
+# A model too large for the device is refused before anything is allocated, with both figures.
+expect 1 "'mlp-65536-64-32' needs at least [0-9.]+ GiB .* has [0-9.]+ GiB free of [0-9.]+ GiB" -- train --model mlp-65536-64-32 --backend cpu --steps 1
+# --steps-per-graph: step scope only, and it must divide --steps (no silent extra steps).
+expect 2 "--steps 10 is not a multiple of --steps-per-graph 3" -- train --model mlp-32-2-8 --backend cpu --scope step --steps-per-graph 3 --steps 10
+expect 2 "--steps-per-graph 2 is for --scope step" -- train --model mlp-32-2-8 --backend cpu --steps-per-graph 2 --steps 10
+expect 2 "--save-every needs --save" -- train --model mlp-32-2-8 --backend cpu --steps 10 --save-every 5
+expect 0 "done: 12 steps, [0-9.]+ ms/step \(steps 9..12\)" -- train --model mlp-32-2-8 --backend cpu --scope step --steps-per-graph 2 --steps 12 --quiet
+expect 0 "done: 2 steps, [0-9.]+ ms/step \(all 2 steps, set-up included" -- train --model mlp-32-2-8 --backend cpu --scope step --steps 2 --quiet
+# --graph-modules names each module once.
+expect 2 "names module 0 \(layers.0\) twice" -- train --model mlp-32-2-8 --backend cpu --scope layer --graph-modules layers.0,layers.0,0 --steps 5
+# verify never passes on nothing: too few steps to replay is a usage error, graphs disabled a failure.
+expect 2 "--steps 3 with --warmup 3 compares no step replayed from a graph" -- verify --model mlp-32-2-8 --scope step --steps 3 --backend cpu
+expect 2 "--steps 4 with --warmup 3 compares one replay only" -- verify --model mlp-32-2-8 --scope model --steps 4 --backend cpu
+expect 0 "OK: 5 steps match \(bit-exact\), 2 of them replayed from graphs" -- verify --model mlp-32-2-8 --scope step --steps 5 --backend cpu
+out=$(STEPGRAPH_DISABLE_GRAPHS=1 "$bin" verify --model mlp-32-2-8 --scope step --steps 6 --backend cpu 2>&1); rc=$?
+if [ "$rc" != 1 ] || ! grep -q "there is no graph to verify" <<<"$out"; then
+    echo "FAIL: verify with graphs disabled: exit $rc: $out"; fails=$((fails + 1))
+else
+    pass "verify refuses to pass with graphs disabled"
+fi
 expect 0 'done: 60 steps.*allocations per step after set-up: 0.00' -- train --model mlp-32-2-16 --steps 60 --backend cpu --lr 3e-3
 expect 0 'verify' -- verify --help
 expect 2 "--scope 'graph': expected eager, layer, model or step" -- train --model mlp-16-1-4 --scope graph
@@ -36,7 +64,7 @@ expect 0 'usage: stepgraph advise --model NAME' -- advise --help
 expect 1 "advise profiles a CUDA device .*--backend cpu has none" -- advise --model mlp-64-2-32 --backend cpu
 expect 2 "--model is required" -- advise --no-measure
 for sc in layer model step; do
-    expect 0 "OK: 12 steps match \(bit-exact\); scope $sc" -- verify --model mlp-32-2-8 --scope $sc --steps 12 --backend cpu --lr-schedule
+    expect 0 "OK: 12 steps match \(bit-exact\), 9 of them replayed from graphs; scope $sc" -- verify --model mlp-32-2-8 --scope $sc --steps 12 --backend cpu --lr-schedule
     expect 0 "graphs: .* replays" -- train --model mlp-32-2-8 --scope $sc --steps 20 --backend cpu --quiet
 done
 # Variable sequence length (gpt): a length bucket per graph under step scope; usage errors.
@@ -44,19 +72,19 @@ expect 0 "bucket cache: 3 graphs held, [0-9]+ hits" -- train --model gpt-64-1-2-
 expect 2 "--vary-seq needs --seq-lens" -- train --model gpt-64-1-2-32 --vary-seq
 expect 2 "--seq-lens is for gpt models, not 'mlp-16-1-4'" -- train --model mlp-16-1-4 --seq-lens 2,4
 expect 2 "--seq-lens '16,8': expected increasing sizes" -- train --model gpt-64-1-2-32 --seq-lens 16,8
-expect 1 "sequence length T = 32" -- train --model gpt-64-1-2-32 --backend cpu --seq-lens 16,64 --steps 2
+expect 2 "sequence length T = 32" -- train --model gpt-64-1-2-32 --backend cpu --seq-lens 16,64 --steps 2
 out=$(STEPGRAPH_DISABLE_GRAPHS=1 "$bin" train --model mlp-32-2-8 --scope step --steps 10 --backend cpu --quiet 2>&1); rc=$?
 if [ "$rc" != 0 ] || ! grep -q "scope step (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" <<<"$out"; then
     echo "FAIL: STEPGRAPH_DISABLE_GRAPHS=1: exit $rc: $out"; fails=$((fails + 1))
 else
-    echo "ok: STEPGRAPH_DISABLE_GRAPHS=1 is honoured and said"
+    pass "STEPGRAPH_DISABLE_GRAPHS=1 is honoured and said"
 fi
 # A mismatch is caught and named (test hook: nudge one weight of the graph side after step 3).
 out=$(SG_VERIFY_INJECT=3 "$bin" verify --model mlp-32-2-8 --scope step --steps 6 --backend cpu 2>&1); rc=$?
 if [ "$rc" != 1 ] || ! grep -q "MISMATCH at step 3: first tensor that differs: layers.1.weight" <<<"$out"; then
     echo "FAIL: injected mismatch: exit $rc: $out"; fails=$((fails + 1))
 else
-    echo "ok: verify names an injected mismatch"
+    pass "verify names an injected mismatch"
 fi
 # GPT: checkpoint and resume give the loss curve of an uninterrupted run (dropout and clipping
 # on, the resumed half under step scope); sample generates from the checkpoint.
@@ -65,20 +93,77 @@ g="--model gpt-64-1-2-16 --backend cpu --log-every 5 --dropout 0.1 --clip 1"
 full=$("$bin" train $g --steps 20 2>&1 | grep -E '^step ')
 "$bin" train $g --steps 10 --save "$tmp/ck.safetensors" >/dev/null 2>&1
 half=$("$bin" train $g --steps 10 --resume "$tmp/ck.safetensors" --scope step 2>&1 | grep -E '^step ')
-if [ -z "$half" ] || [ "$(tail -n 3 <<<"$full")" != "$(tail -n 3 <<<"$half")" ]; then
-    echo "FAIL: resume: uninterrupted tail:"; tail -n 3 <<<"$full"; echo "resumed:"; echo "$half"; fails=$((fails + 1))
+if [ -z "$half" ] || [ "$(tail -n 2 <<<"$full")" != "$(tail -n 2 <<<"$half")" ]; then
+    echo "FAIL: resume: uninterrupted tail:"; tail -n 2 <<<"$full"; echo "resumed:"; echo "$half"; fails=$((fails + 1))
 else
-    echo "ok: resume continues the uninterrupted loss curve: $(tail -n 1 <<<"$half")"
+    pass "resume continues the uninterrupted loss curve: $(tail -n 1 <<<"$half")"
 fi
 out=$("$bin" sample --model gpt-64-1-2-16 --resume "$tmp/ck.safetensors" --prompt "GNU" --length 30 --backend cpu 2>&1); rc=$?
 if [ "$rc" != 0 ] || [ "$(printf '%s' "$out" | head -c 3)" != "GNU" ] || [ "$(printf '%s' "$out" | wc -c)" -lt 33 ]; then
     echo "FAIL: sample: exit $rc: $out"; fails=$((fails + 1))
 else
-    echo "ok: sample generated $(printf '%s' "$out" | wc -c) bytes"
+    pass "sample generated $(printf '%s' "$out" | wc -c) bytes"
 fi
 head -c 100 "$tmp/ck.safetensors" > "$tmp/cut.safetensors"
 expect 1 "cut.safetensors" -- train $g --steps 2 --resume "$tmp/cut.safetensors"
 expect 1 "/nonexistent/file.txt" -- train --model gpt-64-1-2-16 --backend cpu --steps 1 --data /nonexistent/file.txt
+# Saving: the target is checked before training (no step runs), and nothing is replaced that
+# is not a regular file (a FIFO stands in for /dev/null, which a broken check would destroy).
+m="--model mlp-32-2-8 --backend cpu --steps 20 --log-every 5"
+expect 2 "--save: .*/missing/ck.safetensors" -- train $m --save "$tmp/missing/ck.safetensors"
+expect 2 "--save: " -- train $m --save ''
+expect 2 "--save: .*$tmp" -- train $m --save "$tmp"
+mkfifo "$tmp/fifo"
+expect 2 "--save: .*fifo" -- train $m --save "$tmp/fifo"
+[ -p "$tmp/fifo" ] && pass "a FIFO save target is left as it was" || { echo "FAIL: the FIFO was replaced"; fails=$((fails + 1)); }
+out=$("$bin" train $m --save "$tmp/missing/ck.safetensors" 2>&1)
+if grep -q '^step ' <<<"$out"; then echo "FAIL: a bad --save target trained first: $out"; fails=$((fails + 1)); else pass "a bad --save target is refused before training"; fi
+# --save-every writes periodic checkpoints; --metrics writes one JSON object a logged step.
+out=$("$bin" train $m --save "$tmp/p.safetensors" --save-every 10 --metrics "$tmp/m.jsonl" 2>&1); rc=$?
+if [ "$rc" != 0 ] || ! grep -q "^checkpoint $tmp/p.safetensors (step 10)$" <<<"$out" ||
+   ! grep -q "^saved $tmp/p.safetensors (step 20)$" <<<"$out" || grep -q "(step 20)" <<<"$(grep '^checkpoint' <<<"$out")"; then
+    echo "FAIL: --save-every: exit $rc: $out"; fails=$((fails + 1))
+else
+    pass "--save-every 10 wrote step 10, then the final save step 20"
+fi
+if python3 - "$tmp/m.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+run = lines[0]["run"]
+assert run["model"] == "mlp-32-2-8" and run["scope"] == "eager" and run["backend"] == "cpu", run
+steps = [l for l in lines[1:] if "loss" in l]
+assert [l["step"] for l in steps] == [1, 5, 10, 15, 20], [l["step"] for l in steps]
+for l in steps:
+    assert l["loss"] > 0 and l["lr"] > 0 and l["loss_scale"] is None, l
+for l in steps[1:]:
+    assert l["ms_per_step"] > 0 and l["samples_per_s"] > 0, l
+PY
+then pass "--metrics: a run line, then steps 1, 5, 10, 15, 20 with loss, lr, ms/step, samples/s"; else echo "FAIL: --metrics file:"; cat "$tmp/m.jsonl"; fails=$((fails + 1)); fi
+# A loss that turns non-finite in fp32 stops the run with an error and saves nothing.
+out=$("$bin" train --model mlp-32-2-8 --backend cpu --optim sgd --lr 10 --steps 400 --log-every 1 --save "$tmp/nan.safetensors" 2>&1); rc=$?
+if [ "$rc" != 1 ] || ! grep -Eq "the loss is (NaN|infinite) at step [0-9]+ \(fp32\): stopping" <<<"$out" || [ -e "$tmp/nan.safetensors" ]; then
+    echo "FAIL: a diverging fp32 run: exit $rc: $(tail -n 3 <<<"$out")"; fails=$((fails + 1))
+else
+    pass "a diverging fp32 run stops with an error and writes no checkpoint"
+fi
+# Signals: SIGINT and SIGTERM finish the step in flight, save and exit 130 / 143. The log is
+# read while the run goes on: stdout to a file is line-buffered.
+for sig in INT TERM; do
+    rm -f "$tmp/sig.safetensors" "$tmp/sig.log"
+    "$bin" train --model mlp-32-2-8 --backend cpu --steps 100000000 --log-every 500 --save "$tmp/sig.safetensors" >"$tmp/sig.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do grep -q '^step ' "$tmp/sig.log" 2>/dev/null && break; sleep 0.1; done
+    kill -s $sig $pid
+    wait $pid; rc=$?
+    want=$([ $sig = INT ] && echo 130 || echo 143)
+    n=$(sed -nE "s/^stepgraph train: interrupted by SIG$sig after step ([0-9]+)$/\1/p" "$tmp/sig.log")
+    if [ "$rc" != "$want" ] || [ -z "$n" ] || ! grep -q "^saved $tmp/sig.safetensors (step $n)$" "$tmp/sig.log" ||
+       ! "$bin" train --model mlp-32-2-8 --backend cpu --steps 1 --resume "$tmp/sig.safetensors" 2>&1 | grep -q "at step $n$"; then
+        echo "FAIL: SIG$sig: exit $rc (want $want):"; cat "$tmp/sig.log"; fails=$((fails + 1))
+    else
+        pass "SIG$sig: finished step $n, saved a checkpoint that resumes there, exit $rc"
+    fi
+done
 rm -rf "$tmp"
 # Memory report (bench --memory): host memory stands in on the CPU; the static buffers, the
 # graphs' pool and executable graphs, and no allocation per 100 steps eagerly or under replay.
@@ -108,14 +193,14 @@ if [ "$rc" != 0 ] || [ -z "$one" ] || [ "$one" != "$(grep '^step ' <<<"$two")" ]
     echo "FAIL: --gpus 2 on the CPU: exit $rc; one rank:"; echo "$one"; echo "two ranks:"; echo "$two" | head -20
     fails=$((fails + 1))
 else
-    echo "ok: --gpus 2 (CPU ranks) prints the loss curve of one process: $(tail -n 1 <<<"$one")"
+    pass "--gpus 2 (CPU ranks) prints the loss curve of one process: $(tail -n 1 <<<"$one")"
 fi
 out=$(SG_DIST_INJECT_SEQ=1 "$bin" train $d --gpus 2 --bucket-mib 0.002 2>&1); rc=$?
 if [ "$rc" != 1 ] || ! grep -q "rank 1 captured other collectives than rank 0" <<<"$out" ||
    ! grep -Eq "sg_dist_launch: rank [01] \(GPU [01]\) exited with status 1; stopped the other workers" <<<"$out"; then
     echo "FAIL: a failing rank: exit $rc: $out"; fails=$((fails + 1))
 else
-    echo "ok: a failing rank is named and the run stops"
+    pass "a failing rank is named and the run stops"
 fi
 # The loss printed at the end is below the first.
 out=$("$bin" train --model mlp-32-2-16 --steps 150 --backend cpu --lr 3e-3 --quiet 2>&1)
@@ -123,7 +208,7 @@ l=$(sed -nE 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/p' <<<"$out")
 if ! awk -v a="${l% *}" -v b="${l#* }" 'BEGIN { exit !(b < a / 2) }'; then
     echo "FAIL: loss did not halve in 150 CPU steps: $out"; fails=$((fails + 1))
 else
-    echo "ok: loss $l"
+    pass "loss $l"
 fi
-echo "$((37 + 6 + 11 - fails)) passed, $fails failed"
+echo "$passes passed, $fails failed"
 [ "$fails" = 0 ]

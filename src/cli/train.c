@@ -1,10 +1,17 @@
-/* train.c: `stepgraph train`: trains a model eagerly. The loss is read back asynchronously
- * (a pinned copy and an event, polled at the next log point), so logging never stalls the
- * GPU; the only host syncs are at the end. With --gpus N it is the launcher: it starts N
- * copies of itself as the ranks of a data-parallel run (sg_dist_launch), and each copy, finding
- * SG_DIST_RANK in its environment, trains its shard of every batch; rank 0 reports. */
+/* train.c: `stepgraph train`: trains a model under a capture scope. The loss is read back
+ * asynchronously (a pinned copy and an event, polled at the next log point), so logging never
+ * stalls the GPU. SIGINT and SIGTERM finish the step in flight, write the checkpoint asked for
+ * and exit 130 or 143; a second signal exits at once. With --gpus N it is the launcher: it
+ * starts N copies of itself as the ranks of a data-parallel run (sg_dist_launch), and each
+ * copy, finding SG_DIST_RANK in its environment, trains its shard of every batch; rank 0
+ * reports. */
+#define _POSIX_C_SOURCE 200809L
+
 #include "cli/cli.h"
 
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -12,8 +19,11 @@
 static const char *train_usage =
     "usage: stepgraph train --model NAME [options]\n"
     "\n"
-    "Trains NAME eagerly on synthetic data (labels from a fixed random teacher network) and\n"
-    "prints the loss every K steps, then ms/step and device allocations per step.\n"
+    "Trains NAME under a capture scope (eager by default; --scope layer, model or step replays\n"
+    "CUDA Graphs) and prints the loss every K steps, then ms/step, device allocations per step\n"
+    "and what was captured. mlp models learn labels of a fixed random teacher network; gpt\n"
+    "models learn the bytes of a text file. Ctrl-C (SIGINT) or SIGTERM finishes the step in\n"
+    "flight, writes the --save checkpoint and exits 130 or 143; a second signal exits at once.\n"
     "\n"
     "options:\n"
     "  --model NAME        mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32) or\n"
@@ -25,8 +35,16 @@ static const char *train_usage =
     "  --precision P       fp32 (default) or bf16 (gpt): bf16 activations, matmuls and\n"
     "                      gradients, fp32 master weights and optimizer state, dynamic loss\n"
     "                      scaling on the device (a step with non-finite gradients is skipped)\n"
-    "  --save PATH         write a checkpoint (safetensors) at the end: parameters, optimizer\n"
-    "                      state, step, dropout generator\n"
+    "  --save PATH         write a checkpoint (safetensors) at the end, and when interrupted:\n"
+    "                      parameters, optimizer state, step, dropout generator. Written to a\n"
+    "                      temporary file and renamed; the target is checked before training\n"
+    "                      (its directory writable, itself absent or a regular file); a\n"
+    "                      symlink is followed and the file it names replaced, the link kept\n"
+    "  --save-every N      also write --save every N steps (a multiple of --steps-per-graph)\n"
+    "  --metrics FILE      one JSON line per logged step: step, loss, lr, loss_scale,\n"
+    "                      ms_per_step, samples_per_s (mlp) or tokens_per_s (gpt), val_loss\n"
+    "                      where measured; the first line describes the run (bench/plot.py\n"
+    "                      loss draws it)\n"
     "  --resume PATH       continue from a checkpoint: the same loss curve as an uninterrupted\n"
     "                      run (--steps counts the steps of this run)\n"
     "  --steps N           training steps (default 200)\n"
@@ -54,7 +72,8 @@ static const char *train_usage =
     "  --cache-budget MIB  step scope with buckets (batch or length): evict least-recently-used\n"
     "                      graphs above it\n"
     "  --steps-per-graph K step scope: one graph holds K consecutive steps, so one launch runs\n"
-    "                      K steps (default 1); the loss is read every K steps at most\n"
+    "                      K steps (default 1; K must divide --steps); the loss is read every\n"
+    "                      K steps at most\n"
     "  --gpus N            data parallelism: N processes on this host, one per GPU, each\n"
     "                      training on 1/N of every batch (the model's batch is the global\n"
     "                      batch), gradients averaged over NCCL inside the step; rank 0\n"
@@ -69,8 +88,13 @@ static const char *train_usage =
     "  -h, --help          this text\n"
     "\n"
     "\n"
+    "A loss that turns inf or NaN in fp32 stops the run with an error and saves nothing (bf16\n"
+    "skips such steps by loss scaling). Logs are written line by line, also to a file.\n"
+    "Under --gpus a signal stops every rank at once: the last --save-every checkpoint stays.\n"
     "STEPGRAPH_DISABLE_GRAPHS=1 forces eager execution under every scope.\n"
-    "exit status: 0 trained, 1 a runtime error, 2 a usage error\n";
+    "\n"
+    "exit status: 0 trained, 1 a runtime error (the loss not finite included), 2 a usage error,\n"
+    "130 or 143 interrupted by SIGINT or SIGTERM (the checkpoint written)\n";
 
 typedef struct train_opts {
     const char *model;
@@ -83,7 +107,8 @@ typedef struct train_opts {
     int64_t buckets[32], seq_lens[32];
     bool vary, vary_seq;
     sg_model_options mo;
-    const char *save, *resume;
+    const char *save, *resume, *metrics;
+    long long save_every;
     /* data parallelism */
     long long gpus, nnodes, node_rank;
     const char *master;
@@ -129,6 +154,39 @@ static bool check_dist(const train_opts *o)
     return err == NULL;
 }
 
+/* The model name, --steps-per-graph and --save-every, together: usage errors before any
+ * context or process starts. */
+static bool check_steps(const train_opts *o)
+{
+    long long K = o->tr.steps_per_call > 0 ? o->tr.steps_per_call : 1;
+    sg_model_size z;
+    if (sg_model_estimate(o->model, &o->mo, &z) != SG_OK) {
+        fprintf(stderr, "stepgraph train: --model: %s\n", sg_ctx_last_error(NULL));
+        return false;
+    }
+    if (K > 1 && o->tr.scope != SG_SCOPE_STEP) {
+        fprintf(stderr, "stepgraph train: --steps-per-graph %lld is for --scope step (one graph holds K steps); "
+                "scope %s launches each step\n", K, sg_scope_name(o->tr.scope));
+        return false;
+    }
+    if (o->steps % K) {
+        fprintf(stderr, "stepgraph train: --steps %lld is not a multiple of --steps-per-graph %lld: a launch runs "
+                "%lld steps; give --steps %lld or %lld\n", o->steps, K, K, o->steps / K * K > 0 ? o->steps / K * K : K,
+                (o->steps / K + 1) * K);
+        return false;
+    }
+    if (o->save_every && !o->save) {
+        fprintf(stderr, "stepgraph train: --save-every needs --save PATH\n");
+        return false;
+    }
+    if (o->save_every % K) {
+        fprintf(stderr, "stepgraph train: --save-every %lld is not a multiple of --steps-per-graph %lld: "
+                "checkpoints are written between launches\n", o->save_every, K);
+        return false;
+    }
+    return true;
+}
+
 static int parse(int argc, char **argv, train_opts *o)
 {
     *o = (train_opts){.steps = 200, .seed = 1, .log_every = 20, .backend = SG_BACKEND_AUTO,
@@ -170,6 +228,10 @@ static int parse(int argc, char **argv, train_opts *o)
             o->dist_opts = true;
         } else if (sg_cli_opt(argc, argv, &i, "--save", &v, &bad)) {
             o->save = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--save-every", &v, &bad)) {
+            bad = bad || !sg_cli_int("train", "--save-every", v, 1, 100000000, &o->save_every);
+        } else if (sg_cli_opt(argc, argv, &i, "--metrics", &v, &bad)) {
+            o->metrics = v;
         } else if (sg_cli_opt(argc, argv, &i, "--resume", &v, &bad)) {
             o->resume = v;
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
@@ -258,6 +320,7 @@ static int parse(int argc, char **argv, train_opts *o)
         bad = true;
     }
     if (!bad) bad = !check_dist(o);
+    if (!bad) bad = !check_steps(o);
     return bad ? SG_EXIT_USAGE : 0;
 }
 
@@ -313,7 +376,7 @@ static int launch_ranks(int argc, char **argv, const train_opts *o)
     if (st != SG_OK) {
         fprintf(stderr, "stepgraph train: %s%s\n", sg_ctx_last_error(NULL),
                 res.failed_rank >= 0 ? " (its own error is above)" : "");
-        return SG_EXIT_FAIL;
+        return res.interrupted_by ? 128 + res.interrupted_by : SG_EXIT_FAIL; /* 130, 143 */
     }
     return 0;
 }
@@ -334,6 +397,139 @@ static sg_ctx *worker_ctx(const train_opts *o, const sg_dist_env *e)
     return ctx;
 }
 
+/* ---- signals: the first SIGINT or SIGTERM ends the run after the step in flight ---- */
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig)
+{
+    if (stop_signal) _exit(128 + sig); /* a second signal: at once */
+    stop_signal = sig;
+}
+
+static void catch_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* ---- what the loop reports: loss lines, the progress line, metrics, checkpoints ---- */
+
+typedef struct run {
+    const train_opts *o;
+    sg_ctx *ctx;
+    sg_model *m;
+    sg_trainer *tr;
+    FILE *metrics;
+    float lr;
+    long long start;           /* the first step's index */
+    int64_t rows, tokens;      /* global batch rows; tokens per row (gpt), else 0 */
+    bool tty, shown;           /* progress line on a terminal's stderr; shown now */
+    double t_start, t_log;     /* the run's start; the last log point's time */
+    long long done_log;        /* steps done at the last log point */
+    double ms;                 /* ms/step over the interval that ended at the last log point */
+    char buf[64];
+} run;
+
+/* Clears the progress line before anything else is printed on the terminal. */
+static void progress_clear(run *r)
+{
+    if (r->shown) fputs("\r\033[K", stderr);
+    r->shown = false;
+}
+
+/* "  step 120/1000  1.23 ms/step  ETA 1.1 s" on stderr, overwritten in place. */
+static void progress_show(run *r, long long done)
+{
+    double ms = (sg_cli_now_ms() - r->t_start) / (double)done;
+    double eta = ms * (double)(r->o->steps - done) / 1e3;
+    fprintf(stderr, "\r\033[K  step %lld/%lld  %.3g ms/step  ETA %.1f s", done, r->o->steps, ms, eta);
+    r->shown = true;
+}
+
+/* A JSON string: quotes, backslashes and control characters escaped. */
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+/* The metrics file's first line: what ran. */
+static void metrics_run(run *r, float val0)
+{
+    FILE *f = r->metrics;
+    fputs("{\"run\": {\"model\": ", f);
+    json_str(f, sg_model_name(r->m));
+    fprintf(f, ", \"scope\": \"%s\", \"precision\": \"%s\", \"backend\": \"%s\", \"device\": ",
+            sg_scope_name(r->o->tr.scope), r->o->mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32",
+            sg_backend_name(sg_ctx_backend(r->ctx)));
+    json_str(f, sg_ctx_device_name(r->ctx));
+    fprintf(f, ", \"steps\": %lld, \"start_step\": %lld, \"seed\": %lld}}\n", r->o->steps, r->start, r->o->seed);
+    if (val0 >= 0) fprintf(f, "{\"step\": %lld, \"val_loss\": %.6g}\n", r->start, val0);
+    fflush(f);
+}
+
+/* The loss of step `step` (and val_loss when >= 0): a log line, a metrics line. A loss that is
+ * not finite in fp32 ends the run (bf16 skips such steps by loss scaling). */
+/* A log point after `done` steps: the host's ms/step since the last one (the host waits for
+ * the device at least every few steps: read-backs, the allocator, queue depth). */
+static void log_point(run *r, long long done)
+{
+    double now = sg_cli_now_ms();
+    r->ms = done > r->done_log ? (now - r->t_log) / (double)(done - r->done_log) : 0;
+    r->t_log = now, r->done_log = done;
+}
+
+static int log_loss(run *r, long long step, float loss, float val, double ms)
+{
+    const train_opts *o = r->o;
+    if (!isfinite(loss) && o->mo.precision != SG_DTYPE_BF16) {
+        progress_clear(r);
+        fprintf(stderr, "stepgraph train: the loss is %s at step %lld (fp32): stopping; nothing is saved. Lower "
+                "--lr, or add --clip\n", isnan(loss) ? "NaN" : "infinite", step);
+        return SG_EXIT_FAIL;
+    }
+    if (!o->quiet) {
+        progress_clear(r);
+        printf("step %7lld  loss %.4f\n", step, loss);
+    }
+    if (!r->metrics) return 0;
+    FILE *f = r->metrics;
+    fprintf(f, "{\"step\": %lld, \"loss\": %.6g, \"lr\": %.6g, \"loss_scale\": ", step, loss, r->lr);
+    sg_loss_scaler sc;
+    if (o->mo.precision == SG_DTYPE_BF16 && sg_trainer_get_scaler(r->tr, &sc) == SG_OK) fprintf(f, "%g", sc.scale);
+    else fputs("null", f);
+    fprintf(f, ", \"ms_per_step\": %.6g", ms);
+    if (ms > 0) fprintf(f, ", \"%s\": %.6g", r->tokens ? "tokens_per_s" : "samples_per_s",
+                        (double)r->rows * (double)(r->tokens ? r->tokens : 1) * 1e3 / ms);
+    if (val >= 0) fprintf(f, ", \"val_loss\": %.6g", val);
+    fputs("}\n", f);
+    if (fflush(f) != 0) {
+        fprintf(stderr, "stepgraph train: --metrics '%s': %s\n", o->metrics, strerror(errno));
+        return SG_EXIT_FAIL;
+    }
+    return 0;
+}
+
+/* Writes --save at `step` (atomically: the library writes a temporary and renames it). */
+static int save(run *r, long long step, const char *verb)
+{
+    if (sg_trainer_save(r->tr, step, r->o->save) != SG_OK) return fail(r->ctx, "save");
+    progress_clear(r);
+    printf("%s %s (step %lld)\n", verb, r->o->save, step);
+    return 0;
+}
+
 int sg_cmd_train(int argc, char **argv)
 {
     train_opts o;
@@ -345,15 +541,33 @@ int sg_cmd_train(int argc, char **argv)
         fprintf(stderr, "stepgraph train: %s\n", sg_ctx_last_error(NULL));
         return SG_EXIT_FAIL;
     }
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a log file gets each line as it is printed, not at exit */
     if (o.gpus && !worker) return launch_ranks(argc, argv, &o);
+    /* A data-parallel worker stops with its launcher (which signals every rank at once); a
+     * single process finishes its step and saves. */
+    if (!worker) catch_signals();
+    FILE *metrics = NULL;
+    if (o.metrics && !(metrics = fopen(o.metrics, "w"))) {
+        fprintf(stderr, "stepgraph train: --metrics '%s': cannot create it: %s\n", o.metrics, strerror(errno));
+        return SG_EXIT_USAGE;
+    }
     sg_ctx *ctx = worker ? worker_ctx(&o, &env) : sg_cli_ctx("train", o.backend, false);
-    if (!ctx) return SG_EXIT_FAIL;
+    if (!ctx) {
+        if (metrics) fclose(metrics);
+        return SG_EXIT_FAIL;
+    }
     sg_model *m = NULL;
     sg_optim *opt = NULL;
     sg_readback *rb = NULL;
     sg_trainer *tr = NULL;
     sg_dist *dist = NULL;
     rc = 0;
+    /* A checkpoint that could not be written would lose the run: check the target first. */
+    if (o.save && (!worker || env.rank == 0) && sg_checkpoint_check_path(ctx, o.save) != SG_OK) {
+        fprintf(stderr, "stepgraph train: --save: %s\n", sg_ctx_last_error(ctx));
+        rc = SG_EXIT_USAGE;
+        goto out;
+    }
     if (worker) {
         sg_dist_options dopt = sg_dist_options_default();
         dopt.rank = env.rank, dopt.world = env.world, dopt.id = env.id;
@@ -386,8 +600,10 @@ int sg_cmd_train(int argc, char **argv)
         rc = fail(ctx, "optimizer");
         goto out;
     }
-    if (sg_trainer_create(m, opt, &o.tr, &tr) != SG_OK) {
+    sg_status tst = sg_trainer_create(m, opt, &o.tr, &tr);
+    if (tst != SG_OK) {
         rc = fail(ctx, "trainer");
+        if (tst == SG_ERR_INVALID) rc = SG_EXIT_USAGE; /* an option's value (e.g. --graph-modules) */
         goto out;
     }
     long long start = 0; /* the first step's index: 0, or where a checkpoint left off */
@@ -398,6 +614,12 @@ int sg_cmd_train(int argc, char **argv)
             goto out;
         }
         start = s0;
+        if (start > SG_TRAINER_MAX_STEP - o.steps) { /* checkpoints count steps up to it */
+            fprintf(stderr, "stepgraph train: --resume: '%s' is at step %lld: %lld more steps pass the largest step "
+                    "a checkpoint holds (%lld)\n", o.resume, start, o.steps, (long long)SG_TRAINER_MAX_STEP);
+            rc = SG_EXIT_USAGE;
+            goto out;
+        }
         printf("stepgraph train: resumed from %s at step %lld\n", o.resume, start);
     }
     float val0 = -1;
@@ -412,18 +634,24 @@ int sg_cmd_train(int argc, char **argv)
            hp.lr, hp.weight_decay, o.seed, sg_scope_name(o.tr.scope),
            sg_graphs_disabled() && o.tr.scope != SG_SCOPE_EAGER ? " (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" : "");
 
-    bool tty = isatty(fileno(stderr)) && !o.quiet;
+    run r = {.o = &o, .ctx = ctx, .m = m, .tr = tr, .metrics = metrics, .lr = hp.lr, .start = start,
+             .tty = isatty(fileno(stderr)) && !o.quiet, .t_start = sg_cli_now_ms()};
+    r.t_log = r.t_start;
+    r.rows = sg_tensor_dim(sg_model_input(m), 0) * (dist ? sg_dist_world(dist) : 1);
+    r.tokens = strncmp(o.model, "gpt", 3) == 0 ? sg_tensor_dim(sg_model_input(m), 1) : 0;
+    if (metrics) metrics_run(&r, val0);
     long long pending = -1; /* step whose loss is being read back */
+    double pending_ms = 0;  /* ms/step of the interval that ended with it */
     float loss = 0, first_loss = -1;
-    double t0 = 0, t_start = sg_cli_now_ms();
+    double t0 = 0;
     sg_alloc_stats a0 = {0}, a1;
-    /* Each call runs K steps (--steps-per-graph); the step count is rounded up to K. */
+    /* Each call runs K steps (--steps-per-graph), and K divides --steps (parse checked it). */
     long long K = o.tr.steps_per_call > 0 ? o.tr.steps_per_call : 1;
-    o.steps = (o.steps + K - 1) / K * K;
     /* The first step of the last set-up call: step 1 eagerly (plans, scratch), the capture
      * call otherwise. Timing starts after it. */
     long long setup_step = (o.tr.scope != SG_SCOPE_EAGER ? o.tr.warmup : 0) * K;
-    for (long long s = 0; s < o.steps; s += K) {
+    long long done = 0; /* steps run by this process */
+    for (long long s = 0; s < o.steps && !stop_signal; s += K) {
         sg_status sst;
         if (o.tr.n_buckets) {
             int64_t max = o.buckets[o.tr.n_buckets - 1];
@@ -438,8 +666,10 @@ int sg_cmd_train(int argc, char **argv)
             rc = fail(ctx, "step");
             goto out;
         }
+        done = s + K;
         long long last = s + K - 1; /* the step whose loss the loss tensor now holds */
-        bool log = s == 0 || last / o.log_every != (s - 1) / o.log_every || last == o.steps - 1;
+        /* Log the first step, each step whose number is a multiple of --log-every, the last. */
+        bool log = s == 0 || done / o.log_every != s / o.log_every || done == o.steps;
         if (log) {
             /* The previous read-back has long finished: print it, then start this one. */
             if (pending >= 0) {
@@ -448,8 +678,10 @@ int sg_cmd_train(int argc, char **argv)
                     goto out;
                 }
                 if (first_loss < 0) first_loss = loss;
-                if (!o.quiet) printf("step %7lld  loss %.4f\n", start + pending + 1, loss);
+                if ((rc = log_loss(&r, start + pending + 1, loss, -1, pending_ms)) != 0) goto out;
             }
+            log_point(&r, done);
+            pending_ms = r.ms;
             if (sg_readback_start(rb, sg_model_loss(m)) != SG_OK) {
                 rc = fail(ctx, "loss read-back");
                 goto out;
@@ -465,25 +697,43 @@ int sg_cmd_train(int argc, char **argv)
             sg_ctx_alloc_stats(ctx, &a0);
             t0 = sg_cli_now_ms();
         }
-        if (tty && (last / 10 != (s - 1) / 10 || s == 0))
-            fprintf(stderr, "\r  step %lld/%lld  %.0f ms  ", last + 1, o.steps, sg_cli_now_ms() - t_start);
+        if (o.save_every && done % o.save_every == 0 && done < o.steps && !stop_signal &&
+            (rc = save(&r, start + done, "checkpoint")) != 0)
+            goto out;
+        if (r.tty && (last / 10 != (s - 1) / 10 || s == 0)) progress_show(&r, done);
     }
     if (sg_ctx_sync(ctx) != SG_OK || (dist && sg_dist_poll(dist) != SG_OK) ||
         sg_readback_wait(rb, &loss, sizeof loss) != SG_OK) {
         rc = fail(ctx, "sync");
         goto out;
     }
-    if (tty) fprintf(stderr, "\r%40s\r", "");
     if (first_loss < 0) first_loss = loss;
-    if (!o.quiet) printf("step %7lld  loss %.4f\n", start + pending + 1, loss);
+    float val1 = -1;
+    if (val0 >= 0 && !stop_signal && sg_trainer_eval(tr, 1, 4, &val1) != SG_OK) {
+        rc = fail(ctx, "validation");
+        goto out;
+    }
+    if ((rc = log_loss(&r, start + pending + 1, loss, val1, pending_ms)) != 0) goto out;
+    if (stop_signal) {
+        /* The step in flight has finished: keep what the user asked for, then stop. */
+        int sig = stop_signal;
+        printf("stepgraph train: interrupted by %s after step %lld\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+               start + done);
+        if (o.save && (!dist || sg_dist_rank(dist) == 0) && (rc = save(&r, start + done, "saved")) != 0) goto out;
+        rc = 128 + sig;
+        goto out;
+    }
     long long first_timed = setup_step + K;
     long long timed = o.steps - first_timed;
-    double ms = timed > 0 ? (sg_cli_now_ms() - t0) / (double)timed : sg_cli_now_ms() - t_start;
+    double ms = timed > 0 ? (sg_cli_now_ms() - t0) / (double)timed : (sg_cli_now_ms() - r.t_start) / (double)o.steps;
     sg_ctx_alloc_stats(ctx, &a1);
     double allocs = timed > 0 ? (double)(a1.device_allocs - a0.device_allocs) / (double)timed : 0;
-    printf("done: %lld steps, %.3f ms/step (steps %lld..%lld), loss %.4f -> %.4f, device allocations "
-           "per step after set-up: %.2f (%llu in all), peak memory %.1f MiB\n",
-           o.steps, ms, first_timed + 1, o.steps, first_loss, loss, allocs,
+    char window[96];
+    if (timed > 0) snprintf(window, sizeof window, "steps %lld..%lld", start + first_timed + 1, start + o.steps);
+    else snprintf(window, sizeof window, "all %lld steps, set-up included: too few to time after it", o.steps);
+    printf("done: %lld steps, %.3f ms/step (%s), loss %.4f -> %.4f, device allocations per step after set-up: "
+           "%s (%llu in all), peak memory %.1f MiB\n", o.steps, ms, window, first_loss, loss,
+           timed > 0 ? (snprintf(r.buf, sizeof r.buf, "%.2f", allocs), r.buf) : "n/a",
            (unsigned long long)a1.device_allocs, a1.peak_bytes_reserved / 1048576.0);
     sg_dist_stats ds;
     if (dist && sg_dist_get_stats(dist, &ds) == SG_OK)
@@ -498,21 +748,9 @@ int sg_cmd_train(int argc, char **argv)
         }
         printf("loss scale %g, %.0f steps skipped (non-finite gradients)\n", sc.scale, sc.skipped);
     }
-    if (val0 >= 0) {
-        float val1 = 0;
-        if (sg_trainer_eval(tr, 1, 4, &val1) != SG_OK) {
-            rc = fail(ctx, "validation");
-            goto out;
-        }
-        printf("validation loss (4 held-out batches): %.4f -> %.4f\n", val0, val1);
-    }
-    if (o.save && (!dist || sg_dist_rank(dist) == 0)) { /* every rank holds the same state */
-        if (sg_trainer_save(tr, start + o.steps, o.save) != SG_OK) {
-            rc = fail(ctx, "save");
-            goto out;
-        }
-        printf("saved %s (step %lld)\n", o.save, start + o.steps);
-    }
+    if (val0 >= 0) printf("validation loss (4 held-out batches): %.4f -> %.4f\n", val0, val1);
+    if (o.save && (!dist || sg_dist_rank(dist) == 0) && (rc = save(&r, start + o.steps, "saved")) != 0)
+        goto out; /* every rank holds the same state */
     sg_trainer_stats ts;
     if (o.tr.scope != SG_SCOPE_EAGER && sg_trainer_get_stats(tr, &ts) == SG_OK) {
         printf("graphs: %d (%d nodes), captured in %.2f ms, instantiated in %.2f ms, %llu replays\n",
@@ -531,6 +769,10 @@ int sg_cmd_train(int argc, char **argv)
         }
     }
 out:
+    if (metrics && fclose(metrics) != 0 && rc == 0) {
+        fprintf(stderr, "stepgraph train: --metrics '%s': %s\n", o.metrics, strerror(errno));
+        rc = SG_EXIT_FAIL;
+    }
     sg_trainer_destroy(tr);
     sg_readback_destroy(rb);
     sg_optim_destroy(opt);

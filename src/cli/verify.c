@@ -19,7 +19,8 @@ static const char *verify_usage =
     "options:\n"
     "  --model NAME        e.g. mlp-512-6-32 (required)\n"
     "  --scope S           layer, model or step (required; eager checks the checker)\n"
-    "  --steps K           steps to compare (default 20)\n"
+    "  --steps K           steps to compare (default 20); under layer, model and step scope\n"
+    "                      at least --warmup + 2, so that two or more steps run from graphs\n"
     "  --backend B         cpu, cuda or auto (default auto)\n"
     "  --graph-modules L   layer scope: modules to capture (default all)\n"
     "  --warmup N          eager steps before capture (default 3)\n"
@@ -33,7 +34,11 @@ static const char *verify_usage =
     "  --seed S            (default 1)\n"
     "  -h, --help          this text\n"
     "\n"
-    "exit status: 0 all steps match, 1 a mismatch or a runtime error, 2 a usage error\n";
+    "A run that would compare no step replayed from a graph fails: too few --steps is a usage\n"
+    "error; STEPGRAPH_DISABLE_GRAPHS=1, or a capture that fell back to eager, is a failure.\n"
+    "\n"
+    "exit status: 0 all steps match, 1 a mismatch, nothing replayed or a runtime error,\n"
+    "2 a usage error\n";
 
 typedef struct side {
     sg_model *m;
@@ -137,7 +142,22 @@ int sg_cmd_verify(int argc, char **argv)
         fprintf(stderr, "stepgraph verify: --model and --scope are required (see stepgraph verify --help)\n");
         bad = true;
     }
+    if (!bad && tr.scope != SG_SCOPE_EAGER && steps < (long long)tr.warmup + 2) {
+        /* Steps 1..warmup run eagerly on both sides and step warmup+1 captures: fewer steps
+         * would compare eager with eager and pass on nothing. */
+        fprintf(stderr, "stepgraph verify: --steps %lld with --warmup %d compares %s: steps 1..%d run eagerly and "
+                "step %d is the capture's first replay; give --steps %d or more\n", steps, tr.warmup,
+                steps <= tr.warmup ? "no step replayed from a graph" : "one replay only", tr.warmup,
+                tr.warmup + 1, tr.warmup + 2);
+        bad = true;
+    }
     if (bad) return SG_EXIT_USAGE;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* lines reach a log file as they are printed */
+    if (tr.scope != SG_SCOPE_EAGER && sg_graphs_disabled()) {
+        fprintf(stderr, "stepgraph verify: STEPGRAPH_DISABLE_GRAPHS=1 runs every scope eagerly: there is no "
+                "graph to verify; unset it\n");
+        return SG_EXIT_FAIL;
+    }
 
     sg_ctx *ctx = sg_cli_ctx("verify", backend, false);
     if (!ctx) return SG_EXIT_FAIL;
@@ -221,11 +241,21 @@ int sg_cmd_verify(int argc, char **argv)
         }
     }
     sg_trainer_stats ts;
-    sg_trainer_get_stats(s[1].t, &ts);
-    printf("OK: %lld steps match (%s); scope %s: %d graphs, %d nodes, %llu replays%s%s\n", steps,
-           atol == 0 && rtol == 0 ? "bit-exact" : "within tolerance", sg_scope_name(tr.scope), ts.graphs,
-           ts.nodes, (unsigned long long)ts.replays, ts.fell_back ? "; fell back to eager: " : "",
-           ts.fell_back ? ts.fallback_reason : "");
+    if (sg_trainer_get_stats(s[1].t, &ts) != SG_OK) {
+        fprintf(stderr, "stepgraph verify: %s\n", sg_ctx_last_error(ctx));
+        goto out;
+    }
+    /* Matching proves nothing if the graph side never ran a graph. */
+    long long replayed = tr.scope == SG_SCOPE_EAGER || ts.fell_back || !ts.replays ? 0 : steps - tr.warmup;
+    if (tr.scope != SG_SCOPE_EAGER && !replayed) {
+        printf("FAILED: no step ran from a graph under scope %s (%d graphs, %llu replays)%s%s: the %lld steps "
+               "compared eager with eager\n", sg_scope_name(tr.scope), ts.graphs, (unsigned long long)ts.replays,
+               ts.fell_back ? "; capture fell back to eager: " : "", ts.fell_back ? ts.fallback_reason : "", steps);
+        goto out;
+    }
+    printf("OK: %lld steps match (%s), %lld of them replayed from graphs; scope %s: %d graphs, %d nodes, "
+           "%llu replays\n", steps, atol == 0 && rtol == 0 ? "bit-exact" : "within tolerance", replayed,
+           sg_scope_name(tr.scope), ts.graphs, ts.nodes, (unsigned long long)ts.replays);
     rc = 0;
 out:
     free(a), free(b);

@@ -271,6 +271,26 @@ static int declare(gpt_builder *g, const char *owner, const char *what, int ndim
     return i;
 }
 
+/* Mirrors sg_gpt_build's allocations: parameters and gradients (and their bf16 copies), the
+ * embedding's, each block's, the shared backward scratch's, ln_f's and the head's buffers,
+ * and the inputs. The text data set is counted when it is read (sg_text_open). */
+void sg_gpt_estimate(const sg_model_spec *s, sg_dtype precision, float dropout, sg_model_size *out)
+{
+    double C = (double)s->width, L = (double)s->depth, B = (double)s->batch, T = (double)s->seq;
+    double M = B * T, V = GPT_VOCAB, H = floor(C / GPT_HEAD_DIM), a = precision == SG_DTYPE_BF16 ? 2 : 4;
+    double drop = dropout > 0 ? 1 : 0;
+    double P = 2 * V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+    out->params = (int64_t)P;
+    out->param_bytes = (size_t)(2 * P * 4 + (a == 2 ? 2 * P * 2 : 0));
+    out->optim_bytes = (size_t)(2 * P * 4);
+    double embed = (1 + 2 * drop) * M * C * a;
+    double shared = (4 * M * C + B * H * T * T) * 4 + (7 + 4 + 3 + 2 * drop) * M * C * a;
+    double block = (18 + 2 * drop) * M * C * a + 4 * M * 4 + B * H * T * T * a;
+    double tail = 2 * M * C * a + 2 * M * 4 + M * V * a + M * C * a + M * V * a;
+    out->activation_bytes = (size_t)(embed + shared + L * block + tail);
+    out->data_bytes = (size_t)(2 * M * 4);
+}
+
 sg_status sg_gpt_build(sg_model *m, uint64_t seed)
 {
     sg_ctx *ctx = m->ctx;
@@ -432,11 +452,8 @@ sg_status sg_gpt_build(sg_model *m, uint64_t seed)
     if (!path)
         return sg_fail(ctx, SG_ERR_IO, "sg_model_create: '%s' needs text: no --data path and none of the "
                        "default texts (/usr/share/common-licenses/...) exists", m->name);
-    SG_TRY(sg_text_open(ctx, path, 0.1, &m->text));
-    if (sg_text_size(m->text, 0) < T + 1 || sg_text_size(m->text, 1) < T + 1)
-        return sg_fail(ctx, SG_ERR_INVALID, "sg_model_create: '%s' has too few bytes for windows of %lld "
-                       "(train %lld, validation %lld)", path, (long long)T + 1,
-                       (long long)sg_text_size(m->text, 0), (long long)sg_text_size(m->text, 1));
+    /* Each split must hold a window of T + 1 bytes: checked from the file's size, before reading. */
+    SG_TRY(sg_text_open_window(ctx, path, 0.1, T + 1, &m->text));
     m->data_seed = seed ^ 0xda7a5eedull;
     sg_text_set_row0(m->text, (int64_t)m->shard * B); /* data parallelism: this shard's rows */
     return SG_OK;

@@ -6,6 +6,19 @@
 #define SG_MLP_CLASSES 10
 #define SG_MLP_BATCHES 32   /* distinct batches in the synthetic data set */
 
+/* Mirrors sg_mlp_build: weights and biases with their gradients; per hidden layer its output
+ * and (but the first) its input gradient, the head's output and input gradient; the data set. */
+void sg_mlp_estimate(const sg_model_spec *s, sg_model_size *out)
+{
+    double W = (double)s->width, L = (double)s->depth, B = (double)s->batch, K = SG_MLP_CLASSES;
+    double P = L * (W * W + W) + K * W + K;
+    out->params = (int64_t)P;
+    out->param_bytes = (size_t)(2 * P * 4);
+    out->optim_bytes = (size_t)(2 * P * 4);
+    out->activation_bytes = (size_t)(((2 * L) * B * W + 2 * B * K) * 4);
+    out->data_bytes = (size_t)(SG_MLP_BATCHES * B * (W + 1) * 4);
+}
+
 sg_status sg_mlp_build(sg_model *m, uint64_t seed)
 {
     sg_ctx *ctx = m->ctx;

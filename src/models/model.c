@@ -5,24 +5,81 @@
 
 #include <stdlib.h>
 
+/* One field of a name: decimal digits only (no sign, no spaces, no leading zero), at most
+ * max, ended by `end` ('-' before another field, '\0' after the last); *p advances past it. */
+static bool name_field(const char **p, int64_t max, char end, int64_t *out)
+{
+    const char *s = *p;
+    int64_t v = 0;
+    if (*s < '1' || *s > '9') return false;
+    for (; *s >= '0' && *s <= '9'; s++) {
+        v = v * 10 + (*s - '0');
+        if (v > max) return false;
+    }
+    if (*s != end) return false;
+    *p = end ? s + 1 : s;
+    *out = v;
+    return true;
+}
+
 sg_status sg_model_parse(sg_ctx *ctx, const char *name, sg_model_spec *out)
 {
     memset(out, 0, sizeof *out);
     if (!name) return sg_fail(ctx, SG_ERR_NULL, "sg_model_create: name is NULL");
-    long long w = 0, d = 0, b = 0, s = 0;
-    char kind[16] = {0}, extra = 0;
-    int n = sscanf(name, "%15[a-z]-%lld-%lld-%lld-%lld%c", kind, &w, &d, &b, &s, &extra);
-    bool mlp = !strcmp(kind, "mlp") && n == 4;
-    bool gpt = !strcmp(kind, "gpt") && n == 5 && s > 0 && s <= 65536;
-    if (!(mlp || gpt) || w <= 0 || d <= 0 || b <= 0 || w > (1 << 16) || d > 64 || b > (1 << 20))
-        return sg_fail(ctx, SG_ERR_INVALID,
-                       "sg_model_create: unknown model '%s'; expected mlp-WIDTH-DEPTH-BATCH (e.g. "
-                       "mlp-512-6-32) or gpt-WIDTH-DEPTH-BATCH-SEQ (e.g. gpt-256-4-8-128); width <= "
-                       "65536, depth 1..64",
-                       name);
-    snprintf(out->kind, sizeof out->kind, "%s", kind);
-    out->width = w, out->depth = d, out->batch = b, out->seq = s;
+    static const char *const forms = "expected mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32) or "
+                                     "gpt-WIDTH-DEPTH-BATCH-SEQ (e.g. gpt-256-4-8-128)";
+    /* Every field is checked whole: "mlp-64-2-33x" or "mlp-64-2-32-garbage" is not a model. */
+    const char *p = name;
+    int nf = 0;
+    if (!strncmp(name, "mlp-", 4)) nf = 3, p += 4;
+    else if (!strncmp(name, "gpt-", 4)) nf = 4, p += 4;
+    if (!nf) return sg_fail(ctx, SG_ERR_INVALID, "sg_model_create: unknown model '%s': %s", name, forms);
+    static const char *const what[4] = {"WIDTH", "DEPTH", "BATCH", "SEQ"};
+    static const int64_t max[4] = {65536, 64, 1 << 20, 65536};
+    int64_t v[4] = {0};
+    for (int i = 0; i < nf; i++) {
+        bool last = i == nf - 1;
+        if (!name_field(&p, max[i], last ? '\0' : '-', &v[i]))
+            return sg_fail(ctx, SG_ERR_INVALID, "sg_model_create: unknown model '%s': %s; %s must be a whole "
+                           "number from 1 to %lld%s", name, forms, what[i], (long long)max[i],
+                           last ? ", and nothing may follow it" : "");
+    }
+    memcpy(out->kind, name, 3);
+    out->width = v[0], out->depth = v[1], out->batch = v[2], out->seq = nf == 4 ? v[3] : 0;
     return SG_OK;
+}
+
+/* The bytes building a model takes, by part (a lower bound: the allocator rounds blocks up). */
+sg_status sg_model_estimate(const char *name, const sg_model_options *opts, sg_model_size *out)
+{
+    if (!out) return sg_fail(NULL, SG_ERR_NULL, "sg_model_estimate: out is NULL");
+    memset(out, 0, sizeof *out);
+    sg_model_spec spec;
+    SG_TRY(sg_model_parse(NULL, name, &spec));
+    sg_dtype precision = opts ? opts->precision : SG_DTYPE_F32;
+    float dropout = opts ? opts->dropout : 0.f;
+    if (opts && opts->shards > 1 && spec.batch % opts->shards == 0) spec.batch /= opts->shards;
+    if (!strcmp(spec.kind, "gpt")) sg_gpt_estimate(&spec, precision, dropout, out);
+    else sg_mlp_estimate(&spec, out);
+    out->total_bytes = out->param_bytes + out->activation_bytes + out->data_bytes + out->optim_bytes;
+    return SG_OK;
+}
+
+/* Refuses a model that cannot fit before allocating any of it, with both figures. */
+static sg_status check_fits(sg_ctx *ctx, const char *name, const sg_model_options *opts)
+{
+    sg_model_size z;
+    SG_TRY(sg_model_estimate(name, opts, &z));
+    size_t free_b = 0, total_b = 0;
+    SG_TRY(sg_ctx_mem_info(ctx, &free_b, &total_b));
+    size_t need = z.param_bytes + z.activation_bytes + z.data_bytes; /* the optimizer comes later */
+    if (need <= free_b) return SG_OK;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    return sg_fail(ctx, SG_ERR_OOM, "sg_model_create: '%s' needs at least %.2f GiB (%lld parameters: %.2f GiB "
+                   "with their gradients; activations %.2f GiB; data %.2f GiB; AdamW's state would add %.2f GiB), "
+                   "and %s has %.2f GiB free of %.2f GiB", name, need / gib, (long long)z.params,
+                   z.param_bytes / gib, z.activation_bytes / gib, z.data_bytes / gib, z.optim_bytes / gib,
+                   sg_ctx_device_name(ctx), free_b / gib, total_b / gib);
 }
 
 void sg_model_destroy(sg_model *m)
@@ -92,6 +149,7 @@ sg_status sg_model_create_ex(sg_ctx *ctx, const char *name, uint64_t seed,
     *out = NULL;
     sg_model_spec spec;
     SG_TRY(sg_model_parse(ctx, name, &spec));
+    SG_TRY(check_fits(ctx, name, opts));
     sg_model *m = calloc(1, sizeof *m);
     if (!m) return sg_fail(ctx, SG_ERR_OOM, "sg_model_create: out of host memory");
     m->ctx = ctx;

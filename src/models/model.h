@@ -63,6 +63,9 @@ struct sg_model {
 sg_status sg_model_parse(sg_ctx *ctx, const char *name, sg_model_spec *out);
 sg_status sg_mlp_build(sg_model *m, uint64_t seed);
 sg_status sg_gpt_build(sg_model *m, uint64_t seed);
+/* What each kind's build allocates, counted from the same shapes (sg_model_estimate). */
+void sg_mlp_estimate(const sg_model_spec *s, sg_model_size *out);
+void sg_gpt_estimate(const sg_model_spec *s, sg_dtype precision, float dropout, sg_model_size *out);
 /* From now on the net reads static input tensors and each batch is copied into them (as
  * captured graphs need fixed addresses). */
 sg_status sg_model_use_static_inputs(sg_model *m);

@@ -1,0 +1,105 @@
+/* test_model.c: model names and sizes. Names are parsed whole (no trailing text, every field
+ * in range), sg_model_estimate is a lower bound of what a build allocates and within 1.5x of
+ * it, and a model larger than the context's memory is refused before anything is allocated.
+ * Modes: cpu (the CPU backend), gpu (the same on a CUDA device). */
+#include "models/model.h"
+#include "models/text.h"
+#include "testutil.h"
+
+static void names(void)
+{
+    const char *good[] = {"mlp-512-6-32", "mlp-1-1-1", "mlp-65536-64-1048576", "gpt-64-1-2-16", "gpt-256-4-8-128"};
+    const char *bad[] = {"mlp-64-2-33x", "mlp-64-2-32-garbage", "mlp-64-2-32-", "mlp-064-2-32", "mlp-+64-2-32",
+                         "mlp- 64-2-32", "mlp-64-2-32\"x", "mlp-65537-2-32", "mlp-64-65-32", "mlp-64-0-32",
+                         "mlp-64-2-1048577", "mlp-64-2", "gpt-64-1-2", "gpt-64-1-2-16-1", "gpt-64-1-2-65537",
+                         "cnn-64-2-32", "", "mlp", "MLP-64-2-32", "mlp-99999999999999999999-2-32"};
+    sg_model_size z;
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        sg_status st = sg_model_estimate(good[i], NULL, &z);
+        TU_CHECK(st == SG_OK, "'%s' refused: %s", good[i], sg_ctx_last_error(NULL));
+        TU_CHECK(z.params > 0 && z.total_bytes > 0, "'%s': %lld parameters, %zu bytes", good[i],
+                 (long long)z.params, z.total_bytes);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        sg_status st = sg_model_estimate(bad[i], NULL, &z);
+        TU_CHECK(st == SG_ERR_INVALID, "'%s' accepted (%s)", bad[i], sg_status_name(st));
+        TU_CHECK(strstr(sg_ctx_last_error(NULL), "unknown model") != NULL, "'%s': message %s", bad[i],
+                 sg_ctx_last_error(NULL));
+    }
+    /* The parameter count is the built model's, exactly (a hand count for one of each). */
+    TU_CHECK(sg_model_estimate("mlp-8-2-4", NULL, &z) == SG_OK && z.params == 2 * (64 + 8) + 80 + 10,
+             "mlp-8-2-4: %lld parameters", (long long)z.params);
+    TU_CHECK(sg_model_estimate("gpt-64-1-2-16", NULL, &z) == SG_OK &&
+             z.params == 2 * 256 * 64 + 16 * 64 + (12 * 64 * 64 + 13 * 64) + 2 * 64,
+             "gpt-64-1-2-16: %lld parameters", (long long)z.params);
+}
+
+/* What a build allocated (model.c counts it) against the estimate: never less, at most 1.5x
+ * plus the text data set, which the estimate leaves to the reader (4 bytes a token). */
+static void estimate_bounds(sg_backend be, const char *name, sg_dtype precision, float dropout)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    sg_model_options mo = {0};
+    mo.precision = precision, mo.dropout = dropout;
+    sg_model_size z;
+    TU_OK(NULL, sg_model_estimate(name, &mo, &z));
+    sg_model *m = NULL;
+    TU_OK(ctx, sg_model_create_ex(ctx, name, tu_next(), &mo, &m));
+    TU_CHECK(z.params == sg_model_param_count(m), "%s: estimate %lld parameters, built %lld", name,
+             (long long)z.params, (long long)sg_model_param_count(m));
+    double need = (double)(z.param_bytes + z.activation_bytes + z.data_bytes);
+    double text = m->text ? 4.0 * (double)(sg_text_size(m->text, 0) + sg_text_size(m->text, 1)) : 0;
+    TU_CHECK((double)m->bytes >= need, "%s %s dropout %g: built %zu bytes, estimate %.0f: not a lower bound",
+             name, sg_dtype_name(precision), dropout, m->bytes, need);
+    TU_CHECK((double)m->bytes <= 1.5 * need + text + 65536,
+             "%s %s dropout %g: built %zu bytes, estimate %.0f (+ text %.0f): off by more than 1.5x", name,
+             sg_dtype_name(precision), dropout, m->bytes, need, text);
+    printf("%s %s dropout %g: estimate %.0f bytes, built %zu (text %.0f)\n", name, sg_dtype_name(precision),
+           dropout, need, m->bytes, text);
+    sg_model_destroy(m);
+    sg_ctx_destroy(ctx);
+}
+
+/* A context whose memory is capped below the estimate refuses the model with both figures,
+ * and allocates nothing for it. */
+static void refused_before_allocating(sg_backend be)
+{
+    sg_model_size z;
+    const char *name = "mlp-256-4-64";
+    TU_OK(NULL, sg_model_estimate(name, NULL, &z));
+    sg_ctx_options o = sg_ctx_options_default();
+    o.backend = be;
+    o.alloc_limit_bytes = (size_t)tu_randint(1, 16) * (z.param_bytes / 32);
+    sg_ctx *ctx = NULL;
+    TU_OK(NULL, sg_ctx_create(&o, &ctx));
+    sg_alloc_stats a0, a1;
+    TU_OK(ctx, sg_ctx_alloc_stats(ctx, &a0));
+    sg_model *m = NULL;
+    TU_FAILS(ctx, sg_model_create(ctx, name, 1, &m), SG_ERR_OOM, "needs at least");
+    TU_CHECK(strstr(sg_ctx_last_error(ctx), "GiB free of") != NULL, "message lacks the free figure: %s",
+             sg_ctx_last_error(ctx));
+    TU_CHECK(m == NULL, "model set on failure");
+    TU_OK(ctx, sg_ctx_alloc_stats(ctx, &a1));
+    TU_CHECK(a1.device_allocs == a0.device_allocs, "%llu allocations before refusing",
+             (unsigned long long)(a1.device_allocs - a0.device_allocs));
+    sg_ctx_destroy(ctx);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "cpu";
+    tu_seed("test_model");
+    sg_backend be = strcmp(mode, "gpu") ? SG_BACKEND_CPU : SG_BACKEND_CUDA;
+    if (be == SG_BACKEND_CUDA) sg_ctx_destroy(tu_ctx(be)); /* skips (77) without a GPU */
+    names();
+    char mlp[64], gpt[64];
+    snprintf(mlp, sizeof mlp, "mlp-%d-%d-%d", tu_randint(1, 96), tu_randint(1, 4), tu_randint(1, 40));
+    snprintf(gpt, sizeof gpt, "gpt-%d-%d-%d-%d", 64 * tu_randint(1, 2), tu_randint(1, 3), tu_randint(1, 4),
+             tu_randint(2, 48));
+    estimate_bounds(be, mlp, SG_DTYPE_F32, 0.f);
+    estimate_bounds(be, gpt, SG_DTYPE_F32, 0.f);
+    estimate_bounds(be, gpt, SG_DTYPE_F32, 0.1f);
+    estimate_bounds(be, gpt, SG_DTYPE_BF16, 0.1f);
+    refused_before_allocating(be);
+    return tu_finish("test_model");
+}
