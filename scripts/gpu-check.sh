@@ -6,17 +6,25 @@
 # if anything failed. Logs go to ${OUT:-./gpu-check-out} (six files, so they all come back).
 #
 #   scripts/gpu-check.sh [--quick] [--no-bench] [--bench-only]
-#     --quick       skip the sanitizers
+#     --quick       skip the sanitizers; run the GPU tests 4 at a time up to 3 more times instead
 #     --no-bench    skip the benchmarks
 #     --bench-only  build and benchmark only (no tests, no sanitizers)
 #
-# Environment: GPU_CHECK_DEADLINE_S (default 480: stages that would start later are skipped and
+# The stages and what they took on an H100 with 16 cores (2026-11-25): build 15-20 s (fresh
+# tree, 16 jobs); the GPU tests one at a time 110-145 s (linear_gpu 60-80 s of it: its f64 CPU
+# reference of the large shapes), the same 4 at a time (ctest -j 4) 87 s, and, with --quick,
+# 4 at a time --repeat until-fail:3 without linear_gpu 47 s; the CPU tests 10 s; the
+# benchmarks about 3 min; the sanitizers about 2 min. So --quick --no-bench takes about 5.3 min
+# (315 s measured), the whole run about 8 (the deadline below keeps it under 10).
+#
+# Environment: GPU_CHECK_DEADLINE_S (default 540: stages that would start later are skipped and
 # count as failures, so a 10-minute limit never cuts the summary off), GPU_CHECK_MODELS
 # (default mlp-512-6-32,mlp-2048-6-256), GPU_CHECK_PRECISIONS (default fp32; e.g. fp32,bf16 with
 # gpt models: every benchmark runs in each), GPU_CHECK_VERIFY (models that `stepgraph verify`
 # checks under layer, model and step scope in each precision with dropout and clipping on;
 # default none), GPU_CHECK_MULTI_GPU_TESTS (ctest names allowed to skip on a one-GPU machine;
-# default dist_gpu), SANITIZE_JOBS (default 4), SANITIZE_SKIP (test names,
+# default dist_gpu), GPU_CHECK_REPEAT (runs of each test in --quick's repeated stage, default
+# 3; 1 for none), SANITIZE_JOBS (default 4), SANITIZE_SKIP (test names,
 # space-separated, kept out of the sanitizers; empty for none; default "prof advise dist":
 # CUPTI and compute-sanitizer both hook the driver, and test_prof's and test_advise's only own
 # kernels are fills that the other tests check; test_dist needs two GPUs and NCCL's own
@@ -28,7 +36,7 @@ START=$SECONDS
 OUT=${OUT:-./gpu-check-out}
 mkdir -p "$OUT"
 BUILD=build-gpu
-DEADLINE=${GPU_CHECK_DEADLINE_S:-480}
+DEADLINE=${GPU_CHECK_DEADLINE_S:-540}
 MODELS=${GPU_CHECK_MODELS:-mlp-512-6-32,mlp-2048-6-256}
 SCOPES=${GPU_CHECK_SCOPES:-all}
 TORCH_MODES=${GPU_CHECK_TORCH_MODES:-eager,graph,graphed_callables,graphed_layers,compile}
@@ -45,10 +53,14 @@ for arg in "$@"; do
     --quick) QUICK=1 ;;
     --no-bench) NO_BENCH=1 ;;
     --bench-only) BENCH_ONLY=1 ;;
-    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "gpu-check.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
     esac
 done
+REPEAT=${GPU_CHECK_REPEAT:-3}
+case "$REPEAT" in
+'' | *[!0-9]* | 0) echo "gpu-check.sh: GPU_CHECK_REPEAT '$REPEAT': expected a whole number from 1" >&2; exit 2 ;;
+esac
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 export PYTHONUNBUFFERED=1
 
@@ -159,8 +171,9 @@ grep -E 'warning|CUPTI' "$OUT/build.log" | grep -v '^--' | sort -u | head -n 20 
 # ---- tests -------------------------------------------------------------------------------
 
 # ctest returns 0 when tests skip (exit 77); on a GPU machine a skipped gpu test hides a hole.
+# Arguments go to ctest (-j 4, --repeat ...).
 run_gpu_tests() {
-    ctest --test-dir "$BUILD" -L gpu --output-on-failure 2>&1 | tee "$TMP/gpu_ctest.out"
+    ctest --test-dir "$BUILD" -L gpu --output-on-failure "$@" 2>&1 | tee "$TMP/gpu_ctest.out"
     local rc=${PIPESTATUS[0]}
     # A test that needs several GPUs (GPU_CHECK_MULTI_GPU_TESTS) may skip on a one-GPU machine.
     local ngpu skipped
@@ -186,6 +199,15 @@ export -f run_gpu_tests
 if [ $BENCH_ONLY -eq 0 ]; then
     if [ $BUILT -eq 1 ]; then
         stage "gpu tests (ctest -L gpu)" "$OUT/tests.log" 240 run_gpu_tests || true
+        # The same tests sharing the GPU, 4 at a time: what a test assumes about a GPU of its
+        # own (free memory, timings, files in the cwd) shows here. RUN_SERIAL ones stay alone.
+        stage "gpu tests (ctest -L gpu -j 4)" "$OUT/tests.log" 240 run_gpu_tests -j 4 || true
+        # --quick: again, each test up to $REPEAT times (until it fails), but for linear_gpu, whose
+        # f64 CPU reference of the large shapes takes a minute a run (it ran twice above).
+        if [ $QUICK -eq 1 ] && [ "$REPEAT" -gt 1 ]; then
+            stage "gpu tests (-j 4, until-fail:$REPEAT)" "$OUT/tests.log" 240 \
+                run_gpu_tests -j 4 --repeat "until-fail:$REPEAT" -E '^linear_gpu$' || true
+        fi
         # Every test that is not gpu-labelled: the cpu label and anything unlabelled.
         stage "cpu tests (ctest -LE gpu)" "$OUT/tests.log" 240 \
             ctest --test-dir "$BUILD" -LE gpu --output-on-failure -j "$JOBS" || true
@@ -364,6 +386,8 @@ for line in open(sys.argv[1]):
     except ValueError:
         continue
     r["key"] = f'{r.get("model")} {r.get("precision", "fp32")}'
+    # stepgraph rows name their scope "scope" (older ones "mode"); PyTorch's rows a "mode".
+    r["mode"] = r.get("scope") or r.get("mode")
     rows.append(r)
     if r["key"] not in order:
         order.append(r["key"])
@@ -372,7 +396,7 @@ def g(r, k, spec):
     v = r.get(k) if r else None
     return "n/a" if v is None else format(v, spec)
 
-print(f"{'model precision':<20} {'who':<9} {'mode':<18} {'ms/step':>8} {'/pt eag':>7} {'/pt grf':>7} {'host ms':>8} "
+print(f"{'model precision':<20} {'who':<9} {'scope/mode':<18} {'ms/step':>8} {'/pt eag':>7} {'/pt grf':>7} {'host ms':>8} "
       f"{'kern':>6} {'busy ms':>8} {'capt ms':>8} {'MiB':>6}")
 for m in order:
     mine = [r for r in rows if r["key"] == m]

@@ -153,10 +153,9 @@ static void close_mostly(const char *what, const sg_tensor *got, const sg_tensor
  *   whatever direction the noise points. So elements may differ by up to a few lr after 20
  *   steps (seen on the H100: 141 of 1.58M by up to 1.2e-3 in one run, 95,770 by up to 5.9e-3 in
  *   another, with lr 1e-3); the test bounds their size (20 steps x 2 lr) and the loss. */
-static void gpu_vs_cpu(sg_optim_kind kind, float lr, const char *name, tu_tol ptol, double max_frac,
-                       double hard)
+static void gpu_vs_cpu(sg_optim_kind kind, float lr, const char *name, uint64_t seed, tu_tol ptol,
+                       double max_frac, double hard)
 {
-    uint64_t seed = tu_next();
     run g = start(SG_BACKEND_CUDA, name, kind, lr, seed);
     run c = start(SG_BACKEND_CPU, name, kind, lr, seed);
     double lg[20], lc[20];
@@ -203,12 +202,23 @@ static void gpu_suite(void)
 {
     /* SG_TEST_MODEL picks a smaller model for the sanitizers, which slow cuBLAS down 100x. */
     const char *name = getenv("SG_TEST_MODEL") ? getenv("SG_TEST_MODEL") : "mlp-512-6-32";
-    gpu_vs_cpu(SG_OPTIM_SGD, 1e-2f, name, (tu_tol){2e-5, 1e-3}, 0.0, 1e-3);
+    /* The model's seed is fixed, not drawn: 20 steps of two backends that round differently
+     * are chaotic at ReLU's kink. A pre-activation within rounding of 0 is active on one
+     * backend and not on the other, so that sample's gradient differs by far more than
+     * rounding, and later steps carry it on (Adam amplifies it: a weight whose gradient is
+     * noise moves by about lr either way). With drawn seeds this test failed in 6 of 296 runs
+     * on the H100 (2026-11-25, 4 runs at a time and alone alike): SGD with 1 to 3 of 1.58M
+     * parameters past the rounding rule (by up to 1e-4, inside the hard bound), Adam with the
+     * loss off by 1.1e-3 of itself after 12 to 16 steps. Where the flips fall depends on the
+     * seed, not on the code; with a fixed seed the kernels (deterministic, bit for bit on
+     * repeat: test_linear gpu) give one outcome, the same on every run. The op tests draw
+     * fresh inputs on every run. */
+    gpu_vs_cpu(SG_OPTIM_SGD, 1e-2f, name, 1, (tu_tol){2e-5, 1e-3}, 0.0, 1e-3);
     /* Adam: the share of parameters that drift is seed-dependent (0.001% to 6% seen on the H100
      * with identical code), so it is reported, not bounded; the drift itself is bounded, and the
      * loss trajectory must match. SGD above checks the whole pipeline's gradients tightly, and
      * test_optim checks Adam's arithmetic element by element. */
-    gpu_vs_cpu(SG_OPTIM_ADAMW, 1e-3f, name, (tu_tol){2e-4, 1e-3}, 1.0, 20 * 2 * 1e-3);
+    gpu_vs_cpu(SG_OPTIM_ADAMW, 1e-3f, name, 2, (tu_tol){2e-4, 1e-3}, 1.0, 20 * 2 * 1e-3);
     gpu_no_allocations(name);
 }
 
