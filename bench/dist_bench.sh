@@ -29,7 +29,7 @@ for m in $MODELS; do
             args=(train --model "$name" --scope "$s" --steps "$STEPS" --quiet --precision "$PREC")
             [ "$n" -gt 1 ] && args+=(--gpus "$n")
             if ! out=$("$SG" "${args[@]}" 2>&1); then
-                printf '{"framework": "stepgraph", "model": "gpt-%s-%s-%s-%s", "gpus": %s, "mode": "%s", "precision": "%s", "error": "%s"}\n' \
+                printf '{"framework": "stepgraph", "model": "gpt-%s-%s-%s-%s", "gpus": %s, "scope": "%s", "precision": "%s", "error": "%s"}\n' \
                     "$W" "$D" "$BATCH" "$T" "$n" "$s" "$PREC" "$(echo "$out" | tail -n 1 | tr '"' "'")"
                 continue
             fi
@@ -39,7 +39,7 @@ import json, sys
 w, d, b, t, n, s, p, ms = sys.argv[1:]
 ms = float(ms)
 print(json.dumps({"framework": "stepgraph", "model": f"gpt-{w}-{d}-{b}-{t}", "per_gpu_batch": int(b),
-                  "seq": int(t), "gpus": int(n), "mode": s, "precision": p, "ms_per_step": ms,
+                  "seq": int(t), "gpus": int(n), "scope": s, "precision": p, "ms_per_step": ms,
                   "tokens_per_s": int(n) * int(b) * int(t) / (ms / 1000.0)}))
 PY
         done

@@ -13,7 +13,13 @@ writes two charts into --out, one panel per model and precision:
 
     python3 bench/plot.py --out docs/img bench/data/*.jsonl
 
-Fields read (shared by both writers): framework, model, mode, precision (absent: fp32),
+and, with the subcommand `loss`, loss curves from metrics files written by
+`stepgraph train --metrics FILE.jsonl` (see main_loss):
+
+    python3 bench/plot.py loss run1.jsonl run2.jsonl -o loss.png
+
+Fields read (shared by both writers): framework, model, scope (stepgraph; files written
+before 2026-11-25 call it mode) or mode (PyTorch), precision (absent: fp32),
 ms_per_step, host_ms_per_step, gpu_busy_ms_per_step (null: not measured, e.g. on the CPU),
 kernels_per_step, steps_per_graph (stepgraph; > 1 labels the row "step xK"); device, commit and
 torch_version go into the titles. Rows without ms_per_step (a mode that failed) are skipped
@@ -77,6 +83,8 @@ def read_rows(paths):
             if not isinstance(row, dict):
                 fail(1, f"{path}:{n}: not a JSON object")
             row["_where"] = f"{path}:{n}"
+            if row.get("framework") == "stepgraph" and row.get("scope") is not None:
+                row["mode"] = row["scope"]  # a stepgraph scope shares the PyTorch mode's column
             rows.append(row)
     return rows
 
@@ -86,6 +94,8 @@ def usable(rows):
     out = {}
     for r in rows:
         missing = [k for k in ("framework", "model", "mode", "ms_per_step") if r.get(k) is None]
+        if "mode" in missing and r.get("framework") == "stepgraph":
+            missing[missing.index("mode")] = "scope"
         if missing:
             why = r.get("error") or f"no {', '.join(missing)}"
             print(f"plot.py: note: {r['_where']}: skipped ({why})", file=sys.stderr)
@@ -238,25 +248,24 @@ def chart_overhead(plt, groups, rows, path):
     plt.close(fig)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(
-        prog="plot.py",
-        description="Charts (PNG) of `stepgraph bench --json` and `bench/torch_ref.py --json` "
-                    "results: ms/step by scope and mode, and each step's GPU-busy share.",
-        epilog="example: python3 bench/plot.py --out docs/img bench/data/*.jsonl")
-    ap.add_argument("files", nargs="+", metavar="FILE", help="JSON lines, one row per run")
-    ap.add_argument("--out", default=".", metavar="DIR",
-                    help="directory for the PNG files, created if missing (default: .)")
+def parser(prog, description, epilog, files_help):
+    """The command line of plot.py or plot.py loss: FILE... and the caller's options."""
+    ap = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
+    ap.add_argument("files", nargs="+", metavar="FILE", help=files_help)
+    return ap
+
+
+def parse(ap, argv):
+    """ap's arguments; a FILE that is not a file is a usage error (2)."""
     args = ap.parse_args(argv)
     for p in args.files:
         if not os.path.isfile(p):
             ap.error(f"{p}: no such file")
+    return args
 
-    rows = usable(read_rows(args.files))
-    if not rows:
-        fail(1, f"no benchmark rows in {', '.join(args.files)} (expected JSON lines with "
-                "framework, model, mode and ms_per_step)")
 
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display); exits 2 when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -264,6 +273,127 @@ def main(argv=None):
     except ImportError:
         fail(2, "matplotlib is not installed: pip install matplotlib (or the distribution's "
                 "python3-matplotlib package)")
+    return plt
+
+
+def read_metrics(path):
+    """A metrics file of `stepgraph train --metrics`: (run metadata, [step rows]). Lines that
+    do not start with '{' are skipped (a log with the JSON mixed in works too); one that does
+    but is not JSON fails (1) naming the file and line, except the last one when the file does
+    not end in a newline: a run killed while writing it; that line is skipped with a note."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        fail(2, f"cannot read {path}: {e.strerror}")
+    except UnicodeDecodeError:
+        fail(1, f"{path}: not UTF-8 text (expected JSON lines)")
+    lines = text.split("\n")
+    run, rows = {}, []
+    for n, line in enumerate(lines, 1):
+        if not line.lstrip().startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(lines):  # no newline after it: cut off mid-write
+                print(f"plot.py: note: {path}:{n}: skipped a truncated last line", file=sys.stderr)
+                continue
+            fail(1, f"{path}:{n}: not a JSON object ({e.msg})")
+        if not isinstance(obj, dict):
+            fail(1, f"{path}:{n}: not a JSON object")
+        if isinstance(obj.get("run"), dict):
+            run = obj["run"]
+            continue
+        step, loss = obj.get("step"), obj.get("loss")
+        if not isinstance(step, (int, float)) or not isinstance(loss, (int, float)):
+            print(f"plot.py: note: {path}:{n}: skipped (no numeric step and loss)", file=sys.stderr)
+            continue
+        rows.append(obj)
+    return run, rows
+
+
+def run_label(run, path):
+    """model scope [precision] [backend] from the run's metadata, else the file's name."""
+    parts = [str(run[k]) for k in ("model", "scope") if run.get(k)]
+    if run.get("precision") and run["precision"] not in ("fp32", "f32"):
+        parts.append(str(run["precision"]))
+    if run.get("backend") and run["backend"] not in ("cuda", "auto"):
+        parts.append(str(run["backend"]))
+    return " ".join(parts) if parts else os.path.basename(path)
+
+
+def main_loss(argv):
+    """`plot.py loss FILE... [-o PNG]`: the loss of every logged step against the step, one
+    line per metrics file, labelled by its run's model and scope, with the validation loss
+    ("val_loss", on the lines where it was measured) as markers of the same colour."""
+    ap = parser("plot.py loss",
+                "Loss curves (PNG) from metrics files of `stepgraph train --metrics FILE.jsonl`: "
+                "loss against step per run, validation loss as markers.",
+                "exit status: 0 written, 1 no loss rows or a malformed line, 2 a usage error "
+                "(a file that cannot be read included) or matplotlib missing",
+                "metrics JSON lines, one file per run")
+    ap.add_argument("-o", "--out", default="loss.png", metavar="PNG",
+                    help="the chart to write (default: loss.png); its directory is created")
+    args = parse(ap, argv)
+    runs = []
+    for p in args.files:
+        run, rows = read_metrics(p)
+        if rows:
+            runs.append((run_label(run, p), p, rows))
+        else:
+            print(f"plot.py: note: {p}: no rows with a step and a loss", file=sys.stderr)
+    if not runs:
+        fail(1, f"no loss rows in {', '.join(args.files)} (expected JSON lines with step and "
+                "loss, as `stepgraph train --metrics` writes)")
+    labels = [lb for lb, _, _ in runs]
+    runs = [(lb if labels.count(lb) == 1 else f"{lb} ({os.path.basename(p)})", p, rows)
+            for lb, p, rows in runs]
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    any_val = False
+    for i, (lb, _, rows) in enumerate(runs):
+        color = f"C{i % 10}"
+        ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], color=color, lw=1.2, label=lb)
+        val = [(r["step"], r["val_loss"]) for r in rows if isinstance(r.get("val_loss"), (int, float))]
+        if val:
+            any_val = True
+            ax.plot([v[0] for v in val], [v[1] for v in val], color=color, marker="o", ms=5,
+                    linestyle="none", markerfacecolor="white")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("Training loss" + ("; o: validation loss" if any_val else ""), fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    if os.path.dirname(args.out):
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    save(fig, args.out)
+    plt.close(fig)
+    print(f"wrote {args.out} ({len(runs)} run{'s' if len(runs) > 1 else ''})")
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "loss":  # a file named loss: give it as ./loss
+        return main_loss(argv[1:])
+    ap = parser("plot.py",
+                "Charts (PNG) of `stepgraph bench --json` and `bench/torch_ref.py --json` "
+                "results: ms/step by scope and mode, and each step's GPU-busy share.",
+                "example: python3 bench/plot.py --out docs/img bench/data/*.jsonl; loss curves: "
+                "python3 bench/plot.py loss run.jsonl -o loss.png (see plot.py loss --help)",
+                "JSON lines, one row per run")
+    ap.add_argument("--out", default=".", metavar="DIR",
+                    help="directory for the PNG files, created if missing (default: .)")
+    args = parse(ap, argv)
+
+    rows = usable(read_rows(args.files))
+    if not rows:
+        fail(1, f"no benchmark rows in {', '.join(args.files)} (expected JSON lines with "
+                "framework, model, scope or mode, and ms_per_step)")
+
+    plt = pyplot()
 
     os.makedirs(args.out, exist_ok=True)
     groups = panels(rows)

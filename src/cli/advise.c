@@ -136,18 +136,6 @@ static void json_num(double v)
     else printf("null");
 }
 
-static void json_str(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c < 0x20) printf("\\u%04x", c);
-        else putchar(c);
-    }
-    putchar('"');
-}
-
 /* "key": value pairs, comma-separated; the caller writes the braces. */
 static void json_kv(bool *first, const char *key, double v)
 {
@@ -159,7 +147,7 @@ static void json_kv(bool *first, const char *key, double v)
 static void json_ks(bool *first, const char *key, const char *v)
 {
     printf("%s\"%s\": ", *first ? "" : ", ", key);
-    json_str(v);
+    sg_cli_json_str(stdout, v);
     *first = false;
 }
 

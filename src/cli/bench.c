@@ -1,10 +1,11 @@
-/* bench.c: `stepgraph bench`: validates a model trains, then times eager steps: ms/step
- * (median over repeats of wall time per block of steps, synced at the end of each block),
- * host ms/step (time the host spends queuing a block, before its sync), kernels launched
- * per step (the runtime's own counter), GPU-busy ms/step (CUPTI: union of device activity),
- * device allocations per 100 steps, and peak memory. --json prints one line per model.
- * --memory adds where the memory goes: peaks, the static buffers by kind, the graphs' pool and
- * executable graphs, and allocations per 100 steps eager and under replay. */
+/* bench.c: `stepgraph bench`: validates a model trains, then times its training steps under
+ * each capture scope asked for: ms/step (median over repeats of wall time per block of steps,
+ * synced at the end of each block), host ms/step (time the host spends queuing a block, before
+ * its sync), kernels launched per step (the runtime's own counter), GPU-busy ms/step (CUPTI:
+ * union of device activity), device allocations per 100 steps, and peak memory. --json prints
+ * one line per model and scope, its keys named after the table's columns. --memory adds where
+ * the memory goes: peaks, the static buffers by kind, the graphs' pool and executable graphs,
+ * and allocations per 100 steps eager and under replay. */
 #include "cli/cli.h"
 #include "prof/prof.h"
 
@@ -12,17 +13,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef SG_GIT_COMMIT
-#define SG_GIT_COMMIT "unknown"
-#endif
-
 static const char *bench_usage =
     "usage: stepgraph bench --model NAME[,NAME...] [options]\n"
     "\n"
-    "Times eager training steps (AdamW, no weight decay: Adam) of each model after a warm-up,\n"
-    "and first checks that the mean loss on four fixed batches falls over the warm-up (a\n"
-    "benchmark validates before it times). kernels: the runtime's launch counter (a cuBLASLt\n"
-    "matmul counts one); GPU-busy and kernels_per_step_cupti: CUPTI, over 20 extra steps.\n"
+    "Times training steps (AdamW, no weight decay: Adam) of each model under each capture\n"
+    "scope of --scope: eager (the host launches every kernel) or replayed CUDA Graphs of one\n"
+    "layer, the whole model or the whole step. Each run first checks that the mean loss on four\n"
+    "fixed batches falls over the warm-up (a benchmark validates before it times), then prints\n"
+    "one row per model and scope: ms/step (median over --repeats blocks), host ms (queuing a\n"
+    "step), kernels (the runtime's launch counter: a cuBLASLt matmul or a graph launch counts\n"
+    "one), busy ms (GPU-busy, CUPTI, over 20 extra steps; n/a on the CPU), capt ms (capture and\n"
+    "instantiation), nodes (graph nodes), alloc/100 (device allocations per 100 timed steps)\n"
+    "and peak MiB (peak reserved). --json names its keys after these columns.\n"
     "\n"
     "options:\n"
     "  --model LIST        comma-separated model names, e.g. mlp-512-6-32,mlp-2048-6-256\n"
@@ -42,8 +44,18 @@ static const char *bench_usage =
     "                      capture) and under replay (the timed steps): a second table, or\n"
     "                      extra fields with --json. On the CPU backend host memory stands in\n"
     "                      for device memory\n"
-    "  --json              one JSON object per model on stdout instead of a table\n"
-    "  -h, --help          this text\n";
+    "  --json              one JSON object per model and scope on stdout instead of a table:\n"
+    "                      framework, model, scope, precision, ms_per_step, host_ms_per_step,\n"
+    "                      kernels_per_step, gpu_busy_ms_per_step (null where not measured),\n"
+    "                      kernels_per_step_cupti, graphs, graph_nodes, steps_per_graph,\n"
+    "                      capture_ms, instantiate_ms, graph_exec_mib, fell_back,\n"
+    "                      allocs_per_100_steps, peak_mib, loss_first, loss_after_warmup,\n"
+    "                      device, commit\n"
+    "  -h, --help          this text\n"
+    "\n"
+    "exit status: 0 every model timed under every scope, 1 a runtime error (no usable device\n"
+    "for --backend, a model that does not fit, fails a step or whose loss is not finite; the\n"
+    "other rows are still printed), 2 a usage error (an unknown option, scope or model name)\n";
 
 typedef struct bench_row {
     char model[64], device[320];
@@ -314,8 +326,7 @@ int sg_cmd_bench(int argc, char **argv)
     if (bad) return SG_EXIT_USAGE;
     nsteps = (nsteps + steps_per_call - 1) / steps_per_call * steps_per_call;
 
-    /* The commit the binary was built from; SG_COMMIT overrides it (a copy without .git). */
-    const char *commit = getenv("SG_COMMIT") ? getenv("SG_COMMIT") : SG_GIT_COMMIT;
+    const char *commit = sg_cli_commit();
     sg_scope sc[4];
     int nsc = 0;
     {
@@ -329,12 +340,31 @@ int sg_cmd_bench(int argc, char **argv)
             nsc++;
         }
     }
+    /* Every model name is checked before anything runs: a typo is a usage error, not a row. */
+    {
+        char *names = strdup(models), *save = NULL;
+        int n = 0;
+        for (char *name = strtok_r(names, ",", &save); name && !bad; name = strtok_r(NULL, ",", &save), n++) {
+            sg_model_size z;
+            sg_model_options mo = {.precision = precision};
+            if (sg_model_estimate(name, &mo, &z) != SG_OK) {
+                fprintf(stderr, "stepgraph bench: --model: %s\n", sg_ctx_last_error(NULL));
+                bad = true;
+            }
+        }
+        free(names);
+        if (!bad && n == 0) {
+            fprintf(stderr, "stepgraph bench: --model '%s': no model names\n", models);
+            bad = true;
+        }
+        if (bad) return SG_EXIT_USAGE;
+    }
     char *list = strdup(models), *save = NULL;
     int rc = 0, nrows = 0;
     bench_row *rows = NULL; /* --memory: kept for the memory table */
     if (!json)
         printf("%-16s %-6s %9s %9s %8s %9s %9s %8s %9s %8s\n", "model", "scope", "ms/step", "host ms",
-               "launch", "busy ms", "capt ms", "nodes", "alloc/100", "peak MiB");
+               "kernels", "busy ms", "capt ms", "nodes", "alloc/100", "peak MiB");
     for (char *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
         for (int k = 0; k < nsc; k++) {
             bench_row r;
@@ -343,11 +373,12 @@ int sg_cmd_bench(int argc, char **argv)
                 continue;
             }
             if (json) {
-                printf("{\"framework\": \"stepgraph\", \"model\": \"%s\", \"mode\": \"%s\", "
-                       "\"precision\": \"%s\", "
+                printf("{\"framework\": \"stepgraph\", \"model\": ");
+                sg_cli_json_str(stdout, r.model);
+                printf(", \"scope\": \"%s\", \"precision\": \"%s\", "
                        "\"ms_per_step\": %.5f, \"host_ms_per_step\": %.5f, \"kernels_per_step\": %.2f, "
                        "\"gpu_busy_ms_per_step\": ",
-                       r.model, sg_scope_name(r.scope), precision == SG_DTYPE_BF16 ? "bf16" : "fp32", r.ms,
+                       sg_scope_name(r.scope), precision == SG_DTYPE_BF16 ? "bf16" : "fp32", r.ms,
                        r.host_ms, r.kernels);
                 if (r.busy_ok) printf("%.5f, \"kernels_per_step_cupti\": %.2f", r.busy_ms, r.cupti_kernels);
                 else printf("null");
@@ -358,7 +389,11 @@ int sg_cmd_bench(int argc, char **argv)
                        r.ts.exec_bytes / 1048576.0, r.ts.fell_back ? "true" : "false", r.allocs100,
                        r.peak_mib, r.loss0, r.loss1);
                 if (memory) print_memory_json(&r);
-                printf(", \"device\": \"%s\", \"commit\": \"%s\"}\n", r.device, commit);
+                printf(", \"device\": ");
+                sg_cli_json_str(stdout, r.device);
+                printf(", \"commit\": ");
+                sg_cli_json_str(stdout, commit);
+                printf("}\n");
             } else {
                 char busy[32];
                 if (r.busy_ok) snprintf(busy, sizeof busy, "%.4f", r.busy_ms);

@@ -16,16 +16,46 @@ static const char *usage =
     "\n"
     "commands:\n"
     "  train    train a model and print loss, ms/step and allocations per step\n"
-    "  bench    time training steps: ms/step, host ms/step, kernels/step, GPU-busy/step\n"
+    "  bench    time training steps under each capture scope: ms/step, host ms, kernels, GPU-busy\n"
     "  verify   check that a captured scope computes what eager computes, step by step\n"
     "  sample   generate text from a GPT checkpoint (train --save)\n"
     "  advise   profile eager steps, predict what each capture scope buys, then measure it\n"
     "  trace    write a Perfetto/Chrome trace of a few steps under a scope\n"
     "\n"
-    "Run 'stepgraph <command> --help' for a command's options.\n"
+    "Run 'stepgraph <command> --help' for a command's options; 'stepgraph --version' prints\n"
+    "the version and the commit it was built from.\n"
     "Models: mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32), gpt-WIDTH-DEPTH-BATCH-SEQ (e.g.\n"
     "gpt-256-4-8-128: a byte-level transformer trained on a text file).\n"
-    "Backend: CUDA when a GPU is usable, else the CPU reference (--backend to choose).\n";
+    "Backend: CUDA when a GPU is usable, else the CPU reference (--backend to choose).\n"
+    "\n"
+    "exit status: 0 done, 1 a runtime error, 2 a usage error (each command's --help says more)\n";
+
+/* The version: CMake's project VERSION, passed as SG_VERSION; until the build passes it, the
+ * same number here (tests/cli_help_test.sh compares it with CMake's). */
+#ifndef SG_VERSION
+#define SG_VERSION "0.1.0"
+#endif
+#ifndef SG_GIT_COMMIT
+#define SG_GIT_COMMIT "unknown"
+#endif
+
+const char *sg_cli_commit(void)
+{
+    const char *c = getenv("SG_COMMIT");
+    return c && *c ? c : SG_GIT_COMMIT;
+}
+
+void sg_cli_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20 || c >= 0x7f) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
 
 double sg_cli_now_ms(void)
 {
@@ -164,6 +194,14 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         fputs(usage, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        if (argc > 2) {
+            fprintf(stderr, "stepgraph %s: takes no arguments ('%s' given)\n", cmd, argv[2]);
+            return SG_EXIT_USAGE;
+        }
+        printf("stepgraph %s (commit %s)\n", SG_VERSION, sg_cli_commit());
         return 0;
     }
     if (!strcmp(cmd, "train")) return sg_cmd_train(argc - 1, argv + 1);

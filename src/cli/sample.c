@@ -11,7 +11,10 @@
 static const char *sample_usage =
     "usage: stepgraph sample --model NAME --resume PATH [options]\n"
     "\n"
-    "Generates bytes from a GPT checkpoint written by 'stepgraph train --save'.\n"
+    "Generates text from a GPT checkpoint written by 'stepgraph train --save': prints the\n"
+    "prompt, then --length bytes drawn one at a time from the model's next-byte distribution\n"
+    "(softmax of the logits over --temperature; the window slides past the model's sequence\n"
+    "length).\n"
     "\n"
     "options:\n"
     "  --model NAME        the checkpoint's model, e.g. gpt-256-4-8-128 (required)\n"
@@ -21,7 +24,11 @@ static const char *sample_usage =
     "  --temperature T     0 picks the likeliest byte; default 0.8\n"
     "  --seed S            sampling seed (default 1)\n"
     "  --backend B         cpu, cuda or auto (default auto)\n"
-    "  -h, --help          this text\n";
+    "  -h, --help          this text\n"
+    "\n"
+    "exit status: 0 generated, 1 a runtime error (no usable device, a checkpoint that does not\n"
+    "load or does not match the model, a failed step), 2 a usage error (an unknown option, a\n"
+    "missing --model or --resume, a model that is not gpt)\n";
 
 static uint64_t next_u64(uint64_t *s)
 {

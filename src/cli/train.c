@@ -451,29 +451,16 @@ static void progress_show(run *r, long long done)
     r->shown = true;
 }
 
-/* A JSON string: quotes, backslashes and control characters escaped. */
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 /* The metrics file's first line: what ran. */
 static void metrics_run(run *r, float val0)
 {
     FILE *f = r->metrics;
     fputs("{\"run\": {\"model\": ", f);
-    json_str(f, sg_model_name(r->m));
+    sg_cli_json_str(f, sg_model_name(r->m));
     fprintf(f, ", \"scope\": \"%s\", \"precision\": \"%s\", \"backend\": \"%s\", \"device\": ",
             sg_scope_name(r->o->tr.scope), r->o->mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32",
             sg_backend_name(sg_ctx_backend(r->ctx)));
-    json_str(f, sg_ctx_device_name(r->ctx));
+    sg_cli_json_str(f, sg_ctx_device_name(r->ctx));
     fprintf(f, ", \"steps\": %lld, \"start_step\": %lld, \"seed\": %lld}}\n", r->o->steps, r->start, r->o->seed);
     if (val0 >= 0) fprintf(f, "{\"step\": %lld, \"val_loss\": %.6g}\n", r->start, val0);
     fflush(f);
