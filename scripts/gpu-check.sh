@@ -5,12 +5,14 @@
 # PASS/FAIL line per stage, a summary and a stepgraph-vs-PyTorch table last, and exits non-zero
 # if anything failed. Logs go to ${OUT:-./gpu-check-out} (six files, so they all come back).
 #
-#   scripts/gpu-check.sh [--quick] [--no-bench] [--bench-only]
+#   scripts/gpu-check.sh [--quick] [--no-bench] [--bench-only] [--no-tests]
 #     --quick       skip the sanitizers; run the GPU tests 4 at a time up to 3 more times instead
 #     --no-bench    skip the benchmarks
 #     --bench-only  build and benchmark only (no tests, no sanitizers)
+#     --no-tests    skip the test suites (the sanitizers and benchmarks still run): with a
+#                   --quick --no-bench run before it, the whole check in two 10-minute calls
 #
-# The stages and what they took on an H100 with 16 cores (2026-11-25): build 15-20 s (fresh
+# The stages and what they took on an H100 with 16 cores (2026-11-24): build 15-20 s (fresh
 # tree, 16 jobs); the GPU tests one at a time 110-145 s (linear_gpu 60-80 s of it: its f64 CPU
 # reference of the large shapes), the same 4 at a time (ctest -j 4) 87 s, and, with --quick,
 # 4 at a time --repeat until-fail:3 without linear_gpu 47 s; the CPU tests 10 s; the
@@ -25,10 +27,10 @@
 # default none), GPU_CHECK_MULTI_GPU_TESTS (ctest names allowed to skip on a one-GPU machine;
 # default dist_gpu), GPU_CHECK_REPEAT (runs of each test in --quick's repeated stage, default
 # 3; 1 for none), SANITIZE_JOBS (default 4), SANITIZE_SKIP (test names,
-# space-separated, kept out of the sanitizers; empty for none; default "prof advise dist":
+# space-separated, kept out of the sanitizers; empty for none; default "prof advise dist cli":
 # CUPTI and compute-sanitizer both hook the driver, and test_prof's and test_advise's only own
 # kernels are fills that the other tests check; test_dist needs two GPUs and NCCL's own
-# processes).
+# processes; cli_gpu trains whole models through the command, which the op tests cover).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -44,15 +46,16 @@ PRECISIONS=${GPU_CHECK_PRECISIONS:-fp32}
 MULTI_GPU_TESTS=${GPU_CHECK_MULTI_GPU_TESTS:-dist_gpu}
 export MULTI_GPU_TESTS
 VERIFY_MODELS=${GPU_CHECK_VERIFY:-}
-SANITIZE_SKIP=${SANITIZE_SKIP-prof advise dist}
+SANITIZE_SKIP=${SANITIZE_SKIP-prof advise dist cli}
 SANITIZE_JOBS=${SANITIZE_JOBS:-4}
 JOBS=$(nproc 2>/dev/null || echo 4)
-QUICK=0 NO_BENCH=0 BENCH_ONLY=0
+QUICK=0 NO_BENCH=0 BENCH_ONLY=0 NO_TESTS=0
 for arg in "$@"; do
     case "$arg" in
     --quick) QUICK=1 ;;
     --no-bench) NO_BENCH=1 ;;
     --bench-only) BENCH_ONLY=1 ;;
+    --no-tests) NO_TESTS=1 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "gpu-check.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
     esac
@@ -196,7 +199,7 @@ run_gpu_tests() {
     return "$rc"
 }
 export -f run_gpu_tests
-if [ $BENCH_ONLY -eq 0 ]; then
+if [ $BENCH_ONLY -eq 0 ] && [ $NO_TESTS -eq 0 ]; then
     if [ $BUILT -eq 1 ]; then
         stage "gpu tests (ctest -L gpu)" "$OUT/tests.log" 240 run_gpu_tests || true
         # The same tests sharing the GPU, 4 at a time: what a test assumes about a GPU of its

@@ -346,8 +346,12 @@ static void gpu_calibration(void)
            c.tiny_kernel_us, c.eager_gap_us, c.node_gap_us, c.graph_gap_us, c.capture_base_us, c.capture_node_us,
            c.instantiate_base_us, c.instantiate_node_us, c.exec_node_bytes, c.device_timed ? "" : "; ", c.note);
     TU_CHECK(c.launch_host_us >= 0.5 && c.launch_host_us <= 50, "launch host cost %.3f us", c.launch_host_us);
-    TU_CHECK(c.replay_node_us > 0 && c.replay_node_us < c.launch_host_us,
-             "replay per node %.3f us should be positive and below a launch (%.3f us)", c.replay_node_us,
+    /* The host's replay cost per node is a fitted slope, clamped at 0: on the H100 with CUDA 13
+     * it is small enough that timing noise flattened it to 0.000 once in a --repeat run
+     * (2026-11-24), so only its sign and the bound by a launch are checked; the replay as a
+     * whole (below) must cost something. */
+    TU_CHECK(c.replay_node_us >= 0 && c.replay_node_us < c.launch_host_us,
+             "replay per node %.3f us should be non-negative and below a launch (%.3f us)", c.replay_node_us,
              c.launch_host_us);
     TU_CHECK(c.replay_base_us + c.replay_node_us > 0 && c.replay_base_us < 100, "replay base %.3f us",
              c.replay_base_us);
