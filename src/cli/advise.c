@@ -33,7 +33,7 @@ static const char *advise_usage =
     "  --steps N           steps per timed block (default 50)\n"
     "  --repeats R         timed blocks; the median is reported (default 5)\n"
     "  --warmup W          untimed steps before timing, capture included (default 20, at least 5)\n"
-    "  --data PATH         gpt: the text to train on\n"
+    "  --data PATH         gpt: the text to train on (a regular file)\n"
     "  --backend B         cuda or auto (default auto); advise profiles a CUDA device, so cpu\n"
     "                      is refused\n"
     "  --json              one JSON object on stdout instead of tables\n"

@@ -28,7 +28,7 @@ static const char *trace_usage =
     "  --steps N           steps to trace (default 5)\n"
     "  --warmup W          eager steps before capture, not traced (default 3)\n"
     "  --precision P       fp32 (default) or bf16 (gpt: mixed precision)\n"
-    "  --data PATH         gpt: the text to train on\n"
+    "  --data PATH         gpt: the text to train on (a regular file)\n"
     "  --backend B         cuda or auto (default auto); tracing needs a CUDA GPU and CUPTI\n"
     "  -h, --help          this text\n"
     "\n"

@@ -29,7 +29,7 @@ static const char *verify_usage =
     "                      state is compared too)\n"
     "  --dropout P         gpt: dropout probability (default 0)\n"
     "  --clip X            clip gradients to global norm X inside the step (default off)\n"
-    "  --data PATH         gpt: the text to train on\n"
+    "  --data PATH         gpt: the text to train on (a regular file)\n"
     "  --atol X --rtol X   accept |a - b| <= atol + rtol |eager| instead of bit-exact\n"
     "  --seed S            (default 1)\n"
     "  -h, --help          this text\n"
