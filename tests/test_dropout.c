@@ -1,6 +1,6 @@
 /* test_dropout.c: dropout (Philox-4x32-10 masks) and sg_rng_advance. `cpu`: Philox against
  * Random123's known answers; the reference against the counter mapping documented in
- * ops/dropout.h, re-derived here (f32, f64, bf16); the keep fraction within 4 sigma of 1 - p;
+ * ops/dropout.h, re-derived here (f32, f64, bf16); the keep fraction within 6 sigma of 1 - p;
  * masks that change with the site, the seed and the offset (both words) and come back when
  * the offset is reset; the offset's carry; backward against forward; bf16 masks equal to f32
  * ones bit for bit, kept values the f32 ones rounded; float64 finite differences; argument
@@ -164,9 +164,11 @@ static void cpu_mapping(sg_dtype dt, float p)
     sg_ctx_destroy(ctx);
 }
 
-/* Kept count within 4 sigma of the binomial mean n q, q = keep_prob(p), and each of the four
- * Philox words' kept count within 5 (20 more checks: 5 sigma keeps the chance of a false
- * failure per run near 1e-5); x = 1 so y is scale or 0. */
+/* Kept count within 6 sigma of the binomial mean n q, q = keep_prob(p), and each of the four
+ * Philox words' kept count within 6 too; x = 1 so y is scale or 0. The draws are random per
+ * seed, so a bound can only make a false failure unlikely: at 4 sigma (6e-5 a check) one seed
+ * in 1,500 failed (SG_TEST_SEED=101, p = 0.001); at 6 sigma it is 2e-9 a check, about 1e-7 a run.
+ * A keep probability 1% off at p = 0.5 still moves the count by 1.7x the bound. */
 static void cpu_keep_fraction(float p)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
@@ -186,12 +188,12 @@ static void cpu_keep_fraction(float p)
     }
     double q = keep_prob(p);
     double mean = n * q, sigma = sqrt(n * q * (1 - q));
-    TU_CHECK(fabs(kept - mean) <= 4 * sigma, "p=%g: kept %lld of %lld, expected %.1f +- 4 x %.1f",
+    TU_CHECK(fabs(kept - mean) <= 6 * sigma, "p=%g: kept %lld of %lld, expected %.1f +- 6 x %.1f",
              (double)p, (long long)kept, (long long)n, mean, sigma);
     double lmean = n / 4 * q, lsigma = sqrt(n / 4 * q * (1 - q));
     for (int k = 0; k < 4; k++)
-        TU_CHECK(fabs(lane[k] - lmean) <= 5 * lsigma, "p=%g: Philox word %d kept %lld of %lld, "
-                 "expected %.1f +- 5 x %.1f", (double)p, k, (long long)lane[k], (long long)n / 4,
+        TU_CHECK(fabs(lane[k] - lmean) <= 6 * lsigma, "p=%g: Philox word %d kept %lld of %lld, "
+                 "expected %.1f +- 6 x %.1f", (double)p, k, (long long)lane[k], (long long)n / 4,
                  lmean, lsigma);
     TU_CHECK(other == 0, "p=%g: %lld kept values are not 1/(1-p)", (double)p, (long long)other);
     sg_tensor_destroy(x), sg_tensor_destroy(y), sg_tensor_destroy(rng);
