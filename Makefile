@@ -15,7 +15,7 @@ SAN_ENV = ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:print_stacktrace=1 \
 # Sanitized builds are CPU-only; RelWithDebInfo keeps line numbers in reports.
 SAN_CMAKE = -DSG_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSG_SANITIZE=address,undefined
 
-.PHONY: all build demo test test-plain test-asan fuzz fuzz-corpus clean
+.PHONY: all build demo install test test-plain test-asan fuzz fuzz-corpus clean
 
 all: build
 
@@ -24,6 +24,8 @@ define apt_install
 { echo "make: $(1) missing; installing $(2) (apt-get)"; apt-get update -qq && apt-get install -y -qq $(2); }
 endef
 HAVE_CMAKE = command -v cmake >/dev/null || $(call apt_install,cmake,cmake)
+HAVE_PKGCONFIG = command -v pkg-config >/dev/null || $(call apt_install,pkg-config,pkgconf)
+PREFIX ?= /usr/local
 FUZZ_PROBE = printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n' \
              | clang -fsanitize=fuzzer,address,undefined -x c - -o /dev/null 2>/dev/null
 HAVE_FUZZ = $(FUZZ_PROBE) || { $(call apt_install,clang with libFuzzer,clang libclang-rt-dev) && $(FUZZ_PROBE); }
@@ -49,7 +51,12 @@ test:
 	echo "$$summary"; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi
 
+# The header, libstepgraph.so and .a, the command, the CMake package and stepgraph.pc.
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
 test-plain: build
+	@$(HAVE_PKGCONFIG)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
 
 test-asan:
