@@ -4,9 +4,10 @@
 # symbols exported, a PIC libstepgraph.a, the command, the CMake package, the pkg-config file),
 # then a plain C project (tests/consumer) built with find_package(stepgraph), shared and static,
 # and the same program with `cc app.c $(pkg-config --cflags --libs stepgraph)`, each run on the
-# CPU backend.
+# CPU backend, and on the GPU too where one is usable.
 set -u
 build=$1 src=$2
+backends=cpu
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 prefix=$tmp/prefix
@@ -33,13 +34,16 @@ if ar x --output "$tmp" "$lib/libstepgraph.a" 2>/dev/null || (cd "$tmp" && ar x 
         pass "libstepgraph.a is position-independent"
     else fail "libstepgraph.a is not PIC: $(head -3 "$tmp/pic.log")"; fi
 fi
+"$prefix/bin/stepgraph" train --model mlp-16-1-4 --backend cuda --steps 1 --quiet >/dev/null 2>&1 && backends="cpu cuda"
 "$prefix/bin/stepgraph" --version | grep -q '^stepgraph [0-9.]* (commit ' && pass "stepgraph --version" || fail "stepgraph --version"
 # find_package: shared and static.
 if cmake -S "$src/tests/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/cfg.log" 2>&1 &&
    cmake --build "$tmp/consumer" >"$tmp/bld.log" 2>&1; then
     pass "find_package(stepgraph) project configured and built"
     for a in app app_static; do
-        out=$("$tmp/consumer/$a" cpu 2>&1) && pass "$a (find_package): $out" || fail "$a: $out"
+        for b in $backends; do
+            out=$("$tmp/consumer/$a" $b 2>&1) && pass "$a $b (find_package): $out" || fail "$a $b: $out"
+        done
     done
 else
     fail "find_package project: $(tail -n 15 "$tmp/cfg.log" "$tmp/bld.log")"
@@ -50,8 +54,10 @@ if ! command -v pkg-config >/dev/null; then
 else
     export PKG_CONFIG_PATH=$lib/pkgconfig
     if cc -o "$tmp/app_pc" "$src/tests/consumer/app.c" $(pkg-config --cflags --libs stepgraph) >"$tmp/pc.log" 2>&1; then
-        out=$(LD_LIBRARY_PATH=$lib "$tmp/app_pc" cpu 2>&1) && pass "cc app.c \$(pkg-config --cflags --libs stepgraph): $out" ||
-            fail "pkg-config app: $out"
+        for b in $backends; do
+            out=$(LD_LIBRARY_PATH=$lib "$tmp/app_pc" $b 2>&1) && pass "cc app.c \$(pkg-config --cflags --libs stepgraph), $b: $out" ||
+                fail "pkg-config app $b: $out"
+        done
     else
         fail "cc with pkg-config: $(cat "$tmp/pc.log" | head -10)"
     fi
