@@ -6,6 +6,8 @@
 #include "models/text.h"
 #include "testutil.h"
 
+#include <unistd.h>
+
 static void names(void)
 {
     const char *good[] = {"mlp-512-6-32", "mlp-1-1-1", "mlp-65536-64-1048576", "gpt-64-1-2-16", "gpt-256-4-8-128"};
@@ -85,6 +87,34 @@ static void refused_before_allocating(sg_backend be)
     sg_ctx_destroy(ctx);
 }
 
+/* The deepest GPT a name accepts (depth 64: 773 parameter tensors) builds, takes a step and
+ * saves and reloads its checkpoint. */
+static void deepest(sg_backend be)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    sg_model *m = NULL;
+    sg_optim *o = NULL;
+    sg_trainer *t = NULL;
+    TU_OK(ctx, sg_model_create(ctx, "gpt-64-64-1-8", tu_next(), &m));
+    TU_OK(ctx, sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o));
+    TU_OK(ctx, sg_trainer_create(m, o, NULL, &t));
+    TU_OK(ctx, sg_trainer_step(t, 0));
+    float loss = 0;
+    TU_OK(ctx, sg_model_loss_read(m, &loss));
+    TU_CHECK(isfinite(loss) && loss > 0, "gpt-64-64-1-8: loss %g after a step", loss);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/test_model_%d.safetensors", (int)getpid());
+    TU_OK(ctx, sg_trainer_save(t, 1, path));
+    int64_t step = -1;
+    TU_OK(ctx, sg_trainer_load(t, path, &step));
+    TU_CHECK(step == 1, "reloaded step %lld", (long long)step);
+    remove(path);
+    sg_trainer_destroy(t);
+    sg_optim_destroy(o);
+    sg_model_destroy(m);
+    sg_ctx_destroy(ctx);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "cpu";
@@ -101,5 +131,6 @@ int main(int argc, char **argv)
     estimate_bounds(be, gpt, SG_DTYPE_F32, 0.1f);
     estimate_bounds(be, gpt, SG_DTYPE_BF16, 0.1f);
     refused_before_allocating(be);
+    deepest(be);
     return tu_finish("test_model");
 }
