@@ -478,6 +478,10 @@ const sg_tensor *sg_model_loss(const sg_model *m);
 sg_status sg_model_loss_read(sg_model *m, float *out);
 /* The flat parameter and gradient buffers (all parameters, in layout order). */
 sg_tensor *sg_model_params(sg_model *m);
+/* The parameter tensors, in the flat buffer's order: how many, and each one's name (the
+ * checkpoint's, e.g. "blocks.3.attn.qkv.weight"), offset into sg_model_params and elements. */
+int sg_model_param_tensors(const sg_model *m);
+sg_status sg_model_param_info(const sg_model *m, int i, const char **name, int64_t *offset, int64_t *numel);
 sg_tensor *sg_model_grads(sg_model *m);
 
 sg_status sg_optim_create(sg_ctx *ctx, sg_model *m, sg_optim_kind kind, sg_optim **out);

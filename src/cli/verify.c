@@ -3,7 +3,6 @@
  * the loss, every gradient and every parameter are compared, bit for bit by default. The first
  * tensor that differs is named and the exit status is 1. */
 #include "cli/cli.h"
-#include "models/model.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -65,9 +64,10 @@ static int64_t compare(const float *a, const float *b, int64_t n, double atol, d
 /* The parameter whose slice of the flat buffer holds element i. */
 static const char *param_at(const sg_model *m, int64_t i)
 {
-    for (int p = 0; p < m->params.count; p++)
-        if (i >= m->params.info[p].offset && i < m->params.info[p].offset + m->params.info[p].numel)
-            return m->params.info[p].name;
+    const char *name;
+    int64_t off, n;
+    for (int p = 0; p < sg_model_param_tensors(m); p++)
+        if (sg_model_param_info(m, p, &name, &off, &n) == SG_OK && i >= off && i < off + n) return name;
     return "(padding)";
 }
 
@@ -199,9 +199,14 @@ int sg_cmd_verify(int argc, char **argv)
         const char *inj = getenv("SG_VERIFY_INJECT");
         if (inj && atoll(inj) == step + 1) {
             sg_model *gm = s[1].m;
-            int p = gm->params.count > 2 ? 2 : 0;
-            float v = 0.125f;
-            if (sg_tensor_write_small(gm->params.param[p], 0, &v, sizeof v) != SG_OK) goto out;
+            int64_t off = 0;
+            if (sg_model_param_info(gm, sg_model_param_tensors(gm) > 2 ? 2 : 0, NULL, &off, NULL) != SG_OK)
+                goto out;
+            free(b);
+            if (!(b = read_all(ctx, sg_model_params(gm)))) goto out;
+            b[off] = 0.125f;
+            if (sg_tensor_copy_from_host(sg_model_params(gm), b, sg_tensor_nbytes(sg_model_params(gm))) != SG_OK)
+                goto out;
         }
         float la, lb;
         if (sg_model_loss_read(s[0].m, &la) != SG_OK || sg_model_loss_read(s[1].m, &lb) != SG_OK) goto out;

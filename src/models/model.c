@@ -199,6 +199,18 @@ int64_t sg_model_param_count(const sg_model *m)
     return n;
 }
 sg_tensor *sg_model_params(sg_model *m) { return m ? m->params.flat : NULL; }
+int sg_model_param_tensors(const sg_model *m) { return m ? m->params.count : 0; }
+sg_status sg_model_param_info(const sg_model *m, int i, const char **name, int64_t *offset, int64_t *numel)
+{
+    if (!m) return SG_ERR_NULL;
+    if (i < 0 || i >= m->params.count)
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_model_param_info: index %d: '%s' has %d parameter tensors", i,
+                       m->name, m->params.count);
+    if (name) *name = m->params.info[i].name;
+    if (offset) *offset = m->params.info[i].offset;
+    if (numel) *numel = m->params.info[i].numel;
+    return SG_OK;
+}
 sg_tensor *sg_model_grads(sg_model *m) { return m ? m->params.grad_flat : NULL; }
 const sg_tensor *sg_model_loss(const sg_model *m) { return m ? m->loss : NULL; }
 const sg_tensor *sg_model_logits(const sg_model *m) { return m ? m->logits : NULL; }
