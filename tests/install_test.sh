@@ -4,7 +4,7 @@
 # symbols exported, a PIC libstepgraph.a, the command, the CMake package, the pkg-config file),
 # then a plain C project (tests/consumer) built with find_package(stepgraph), shared and static,
 # and the same program with `cc app.c $(pkg-config --cflags --libs stepgraph)`, each run on the
-# CPU backend, and on the GPU too where one is usable.
+# CPU backend, and on the GPU too where one is usable; then examples/ the same ways.
 set -u
 build=$1 src=$2
 backends=cpu
@@ -48,13 +48,29 @@ if cmake -S "$src/tests/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefi
 else
     fail "find_package project: $(tail -n 15 "$tmp/cfg.log" "$tmp/bld.log")"
 fi
+# examples/: every program built against the install with find_package, and run.
+if cmake -S "$src/examples" -B "$tmp/examples" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/ecfg.log" 2>&1 &&
+   cmake --build "$tmp/examples" >"$tmp/ebld.log" 2>&1; then
+    pass "examples/ configured and built with find_package(stepgraph)"
+    for e in own_loop; do
+        for b in $backends; do
+            out=$("$tmp/examples/$e" $b 2>&1) && pass "examples/$e $b: $out" || fail "examples/$e $b: $out"
+        done
+    done
+else
+    fail "examples/: $(tail -n 15 "$tmp/ecfg.log" "$tmp/ebld.log")"
+fi
 # pkg-config: the shared library.
 if ! command -v pkg-config >/dev/null; then
     fail "pkg-config is not installed (make test installs it: pkgconf)"
 else
     export PKG_CONFIG_PATH=$lib/pkgconfig
     if cc -o "$tmp/app_pc" "$src/tests/consumer/app.c" $(pkg-config --cflags --libs stepgraph) >"$tmp/pc.log" 2>&1; then
+        cc -o "$tmp/own_loop_pc" "$src/examples/own_loop.c" $(pkg-config --cflags --libs stepgraph) >>"$tmp/pc.log" 2>&1 ||
+            fail "examples/own_loop with pkg-config: $(tail -n 5 "$tmp/pc.log")"
         for b in $backends; do
+            out=$(LD_LIBRARY_PATH=$lib "$tmp/own_loop_pc" $b 2>&1) && pass "examples/own_loop (pkg-config) $b" ||
+                fail "examples/own_loop (pkg-config) $b: $out"
             out=$(LD_LIBRARY_PATH=$lib "$tmp/app_pc" $b 2>&1) && pass "cc app.c \$(pkg-config --cflags --libs stepgraph), $b: $out" ||
                 fail "pkg-config app $b: $out"
         done
