@@ -475,6 +475,9 @@ sg_status sg_model_forward(sg_model *m);
 sg_status sg_model_backward(sg_model *m);
 /* The loss tensor (1 element, device) and a blocking read of it. */
 const sg_tensor *sg_model_loss(const sg_model *m);
+/* The loss scaler on the device: SG_SCALER_COUNT F32 laid out as sg_loss_scaler (every model
+ * has one; it moves under bf16), for an asynchronous read-back beside the loss. */
+const sg_tensor *sg_model_loss_scaler(const sg_model *m);
 sg_status sg_model_loss_read(sg_model *m, float *out);
 /* The flat parameter and gradient buffers (all parameters, in layout order). */
 sg_tensor *sg_model_params(sg_model *m);

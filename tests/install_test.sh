@@ -36,47 +36,40 @@ if ar x --output "$tmp" "$lib/libstepgraph.a" 2>/dev/null || (cd "$tmp" && ar x 
 fi
 "$prefix/bin/stepgraph" train --model mlp-16-1-4 --backend cuda --steps 1 --quiet >/dev/null 2>&1 && backends="cpu cuda"
 "$prefix/bin/stepgraph" --version | grep -q '^stepgraph [0-9.]* (commit ' && pass "stepgraph --version" || fail "stepgraph --version"
-# find_package: shared and static.
-if cmake -S "$src/tests/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/cfg.log" 2>&1 &&
-   cmake --build "$tmp/consumer" >"$tmp/bld.log" 2>&1; then
-    pass "find_package(stepgraph) project configured and built"
-    for a in app app_static; do
-        for b in $backends; do
-            out=$("$tmp/consumer/$a" $b 2>&1) && pass "$a $b (find_package): $out" || fail "$a $b: $out"
+# with_find_package DIR LABEL PROGRAM...: configures and builds the project DIR against the
+# install, then runs each program on every backend.
+with_find_package() {
+    local dir=$1 label=$2 p b out
+    shift 2
+    if cmake -S "$dir" -B "$tmp/$label" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/$label.cfg" 2>&1 &&
+       cmake --build "$tmp/$label" >"$tmp/$label.bld" 2>&1; then
+        pass "$label: configured and built with find_package(stepgraph)"
+        for p in "$@"; do
+            for b in $backends; do
+                out=$("$tmp/$label/$p" $b 2>&1) && pass "$label/$p $b (find_package): $out" || fail "$label/$p $b: $out"
+            done
         done
-    done
-else
-    fail "find_package project: $(tail -n 15 "$tmp/cfg.log" "$tmp/bld.log")"
-fi
-# examples/: every program built against the install with find_package, and run.
-if cmake -S "$src/examples" -B "$tmp/examples" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/ecfg.log" 2>&1 &&
-   cmake --build "$tmp/examples" >"$tmp/ebld.log" 2>&1; then
-    pass "examples/ configured and built with find_package(stepgraph)"
-    for e in own_loop; do
-        for b in $backends; do
-            out=$("$tmp/examples/$e" $b 2>&1) && pass "examples/$e $b: $out" || fail "examples/$e $b: $out"
-        done
-    done
-else
-    fail "examples/: $(tail -n 15 "$tmp/ecfg.log" "$tmp/ebld.log")"
-fi
+    else
+        fail "$label: $(tail -n 15 "$tmp/$label.cfg" "$tmp/$label.bld")"
+    fi
+}
+with_find_package "$src/tests/consumer" consumer app app_static   # shared and static
+with_find_package "$src/examples" examples own_loop
 # pkg-config: the shared library.
 if ! command -v pkg-config >/dev/null; then
     fail "pkg-config is not installed (make test installs it: pkgconf)"
 else
     export PKG_CONFIG_PATH=$lib/pkgconfig
-    if cc -o "$tmp/app_pc" "$src/tests/consumer/app.c" $(pkg-config --cflags --libs stepgraph) >"$tmp/pc.log" 2>&1; then
-        cc -o "$tmp/own_loop_pc" "$src/examples/own_loop.c" $(pkg-config --cflags --libs stepgraph) >>"$tmp/pc.log" 2>&1 ||
-            fail "examples/own_loop with pkg-config: $(tail -n 5 "$tmp/pc.log")"
+    for c in tests/consumer/app.c examples/own_loop.c; do
+        exe=$tmp/$(basename "$c" .c)_pc
+        if ! cc -o "$exe" "$src/$c" $(pkg-config --cflags --libs stepgraph) >"$tmp/pc.log" 2>&1; then
+            fail "cc $c \$(pkg-config --cflags --libs stepgraph): $(head -n 10 "$tmp/pc.log")"
+            continue
+        fi
         for b in $backends; do
-            out=$(LD_LIBRARY_PATH=$lib "$tmp/own_loop_pc" $b 2>&1) && pass "examples/own_loop (pkg-config) $b" ||
-                fail "examples/own_loop (pkg-config) $b: $out"
-            out=$(LD_LIBRARY_PATH=$lib "$tmp/app_pc" $b 2>&1) && pass "cc app.c \$(pkg-config --cflags --libs stepgraph), $b: $out" ||
-                fail "pkg-config app $b: $out"
+            out=$(LD_LIBRARY_PATH=$lib "$exe" $b 2>&1) && pass "cc $c \$(pkg-config ...), $b: $out" || fail "$c (pkg-config) $b: $out"
         done
-    else
-        fail "cc with pkg-config: $(cat "$tmp/pc.log" | head -10)"
-    fi
+    done
 fi
 echo "$passes passed, $fails failed"
 [ "$fails" = 0 ]

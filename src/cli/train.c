@@ -433,8 +433,26 @@ typedef struct run {
     double t_start, t_log;     /* the run's start; the last log point's time */
     long long done_log;        /* steps done at the last log point */
     double ms;                 /* ms/step over the interval that ended at the last log point */
-    char buf[64];
+    sg_readback *rb;           /* the loss, read back asynchronously at log points */
+    sg_readback *rb_scale;     /* bf16 with --metrics: the loss scaler, read back beside it */
+    sg_loss_scaler scale;      /* what rb_scale read last */
 } run;
+
+/* Starts the read-backs of this log point: the loss (and the loss scaler). */
+static sg_status reads_start(run *r)
+{
+    sg_status st = sg_readback_start(r->rb, sg_model_loss(r->m));
+    if (st != SG_OK) return st;
+    return r->rb_scale ? sg_readback_start(r->rb_scale, sg_model_loss_scaler(r->m)) : SG_OK;
+}
+
+/* Waits for them (queued a log interval ago, so long finished). */
+static sg_status reads_wait(run *r, float *loss)
+{
+    sg_status st = sg_readback_wait(r->rb, loss, sizeof *loss);
+    if (st != SG_OK) return st;
+    return r->rb_scale ? sg_readback_wait(r->rb_scale, &r->scale, sizeof r->scale) : SG_OK;
+}
 
 /* Clears the progress line before anything else is printed on the terminal. */
 static void progress_clear(run *r)
@@ -478,7 +496,7 @@ static void log_point(run *r, long long done)
     r->t_log = now, r->done_log = done;
 }
 
-static int log_loss(run *r, long long step, float loss, float val, double ms)
+static int log_loss(run *r, long long step, float loss, float val, double ms, const sg_loss_scaler *sc)
 {
     const train_opts *o = r->o;
     if (!isfinite(loss) && o->mo.precision != SG_DTYPE_BF16) {
@@ -494,8 +512,7 @@ static int log_loss(run *r, long long step, float loss, float val, double ms)
     if (!r->metrics) return 0;
     FILE *f = r->metrics;
     fprintf(f, "{\"step\": %lld, \"loss\": %.6g, \"lr\": %.6g, \"loss_scale\": ", step, loss, r->lr);
-    sg_loss_scaler sc;
-    if (o->mo.precision == SG_DTYPE_BF16 && sg_trainer_get_scaler(r->tr, &sc) == SG_OK) fprintf(f, "%g", sc.scale);
+    if (sc) fprintf(f, "%g", sc->scale);
     else fputs("null", f);
     fprintf(f, ", \"ms_per_step\": %.6g", ms);
     if (ms > 0) fprintf(f, ", \"%s\": %.6g", r->tokens ? "tokens_per_s" : "samples_per_s",
@@ -546,7 +563,7 @@ int sg_cmd_train(int argc, char **argv)
     }
     sg_model *m = NULL;
     sg_optim *opt = NULL;
-    sg_readback *rb = NULL;
+    sg_readback *rb = NULL, *rb_scale = NULL;
     sg_trainer *tr = NULL;
     sg_dist *dist = NULL;
     rc = 0;
@@ -573,7 +590,9 @@ int sg_cmd_train(int argc, char **argv)
         rc = fail(ctx, "model");
         goto out;
     }
-    if (sg_optim_create(ctx, m, o.optim, &opt) != SG_OK || sg_readback_create(ctx, 4, &rb) != SG_OK) {
+    if (sg_optim_create(ctx, m, o.optim, &opt) != SG_OK || sg_readback_create(ctx, 4, &rb) != SG_OK ||
+        (metrics && o.mo.precision == SG_DTYPE_BF16 &&
+         sg_readback_create(ctx, sizeof(sg_loss_scaler), &rb_scale) != SG_OK)) {
         rc = fail(ctx, "optimizer");
         goto out;
     }
@@ -623,7 +642,7 @@ int sg_cmd_train(int argc, char **argv)
            sg_graphs_disabled() && o.tr.scope != SG_SCOPE_EAGER ? " (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" : "");
 
     run r = {.o = &o, .ctx = ctx, .m = m, .tr = tr, .metrics = metrics, .lr = hp.lr, .start = start,
-             .tty = isatty(fileno(stderr)) && !o.quiet, .t_start = sg_cli_now_ms()};
+             .rb = rb, .rb_scale = rb_scale, .tty = isatty(fileno(stderr)) && !o.quiet, .t_start = sg_cli_now_ms()};
     r.t_log = r.t_start;
     r.rows = sg_tensor_dim(sg_model_input(m), 0) * (dist ? sg_dist_world(dist) : 1);
     r.tokens = strncmp(o.model, "gpt", 3) == 0 ? sg_tensor_dim(sg_model_input(m), 1) : 0;
@@ -661,16 +680,17 @@ int sg_cmd_train(int argc, char **argv)
         if (log) {
             /* The previous read-back has long finished: print it, then start this one. */
             if (pending >= 0) {
-                if (sg_readback_wait(rb, &loss, sizeof loss) != SG_OK) {
+                if (reads_wait(&r, &loss) != SG_OK) {
                     rc = fail(ctx, "loss read-back");
                     goto out;
                 }
                 if (first_loss < 0) first_loss = loss;
-                if ((rc = log_loss(&r, start + pending + 1, loss, -1, pending_ms)) != 0) goto out;
+                if ((rc = log_loss(&r, start + pending + 1, loss, -1, pending_ms, r.rb_scale ? &r.scale : NULL)))
+                    goto out;
             }
             log_point(&r, done);
             pending_ms = r.ms;
-            if (sg_readback_start(rb, sg_model_loss(m)) != SG_OK) {
+            if (reads_start(&r) != SG_OK) {
                 rc = fail(ctx, "loss read-back");
                 goto out;
             }
@@ -691,7 +711,7 @@ int sg_cmd_train(int argc, char **argv)
         if (r.tty && (last / 10 != (s - 1) / 10 || s == 0)) progress_show(&r, done);
     }
     if (sg_ctx_sync(ctx) != SG_OK || (dist && sg_dist_poll(dist) != SG_OK) ||
-        sg_readback_wait(rb, &loss, sizeof loss) != SG_OK) {
+        reads_wait(&r, &loss) != SG_OK) {
         rc = fail(ctx, "sync");
         goto out;
     }
@@ -701,7 +721,8 @@ int sg_cmd_train(int argc, char **argv)
         rc = fail(ctx, "validation");
         goto out;
     }
-    if ((rc = log_loss(&r, start + pending + 1, loss, val1, pending_ms)) != 0) goto out;
+    if ((rc = log_loss(&r, start + pending + 1, loss, val1, pending_ms, r.rb_scale ? &r.scale : NULL)) != 0)
+        goto out;
     if (stop_signal) {
         /* The step in flight has finished: keep what the user asked for, then stop. */
         int sig = stop_signal;
@@ -716,12 +737,12 @@ int sg_cmd_train(int argc, char **argv)
     double ms = timed > 0 ? (sg_cli_now_ms() - t0) / (double)timed : (sg_cli_now_ms() - r.t_start) / (double)o.steps;
     sg_ctx_alloc_stats(ctx, &a1);
     double allocs = timed > 0 ? (double)(a1.device_allocs - a0.device_allocs) / (double)timed : 0;
-    char window[96];
+    char window[96], allocs_s[32];
     if (timed > 0) snprintf(window, sizeof window, "steps %lld..%lld", start + first_timed + 1, start + o.steps);
     else snprintf(window, sizeof window, "all %lld steps, set-up included: too few to time after it", o.steps);
     printf("done: %lld steps, %.3f ms/step (%s), loss %.4f -> %.4f, device allocations per step after set-up: "
            "%s (%llu in all), peak memory %.1f MiB\n", o.steps, ms, window, first_loss, loss,
-           timed > 0 ? (snprintf(r.buf, sizeof r.buf, "%.2f", allocs), r.buf) : "n/a",
+           timed > 0 ? (snprintf(allocs_s, sizeof allocs_s, "%.2f", allocs), allocs_s) : "n/a",
            (unsigned long long)a1.device_allocs, a1.peak_bytes_reserved / 1048576.0);
     sg_dist_stats ds;
     if (dist && sg_dist_get_stats(dist, &ds) == SG_OK)
@@ -763,6 +784,7 @@ out:
     }
     sg_trainer_destroy(tr);
     sg_readback_destroy(rb);
+    sg_readback_destroy(rb_scale);
     sg_optim_destroy(opt);
     sg_model_destroy(m);
     sg_dist_destroy(dist); /* after the trainer: its graphs hold the run's collectives */

@@ -258,6 +258,12 @@ static inline void sg_st(sg_tensor *t, int64_t i, double v)
     }
 }
 
+/* ---- numbers a user writes in names and metadata (file.c) ---- */
+
+/* The n characters at s as a whole number: decimal digits only (no sign, space, fraction or
+ * leading zero), at most max. False otherwise (n == 0 included). */
+bool sg_parse_decimal(const char *s, size_t n, int64_t max, int64_t *out);
+
 /* ---- files a user names (file.c) ---- */
 
 /* What mode m is ("a directory", "a FIFO (named pipe)", ...), for messages. */

@@ -1,6 +1,6 @@
-/* file.c: opening the files a user names (checkpoints, data sets) safely: without blocking on a
- * FIFO, refusing anything but a regular file before a byte is read, and saying what the path
- * is instead. */
+/* file.c: what a user names, read strictly: whole numbers in model names and checkpoint
+ * metadata, and the files (checkpoints, data sets), opened without blocking on a FIFO, refusing
+ * anything but a regular file before a byte is read and saying what the path is instead. */
 #define _POSIX_C_SOURCE 200809L
 
 #include "core/core.h"
@@ -8,6 +8,18 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
+
+bool sg_parse_decimal(const char *s, size_t n, int64_t max, int64_t *out)
+{
+    if (n == 0 || (s[0] == '0' && n > 1)) return false;
+    int64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9' || v > (max - (s[i] - '0')) / 10) return false;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = v;
+    return true;
+}
 
 const char *sg_file_kind(mode_t m)
 {

@@ -5,20 +5,13 @@
 
 #include <stdlib.h>
 
-/* One field of a name: decimal digits only (no sign, no spaces, no leading zero), at most
- * max, ended by `end` ('-' before another field, '\0' after the last); *p advances past it. */
+/* One field of a name: a whole number from 1 to max (sg_parse_decimal), ended by `end` ('-'
+ * before another field, '\0' after the last); *p advances past it. */
 static bool name_field(const char **p, int64_t max, char end, int64_t *out)
 {
-    const char *s = *p;
-    int64_t v = 0;
-    if (*s < '1' || *s > '9') return false;
-    for (; *s >= '0' && *s <= '9'; s++) {
-        v = v * 10 + (*s - '0');
-        if (v > max) return false;
-    }
-    if (*s != end) return false;
-    *p = end ? s + 1 : s;
-    *out = v;
+    const char *e = strchr(*p, end);
+    if (!e || !sg_parse_decimal(*p, (size_t)(e - *p), max, out) || *out < 1) return false;
+    *p = end ? e + 1 : e;
     return true;
 }
 
@@ -213,6 +206,7 @@ sg_status sg_model_param_info(const sg_model *m, int i, const char **name, int64
 }
 sg_tensor *sg_model_grads(sg_model *m) { return m ? m->params.grad_flat : NULL; }
 const sg_tensor *sg_model_loss(const sg_model *m) { return m ? m->loss : NULL; }
+const sg_tensor *sg_model_loss_scaler(const sg_model *m) { return m ? m->scaler : NULL; }
 const sg_tensor *sg_model_logits(const sg_model *m) { return m ? m->logits : NULL; }
 sg_tensor *sg_model_input(sg_model *m) { return m ? m->x : NULL; }
 

@@ -195,21 +195,6 @@ static sg_status graphed_set_rows(sg_module *m, int64_t rows)
 static const sg_module_i graphed_i = {"graphed", graphed_forward, graphed_backward, graphed_destroy,
                                       graphed_set_rows};
 
-/* Is child i (named name) among the comma-separated names or indices of list (NULL: all)? */
-static bool chosen(const char *list, int i, const char *name)
-{
-    if (!list || !*list || !strcmp(list, "all")) return true;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", list);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char *end;
-        long v = strtol(tok, &end, 10);
-        if ((*end == '\0' && end != tok && v == i) || !strcmp(tok, name)) return true;
-    }
-    return false;
-}
-
 /* The child of seq that token names (a module name or an index), or -1. */
 static int module_index(sg_module *seq, const char *tok)
 {
@@ -222,19 +207,17 @@ static int module_index(sg_module *seq, const char *tok)
     return -1;
 }
 
-/* A --graph-modules list is taken strictly: every item names one module, none twice (by name
- * or by index), and an empty item is an error, so a typo is refused instead of ignored. */
-static sg_status check_module_list(sg_trainer *t, const char *list)
+/* The modules a --graph-modules list chooses, into chosen[] (n children). The list is taken
+ * strictly: every item names one module, none twice (by name or by index), and an empty item
+ * is an error, so a typo is refused instead of ignored. "" and "all" choose every module. */
+static sg_status choose_modules(sg_trainer *t, const char *list, bool *chosen, int n)
 {
-    if (!*list || !strcmp(list, "all")) return SG_OK;
     sg_module *seq = t->m->net;
-    int n = sg_sequential_count(seq);
-    char buf[256];
-    if (strlen(list) >= sizeof buf)
-        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: --graph-modules list longer than %zu characters: "
-                       "name fewer modules, or 'all'", sizeof buf - 1);
+    bool all = !*list || !strcmp(list, "all");
+    for (int i = 0; i < n; i++) chosen[i] = all;
+    if (all) return SG_OK;
+    char buf[sizeof t->modules];
     snprintf(buf, sizeof buf, "%s", list);
-    const char *seen[64] = {0};
     for (char *p = buf, *tok; (tok = p) != NULL;) {
         char *comma = strchr(p, ',');
         if (comma) *comma = '\0';
@@ -249,11 +232,10 @@ static sg_status check_module_list(sg_trainer *t, const char *list)
                            "%s..%s, or their indices 0..%d)", list, tok, t->m->name,
                            n ? sg_sequential_child(seq, 0)->name : "?",
                            n ? sg_sequential_child(seq, n - 1)->name : "?", n - 1);
-        if (i < 64 && seen[i])
-            return sg_fail(t->ctx, SG_ERR_INVALID,
-                           "sg_trainer_create: --graph-modules '%s' names module %d (%s) twice ('%s' and '%s')",
-                           list, i, sg_sequential_child(seq, i)->name, seen[i], tok);
-        if (i < 64) seen[i] = tok;
+        if (chosen[i])
+            return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: --graph-modules '%s' names module %d (%s) "
+                           "twice", list, i, sg_sequential_child(seq, i)->name);
+        chosen[i] = true;
     }
     return SG_OK;
 }
@@ -262,14 +244,21 @@ static sg_status wrap_modules(sg_trainer *t)
 {
     sg_module *seq = t->m->net;
     int n = sg_sequential_count(seq);
-    SG_TRY(check_module_list(t, t->modules));
-    for (int i = 0; i < n; i++) {
-        sg_module *c = sg_sequential_child(seq, i);
-        if (!chosen(t->modules, i, c->name)) continue;
-        if (t->n_wrapped == 64)
-            return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: more than 64 graphed modules");
+    bool *chosen = calloc((size_t)(n > 0 ? n : 1), sizeof *chosen);
+    if (!chosen) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
+    sg_status st = choose_modules(t, t->modules, chosen, n);
+    for (int i = 0; i < n && st == SG_OK; i++) {
+        if (!chosen[i]) continue;
+        if (t->n_wrapped == 64) {
+            st = sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: more than 64 graphed modules");
+            break;
+        }
         graphed_module *g = calloc(1, sizeof *g);
-        if (!g) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
+        if (!g) {
+            st = sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
+            break;
+        }
+        sg_module *c = sg_sequential_child(seq, i);
         g->base.vt = &graphed_i;
         g->base.ctx = t->ctx;
         snprintf(g->base.name, sizeof g->base.name, "%s", c->name);
@@ -278,13 +267,8 @@ static sg_status wrap_modules(sg_trainer *t)
         sg_sequential_replace(seq, i, &g->base);
         t->wrapped[t->n_wrapped++] = g;
     }
-    if (t->n_wrapped == 0)
-        return sg_fail(t->ctx, SG_ERR_INVALID,
-                       "sg_trainer_create: --graph-modules '%s' names no module of '%s' (modules are "
-                       "%s..%s, or their indices 0..%d)",
-                       t->modules, t->m->name, n ? sg_sequential_child(seq, 0)->name : "?",
-                       n ? sg_sequential_child(seq, n - 1)->name : "?", n - 1);
-    return SG_OK;
+    free(chosen);
+    return st;
 }
 
 /* Puts the original modules back (the model outlives the trainer). */
@@ -769,19 +753,6 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     return sg_checkpoint_save(t->ctx, path, e, n, meta);
 }
 
-/* The step as the metadata holds it: decimal digits only (no sign, space, fraction or
- * leading zero), at most SG_TRAINER_MAX_STEP (16 digits: the sum cannot overflow). */
-static bool step_parse(const char *s, int64_t *out)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > 16 || strspn(s, "0123456789") != n || (s[0] == '0' && n > 1)) return false;
-    int64_t v = 0;
-    for (size_t i = 0; i < n; i++) v = v * 10 + (s[i] - '0');
-    if (v > SG_TRAINER_MAX_STEP) return false;
-    *out = v;
-    return true;
-}
-
 typedef struct ckpt_meta {
     const sg_trainer *t;
     int64_t step;
@@ -817,7 +788,7 @@ static sg_status ckpt_meta_check(sg_ctx *ctx, const char *path, const char *meta
         return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_load: '%s': metadata precision '%s' is not "
                        "'%s' or '%s'", path, v, f32, bf16);
     SG_TRY(meta_value(ctx, path, meta, "step", v, sizeof v));
-    if (!step_parse(v, &cm->step))
+    if (!sg_parse_decimal(v, strlen(v), SG_TRAINER_MAX_STEP, &cm->step))
         return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_load: '%s': metadata step '%s' is not a "
                        "whole number from 0 to %lld (decimal digits, no sign or leading zero)",
                        path, v, (long long)SG_TRAINER_MAX_STEP);
