@@ -1,7 +1,8 @@
 /* gen_corpus.c: writes the seed corpus of fuzz/corpus/ with the library itself, so the seeds are
  * what the saver writes today: valid checkpoints of fuzz_safetensors.c's table (with and
- * without metadata) and of an mlp-4-1-2 trainer, plus truncated and edited variants, and a few
- * text inputs for fuzz_text.c. Run by `make fuzz-corpus` (it rewrites the checked-in files):
+ * without metadata) and of an mlp-4-1-2 trainer, plus truncated and edited variants, a few
+ * text inputs for fuzz_text.c, and .npy files for fuzz_npy.c (as NumPy writes them, and some it
+ * refuses). Run by `make fuzz-corpus` (it rewrites the checked-in files):
  *   build/fuzz/fuzz_gen_corpus fuzz/corpus */
 #define _GNU_SOURCE /* memmem */
 
@@ -218,17 +219,66 @@ static void text(void)
     put("text", "empty.txt", empty, 2);
 }
 
+/* A .npy file as NumPy writes it: magic, version major.0, the header length (2 bytes in 1.0, 4
+ * after), the dict padded with spaces to a multiple of 64 bytes and ended by a newline, the
+ * data (cut to keep bytes when keep < n). */
+static void npy(const char *name, int major, const char *dict, const void *data, size_t n, size_t keep)
+{
+    size_t pre = major == 1 ? 10 : 12, dl = strlen(dict), hlen = dl + 1;
+    hlen += (64 - (pre + hlen) % 64) % 64;
+    unsigned char b[1024];
+    memcpy(b, "\x93NUMPY", 6);
+    b[6] = (unsigned char)major, b[7] = 0;
+    for (size_t i = 0; i < pre - 8; i++) b[8 + i] = (unsigned char)(hlen >> (8 * i));
+    memset(b + pre, ' ', hlen);
+    memcpy(b + pre, dict, dl);
+    b[pre + hlen - 1] = '\n';
+    if (n) memcpy(b + pre + hlen, data, n);
+    put("npy", name, b, pre + hlen + (keep < n ? keep : n));
+}
+
+static void npy_files(void)
+{
+    static const float f[6] = {0.5f, -1.25f, 3.0f, 1e-3f, -7.5f, 2.0f};
+    static const int64_t i8[3] = {-5, 1 << 30, -((int64_t)1 << 31)};
+    static const int64_t i8_big[2] = {1, (int64_t)1 << 40};
+    static const unsigned char u1[1] = {200};
+    static const uint16_t u2[4] = {0, 1, 65535, 50256};
+    static const double f8[2] = {1.0, 2.0};
+    static const char *const f4_23 = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
+    npy("v1-f4.npy", 1, f4_23, f, sizeof f, SIZE_MAX);
+    npy("v2-i8.npy", 2, "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }", i8, sizeof i8, SIZE_MAX);
+    npy("v3-u1-scalar.npy", 3, "{'descr': '|u1', 'fortran_order': False, 'shape': (), }", u1, 1, SIZE_MAX);
+    npy("v1-u2.npy", 1, "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 2), }", u2, sizeof u2, SIZE_MAX);
+    npy("v1-i4-empty.npy", 1, "{'descr': '<i4', 'fortran_order': False, 'shape': (0, 4), }", NULL, 0, SIZE_MAX);
+    npy("spelling.npy", 1, "{\"shape\":(3,2,),'fortran_order':False,'descr':'<f4'}", f, sizeof f, SIZE_MAX);
+    npy("refused-f8.npy", 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", f8, sizeof f8, SIZE_MAX);
+    npy("refused-fortran.npy", 1, "{'descr': '<f4', 'fortran_order': True, 'shape': (3, 2), }", f, sizeof f,
+        SIZE_MAX);
+    npy("refused-big-endian.npy", 1, "{'descr': '>f4', 'fortran_order': False, 'shape': (6,), }", f, sizeof f,
+        SIZE_MAX);
+    npy("refused-i8-range.npy", 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", i8_big,
+        sizeof i8_big, SIZE_MAX);
+    npy("refused-truncated.npy", 1, f4_23, f, sizeof f, sizeof f - 3);
+    npy("refused-unterminated.npy", 2, "{'descr': '<f4', 'fortran_order': False, 'shape': (6,), ", f, sizeof f,
+        SIZE_MAX);
+    npy("refused-five-dims.npy", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 6), }", f,
+        sizeof f, SIZE_MAX);
+    npy("refused-version.npy", 4, f4_23, f, sizeof f, SIZE_MAX);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: %s CORPUS_DIR (writes CORPUS_DIR/safetensors, CORPUS_DIR/text)\n",
+        fprintf(stderr, "usage: %s CORPUS_DIR (writes CORPUS_DIR/safetensors, CORPUS_DIR/text, CORPUS_DIR/npy)\n",
                 argv[0]);
         return 2;
     }
     root = argv[1];
     char dir[4096];
-    for (int i = 0; i < 2; i++) {
-        snprintf(dir, sizeof dir, "%s/%s", root, i ? "text" : "safetensors");
+    static const char *const targets[] = {"safetensors", "text", "npy"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", root, targets[i]);
         if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
             fprintf(stderr, "gen_corpus: cannot make %s\n", dir);
             return 1;
@@ -237,6 +287,7 @@ int main(int argc, char **argv)
     checkpoints();
     hand_written();
     text();
-    printf("gen_corpus: wrote %s/safetensors and %s/text\n", root, root);
+    npy_files();
+    printf("gen_corpus: wrote %s/safetensors, %s/text and %s/npy\n", root, root, root);
     return 0;
 }

@@ -437,6 +437,16 @@ typedef struct sg_model_options {
      * buffers for B/shards rows, so `shards` models together see the rows one model of batch B
      * sees. 0 and 0 (or 1): the whole batch. */
     int shard, shards;
+    /* gpt: a separate validation file, read as data_path is (NULL: the last 10% of data_path's
+     * tokens are held out for validation). */
+    const char *val_data_path;
+    /* gpt: 0 reads data_path as bytes (vocabulary 256). N > 0: data_path (and val_data_path)
+     * are token files, their format detected: an llm.c shard (a 256 x int32 header: magic
+     * 20240520, version 1 for uint16 tokens or 2 for uint32, the token count) or nanoGPT's raw
+     * little-endian uint16 train.bin / val.bin; every token must be below N, and the embedding
+     * and the head have N rows (N may exceed the largest token: GPT-2's 50257 padded to 50304).
+     * A bad file is refused, naming it and the byte offset, before the model is allocated. */
+    int64_t vocab;
 } sg_model_options;
 
 /* As sg_model_create, with options (NULL: defaults). "gpt-WIDTH-DEPTH-BATCH-SEQ" names a GPT
@@ -463,6 +473,14 @@ typedef struct sg_model_size {
     size_t total_bytes;         /* all of the above */
 } sg_model_size;
 sg_status sg_model_estimate(const char *name, const sg_model_options *opts, sg_model_size *out);
+/* What a built-in kind does, from its name alone (SG_ERR_INVALID for a name that is not one). */
+typedef struct sg_model_traits {
+    int sequence;               /* a sequence model over token text: sampling, sequence buckets,
+                                 * a validation split, data paths, vocab, dropout */
+    int mixed_precision;        /* bf16 precision */
+    int dropout;
+} sg_model_traits;
+sg_status sg_model_kind_traits(const char *name, sg_model_traits *out);
 void sg_model_destroy(sg_model *m);
 const char *sg_model_name(const sg_model *m);
 /* SG_DTYPE_F32, or SG_DTYPE_BF16 for a mixed-precision model. */
@@ -499,6 +517,225 @@ float sg_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float pea
 sg_status sg_optim_get_hparams(sg_optim *o, sg_optim_hparams *out);
 /* One optimizer step over all parameters: one kernel launch. */
 sg_status sg_optim_step(sg_optim *o);
+
+/* ---- your own models: modules, the builder, data sets ------------------------------------ *
+ *
+ * A model is a root module, a loss and a data set. An sg_builder makes one: create modules from
+ * it (the built-in ones below, or your own from an sg_module_ops table, launching your own
+ * kernels), each declaring its parameters by name; sg_builder_finish lays every parameter out in
+ * one flat allocation (addresses never move), initialises them from a seed, and returns an
+ * sg_model that sg_optim, sg_trainer (every scope, buckets, data parallelism), checkpoints,
+ * verify and advise take as they take the built-in models, which are made the same way:
+ *
+ *     sg_builder_options bo = sg_builder_options_default();
+ *     bo.batch = 32;
+ *     sg_builder *b;  sg_builder_create(ctx, "my-net", &bo, &b);
+ *     sg_module *l[3], *net;
+ *     sg_module_linear(b, "fc1", 64, 128, 1, SG_ACT_NONE, &l[0]);
+ *     my_rmsnorm_create(b, "norm", 128, &l[1]);               // a module of your own
+ *     sg_module_linear(b, "head", 128, 10, 1, SG_ACT_NONE, &l[2]);
+ *     sg_module_sequential(b, "net", l, 3, &net);
+ *     sg_dataset *d;  sg_dataset_create(ctx, x, y, &d);        // x (n, 64) F32, y (n) I32
+ *     sg_model *m;  sg_builder_finish(b, net, SG_LOSS_SOFTMAX_XENT, d, seed, &m);
+ *
+ * A module works on (rows, features) tensors: rows = batch, or batch x seq for sequence models
+ * (sg_builder_rows). It allocates its outputs when it is created (in sg_builder_dtype: bf16
+ * under mixed precision), so a step allocates nothing and any module can be captured. */
+
+/* The host generator parameters are initialised with (splitmix64): the same seed gives the
+ * same values on every backend. For data of your own drawn the same way. */
+typedef struct sg_rng {
+    uint64_t state;
+} sg_rng;
+uint64_t sg_rng_next(sg_rng *r);
+double sg_rng_uniform(sg_rng *r);            /* [0, 1) */
+double sg_rng_normal(sg_rng *r);             /* N(0, 1), Box-Muller */
+
+/* Sets ctx's last error (sg_ctx_last_error) to the formatted message and returns st: for your
+ * own modules' errors, reported as the library reports its own. */
+sg_status sg_ctx_fail(sg_ctx *ctx, sg_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+typedef struct sg_builder sg_builder;
+typedef struct sg_module sg_module;
+typedef struct sg_dataset sg_dataset;
+
+typedef enum sg_init {
+    SG_INIT_UNIFORM_FAN_IN = 0,  /* U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's Linear default */
+    SG_INIT_ZEROS,
+    SG_INIT_ONES,
+    SG_INIT_NORMAL_002           /* N(0, 0.02): GPT-2 */
+} sg_init;
+
+/* A module of your own: its passes, as the built-in modules implement them. */
+typedef struct sg_module_ops {
+    const char *kind;            /* "rmsnorm": named in errors */
+    /* Reads x (rows, in), writes the module's own output tensor and returns it through *y.
+     * Queue the work on the context's stream (sg_ctx_stream, CUDA backend) or compute it on
+     * the host (CPU backend: it is your reference). No host sync, no allocation: both are
+     * forbidden while a graph is captured. Keep x: the backward needs it. */
+    sg_status (*forward)(sg_module *m, const sg_tensor *x, const sg_tensor **y);
+    /* Given dy (rows, out), which the module may overwrite (it is scratch), writes the
+     * gradients of its parameters (sg_module_param_grad: overwritten, not accumulated) and the
+     * input gradient into a tensor of its own, returned through *dx; when
+     * sg_module_needs_input_grad(m) is 0 (the model's first module) it may skip that and
+     * return NULL. */
+    sg_status (*backward)(sg_module *m, sg_tensor *dy, sg_tensor **dx);
+    /* Optional (NULL: the module keeps its rows, and variable shapes are refused): run the
+     * next passes on the first `rows` rows of its buffers (sg_tensor_set_rows). */
+    sg_status (*set_rows)(sg_module *m, int64_t rows);
+    /* Optional: frees what the state holds (its tensors too); the library frees the module. */
+    void (*destroy)(sg_module *m);
+} sg_module_ops;
+
+typedef struct sg_builder_options {
+    int64_t batch;               /* rows of a batch (the whole batch under data parallelism) */
+    int64_t seq;                 /* sequence models: positions a row; modules see batch*seq rows
+                                  * (0: not a sequence model) */
+    sg_dtype precision;          /* SG_DTYPE_F32, or SG_DTYPE_BF16: mixed precision (bf16
+                                  * activations, gradients and parameter copies; f32 masters) */
+    float dropout;               /* the probability the built-in modules drop with (0: none) */
+    int shard, shards;           /* data parallelism: this model is part `shard` of `shards`
+                                  * (0 and 0: the whole batch); buffers hold batch/shards rows */
+} sg_builder_options;
+
+sg_builder_options sg_builder_options_default(void);
+/* Starts a model named `name` (checkpoints record it; up to 63 characters). */
+sg_status sg_builder_create(sg_ctx *ctx, const char *name, const sg_builder_options *opts,
+                            sg_builder **out);
+/* Abandons an unfinished model: every module made from b and b itself. */
+void sg_builder_destroy(sg_builder *b);
+sg_ctx *sg_builder_ctx(const sg_builder *b);
+/* Rows the modules' buffers hold: batch/shards, times seq for sequence models. */
+int64_t sg_builder_rows(const sg_builder *b);
+/* The dtype of activations and their gradients: the precision. */
+sg_dtype sg_builder_dtype(const sg_builder *b);
+/* Modules created until the matching pop have "<scope>." before their names: nested scopes
+ * give hierarchical names ("blocks.3" then "attn": "blocks.3.attn.qkv.weight"). */
+sg_status sg_builder_push_scope(sg_builder *b, const char *scope);
+void sg_builder_pop_scope(sg_builder *b);
+/* A buffer every module that asks by the same name shares (backward scratch that only one
+ * module's pass uses at a time); owned by the model. The same name must come with the same
+ * dtype and shape. NULL on failure (sg_ctx_last_error). */
+sg_tensor *sg_builder_shared(sg_builder *b, const char *name, sg_dtype dt, int ndim,
+                             const int64_t *shape);
+
+typedef enum sg_loss_kind {
+    SG_LOSS_SOFTMAX_XENT = 0,    /* logits (rows, classes), I32 targets (rows): negative masks */
+    SG_LOSS_MSE                  /* outputs (rows, d), F32 targets of the same shape */
+} sg_loss_kind;
+
+/* Finishes the model: root's output is the loss's input, the data set's samples are its
+ * inputs and targets. Parameters are allocated in one flat buffer in declaration order and
+ * initialised from seed. Takes root, every module and data (and frees b) whatever it
+ * returns; on failure *out is NULL. */
+sg_status sg_builder_finish(sg_builder *b, sg_module *root, sg_loss_kind loss, sg_dataset *data,
+                            uint64_t seed, sg_model **out);
+
+/* A module of your own, named `name` in the builder's scope; state is yours (ops->destroy). */
+sg_status sg_module_create(sg_builder *b, const char *name, const sg_module_ops *ops, void *state,
+                           sg_module **out);
+void *sg_module_state(const sg_module *m);
+sg_ctx *sg_module_ctx(const sg_module *m);
+const char *sg_module_name(const sg_module *m);
+/* Declares a parameter of m named "<module's name>.<name>" (the checkpoint's name), shape
+ * (ndim dims), initialised by init (fan_in: the bound of SG_INIT_UNIFORM_FAN_IN), with weight
+ * decay when decay is nonzero. Returns its handle (>= 0), or -1 with the reason in
+ * sg_ctx_last_error. Before sg_builder_finish only. */
+int sg_module_param(sg_module *m, const char *name, int ndim, const int64_t *shape, sg_init init,
+                    int64_t fan_in, int decay);
+/* After sg_builder_finish: parameter p as the passes read it (its bf16 copy under mixed
+ * precision, else the f32 master), and its gradient, which the backward writes (same dtype). */
+sg_tensor *sg_module_param_tensor(const sg_module *m, int p);
+sg_tensor *sg_module_param_grad(const sg_module *m, int p);
+/* After sg_builder_finish: 0 for the model's first module (its input gradient is unused). */
+int sg_module_needs_input_grad(const sg_module *m);
+/* A module not (yet) handed to a container or a model. */
+void sg_module_destroy(sg_module *m);
+
+/* The built-in modules. Parameters are named as PyTorch names them ("fc1.weight"). */
+/* y (rows, out) = act(x (rows, in) W^T + b): weight (out, in), bias (out) when `bias`; the
+ * activation fused into the matmul's epilogue. */
+sg_status sg_module_linear(sg_builder *b, const char *name, int64_t in, int64_t out, int bias,
+                           sg_activation act, sg_module **m);
+/* The same with another initialisation of the weight (the bias, when there is one, starts at
+ * zero under SG_INIT_NORMAL_002, as GPT-2's). */
+sg_status sg_module_linear_init(sg_builder *b, const char *name, int64_t in, int64_t out, int bias,
+                                sg_activation act, sg_init init, sg_module **m);
+/* y = act(x) elementwise, x (rows, features). */
+sg_status sg_module_activation(sg_builder *b, const char *name, sg_activation act,
+                               int64_t features, sg_module **m);
+/* LayerNorm over the last dim: weight (C) ones, bias (C) zeros, no weight decay. */
+sg_status sg_module_layernorm(sg_builder *b, const char *name, int64_t C, float eps,
+                              sg_module **m);
+/* Token + position embedding of a sequence model: tokens (batch, seq) I32 -> (rows, C);
+ * "<name>.wte.weight" (vocab, C) and "<name>.wpe.weight" (seq, C), N(0, 0.02) (an empty name:
+ * "wte.weight", as GPT-2), then dropout with the builder's probability. */
+sg_status sg_module_embedding(sg_builder *b, const char *name, int64_t vocab, int64_t C,
+                              sg_module **m);
+/* Causal multi-head self-attention of a sequence model, x (rows, C) -> (rows, C): "qkv"
+ * Linear(C, 3C), attention over `heads` heads, "proj" Linear(C, C), then dropout. */
+sg_status sg_module_attention(sg_builder *b, const char *name, int64_t C, int heads,
+                              sg_module **m);
+/* Dropout with the builder's probability (identity when 0 or when evaluating). */
+sg_status sg_module_dropout(sg_builder *b, const char *name, int64_t features, sg_module **m);
+/* y = x + inner(x); takes inner. */
+sg_status sg_module_residual(sg_builder *b, const char *name, sg_module *inner, int64_t features,
+                             sg_module **m);
+/* A GPT-2 block, x (rows, C): x += attention(ln1(x)); x += proj(gelu(fc(ln2(x)))), with the
+ * builder's dropout after each branch; its backward scratch shared by every block. */
+sg_status sg_module_gpt_block(sg_builder *b, const char *name, int64_t C, int heads,
+                              sg_module **m);
+/* Runs children in order forward, in reverse backward; takes them (n up to 4096). Under
+ * layer scope, the root Sequential's children are the modules captured one by one. */
+sg_status sg_module_sequential(sg_builder *b, const char *name, sg_module **children, int n,
+                               sg_module **m);
+
+/* Data sets, resident on the device: a step gathers its own batch there (a captured step
+ * loads its batch with no host work). Batch i of a model of batch B holds samples
+ * (i*B + r) mod n, r = 0..B-1, in order; a data-parallel shard takes its rows of it. */
+/* Takes x (n, ...) F32 or I32 and y (n, ...) I32 (class targets) or F32 (MSE targets), made on
+ * ctx with equal first dims, whatever it returns. */
+sg_status sg_dataset_create(sg_ctx *ctx, sg_tensor *x, sg_tensor *y, sg_dataset **out);
+/* The same from two .npy files (C order; x: <f4 or <i4, y: <i4 or <f4, up to 4 dims); a bad
+ * file is refused naming it and what is wrong. */
+sg_status sg_dataset_from_npy(sg_ctx *ctx, const char *x_path, const char *y_path,
+                              sg_dataset **out);
+/* Token text for sequence models (the GPT's data): random windows of seq + 1 tokens, x the
+ * first seq and y the next seq (B, seq) I32. vocab 0: path's bytes (vocabulary 256; NULL path:
+ * a licence text of the system); vocab N: path is a token file (nanoGPT's raw uint16, or an
+ * llm.c shard, detected by its header), every token below N, checked on reading. val_path: a
+ * separate validation file (NULL: 10% of path held out). Bad files are refused naming the
+ * file and the byte offset. */
+sg_status sg_dataset_from_text(sg_ctx *ctx, const char *path, const char *val_path, int64_t vocab,
+                               int64_t seq, sg_dataset **out);
+/* Batches from your own loader on the host: the data set holds two batches (x_shape and
+ * y_shape are a batch's, first dim the batch) in device slots; sg_dataset_feed copies batch
+ * `index` into slot index mod 2 through pinned memory, queued on a copy stream, so that it
+ * overlaps the step that reads the other slot. Feed batch i before the step of batch i and,
+ * for overlap, after queuing step i-1. Not with steps_per_call > 1. */
+sg_status sg_dataset_create_fed(sg_ctx *ctx, sg_dtype x_dtype, int x_ndim, const int64_t *x_shape,
+                                sg_dtype y_dtype, int y_ndim, const int64_t *y_shape,
+                                sg_dataset **out);
+sg_status sg_dataset_feed(sg_dataset *d, int64_t index, const void *x, size_t x_bytes,
+                          const void *y, size_t y_bytes);
+/* A data set not handed to a model. */
+void sg_dataset_destroy(sg_dataset *d);
+int64_t sg_dataset_samples(const sg_dataset *d);
+
+/* Host work of the CPU backend (your module's CPU reference): sg_cpu_run calls fn(ctx, args)
+ * now, or, while a graph is captured, records it with a copy of args (size bytes) into the
+ * plan that replays run, as the library's own CPU ops do. Read inputs and write outputs
+ * through pointers in args (tensor data stays where it is). CPU backend only. */
+typedef sg_status (*sg_cpu_thunk)(sg_ctx *ctx, const void *args);
+sg_status sg_cpu_run(sg_ctx *ctx, sg_cpu_thunk fn, const void *args, size_t size);
+/* The queue a module's kernels go on: a cudaStream_t on the CUDA backend, NULL on the CPU. */
+void *sg_ctx_stream(const sg_ctx *ctx);
+/* Runs the next passes on the first `rows` rows of t's storage (rows <= those it was made with). */
+sg_status sg_tensor_set_rows(sg_tensor *t, int64_t rows);
 
 /* ---- training under a capture scope ------------------------------------------------------ */
 
@@ -747,6 +984,461 @@ sg_status sg_dist_launch(const sg_dist_launch_options *o, sg_dist_launch_result 
  * a malformed address. */
 sg_status sg_dist_exchange_id(const char *master, int nnodes, int node_rank, int local_world,
                               double timeout_s, sg_dist_id *id);
+
+/* ---- JSON: one small streaming writer ------------------------------------------------------ *
+ *
+ * The library writes all its JSON through it (checkpoint headers, traces, the command's --json
+ * and --metrics output); programs on the library can too:
+ *
+ *     sg_json *w;
+ *     sg_json_create_file(stdout, SG_JSON_SPACED, &w);
+ *     sg_json_object_begin(w);
+ *     sg_json_key(w, "model");  sg_json_string(w, sg_model_name(m));
+ *     sg_json_key(w, "ms");     sg_json_double(w, ms);          // NaN or inf: null
+ *     sg_json_object_end(w);
+ *     if (sg_json_finish(w) != SG_OK) puts(sg_json_error(w));  // {"model": "...", "ms": 0.25}
+ *     sg_json_destroy(w);
+ *
+ * Strings are escaped fully: quote, backslash, \b \f \n \r \t, every other control character
+ * as \u00xx; valid UTF-8 is written as it is and every other byte as \ufffd, so any bytes give
+ * valid JSON. Numbers: integers exactly; doubles as the shortest text that reads back as the
+ * same double, or with fixed decimals; NaN and infinities as null. The structure is checked as
+ * it is written: a key only inside an object, a value after each key, ends that match their
+ * begins, one value a document. The first error (SG_ERR_INVALID for misuse, SG_ERR_IO for a
+ * failed write, SG_ERR_OOM) sticks: later calls write nothing and return it. */
+
+typedef struct sg_json sg_json;
+
+typedef enum sg_json_style {
+    SG_JSON_COMPACT = 0,  /* {"a":1,"b":[true,null]} */
+    SG_JSON_SPACED        /* {"a": 1, "b": [true, null]}: one line, a space after ':' and ',' */
+} sg_json_style;
+
+#define SG_JSON_MAX_DEPTH 64
+
+/* A writer into f (which stays the caller's to close), or into a growing buffer. */
+sg_status sg_json_create_file(FILE *f, sg_json_style style, sg_json **out);
+sg_status sg_json_create_buffer(sg_json_style style, sg_json **out);
+void sg_json_destroy(sg_json *w);
+/* SG_OK when one whole value was written without error; else the first error, or
+ * SG_ERR_INVALID when a container is still open or nothing was written. Writes a pending line
+ * break (sg_json_newline). */
+sg_status sg_json_finish(sg_json *w);
+/* The first error (SG_OK: none) and its message ("" when none). */
+sg_status sg_json_status(const sg_json *w);
+const char *sg_json_error(const sg_json *w);
+/* A buffer writer's text so far, NUL-terminated (*len: its length; len may be NULL); valid
+ * until the next call on w. NULL for a file writer. */
+const char *sg_json_text(const sg_json *w, size_t *len);
+
+sg_status sg_json_object_begin(sg_json *w);
+sg_status sg_json_object_end(sg_json *w);
+sg_status sg_json_array_begin(sg_json *w);
+sg_status sg_json_array_end(sg_json *w);
+/* An object member's key; its value is the next value written. */
+sg_status sg_json_key(sg_json *w, const char *key);
+/* s NULL: null. */
+sg_status sg_json_string(sg_json *w, const char *s);
+sg_status sg_json_int(sg_json *w, int64_t v);
+sg_status sg_json_uint(sg_json *w, uint64_t v);
+/* The fewest digits that read back as v: "0.1", "3", "100", "1e-07", "1.5e+300". */
+sg_status sg_json_double(sg_json *w, double v);
+/* v with `decimals` (0 to 17) digits after the point ("%.*f"). */
+sg_status sg_json_fixed(sg_json *w, double v, int decimals);
+sg_status sg_json_bool(sg_json *w, int v);
+sg_status sg_json_null(sg_json *w);
+/* A line break before the next token (after its comma): one array element a line, for files
+ * people read. Whitespace only: the document means the same. */
+sg_status sg_json_newline(sg_json *w);
+/* One JSON string on its own, escaped as above, into f (s NULL: null). */
+sg_status sg_json_write_string(FILE *f, const char *s);
+
+/* ---- profiler: what the GPU ran, and the calls that queued it ----------------------------- *
+ *
+ * A small profiler over CUPTI's activity API: it records every kernel, memcpy and memset the
+ * GPU runs between sg_prof_start and sg_prof_stop, the CUDA runtime and driver calls that
+ * queued them, and the context's named ranges ("step", "blocks.3.forward"); sums the device
+ * work up (counts, GPU-busy time, span, short-kernel share), cuts a window into steps
+ * (sg_prof_analyze) and writes a Perfetto trace (sg_prof_write_trace).
+ *
+ *     sg_prof *p;
+ *     if (sg_prof_create(ctx, &p) != SG_OK) { puts(sg_ctx_last_error(ctx)); ... }
+ *     sg_prof_start(p);
+ *     for (...) run_step();
+ *     sg_prof_result r;
+ *     sg_prof_stop(p, &r);          // syncs the context, flushes CUPTI, fills r
+ *     printf("%llu kernels, busy %.1f us of %.1f us\n", r.kernels, r.busy_us, r.span_us);
+ *     sg_prof_destroy(p);
+ *
+ * CUPTI is process-global: it sees every kernel of the process (all contexts, all streams),
+ * and only one sg_prof may exist at a time. On the CPU backend, or in a build without CUDA or
+ * CUPTI, sg_prof_create fails with SG_ERR_UNSUPPORTED. Call a profiler's functions from one
+ * thread, and destroy it before its context. */
+
+typedef struct sg_prof sg_prof;
+
+/* What one start/stop window saw. Times are microseconds of device time. */
+typedef struct sg_prof_result {
+    uint64_t kernels;            /* kernel executions (graph-replayed kernels count one each) */
+    uint64_t memcpys;
+    uint64_t memsets;
+    double busy_us;              /* union of all activity intervals: time the GPU did anything */
+    double span_us;              /* first activity's start to last activity's end */
+    double kernel_us_sum;        /* sum of kernel durations (overlapping kernels count twice) */
+    double short_kernel_share;   /* share of timed kernels shorter than SG_PROF_SHORT_KERNEL_US */
+    uint64_t dropped;            /* records CUPTI dropped (no buffer space): then the numbers
+                                  * above undercount; 0 in a sound run */
+} sg_prof_result;
+
+#define SG_PROF_SHORT_KERNEL_US 50.0
+
+/* One recorded activity: device work (kernel, memcpy, memset), a host API call that queued
+ * or waited for work (CUPTI's runtime and driver API records), or a named host range
+ * (sg_range_push/pop: "step", "blocks.3.forward"). All on CUPTI's clock. */
+typedef enum sg_prof_kind {
+    SG_PROF_KIND_KERNEL = 0,
+    SG_PROF_KIND_MEMCPY,
+    SG_PROF_KIND_MEMSET,
+    SG_PROF_KIND_API,            /* host: a CUDA runtime or driver call */
+    SG_PROF_KIND_RANGE           /* host: a named range */
+} sg_prof_kind;
+
+/* What an API record's call does, for the analysis (launch overhead) and the trace. */
+typedef enum sg_prof_api {
+    SG_PROF_API_OTHER = 0,
+    SG_PROF_API_LAUNCH,          /* a kernel launch (cudaLaunchKernel, cuLaunchKernel[Ex], ...) */
+    SG_PROF_API_GRAPH_LAUNCH,    /* cudaGraphLaunch / cuGraphLaunch */
+    SG_PROF_API_MEMCPY,          /* cudaMemcpy*Async and the like */
+    SG_PROF_API_MEMSET,
+    SG_PROF_API_SYNC             /* a host wait: stream, event or device synchronize */
+} sg_prof_api;
+
+typedef struct sg_prof_record {
+    sg_prof_kind kind;
+    uint32_t device_id;
+    uint32_t stream_id;          /* device records */
+    uint32_t correlation_id;     /* links device activity to the API call that queued it (a
+                                  * graph's kernels share the cudaGraphLaunch's id) */
+    uint64_t start_ns, end_ns;   /* CUPTI timestamps; both 0 when CUPTI could not time it */
+    uint32_t graph_id;           /* device work run by a graph launch: the graph's id; else 0 */
+    uint32_t thread_id;          /* API and range records: the host thread (gettid) */
+    sg_prof_api api;             /* API records */
+    int depth;                   /* range records: nesting depth, 0 outermost. API records:
+                                  * 0, or 1 (2, ...) for a call made inside another call on the
+                                  * same thread, i.e. its implementation (cudaLaunchKernel's own
+                                  * cuLaunchKernel); launches count at depth 0 only */
+    const char *name;            /* kernel name as CUPTI gives it (mangled), API function name
+                                  * as CUPTI names it ("cudaLaunchKernel_v7000"), "memcpy HtoD",
+                                  * "memset", or range name (owned by the profiler and valid
+                                  * until it is destroyed, or static; may be NULL) */
+} sg_prof_record;
+
+/* Creates the process's profiler for ctx (a CUDA context). Registers the CUPTI buffer
+ * callbacks; records nothing until sg_prof_start. Fails with SG_ERR_UNSUPPORTED on the CPU
+ * backend or without CUPTI, and with SG_ERR_INVALID while another sg_prof exists. */
+sg_status sg_prof_create(sg_ctx *ctx, sg_prof **out);
+/* Stops recording if it is on (results discarded) and frees the profiler. */
+void sg_prof_destroy(sg_prof *p);
+/* Clears the previous window's records and enables kernel, memcpy, memset, runtime and driver
+ * API activity, and records the context's named ranges (it sets ctx's range hook). */
+sg_status sg_prof_start(sg_prof *p);
+/* Waits for the context's stream, disables the activity kinds, flushes CUPTI's buffers, marks
+ * calls made inside calls (their depth) and sums up the window into *out (may be NULL:
+ * records only). A host sync. */
+sg_status sg_prof_stop(sg_prof *p, sg_prof_result *out);
+/* The last window's records, in delivery order (valid until the next start or destroy). */
+const sg_prof_record *sg_prof_records(const sg_prof *p, size_t *n);
+
+/* Device idle gaps by length, in microseconds: bin i holds gaps in [edge[i], edge[i+1]), the
+ * last bin everything from its edge up. */
+#define SG_PROF_GAP_BINS 8
+extern const double sg_prof_gap_edges_us[SG_PROF_GAP_BINS]; /* 0, 1, 2, 5, 10, 20, 50, 100 */
+
+/* One step, as the records of a window show it. Steps are the outermost "step" ranges (a "step"
+ * inside another is not one), in time order. An API call belongs to the step whose range holds
+ * its start; device work belongs to the step of the API call with its correlation id (device
+ * work without one in any step, and calls outside every step, belong to none). Launches count
+ * at depth 0 only. Device times are over the step's own device records. */
+typedef struct sg_prof_step {
+    double host_us;              /* the step range's length on the host */
+    uint64_t kernels;            /* device kernels of the step (a graph's count one each) */
+    uint64_t launch_calls;       /* kernel launch API calls (depth 0) */
+    uint64_t graph_launches;     /* graph launch API calls */
+    double launch_host_us;       /* host time inside launch and graph-launch calls */
+    double device_us;            /* first device start to last device end of the step */
+    double busy_us;              /* union of the step's device activity */
+    double idle_us;              /* device_us - busy_us: gaps between the step's activity */
+    double short_kernel_share;   /* share of timed kernels shorter than SG_PROF_SHORT_KERNEL_US */
+    double launch_share;         /* launch_host_us / host_us: launch overhead's share */
+    uint64_t gap_hist[SG_PROF_GAP_BINS];
+} sg_prof_step;
+
+/* Cuts records (in any order; a window's, or records of your own) into steps: fills up to
+ * max_steps entries of steps (may be NULL when max_steps is 0), *n_steps the number found
+ * (even when more than max_steps). Pure: no profiler or device needed. Returns SG_OK,
+ * SG_ERR_NULL, or SG_ERR_OOM. */
+sg_status sg_prof_analyze(const sg_prof_record *r, size_t n, sg_prof_step *steps, int max_steps,
+                          int *n_steps);
+
+/* Writes records as a Chrome trace-event JSON file ({"traceEvents": [...]}) that Perfetto and
+ * chrome://tracing open: process 1 "host" with one track per thread (API calls, named ranges
+ * nested by time), process 2 + device id "GPU n" with one track per stream (kernels, copies,
+ * sets), times in microseconds from the first record, every span a complete event ("ph": "X")
+ * with "ts", "dur", "pid", "tid" and "name", plus track-name metadata. "args" hold the
+ * correlation id, the graph id of graph-launched work, an API call's class and depth, a
+ * range's depth, and a kernel's mangled name where the shown name is shortened ("fill_kernel",
+ * "cutlass::Kernel2<...>"). API names drop CUPTI's version suffix. Untimed records are left
+ * out. Returns SG_ERR_IO (with a message on ctx, which may be NULL) when the file cannot be
+ * written, leaving no partial file. */
+sg_status sg_prof_write_trace(sg_ctx *ctx, const sg_prof_record *r, size_t n, const char *path);
+
+/* ---- the capture advisor: what each scope buys a model, predicted, then measured ---------- *
+ *
+ * Before anything is captured, the advisor says what each scope (eager, layer, model, step)
+ * will buy a model on this GPU: it calibrates the device's launch path, profiles eager steps
+ * of the model, predicts each scope with a small explainable model (docs/advisor.md), then
+ * (unless told not to) trains under each scope and measures it, beside the prediction:
+ *
+ *     sg_advise_result *r = malloc(sizeof *r);                  // ~25 KiB
+ *     sg_advise_options o = sg_advise_options_default();
+ *     if (sg_advise_name(ctx, "mlp-512-6-32", NULL, &o, r) == SG_OK)
+ *         puts(r->verdict);   // "launch-bound: graphs pay (step scope predicted 1.78x; ..."
+ *
+ * Any model, a built-in one or your own: sg_advise(ctx, factory, user, &o, r), where the
+ * factory builds it. The advisor profiles and measures on a CUDA context; the CPU backend has
+ * no launches to time, and it fails there with SG_ERR_UNSUPPORTED. The prediction model itself
+ * (sg_advise_predict, sg_advise_summarize) is pure arithmetic over the measured numbers below,
+ * so it can be driven with numbers of your own. Times are microseconds unless a name says ms. */
+
+/* eager, layer, model, step: the sg_scope values, in order. */
+#define SG_ADVISE_SCOPES 4
+/* Checklist thresholds: the share of the eager step that launches cost (see the summary). */
+#define SG_ADVISE_SHARE_PAYS 0.15   /* above: launch-bound, graphs pay */
+#define SG_ADVISE_SHARE_HELPS 0.05  /* above: partly launch-bound; at or below: GPU-bound */
+#define SG_ADVISE_MAX_MODULES 64
+
+/* This device's launch path, measured through the library's own calls. */
+typedef struct sg_advise_calib {
+    char device[320];
+    /* Host. */
+    double launch_host_us;       /* one eager launch: sg_tensor_fill of a 1-element tensor */
+    double replay_base_us;       /* sg_graph_replay of an n-node graph: base + n * node */
+    double replay_node_us;
+    /* Device, timed on the wall clock with the stream kept full (a long kernel queued first),
+     * the tiny kernel's own duration from CUPTI. NAN when CUPTI was not available. */
+    double tiny_kernel_us;       /* device time of one tiny kernel (CUPTI) */
+    double eager_kernel_us;      /* device time per back-to-back queued eager tiny kernel */
+    double node_device_us;       /* device time per tiny kernel node of a graph */
+    double eager_gap_us;         /* eager_kernel_us - tiny_kernel_us: idle per eager kernel */
+    double node_gap_us;          /* node_device_us - tiny_kernel_us: idle per graph node */
+    double graph_gap_us;         /* device time a graph launch adds beyond its nodes */
+    /* One-off costs of a graph (sg_graph_get_stats): base per graph + per node. */
+    double capture_base_us, capture_node_us;         /* warm-up excluded */
+    double instantiate_base_us, instantiate_node_us; /* instantiate + upload */
+    double exec_base_bytes, exec_node_bytes;         /* device memory of the executable graph */
+    int device_timed;            /* the device fields above are measured (CUPTI was there) */
+    char note[256];              /* why they are not */
+} sg_advise_calib;
+
+/* Measures the calibration on ctx (a CUDA context; ~1 s): host time per eager launch, host
+ * time of replaying graphs of 1, 16, 64 and 256 tiny kernels, device time per eager kernel, per
+ * graph node and per graph launch, capture and instantiate time and executable-graph memory
+ * per node. Leaves nothing allocated. SG_ERR_UNSUPPORTED on the CPU backend and with
+ * STEPGRAPH_DISABLE_GRAPHS=1. One calibration serves any number of models (options.calib). */
+sg_status sg_advise_calibrate(sg_ctx *ctx, sg_advise_calib *out);
+
+/* Launches per step, and the host time queuing them, of one region of an eager step. */
+typedef struct sg_advise_region {
+    double launches;
+    double host_us;
+} sg_advise_region;
+
+/* A child of the model's Sequential: the modules layer scope wraps, two graphs apiece. */
+typedef struct sg_advise_module {
+    char name[96];               /* the module's name, e.g. "blocks.3" */
+    sg_advise_region forward, backward;
+} sg_advise_module;
+
+/* What eager steps of the model show (AdamW, seed 1). */
+typedef struct sg_advise_profile {
+    char model[64];
+    sg_dtype precision;
+    /* Timed like `stepgraph bench`: blocks of eager steps, synced at the end, median. */
+    double wall_ms;              /* ms per step */
+    double block_host_ms;        /* host ms per step queuing a block (waits on a full queue
+                                  * included: not the cost of queuing, when GPU-bound) */
+    double launches;             /* per step (sg_ctx_launch_count) */
+    /* CUPTI over a window of steps; NAN when CUPTI was not available (see note). */
+    double busy_ms;              /* GPU-busy per step: union of device activity */
+    double kernels;              /* device kernels per step */
+    double short_kernel_share;   /* share of them shorter than SG_PROF_SHORT_KERNEL_US */
+    /* One instrumented eager step (the median of a few, each queued on an idle device):
+     * launches and host time by region, from the step's named ranges. */
+    sg_advise_region step;       /* all of it: host_us is the cost of queuing a step */
+    sg_advise_region load;       /* the batch load, before the forward */
+    sg_advise_region forward;    /* the net's forward and backward: what model scope captures */
+    sg_advise_region backward;
+    sg_advise_module modules[SG_ADVISE_MAX_MODULES];
+    int n_modules;               /* 0: the net is not a Sequential: layer scope wraps nothing */
+    /* The rest of the step (loss, optimizer) is step - load - forward - backward. */
+    sg_advise_region load_static;/* the batch load once inputs are static (captured scopes copy
+                                  * the batch in; eager steps of an mlp only rebind views) */
+    double static_bytes;         /* device bytes the static inputs add (0: the model has them) */
+    /* A trial capture of the step region (host syncs, data-dependent control flow). */
+    int capture_tried;
+    int step_captured;
+    int step_nodes;              /* its nodes; 0 when unknown (then estimated from kernels) */
+    char capture_error[512];     /* why the capture was refused */
+    int shapes_static;           /* no shape buckets: one graph serves every step */
+    char note[256];              /* why CUPTI numbers are missing */
+} sg_advise_profile;
+
+/* One scope's prediction. */
+typedef struct sg_advise_prediction {
+    sg_scope scope;
+    double step_ms;              /* max(host_ms, device_ms); eager: the profiled wall time */
+    double host_ms;              /* host time to queue a step under the scope */
+    double device_ms;            /* GPU-busy + the device idle launches leave */
+    int host_bound;              /* host_ms >= device_ms */
+    double speedup;              /* eager wall / step_ms */
+    double launches;             /* launches per step (graph launches count one) */
+    double graphs;               /* graph launches per step */
+    double nodes;                /* graph nodes replayed per step */
+    double eager_kernels;        /* device kernels still launched eagerly per step */
+    double capture_ms, instantiate_ms;
+    double setup_ms;             /* capture + instantiate: paid once */
+    double saving_ms;            /* per step: eager wall - step_ms */
+    double break_even_steps;     /* setup / saving; INFINITY when nothing is saved; 0 eager */
+    double extra_bytes;          /* static inputs + executable graphs */
+    int capturable;              /* 0: the trial capture refused the step (step scope), or the
+                                  * net has no modules to wrap (layer scope) */
+    char note[256];              /* why SG_ERR_INVALID / SG_ERR_UNSUPPORTED was returned, or why
+                                  * the scope cannot be captured */
+} sg_advise_prediction;
+
+/* Predicts one scope from a calibration and a profile. SG_ERR_NULL, SG_ERR_INVALID (a scope
+ * outside sg_scope, a negative or non-finite input, layer scope without modules: out->note
+ * says which), or SG_ERR_UNSUPPORTED when the device side is unknown (no CUPTI: GPU-busy or
+ * gaps missing). */
+sg_status sg_advise_predict(const sg_advise_calib *c, const sg_advise_profile *p, sg_scope scope,
+                            sg_advise_prediction *out);
+
+/* The checklist and the verdict, from the predictions of every scope (pred[s] for scope s). */
+typedef struct sg_advise_summary {
+    double gpu_utilisation;      /* GPU-busy / eager wall */
+    double launch_share;         /* (eager wall - the step scope's device time) / eager wall:
+                                  * the share of the eager step that launches cost */
+    double short_kernel_share;   /* kernels under SG_PROF_SHORT_KERNEL_US */
+    int shapes_static;
+    int host_syncs;              /* the trial capture of the step was refused */
+    sg_scope best;               /* the recommendation: the fastest predicted scope that can be
+                                  * captured (eager when none beats it) */
+    double best_speedup;
+    char verdict[320];           /* why, in one line: "launch-bound: graphs pay (step scope ...)" */
+} sg_advise_summary;
+
+/* SG_ERR_NULL, or SG_ERR_INVALID when pred is not every scope in order with a step time. */
+sg_status sg_advise_summarize(const sg_advise_calib *c, const sg_advise_profile *p,
+                              const sg_advise_prediction pred[SG_ADVISE_SCOPES],
+                              sg_advise_summary *out);
+
+/* A break-even step count as printed: "never" (INFINITY), "-" (eager), else "%.0f". */
+const char *sg_advise_steps_str(double steps, char *buf, size_t n);
+
+/* One scope trained and timed as the profile's eager steps were. */
+typedef struct sg_advise_measurement {
+    sg_scope scope;
+    double step_ms;              /* median over blocks of wall time per step */
+    double host_ms;              /* host ms per step queuing a block */
+    double launches;             /* per step */
+    double busy_ms;              /* CUPTI; NAN when not available */
+    int graphs, nodes;
+    double capture_ms, instantiate_ms;
+    double exec_bytes;           /* executable graphs' device memory */
+    double bytes;                /* device bytes the model, optimizer, trainer and graph pools
+                                  * hold (allocator, in use), after the warm-up */
+    int fell_back;
+    char fallback_reason[512];
+} sg_advise_measurement;
+
+/* Builds a model on ctx; the advisor calls it once for the profile and once for each scope
+ * it measures, and destroys each model it gets (sg_model_destroy). Every call must build the
+ * same model: same name, shapes, precision and seed. A built-in model by name:
+ * sg_model_create_ex; one of your own: the builder (sg_builder_finish). A factory that fails
+ * fails sg_advise with its status (and its message on ctx). */
+typedef sg_status (*sg_model_factory)(sg_ctx *ctx, void *user, sg_model **out);
+
+/* How far sg_advise has come, for a caller that shows results as they arrive. */
+typedef enum sg_advise_stage {
+    SG_ADVISE_STAGE_PROFILED = 0,  /* calib and profile are filled */
+    SG_ADVISE_STAGE_PREDICTED,     /* every scope's prediction and the summary */
+    SG_ADVISE_STAGE_MEASURED       /* scopes[scope] was measured, or its measurement failed */
+} sg_advise_stage;
+
+typedef struct sg_advise_result sg_advise_result;
+typedef void (*sg_advise_progress_fn)(void *user, const sg_advise_result *r, sg_advise_stage stage,
+                                      sg_scope scope);
+
+typedef struct sg_advise_options {
+    /* Timing of the profile and of each measurement, as `stepgraph bench` times. */
+    int warmup;                  /* untimed steps first, capture included (default 20; >= 5) */
+    int steps;                   /* steps per timed block (default 50) */
+    int repeats;                 /* blocks, 1 to 1000; the median is taken (default 5) */
+    int busy_steps;              /* steps in the CUPTI window for GPU-busy time (default 20) */
+    int measure;                 /* 1 (default): train under every scope that can be captured
+                                  * and time it; 0: predict only */
+    const sg_advise_calib *calib;/* a calibration to reuse (sg_advise_calibrate: one serves many
+                                  * models); NULL: calibrate now (~1 s) */
+    sg_advise_progress_fn progress; /* called as each stage completes (NULL: none) */
+    void *progress_user;
+} sg_advise_options;
+
+sg_advise_options sg_advise_options_default(void);
+
+/* One scope: the prediction, and the measurement beside it. */
+typedef struct sg_advise_scope_result {
+    sg_scope scope;
+    sg_advise_prediction predicted;
+    int measured;                /* 1: measurement holds the scope's timing */
+    sg_advise_measurement measurement;
+    sg_status measure_status;    /* SG_OK, or why measuring failed (measure_note says more) */
+    char measure_note[512];      /* why the scope was not measured: not capturable, measure 0,
+                                  * eager failed, or the failure's message */
+    /* Against the measured eager step (NAN unless both were measured): */
+    double error_pct;            /* 100 (predicted - measured) / measured step ms */
+    double measured_speedup;     /* eager's measured step ms / this scope's */
+    double measured_extra_bytes; /* device bytes beyond eager's: static inputs, pools, graphs */
+} sg_advise_scope_result;
+
+struct sg_advise_result {
+    char model[64];              /* sg_model_name of what the factory built */
+    sg_dtype precision;
+    char device[320];
+    sg_advise_options options;   /* as run (calib and progress cleared) */
+    sg_advise_calib calib;
+    sg_advise_profile profile;
+    sg_advise_scope_result scopes[SG_ADVISE_SCOPES];  /* by sg_scope */
+    sg_advise_summary summary;   /* the checklist, the recommended scope (summary.best) and why */
+    double best_measured_speedup;/* the recommended scope's measured speedup (NAN: unmeasured) */
+    char verdict[400];           /* summary.verdict with the measured speedup added:
+                                  * "launch-bound: graphs pay (step scope predicted 1.78x;
+                                  * measured 1.85x)" */
+    int measure_failures;        /* scopes whose measurement failed */
+};
+
+/* Advises the model `factory` builds on ctx (a CUDA context): calibrates (unless opts->calib),
+ * profiles eager steps, tries to capture the step, predicts every scope, summarizes, then
+ * (opts->measure) trains under each scope that can be captured, eager first, and times it.
+ * opts NULL: defaults. SG_OK when everything asked for was done. A failed calibration,
+ * profile or prediction (no CUPTI: SG_ERR_UNSUPPORTED) fails the call; a failed measurement
+ * is recorded in its scope and the others still run (all but eager's: the others are relative
+ * to it), and the call returns the first such failure's status once out is complete. The
+ * message is on ctx; out holds whatever was done either way. */
+sg_status sg_advise(sg_ctx *ctx, sg_model_factory factory, void *user,
+                    const sg_advise_options *opts, sg_advise_result *out);
+/* sg_advise for a built-in model by name: sg_model_create_ex(ctx, name, seed 1, mo). */
+sg_status sg_advise_name(sg_ctx *ctx, const char *name, const sg_model_options *mo,
+                         const sg_advise_options *opts, sg_advise_result *out);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # cli_help_test.sh BIN VERSION: what bench, sample, advise and trace say about themselves (each
 # help text says what the command does and ends with its exit statuses), `--version` (CMake's
-# project VERSION and a commit), and bench's JSON: keys named after the table's columns, and
-# every string escaped (a commit with a quote, a backslash and a control character).
+# project VERSION and a commit), and bench's JSON (written by sg_json): keys named after the
+# table's columns, and every string escaped (a commit with a quote, a backslash, every kind of
+# control character, UTF-8 and a byte that is not UTF-8), checked by Python's json module.
 set -u
 bin=$1
 version=$2
@@ -49,10 +50,21 @@ out=$("$bin" 2>/dev/null); rc=$?
 [ $rc = 2 ] && [ -z "$out" ] && pass "no command: usage on stderr, exit 2" \
     || fail "no command: exit $rc, stdout '$out' (want 2 and usage on stderr only)"
 
-# A model name with a quote: refused up front as a usage error, nothing on stdout.
+# A model name with a quote: refused up front as a usage error, nothing on stdout (so no line
+# that is not JSON), the name quoted in the message.
 out=$("$bin" bench --model 'mlp-64-2-32"x' --json --backend cpu --steps 3 --repeats 1 --warmup 2 2>/dev/null); rc=$?
 [ $rc = 2 ] && [ -z "$out" ] && pass "bench refuses 'mlp-64-2-32\"x' (exit 2, no JSON)" \
     || fail "bench --model 'mlp-64-2-32\"x': exit $rc, stdout '$out'"
+expect 2 "unknown model 'mlp-64-2-32\"x'" -- bench --model 'mlp-64-2-32"x' --json --backend cpu
+# Next to a good model the bad one still fails the whole command before anything runs.
+out=$("$bin" bench --model 'mlp-8-1-4,mlp-64-2-32"x' --json --backend cpu --steps 3 --repeats 1 --warmup 2 2>/dev/null)
+rc=$?
+[ $rc = 2 ] && [ -z "$out" ] && pass "bench 'mlp-8-1-4,mlp-64-2-32\"x': exit 2, no JSON" \
+    || fail "bench 'mlp-8-1-4,mlp-64-2-32\"x': exit $rc, stdout '$out'"
+# advise --json without a GPU: exit 1, the reason on stderr, nothing on stdout.
+out=$("$bin" advise --model 'mlp-64-2-32"x' --json --backend cpu 2>/dev/null); rc=$?
+[ $rc = 1 ] && [ -z "$out" ] && pass "advise --json --backend cpu: exit 1, no JSON" \
+    || fail "advise --json --backend cpu: exit $rc, stdout '$out'"
 expect 2 "unknown model 'mlp-8-1-4x'" -- bench --model mlp-8-1-4,mlp-8-1-4x --backend cpu
 
 # bench --json: valid JSON whatever the strings hold, keys as the table's columns.
@@ -61,14 +73,16 @@ if ! command -v python3 >/dev/null; then
     [ "$fails" = 0 ] && exit 77
     exit 1
 fi
-commit=$(printf 'ab"c\\d\te')
+# The commit: a quote, a backslash, tab, \x01, \x1f, DEL, an e-acute and a stray 0xff byte.
+commit=$(printf 'ab"c\\d\te\001\037\177\303\251\377')
 json=$(SG_COMMIT="$commit" "$bin" bench --model mlp-32-2-8 --backend cpu --steps 3 --repeats 1 --warmup 2 \
     --scope eager,step --json 2>/dev/null); rc=$?
 [ $rc = 0 ] && pass "bench --json ran (exit 0)" || fail "bench --json: exit $rc"
 check=$(python3 -c '
-import json, sys
-want_commit = sys.argv[1]
-rows = [json.loads(l) for l in sys.stdin.read().splitlines()]
+import json, os, sys
+# What the writer makes of the bytes: UTF-8 kept, a byte that is not UTF-8 read as U+FFFD.
+want_commit = os.fsencode(sys.argv[1]).replace(b"\xff", "\ufffd".encode()).decode()
+rows = [json.loads(l) for l in sys.stdin.buffer.read().decode().splitlines()]
 assert len(rows) == 2, f"{len(rows)} rows, want 2 (eager, step)"
 for r in rows:
     assert "mode" not in r, "key mode (the column is scope)"

@@ -107,6 +107,50 @@ fi
 head -c 100 "$tmp/ck.safetensors" > "$tmp/cut.safetensors"
 expect 1 "cut.safetensors" -- train $g --steps 2 --resume "$tmp/cut.safetensors"
 expect 1 "/nonexistent/file.txt" -- train --model gpt-64-1-2-16 --backend cpu --steps 1 --data /nonexistent/file.txt
+# Token files (--vocab): an llm.c shard to train on and a raw uint16 file (nanoGPT's val.bin) to
+# validate on, fresh random tokens below 300; a token >= --vocab and a raw file of an odd length
+# are refused naming the file and the byte offset (exit 1); sample reads token ids back.
+if python3 - "$tmp" <<'PY'
+import random, struct, sys
+d = sys.argv[1]
+def shard(path, toks, version=1):
+    w = 'H' if version == 1 else 'I'
+    hdr = [20240520, version, len(toks)] + [0] * 253
+    open(path, 'wb').write(struct.pack('<256i', *hdr) + struct.pack('<%d%s' % (len(toks), w), *toks))
+train = [random.randrange(300) for _ in range(random.randrange(3000, 6000))]
+val = [random.randrange(300) for _ in range(random.randrange(200, 500))]
+shard(d + '/train.bin', train)
+open(d + '/val.bin', 'wb').write(struct.pack('<%dH' % len(val), *val))
+k = random.randrange(len(train))
+bad = list(train); bad[k] = 300
+shard(d + '/bad.bin', bad)
+open(d + '/bad_at', 'w').write('%d %d\n' % (k, 1024 + 2 * k))
+open(d + '/odd.bin', 'wb').write(struct.pack('<%dH' % len(val), *val) + b'\x01')
+PY
+then
+    v="--model gpt-64-1-2-16 --backend cpu --vocab 300"
+    expect 0 "done: 4 steps" -- train $v --data "$tmp/train.bin" --val-data "$tmp/val.bin" --steps 4 --log-every 2 --save "$tmp/tok.safetensors"
+    read -r k off < "$tmp/bad_at"
+    expect 1 "'$tmp/bad.bin' \(llm.c v1 \(uint16\)\): token $k \(at byte $off\) is 300, not below the vocabulary size 300" -- train $v --data "$tmp/bad.bin" --steps 1
+    expect 1 "'$tmp/odd.bin' holds [0-9]+ bytes, an odd number: .* at byte [0-9]+, is cut short" -- train $v --data "$tmp/train.bin" --val-data "$tmp/odd.bin" --steps 1
+    expect 1 "'$tmp/val.bin' \(the validation split\) holds [0-9]+ tokens, too few for one window of 2049 tokens" -- train --model gpt-64-1-2-2048 --backend cpu --vocab 300 --data "$tmp/train.bin" --val-data "$tmp/val.bin" --steps 1
+    expect 2 "--vocab '0' is not a whole number from 1 to" -- train $v --data "$tmp/train.bin" --vocab 0
+    expect 1 "are for gpt models" -- train --model mlp-32-2-8 --backend cpu --vocab 300 --steps 1
+    out=$("$bin" sample $v --data "$tmp/train.bin" --resume "$tmp/tok.safetensors" --prompt "1, 2 3" --length 6 2>&1); rc=$?
+    if [ "$rc" != 0 ] || ! awk 'NF != 9 || $1 != 1 || $2 != 2 || $3 != 3 { exit 1 } { for (i = 4; i <= NF; i++) if ($i !~ /^[0-9]+$/ || $i >= 300) exit 1 }' <<<"$out"; then
+        echo "FAIL: sample --vocab 300: exit $rc: $out"; fails=$((fails + 1))
+    else
+        pass "sample --vocab 300 printed the prompt's and 6 generated token ids: $out"
+    fi
+    expect 2 "--prompt '1 x': 'x' is not a token id \(a whole number below --vocab 300\)" -- sample $v --data "$tmp/train.bin" --resume "$tmp/tok.safetensors" --prompt "1 x"
+    expect 2 "--prompt '300': '300' is not a token id" -- sample $v --data "$tmp/train.bin" --resume "$tmp/tok.safetensors" --prompt 300
+    expect 2 "--vocab needs --data" -- sample $v --resume "$tmp/tok.safetensors"
+    expect 1 "wte.weight.*if it was trained with --vocab N, sample with --vocab N --data PATH" -- sample --model gpt-64-1-2-16 --backend cpu --resume "$tmp/tok.safetensors"
+else
+    echo "FAIL: python3 could not write the token files"; fails=$((fails + 1))
+fi
+expect 0 "--val-data PATH" -- train --help
+expect 0 "--vocab N +the checkpoint's model reads tokens below N" -- sample --help
 # Saving: the target is checked before training (no step runs), and nothing is replaced that
 # is not a regular file (a FIFO stands in for /dev/null, which a broken check would destroy).
 m="--model mlp-32-2-8 --backend cpu --steps 20 --log-every 5"

@@ -1,10 +1,12 @@
-/* test_advise.c: the capture advisor. `cpu`: the prediction model on synthetic calibrations and
- * profiles whose answers are worked out by hand below (a launch-bound and a GPU-bound step),
- * break-even and "never", the verdict, monotonicity (capturing more launches never predicts a
- * slower host), and argument errors, including the clear refusal on the CPU backend. `gpu`: the
- * calibration gives plausible values and leaves nothing allocated; the whole flow (calibrate,
- * profile, predict, measure every scope) runs on mlp-64-2-32 with finite predictions. */
-#include "prof/advise.h"
+/* test_advise.c: the capture advisor, through the public API (stepgraph.h). `cpu`: the
+ * prediction model on synthetic calibrations and profiles whose answers are worked out by hand
+ * below (a launch-bound and a GPU-bound step), break-even and "never", the verdict,
+ * monotonicity (capturing more launches never predicts a slower host), and argument errors,
+ * including sg_advise's clear refusal on the CPU backend before the model is ever built. `gpu`:
+ * the calibration gives plausible values and leaves nothing allocated; sg_advise runs end to
+ * end on mlp-64-2-32 built by a factory of the test's own (profile, finite predictions, every
+ * scope measured beside its prediction, the progress stages in order), then again by name,
+ * predicting only with the calibration reused. */
 #include "testutil.h"
 
 /* Relative closeness for hand-computed values (the model is double arithmetic throughout). */
@@ -260,6 +262,13 @@ static void cpu_host_sync(void)
              "verdict '%s'", s.verdict);
 }
 
+/* A factory of the test's own: counts its calls and builds mlp-64-2-32. */
+static sg_status count_factory(sg_ctx *ctx, void *user, sg_model **out)
+{
+    ++*(int *)user;
+    return sg_model_create_ex(ctx, "mlp-64-2-32", 1, NULL, out);
+}
+
 static void expect_refusal(const char *what, const sg_advise_calib *c, const sg_advise_profile *p, sg_scope scope,
                            sg_status want, const char *needle)
 {
@@ -310,19 +319,43 @@ static void cpu_errors(void)
     pr[2].scope = SG_SCOPE_STEP;
     TU_CHECK(sg_advise_summarize(&c, &p, pr, &s) == SG_ERR_INVALID, "summarize with scopes out of order");
 
-    /* The device parts: NULLs, and a clear refusal on the CPU backend. */
+    /* The device parts: NULLs, a timing it cannot run, and a clear refusal on the CPU backend,
+     * before any model is built. */
     sg_advise_calib cal;
-    sg_advise_profile prof;
-    sg_advise_measurement m;
     TU_CHECK(sg_advise_calibrate(NULL, &cal) == SG_ERR_NULL, "calibrate NULL ctx");
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
     TU_FAILS(ctx, sg_advise_calibrate(ctx, NULL), SG_ERR_NULL, "out is NULL");
     TU_FAILS(ctx, sg_advise_calibrate(ctx, &cal), SG_ERR_UNSUPPORTED, "profiles a CUDA device");
-    TU_FAILS(ctx, sg_advise_profile_model(ctx, "mlp-64-2-32", NULL, NULL, &prof), SG_ERR_UNSUPPORTED,
-             "profiles a CUDA device");
-    TU_FAILS(ctx, sg_advise_profile_model(ctx, NULL, NULL, NULL, &prof), SG_ERR_NULL, "name or out is NULL");
-    TU_FAILS(ctx, sg_advise_measure(ctx, "mlp-64-2-32", NULL, SG_SCOPE_STEP, NULL, &m), SG_ERR_UNSUPPORTED,
-             "CUDA device");
+    sg_advise_result *r = malloc(sizeof *r);
+    TU_CHECK(r != NULL, "out of memory");
+    if (!r) exit(1);
+    int built = 0;
+    sg_advise_options o = sg_advise_options_default();
+    TU_CHECK(o.warmup == 20 && o.steps == 50 && o.repeats == 5 && o.busy_steps == 20 && o.measure == 1 &&
+             !o.calib && !o.progress, "sg_advise_options_default");
+    TU_CHECK(sg_advise(NULL, count_factory, &built, NULL, r) == SG_ERR_NULL, "sg_advise NULL ctx");
+    TU_FAILS(ctx, sg_advise(ctx, NULL, &built, NULL, r), SG_ERR_NULL, "factory or out is NULL");
+    TU_FAILS(ctx, sg_advise(ctx, count_factory, &built, NULL, NULL), SG_ERR_NULL, "factory or out is NULL");
+    TU_FAILS(ctx, sg_advise_name(ctx, NULL, NULL, NULL, r), SG_ERR_NULL, "name is NULL");
+    o.warmup = 4;
+    TU_FAILS(ctx, sg_advise(ctx, count_factory, &built, &o, r), SG_ERR_INVALID, "warm-up of at least 5");
+    o = sg_advise_options_default();
+    o.repeats = 1001;
+    TU_FAILS(ctx, sg_advise_name(ctx, "mlp-64-2-32", NULL, &o, r), SG_ERR_INVALID, "up to 1000");
+    TU_FAILS(ctx, sg_advise(ctx, count_factory, &built, NULL, r), SG_ERR_UNSUPPORTED, "profiles a CUDA device");
+    TU_FAILS(ctx, sg_advise_name(ctx, "mlp-64-2-32", NULL, NULL, r), SG_ERR_UNSUPPORTED, "profiles a CUDA device");
+    /* With a calibration given, the profile refuses the CPU backend, still before building. */
+    sg_advise_calib given = calib_synthetic();
+    o = sg_advise_options_default();
+    o.calib = &given;
+    TU_FAILS(ctx, sg_advise(ctx, count_factory, &built, &o, r), SG_ERR_UNSUPPORTED, "profiles a CUDA device");
+    check_close("the given calibration is the result's", r->calib.launch_host_us, given.launch_host_us);
+    TU_CHECK(r->options.calib == NULL && r->options.warmup == 20, "the result's options");
+    TU_CHECK(built == 0, "the factory was called %d times on the CPU backend", built);
+    TU_CHECK(isnan(r->best_measured_speedup) && isnan(r->scopes[SG_SCOPE_STEP].error_pct) &&
+             r->scopes[SG_SCOPE_STEP].scope == SG_SCOPE_STEP && !r->scopes[SG_SCOPE_STEP].measured,
+             "a failed sg_advise's result is cleared");
+    free(r);
     sg_ctx_destroy(ctx);
     char buf[16];
     TU_CHECK(!strcmp(sg_advise_steps_str(NAN, buf, sizeof buf), "never"), "NaN steps '%s'", buf);
@@ -372,71 +405,122 @@ static void gpu_calibration(void)
     sg_ctx_destroy(ctx);
 }
 
+/* The progress stages sg_advise reports, in order. */
+typedef struct stages {
+    int n;
+    sg_advise_stage stage[8];
+    sg_scope scope[8];
+} stages;
+
+static void record_stage(void *user, const sg_advise_result *r, sg_advise_stage stage, sg_scope scope)
+{
+    stages *s = user;
+    (void)r;
+    if (s->n < 8) s->stage[s->n] = stage, s->scope[s->n] = scope;
+    s->n++;
+}
+
 static void gpu_flow(void)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CUDA);
-    const char *model = "mlp-64-2-32";
-    sg_advise_timing tm = {.warmup = 5, .steps = 10, .repeats = 3, .busy_steps = 5};
-    sg_advise_calib c;
-    sg_advise_profile p;
-    TU_OK(ctx, sg_advise_calibrate(ctx, &c));
-    TU_OK(ctx, sg_advise_profile_model(ctx, model, NULL, &tm, &p));
+    sg_advise_result *r = malloc(sizeof *r);
+    TU_CHECK(r != NULL, "out of memory");
+    if (!r) exit(1);
+    int built = 0;
+    stages seen = {0};
+    sg_advise_options o = sg_advise_options_default();
+    o.warmup = 5, o.steps = 10, o.repeats = 3, o.busy_steps = 5;
+    o.progress = record_stage, o.progress_user = &seen;
+    sg_status st = sg_advise(ctx, count_factory, &built, &o, r);
+    if (st == SG_ERR_UNSUPPORTED && !r->summary.verdict[0]) { /* no CUPTI: said, nothing else to check */
+        printf("no prediction: %s\n", sg_ctx_last_error(ctx));
+        free(r);
+        sg_ctx_destroy(ctx);
+        return;
+    }
+    TU_OK(ctx, st);
+    const sg_advise_profile *p = &r->profile;
     printf("profile of %s: %.4f ms/step, host %.4f ms, busy %.4f ms, %.1f kernels, %.1f launches; load %.0f, "
            "forward %.0f, backward %.0f launches; static load %.0f launches; %d modules; step graph %d nodes%s%s\n",
-           model, p.wall_ms, p.step.host_us / 1e3, p.busy_ms, p.kernels, p.launches, p.load.launches,
-           p.forward.launches, p.backward.launches, p.load_static.launches, p.n_modules, p.step_nodes,
-           p.note[0] ? "; " : "", p.note);
-    TU_CHECK(p.wall_ms > 0 && p.step.host_us > 0 && p.launches > 0, "wall %g, host %g, launches %g", p.wall_ms,
-             p.step.host_us, p.launches);
-    TU_CHECK(fabs(p.step.launches - p.launches) < 0.5, "instrumented step %.1f launches, timed steps %.1f",
-             p.step.launches, p.launches);
-    TU_CHECK(p.forward.launches > 0 && p.backward.launches > 0 &&
-             p.load.launches + p.forward.launches + p.backward.launches <= p.step.launches,
-             "regions: load %g, forward %g, backward %g of %g", p.load.launches, p.forward.launches,
-             p.backward.launches, p.step.launches);
-    TU_CHECK(p.n_modules == 3, "mlp-64-2-32 has 3 modules (2 hidden layers and the head), profile says %d",
-             p.n_modules);
+           r->model, p->wall_ms, p->step.host_us / 1e3, p->busy_ms, p->kernels, p->launches, p->load.launches,
+           p->forward.launches, p->backward.launches, p->load_static.launches, p->n_modules, p->step_nodes,
+           p->note[0] ? "; " : "", p->note);
+    TU_CHECK(!strcmp(r->model, "mlp-64-2-32") && !strcmp(p->model, "mlp-64-2-32") && r->precision == SG_DTYPE_F32,
+             "model '%s' (%s)", r->model, sg_dtype_name(r->precision));
+    TU_CHECK(p->wall_ms > 0 && p->step.host_us > 0 && p->launches > 0, "wall %g, host %g, launches %g", p->wall_ms,
+             p->step.host_us, p->launches);
+    TU_CHECK(fabs(p->step.launches - p->launches) < 0.5, "instrumented step %.1f launches, timed steps %.1f",
+             p->step.launches, p->launches);
+    TU_CHECK(p->forward.launches > 0 && p->backward.launches > 0 &&
+             p->load.launches + p->forward.launches + p->backward.launches <= p->step.launches,
+             "regions: load %g, forward %g, backward %g of %g", p->load.launches, p->forward.launches,
+             p->backward.launches, p->step.launches);
+    TU_CHECK(p->n_modules == 3, "mlp-64-2-32 has 3 modules (2 hidden layers and the head), profile says %d",
+             p->n_modules);
     double ml = 0;
-    for (int i = 0; i < p.n_modules; i++) ml += p.modules[i].forward.launches + p.modules[i].backward.launches;
-    TU_CHECK(fabs(ml - (p.forward.launches + p.backward.launches)) < 0.5, "modules hold %g of the net's %g launches",
-             ml, p.forward.launches + p.backward.launches);
-    TU_CHECK(p.load_static.launches >= 1 && p.static_bytes > 0, "static load %g launches, %g bytes",
-             p.load_static.launches, p.static_bytes);
-    TU_CHECK(p.capture_tried && p.step_captured && p.step_nodes > 0, "trial capture: %s", p.capture_error);
+    for (int i = 0; i < p->n_modules; i++) ml += p->modules[i].forward.launches + p->modules[i].backward.launches;
+    TU_CHECK(fabs(ml - (p->forward.launches + p->backward.launches)) < 0.5, "modules hold %g of the net's %g "
+             "launches", ml, p->forward.launches + p->backward.launches);
+    TU_CHECK(p->load_static.launches >= 1 && p->static_bytes > 0, "static load %g launches, %g bytes",
+             p->load_static.launches, p->static_bytes);
+    TU_CHECK(p->capture_tried && p->step_captured && p->step_nodes > 0, "trial capture: %s", p->capture_error);
 
-    sg_advise_prediction pr[SG_ADVISE_SCOPES];
-    bool predicted = true;
+    /* Every scope predicted and measured; the factory built the profile's model and one a scope. */
+    TU_CHECK(built == 1 + SG_ADVISE_SCOPES, "the factory was called %d times, expected %d", built,
+             1 + SG_ADVISE_SCOPES);
+    TU_CHECK(r->measure_failures == 0, "%d measurements failed", r->measure_failures);
     for (int s = 0; s < SG_ADVISE_SCOPES; s++) {
-        sg_status st = sg_advise_predict(&c, &p, (sg_scope)s, &pr[s]);
-        if (st == SG_ERR_UNSUPPORTED) { /* no CUPTI: said, and nothing else to check */
-            printf("no prediction: %s\n", pr[s].note);
-            predicted = false;
-            break;
-        }
-        TU_CHECK(st == SG_OK, "predict %s: %s", sg_scope_name((sg_scope)s), pr[s].note);
-        TU_CHECK(isfinite(pr[s].step_ms) && pr[s].step_ms > 0 && isfinite(pr[s].speedup) && isfinite(pr[s].host_ms) &&
-                 isfinite(pr[s].device_ms) && isfinite(pr[s].setup_ms) && isfinite(pr[s].extra_bytes),
-                 "%s: a prediction is not finite", sg_scope_name((sg_scope)s));
+        const sg_advise_scope_result *sr = &r->scopes[s];
+        const sg_advise_prediction *q = &sr->predicted;
+        const sg_advise_measurement *m = &sr->measurement;
+        const char *name = sg_scope_name((sg_scope)s);
+        TU_CHECK(sr->scope == (sg_scope)s && q->scope == (sg_scope)s && m->scope == (sg_scope)s, "%s: scopes", name);
+        TU_CHECK(isfinite(q->step_ms) && q->step_ms > 0 && isfinite(q->speedup) && isfinite(q->host_ms) &&
+                 isfinite(q->device_ms) && isfinite(q->setup_ms) && isfinite(q->extra_bytes),
+                 "%s: a prediction is not finite", name);
+        TU_CHECK(sr->measured && sr->measure_status == SG_OK, "%s not measured: %s", name, sr->measure_note);
+        TU_CHECK(isfinite(m->step_ms) && m->step_ms > 0 && !m->fell_back, "%s measured %g ms%s%s", name, m->step_ms,
+                 m->fell_back ? ", fell back: " : "", m->fallback_reason);
+        TU_CHECK((s == SG_SCOPE_EAGER) == (m->graphs == 0), "%s scope: %d graphs", name, m->graphs);
+        check_close("error_pct", sr->error_pct, 100 * (q->step_ms - m->step_ms) / m->step_ms);
+        check_close("measured speedup", sr->measured_speedup, r->scopes[0].measurement.step_ms / m->step_ms);
+        printf("%-6s predicted %.4f ms (host %.4f, device %.4f), measured %.4f ms (%+.1f%%); setup %.2f / %.2f ms\n",
+               name, q->step_ms, q->host_ms, q->device_ms, m->step_ms, sr->error_pct, q->setup_ms,
+               m->capture_ms + m->instantiate_ms);
     }
-    sg_advise_measurement m[SG_ADVISE_SCOPES];
-    for (int s = 0; s < SG_ADVISE_SCOPES; s++) {
-        TU_OK(ctx, sg_advise_measure(ctx, model, NULL, (sg_scope)s, &tm, &m[s]));
-        TU_CHECK(isfinite(m[s].step_ms) && m[s].step_ms > 0 && !m[s].fell_back, "%s measured %g ms%s%s",
-                 sg_scope_name((sg_scope)s), m[s].step_ms, m[s].fell_back ? ", fell back: " : "",
-                 m[s].fallback_reason);
-        TU_CHECK((s == SG_SCOPE_EAGER) == (m[s].graphs == 0), "%s scope: %d graphs", sg_scope_name((sg_scope)s),
-                 m[s].graphs);
-        if (predicted)
-            printf("%-6s predicted %.4f ms (host %.4f, device %.4f), measured %.4f ms (%+.1f%%); setup %.2f / %.2f "
-                   "ms\n", sg_scope_name((sg_scope)s), pr[s].step_ms, pr[s].host_ms, pr[s].device_ms, m[s].step_ms,
-                   100 * (pr[s].step_ms - m[s].step_ms) / m[s].step_ms, pr[s].setup_ms,
-                   m[s].capture_ms + m[s].instantiate_ms);
-    }
-    if (predicted) {
-        sg_advise_summary sum;
-        TU_CHECK(sg_advise_summarize(&c, &p, pr, &sum) == SG_OK && sum.verdict[0], "summary");
-        printf("verdict: %s\n", sum.verdict);
-    }
+    check_close("eager's own measured speedup", r->scopes[0].measured_speedup, 1);
+    TU_CHECK(r->summary.verdict[0] && strstr(r->verdict, "; measured ") &&
+             !strncmp(r->verdict, r->summary.verdict, strlen(r->summary.verdict) - 1),
+             "verdict '%s' (summary '%s')", r->verdict, r->summary.verdict);
+    check_close("best measured speedup", r->best_measured_speedup, r->scopes[r->summary.best].measured_speedup);
+    printf("verdict: %s\n", r->verdict);
+    /* Progress: profiled, predicted, then each scope measured, in order. */
+    TU_CHECK(seen.n == 2 + SG_ADVISE_SCOPES && seen.stage[0] == SG_ADVISE_STAGE_PROFILED &&
+             seen.stage[1] == SG_ADVISE_STAGE_PREDICTED, "%d progress calls", seen.n);
+    for (int s = 0; s < SG_ADVISE_SCOPES && s + 2 < 8; s++)
+        TU_CHECK(seen.stage[s + 2] == SG_ADVISE_STAGE_MEASURED && seen.scope[s + 2] == (sg_scope)s,
+                 "progress call %d: stage %d, scope %d", s + 2, (int)seen.stage[s + 2], (int)seen.scope[s + 2]);
+
+    /* By name, predicting only, with the calibration reused: no measurement, the same model. */
+    sg_advise_calib calib = r->calib;
+    sg_advise_result *r2 = malloc(sizeof *r2);
+    TU_CHECK(r2 != NULL, "out of memory");
+    if (!r2) exit(1);
+    o = sg_advise_options_default();
+    o.warmup = 5, o.steps = 10, o.repeats = 3, o.busy_steps = 5, o.measure = 0, o.calib = &calib;
+    TU_OK(ctx, sg_advise_name(ctx, "mlp-64-2-32", NULL, &o, r2));
+    TU_CHECK(r2->calib.launch_host_us == calib.launch_host_us && r2->calib.node_gap_us == calib.node_gap_us &&
+             r2->calib.device_timed == calib.device_timed && !strcmp(r2->calib.device, calib.device),
+             "the reused calibration");
+    TU_CHECK(!strcmp(r2->model, "mlp-64-2-32") && r2->profile.n_modules == 3, "model '%s'", r2->model);
+    for (int s = 0; s < SG_ADVISE_SCOPES; s++)
+        TU_CHECK(!r2->scopes[s].measured && isnan(r2->scopes[s].error_pct) &&
+                 strstr(r2->scopes[s].measure_note, "predict only"), "%s: measured with measure 0 (%s)",
+                 sg_scope_name((sg_scope)s), r2->scopes[s].measure_note);
+    TU_CHECK(!strcmp(r2->verdict, r2->summary.verdict) && isnan(r2->best_measured_speedup),
+             "predict-only verdict '%s'", r2->verdict);
+    free(r2);
+    free(r);
     sg_ctx_destroy(ctx);
 }
 

@@ -342,7 +342,7 @@ static void check_buckets(sg_backend be)
              "after destroy %zu bytes reserved outside the default pool, before the cache %zu: "
              "the cache's pool was not released", after.reserved_elsewhere, base.reserved_elsewhere);
     TU_CHECK(count_pools(ctx) == pools0, "%d pools after destroy, %d before", count_pools(ctx), pools0);
-    TU_CHECK(ctx->graphs == NULL, "graphs left on the context after destroy");
+    TU_CHECK(sg_graphs_of(ctx) == NULL, "graphs left on the context after destroy");
     env_destroy(&e);
 }
 
@@ -391,7 +391,7 @@ static void check_eviction(sg_backend be)
     sg_graph_cache_destroy(c);
     TU_CHECK(count_pools(ctx) == pools0 + 1, "%d pools, expected the cache's left with the context (%d)",
              count_pools(ctx), pools0 + 1);
-    TU_CHECK(ctx->graphs == NULL, "graphs left on the context after destroy");
+    TU_CHECK(sg_graphs_of(ctx) == NULL, "graphs left on the context after destroy");
     env_destroy(&e);
 }
 

@@ -60,7 +60,7 @@ static int count_pools(const sg_ctx *ctx)
 static int count_graphs(const sg_ctx *ctx)
 {
     int n = 0;
-    for (const struct sg_graph *g = ctx->graphs; g; g = g->next) n++;
+    for (const sg_graph *g = sg_graphs_of(ctx); g; g = g->next) n++;
     return n;
 }
 
@@ -644,6 +644,7 @@ static void test_static_inputs(sg_backend be)
     sg_ctx *ctx = tu_ctx(be);
     step *s = step_create(ctx);
     sg_graph *g = step_capture(s, "static");
+    sg_graph *g3 = step_capture(s, "static3"); /* between g and g2 in the context's list */
     sg_graph *g2 = step_capture(s, "static2"); /* a second graph with the same static inputs */
     replay_and_check(s, g, "static inputs: first replay");
 
@@ -659,6 +660,13 @@ static void test_static_inputs(sg_backend be)
     TU_CHECK(st.replays == 3 && st.captures == 1, "refused calls counted: %llu replays, %llu captures",
              (unsigned long long)st.replays, (unsigned long long)st.captures);
 
+    /* Graphs learn of destroyed tensors through the context's tensor hook, whose user pointer
+     * heads the list of live graphs: one from the middle goes, the others keep watching. */
+    sg_graph_destroy(g3);
+    TU_CHECK(count_graphs(ctx) == 2 && sg_graphs_of(ctx) == g2 && g2->next == g,
+             "after destroying the middle graph: %d graphs, expected static2 then static",
+             count_graphs(ctx));
+
     /* Destroyed: every graph that reads it refuses, naming it. */
     sg_tensor_destroy(s->tgt);
     s->tgt = NULL;
@@ -669,6 +677,8 @@ static void test_static_inputs(sg_backend be)
     sg_tensor_destroy(s->out.y);
     s->out.y = NULL;
     sg_graph_destroy(g);
+    TU_CHECK(count_graphs(ctx) == 0 && ctx->tensor_hook == NULL,
+             "no graph left, but the tensor hook is still installed");
     step_destroy(s);
     sg_ctx_destroy(ctx);
 }

@@ -2,7 +2,7 @@
  * in range), sg_model_estimate is a lower bound of what a build allocates and within 1.5x of
  * it, and a model larger than the context's memory is refused before anything is allocated.
  * Modes: cpu (the CPU backend), gpu (the same on a CUDA device). */
-#include "models/model.h"
+#include "train/model.h"
 #include "models/text.h"
 #include "testutil.h"
 

@@ -6,8 +6,10 @@
  * the CPU backend. `trace FILE`: writes the synthetic window's trace to FILE and prints what
  * tests/check_trace.py must find in it (tests/trace_test.sh runs both). `gpu`: windows of known
  * launches (fills, copies) against the runtime's own launch counter, launch calls counted once,
- * named ranges on CUPTI's clock, and trainer windows: eager steps and step-scope replays. */
-#include "prof/prof.h"
+ * named ranges on CUPTI's clock, and trainer windows: eager steps and step-scope replays. The
+ * profiler is public (stepgraph.h); its pure pieces are internal (prof/prof.h). */
+#include "stepgraph.h"      /* the profiler: sg_prof_*, records, steps, traces */
+#include "prof/prof.h"       /* its pure pieces: interval union, sums, call classes, nesting */
 #include "testutil.h"
 
 #include <unistd.h>

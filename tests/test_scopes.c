@@ -5,7 +5,7 @@
  * static buffers (sg_trainer_stats's breakdown: the graphs' pool stays empty). `cpu`:
  * mlp-64-2-32 on the CPU backend (graphs are plans); `gpu`: mlp-512-6-32 on CUDA over 50 steps. */
 #include "testutil.h"
-#include "models/model.h"
+#include "train/model.h"
 
 typedef struct side {
     sg_model *m;

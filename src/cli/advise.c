@@ -1,18 +1,13 @@
-/* advise.c: `stepgraph advise`: calibrates this device's launch path, profiles eager steps of a
- * model, prints the checklist and what each capture scope is predicted to buy (prof/advise.h,
- * docs/advisor.md), then, unless --no-measure, trains under each scope, times it as `stepgraph
- * bench` does and prints predicted next to measured, and the verdict. --json: one object. */
+/* advise.c: `stepgraph advise`: runs the capture advisor (sg_advise, docs/advisor.md) on a
+ * model and prints what it finds as it arrives: the calibration of this device's launch path,
+ * the eager profile, the checklist and what each capture scope is predicted to buy, then,
+ * unless --no-measure, each scope measured beside its prediction, and the verdict. --json: one
+ * object, written with sg_json. */
 #include "cli/cli.h"
-#include "prof/advise.h"
-#include "prof/prof.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifndef SG_GIT_COMMIT
-#define SG_GIT_COMMIT "unknown"
-#endif
 
 static const char *advise_usage =
     "usage: stepgraph advise --model NAME [options]\n"
@@ -59,10 +54,10 @@ static void print_calib(const sg_advise_calib *c)
     if (!c->device_timed) printf("  device gaps unknown: %s\n", c->note);
 }
 
-static void print_profile(const sg_advise_profile *p, const sg_advise_timing *tm)
+static void print_profile(const sg_advise_profile *p, const sg_advise_options *o)
 {
-    printf("\neager profile (%d warm-up steps, median of %d blocks of %d steps):\n", tm->warmup, tm->repeats,
-           tm->steps);
+    printf("\neager profile (%d warm-up steps, median of %d blocks of %d steps):\n", o->warmup, o->repeats,
+           o->steps);
     printf("  %.4f ms/step wall, %.4f ms host to queue a step, ", p->wall_ms, p->step.host_us / 1e3);
     if (isnan(p->busy_ms)) printf("GPU-busy unknown (%s), ", p->note);
     else printf("%.4f ms GPU-busy, %.1f kernels, ", p->busy_ms, p->kernels);
@@ -91,13 +86,13 @@ static void print_checklist(const sg_advise_profile *p, const sg_advise_summary 
     else printf("  host syncs in the step    none (a trial capture of the step took %d nodes)\n", p->step_nodes);
 }
 
-static void print_predictions(const sg_advise_prediction *pr)
+static void print_predictions(const sg_advise_result *r)
 {
     printf("\nprediction:\n");
     printf("  %-6s %9s %8s %9s %10s  %-6s %8s %6s %16s %11s %10s\n", "scope", "step ms", "speedup", "host ms",
            "device ms", "bound", "launches", "nodes", "capture+inst ms", "break-even", "extra MiB");
     for (int s = 0; s < SG_ADVISE_SCOPES; s++) {
-        const sg_advise_prediction *q = &pr[s];
+        const sg_advise_prediction *q = &r->scopes[s].predicted;
         char be[32];
         printf("  %-6s %9.4f %7.2fx %9.4f %10.4f  %-6s %8.1f %6.0f %16.2f %11s %10.2f%s\n", sg_scope_name(q->scope),
                q->step_ms, q->speedup, q->host_ms, q->device_ms, q->host_bound ? "host" : "device", q->launches,
@@ -106,169 +101,243 @@ static void print_predictions(const sg_advise_prediction *pr)
     }
 }
 
-static double err_pct(double pred, double meas) { return 100 * (pred - meas) / meas; }
-
-static void print_measure_head(const sg_advise_timing *tm)
+static void print_measure_head(const sg_advise_options *o)
 {
-    printf("\nmeasured (%d warm-up steps, median of %d blocks of %d steps):\n", tm->warmup, tm->repeats, tm->steps);
+    printf("\nmeasured (%d warm-up steps, median of %d blocks of %d steps):\n", o->warmup, o->repeats, o->steps);
     printf("  %-6s %21s %8s %21s %29s %23s\n", "scope", "step ms pred / meas", "error", "speedup pred / meas",
            "capture+inst ms pred / meas", "extra MiB pred / meas");
 }
 
-static void print_measure_row(const sg_advise_prediction *q, const sg_advise_measurement *m, double eager_ms,
-                              double eager_bytes)
+static void print_measure_row(const sg_advise_scope_result *sr)
 {
+    const sg_advise_prediction *q = &sr->predicted;
+    const sg_advise_measurement *m = &sr->measurement;
     char ms[48], sp[48], setup[48], extra[48];
     snprintf(ms, sizeof ms, "%.4f / %.4f", q->step_ms, m->step_ms);
-    snprintf(sp, sizeof sp, "%.2fx / %.2fx", q->speedup, eager_ms / m->step_ms);
+    snprintf(sp, sizeof sp, "%.2fx / %.2fx", q->speedup, sr->measured_speedup);
     snprintf(setup, sizeof setup, "%.2f / %.2f", q->setup_ms, m->capture_ms + m->instantiate_ms);
-    snprintf(extra, sizeof extra, "%.2f / %.2f", q->extra_bytes / MIB, (m->bytes + m->exec_bytes - eager_bytes) / MIB);
-    printf("  %-6s %21s %+7.1f%% %21s %29s %23s%s%s\n", sg_scope_name(q->scope), ms, err_pct(q->step_ms, m->step_ms),
-           sp, setup, extra, m->fell_back ? "  fell back to eager: " : "", m->fell_back ? m->fallback_reason : "");
+    snprintf(extra, sizeof extra, "%.2f / %.2f", q->extra_bytes / MIB, sr->measured_extra_bytes / MIB);
+    printf("  %-6s %21s %+7.1f%% %21s %29s %23s%s%s\n", sg_scope_name(sr->scope), ms, sr->error_pct, sp, setup,
+           extra, m->fell_back ? "  fell back to eager: " : "", m->fell_back ? m->fallback_reason : "");
+}
+
+/* sg_advise's progress: the tables as each stage completes (text output), and every failed
+ * measurement on stderr. */
+static void progress(void *user, const sg_advise_result *r, sg_advise_stage stage, sg_scope scope)
+{
+    bool json = *(const bool *)user;
+    switch (stage) {
+    case SG_ADVISE_STAGE_PROFILED:
+        if (!json) print_calib(&r->calib), print_profile(&r->profile, &r->options);
+        break;
+    case SG_ADVISE_STAGE_PREDICTED:
+        if (json) break;
+        print_checklist(&r->profile, &r->summary);
+        print_predictions(r);
+        if (r->options.measure) print_measure_head(&r->options);
+        break;
+    case SG_ADVISE_STAGE_MEASURED:
+        if (r->scopes[scope].measured) {
+            if (!json) print_measure_row(&r->scopes[scope]);
+        } else {
+            fprintf(stderr, "stepgraph advise: measuring %s scope: %s\n", sg_scope_name(scope),
+                    r->scopes[scope].measure_note);
+        }
+        break;
+    }
     fflush(stdout);
 }
 
 /* ---- JSON ---- */
 
-static void json_num(double v)
+static void kv_num(sg_json *w, const char *key, double v)
 {
-    if (isfinite(v)) printf("%.6g", v);
-    else printf("null");
+    sg_json_key(w, key);
+    sg_json_double(w, v); /* null when not finite: break_even_steps "never" */
 }
 
-/* "key": value pairs, comma-separated; the caller writes the braces. */
-static void json_kv(bool *first, const char *key, double v)
+static void kv_int(sg_json *w, const char *key, int64_t v)
 {
-    printf("%s\"%s\": ", *first ? "" : ", ", key);
-    json_num(v);
-    *first = false;
+    sg_json_key(w, key);
+    sg_json_int(w, v);
 }
 
-static void json_ks(bool *first, const char *key, const char *v)
+static void kv_str(sg_json *w, const char *key, const char *v)
 {
-    printf("%s\"%s\": ", *first ? "" : ", ", key);
-    sg_cli_json_str(stdout, v);
-    *first = false;
+    sg_json_key(w, key);
+    sg_json_string(w, v);
 }
 
-static void json_kb(bool *first, const char *key, bool v)
+static void kv_bool(sg_json *w, const char *key, int v)
 {
-    printf("%s\"%s\": %s", *first ? "" : ", ", key, v ? "true" : "false");
-    *first = false;
+    sg_json_key(w, key);
+    sg_json_bool(w, v);
 }
 
-static void json_calib(const sg_advise_calib *c)
+static void json_calib(sg_json *w, const sg_advise_calib *c)
 {
-    bool f = true;
-    printf("{");
-    json_kv(&f, "launch_host_us", c->launch_host_us);
-    json_kv(&f, "replay_base_us", c->replay_base_us);
-    json_kv(&f, "replay_node_us", c->replay_node_us);
-    json_kv(&f, "tiny_kernel_us", c->tiny_kernel_us);
-    json_kv(&f, "eager_kernel_us", c->eager_kernel_us);
-    json_kv(&f, "node_device_us", c->node_device_us);
-    json_kv(&f, "eager_gap_us", c->eager_gap_us);
-    json_kv(&f, "node_gap_us", c->node_gap_us);
-    json_kv(&f, "graph_gap_us", c->graph_gap_us);
-    json_kv(&f, "capture_base_us", c->capture_base_us);
-    json_kv(&f, "capture_node_us", c->capture_node_us);
-    json_kv(&f, "instantiate_base_us", c->instantiate_base_us);
-    json_kv(&f, "instantiate_node_us", c->instantiate_node_us);
-    json_kv(&f, "exec_base_bytes", c->exec_base_bytes);
-    json_kv(&f, "exec_node_bytes", c->exec_node_bytes);
-    json_kb(&f, "device_timed", c->device_timed);
-    json_ks(&f, "note", c->note);
-    printf("}");
+    sg_json_key(w, "calibration");
+    sg_json_object_begin(w);
+    kv_num(w, "launch_host_us", c->launch_host_us);
+    kv_num(w, "replay_base_us", c->replay_base_us);
+    kv_num(w, "replay_node_us", c->replay_node_us);
+    kv_num(w, "tiny_kernel_us", c->tiny_kernel_us);
+    kv_num(w, "eager_kernel_us", c->eager_kernel_us);
+    kv_num(w, "node_device_us", c->node_device_us);
+    kv_num(w, "eager_gap_us", c->eager_gap_us);
+    kv_num(w, "node_gap_us", c->node_gap_us);
+    kv_num(w, "graph_gap_us", c->graph_gap_us);
+    kv_num(w, "capture_base_us", c->capture_base_us);
+    kv_num(w, "capture_node_us", c->capture_node_us);
+    kv_num(w, "instantiate_base_us", c->instantiate_base_us);
+    kv_num(w, "instantiate_node_us", c->instantiate_node_us);
+    kv_num(w, "exec_base_bytes", c->exec_base_bytes);
+    kv_num(w, "exec_node_bytes", c->exec_node_bytes);
+    kv_bool(w, "device_timed", c->device_timed);
+    kv_str(w, "note", c->note);
+    sg_json_object_end(w);
 }
 
-static void json_region(bool *f, const char *key, sg_advise_region r)
+static void json_region(sg_json *w, const char *key, sg_advise_region r)
 {
-    printf("%s\"%s\": {\"launches\": ", *f ? "" : ", ", key);
-    json_num(r.launches);
-    printf(", \"host_us\": ");
-    json_num(r.host_us);
-    printf("}");
-    *f = false;
+    sg_json_key(w, key);
+    sg_json_object_begin(w);
+    kv_num(w, "launches", r.launches);
+    kv_num(w, "host_us", r.host_us);
+    sg_json_object_end(w);
 }
 
-static void json_profile(const sg_advise_profile *p)
+static void json_profile(sg_json *w, const sg_advise_profile *p)
 {
-    bool f = true;
-    printf("{");
-    json_kv(&f, "wall_ms", p->wall_ms);
-    json_kv(&f, "block_host_ms", p->block_host_ms);
-    json_kv(&f, "launches", p->launches);
-    json_kv(&f, "busy_ms", p->busy_ms);
-    json_kv(&f, "kernels", p->kernels);
-    json_kv(&f, "short_kernel_share", p->short_kernel_share);
-    json_region(&f, "step", p->step);
-    json_region(&f, "load", p->load);
-    json_region(&f, "forward", p->forward);
-    json_region(&f, "backward", p->backward);
-    json_region(&f, "load_static", p->load_static);
-    printf(", \"modules\": [");
+    sg_json_key(w, "profile");
+    sg_json_object_begin(w);
+    kv_num(w, "wall_ms", p->wall_ms);
+    kv_num(w, "block_host_ms", p->block_host_ms);
+    kv_num(w, "launches", p->launches);
+    kv_num(w, "busy_ms", p->busy_ms);
+    kv_num(w, "kernels", p->kernels);
+    kv_num(w, "short_kernel_share", p->short_kernel_share);
+    json_region(w, "step", p->step);
+    json_region(w, "load", p->load);
+    json_region(w, "forward", p->forward);
+    json_region(w, "backward", p->backward);
+    json_region(w, "load_static", p->load_static);
+    sg_json_key(w, "modules");
+    sg_json_array_begin(w);
     for (int i = 0; i < p->n_modules; i++) {
-        bool g = true;
-        printf("%s{", i ? ", " : "");
-        json_ks(&g, "name", p->modules[i].name);
-        json_region(&g, "forward", p->modules[i].forward);
-        json_region(&g, "backward", p->modules[i].backward);
-        printf("}");
+        sg_json_object_begin(w);
+        kv_str(w, "name", p->modules[i].name);
+        json_region(w, "forward", p->modules[i].forward);
+        json_region(w, "backward", p->modules[i].backward);
+        sg_json_object_end(w);
     }
-    printf("]");
-    json_kv(&f, "static_bytes", p->static_bytes);
-    json_kb(&f, "capture_tried", p->capture_tried);
-    json_kb(&f, "step_captured", p->step_captured);
-    json_kv(&f, "step_nodes", p->step_nodes);
-    json_ks(&f, "capture_error", p->capture_error);
-    json_kb(&f, "shapes_static", p->shapes_static);
-    json_ks(&f, "note", p->note);
-    printf("}");
+    sg_json_array_end(w);
+    kv_num(w, "static_bytes", p->static_bytes);
+    kv_bool(w, "capture_tried", p->capture_tried);
+    kv_bool(w, "step_captured", p->step_captured);
+    kv_int(w, "step_nodes", p->step_nodes);
+    kv_str(w, "capture_error", p->capture_error);
+    kv_bool(w, "shapes_static", p->shapes_static);
+    kv_str(w, "note", p->note);
+    sg_json_object_end(w);
 }
 
-static void json_prediction(const sg_advise_prediction *q)
+static void json_prediction(sg_json *w, const sg_advise_prediction *q)
 {
-    bool f = true;
-    printf("{");
-    json_ks(&f, "scope", sg_scope_name(q->scope));
-    json_kv(&f, "step_ms", q->step_ms);
-    json_kv(&f, "speedup", q->speedup);
-    json_kv(&f, "host_ms", q->host_ms);
-    json_kv(&f, "device_ms", q->device_ms);
-    json_ks(&f, "bound", q->host_bound ? "host" : "device");
-    json_kv(&f, "launches", q->launches);
-    json_kv(&f, "graphs", q->graphs);
-    json_kv(&f, "nodes", q->nodes);
-    json_kv(&f, "eager_kernels", q->eager_kernels);
-    json_kv(&f, "capture_ms", q->capture_ms);
-    json_kv(&f, "instantiate_ms", q->instantiate_ms);
-    json_kv(&f, "saving_ms", q->saving_ms);
-    json_kv(&f, "break_even_steps", q->break_even_steps); /* null: never */
-    json_kv(&f, "extra_mib", q->extra_bytes / MIB);
-    json_kb(&f, "capturable", q->capturable);
-    printf("}");
+    sg_json_object_begin(w);
+    kv_str(w, "scope", sg_scope_name(q->scope));
+    kv_num(w, "step_ms", q->step_ms);
+    kv_num(w, "speedup", q->speedup);
+    kv_num(w, "host_ms", q->host_ms);
+    kv_num(w, "device_ms", q->device_ms);
+    kv_str(w, "bound", q->host_bound ? "host" : "device");
+    kv_num(w, "launches", q->launches);
+    kv_num(w, "graphs", q->graphs);
+    kv_num(w, "nodes", q->nodes);
+    kv_num(w, "eager_kernels", q->eager_kernels);
+    kv_num(w, "capture_ms", q->capture_ms);
+    kv_num(w, "instantiate_ms", q->instantiate_ms);
+    kv_num(w, "saving_ms", q->saving_ms);
+    kv_num(w, "break_even_steps", q->break_even_steps); /* null: never */
+    kv_num(w, "extra_mib", q->extra_bytes / MIB);
+    kv_bool(w, "capturable", q->capturable);
+    kv_str(w, "note", q->note);
+    sg_json_object_end(w);
 }
 
-static void json_measurement(const sg_advise_prediction *q, const sg_advise_measurement *m, double eager_ms,
-                             double eager_bytes)
+static void json_measurement(sg_json *w, const sg_advise_scope_result *sr)
 {
-    bool f = true;
-    printf("{");
-    json_ks(&f, "scope", sg_scope_name(m->scope));
-    json_kv(&f, "step_ms", m->step_ms);
-    json_kv(&f, "predicted_step_ms", q->step_ms);
-    json_kv(&f, "error_pct", err_pct(q->step_ms, m->step_ms));
-    json_kv(&f, "speedup", eager_ms / m->step_ms);
-    json_kv(&f, "host_ms", m->host_ms);
-    json_kv(&f, "launches", m->launches);
-    json_kv(&f, "busy_ms", m->busy_ms);
-    json_kv(&f, "graphs", m->graphs);
-    json_kv(&f, "nodes", m->nodes);
-    json_kv(&f, "capture_ms", m->capture_ms);
-    json_kv(&f, "instantiate_ms", m->instantiate_ms);
-    json_kv(&f, "extra_mib", (m->bytes + m->exec_bytes - eager_bytes) / MIB);
-    json_kb(&f, "fell_back", m->fell_back);
-    printf("}");
+    const sg_advise_measurement *m = &sr->measurement;
+    sg_json_object_begin(w);
+    kv_str(w, "scope", sg_scope_name(sr->scope));
+    kv_num(w, "step_ms", m->step_ms);
+    kv_num(w, "predicted_step_ms", sr->predicted.step_ms);
+    kv_num(w, "error_pct", sr->error_pct);
+    kv_num(w, "speedup", sr->measured_speedup);
+    kv_num(w, "host_ms", m->host_ms);
+    kv_num(w, "launches", m->launches);
+    kv_num(w, "busy_ms", m->busy_ms);
+    kv_int(w, "graphs", m->graphs);
+    kv_int(w, "nodes", m->nodes);
+    kv_num(w, "capture_ms", m->capture_ms);
+    kv_num(w, "instantiate_ms", m->instantiate_ms);
+    kv_num(w, "extra_mib", sr->measured_extra_bytes / MIB);
+    kv_bool(w, "fell_back", m->fell_back);
+    sg_json_object_end(w);
+}
+
+/* The whole result as one object on stdout. */
+static bool print_json(const sg_advise_result *r)
+{
+    sg_json *w = NULL;
+    if (sg_json_create_file(stdout, SG_JSON_SPACED, &w) != SG_OK) {
+        fprintf(stderr, "stepgraph advise: out of host memory writing JSON\n");
+        return false;
+    }
+    sg_json_object_begin(w);
+    kv_str(w, "model", r->model);
+    kv_str(w, "precision", r->precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
+    kv_str(w, "device", r->device);
+    kv_str(w, "commit", sg_cli_commit());
+    json_calib(w, &r->calib);
+    json_profile(w, &r->profile);
+    sg_json_key(w, "checklist");
+    sg_json_object_begin(w);
+    kv_num(w, "gpu_utilisation", r->summary.gpu_utilisation);
+    kv_num(w, "launch_share", r->summary.launch_share);
+    kv_num(w, "short_kernel_share", r->summary.short_kernel_share);
+    kv_bool(w, "shapes_static", r->summary.shapes_static);
+    kv_bool(w, "host_syncs", r->summary.host_syncs);
+    sg_json_object_end(w);
+    sg_json_key(w, "predictions");
+    sg_json_array_begin(w);
+    for (int s = 0; s < SG_ADVISE_SCOPES; s++) json_prediction(w, &r->scopes[s].predicted);
+    sg_json_array_end(w);
+    sg_json_key(w, "measurements");
+    sg_json_array_begin(w);
+    for (int s = 0; s < SG_ADVISE_SCOPES; s++)
+        if (r->scopes[s].measured) json_measurement(w, &r->scopes[s]);
+    sg_json_array_end(w);
+    sg_json_key(w, "not_measured");
+    sg_json_array_begin(w);
+    for (int s = 0; s < SG_ADVISE_SCOPES; s++) {
+        if (r->scopes[s].measured) continue;
+        sg_json_object_begin(w);
+        kv_str(w, "scope", sg_scope_name((sg_scope)s));
+        kv_str(w, "why", r->scopes[s].measure_note);
+        sg_json_object_end(w);
+    }
+    sg_json_array_end(w);
+    kv_str(w, "best_scope", sg_scope_name(r->summary.best));
+    kv_num(w, "best_speedup", r->summary.best_speedup);
+    kv_num(w, "best_measured_speedup", r->best_measured_speedup);
+    kv_str(w, "verdict", r->summary.verdict);
+    sg_json_object_end(w);
+    sg_status st = sg_json_finish(w);
+    if (st != SG_OK) fprintf(stderr, "stepgraph advise: writing JSON: %s\n", sg_json_error(w));
+    sg_json_destroy(w);
+    putchar('\n');
+    return st == SG_OK;
 }
 
 /* ---- the command ---- */
@@ -276,9 +345,9 @@ static void json_measurement(const sg_advise_prediction *q, const sg_advise_meas
 typedef struct advise_opts {
     const char *model;
     sg_model_options mo;
-    sg_advise_timing tm;
+    sg_advise_options ao;
     sg_backend backend;
-    bool measure, json;
+    bool json;
 } advise_opts;
 
 /* Parses argv into o; returns -1 to go on, else the exit status (0 after --help). */
@@ -294,20 +363,20 @@ static int parse(int argc, char **argv, advise_opts *o)
         } else if (!strcmp(argv[i], "--json")) {
             o->json = true, i++;
         } else if (!strcmp(argv[i], "--no-measure")) {
-            o->measure = false, i++;
+            o->ao.measure = 0, i++;
         } else if (sg_cli_opt(argc, argv, &i, "--model", &v, &bad)) {
             o->model = v;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("advise", v, &o->mo.precision);
         } else if (sg_cli_opt(argc, argv, &i, "--steps", &v, &bad)) {
             bad = bad || !sg_cli_int("advise", "--steps", v, 1, 1000000, &n);
-            o->tm.steps = (int)n;
+            o->ao.steps = (int)n;
         } else if (sg_cli_opt(argc, argv, &i, "--repeats", &v, &bad)) {
             bad = bad || !sg_cli_int("advise", "--repeats", v, 1, 1000, &n);
-            o->tm.repeats = (int)n;
+            o->ao.repeats = (int)n;
         } else if (sg_cli_opt(argc, argv, &i, "--warmup", &v, &bad)) {
             bad = bad || !sg_cli_int("advise", "--warmup", v, 5, 1000000, &n);
-            o->tm.warmup = (int)n;
+            o->ao.warmup = (int)n;
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             o->mo.data_path = v;
         } else if (sg_cli_opt(argc, argv, &i, "--backend", &v, &bad)) {
@@ -326,7 +395,7 @@ static int parse(int argc, char **argv, advise_opts *o)
 
 int sg_cmd_advise(int argc, char **argv)
 {
-    advise_opts o = {.tm = sg_advise_timing_default(), .backend = SG_BACKEND_AUTO, .measure = true};
+    advise_opts o = {.ao = sg_advise_options_default(), .backend = SG_BACKEND_AUTO};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
     if (o.backend == SG_BACKEND_CPU || (o.backend == SG_BACKEND_AUTO && !sg_cuda_available())) {
@@ -340,101 +409,32 @@ int sg_cmd_advise(int argc, char **argv)
 #endif
         return SG_EXIT_FAIL;
     }
+    sg_advise_result *r = malloc(sizeof *r);
+    if (!r) {
+        fprintf(stderr, "stepgraph advise: out of host memory\n");
+        return SG_EXIT_FAIL;
+    }
     sg_ctx *ctx = sg_cli_ctx("advise", o.backend, true);
-    if (!ctx) return SG_EXIT_FAIL;
-    const char *precision = o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32";
-    sg_advise_calib c;
-    sg_advise_profile p;
-    sg_advise_prediction pr[SG_ADVISE_SCOPES];
-    sg_advise_measurement ms[SG_ADVISE_SCOPES];
-    bool measured[SG_ADVISE_SCOPES] = {false};
-    sg_advise_summary sum;
-    rc = SG_EXIT_FAIL;
+    if (!ctx) {
+        free(r);
+        return SG_EXIT_FAIL;
+    }
     if (!o.json) {
-        printf("stepgraph advise: %s (%s) on %s\n\n", o.model, precision, sg_ctx_device_name(ctx));
+        printf("stepgraph advise: %s (%s) on %s\n\n", o.model, o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32",
+               sg_ctx_device_name(ctx));
         fflush(stdout);
     }
-    if (sg_advise_calibrate(ctx, &c) != SG_OK || sg_advise_profile_model(ctx, o.model, &o.mo, &o.tm, &p) != SG_OK) {
-        fprintf(stderr, "stepgraph advise: %s\n", sg_ctx_last_error(ctx));
-        goto out;
-    }
-    if (!o.json) print_calib(&c), print_profile(&p, &o.tm);
-    for (int s = 0; s < SG_ADVISE_SCOPES; s++)
-        if (sg_advise_predict(&c, &p, (sg_scope)s, &pr[s]) != SG_OK) {
-            fprintf(stderr, "stepgraph advise: cannot predict %s scope: %s\n", sg_scope_name((sg_scope)s), pr[s].note);
-            goto out;
-        }
-    if (sg_advise_summarize(&c, &p, pr, &sum) != SG_OK) {
-        fprintf(stderr, "stepgraph advise: the predictions do not add up to a summary\n");
-        goto out;
-    }
-    if (!o.json) {
-        print_checklist(&p, &sum);
-        print_predictions(pr);
-        if (o.measure) print_measure_head(&o.tm);
-        fflush(stdout);
-    }
-    rc = 0;
-    /* Eager first: the measured speedups and extra memory are relative to it. */
-    for (int s = 0; o.measure && s < SG_ADVISE_SCOPES; s++) {
-        if (!pr[s].capturable) continue;
-        if (sg_advise_measure(ctx, o.model, &o.mo, (sg_scope)s, &o.tm, &ms[s]) != SG_OK) {
-            fprintf(stderr, "stepgraph advise: measuring %s scope: %s\n", sg_scope_name((sg_scope)s),
-                    sg_ctx_last_error(ctx));
-            rc = SG_EXIT_FAIL;
-            if (s == SG_SCOPE_EAGER) break;
-            continue;
-        }
-        measured[s] = true;
-        if (!o.json) print_measure_row(&pr[s], &ms[s], ms[0].step_ms, ms[0].bytes);
-    }
-    char meas[64] = "";
-    if (measured[0] && measured[sum.best])
-        snprintf(meas, sizeof meas, "; measured %.2fx", ms[0].step_ms / ms[sum.best].step_ms);
-    if (!o.json) {
-        size_t n = strlen(sum.verdict);
-        if (meas[0] && n && sum.verdict[n - 1] == ')') printf("\nverdict: %.*s%s)\n", (int)n - 1, sum.verdict, meas);
-        else printf("\nverdict: %s\n", sum.verdict);
-    } else {
-        bool f = true;
-        const char *commit = getenv("SG_COMMIT") ? getenv("SG_COMMIT") : SG_GIT_COMMIT;
-        printf("{");
-        json_ks(&f, "model", o.model);
-        json_ks(&f, "precision", precision);
-        json_ks(&f, "device", sg_ctx_device_name(ctx));
-        json_ks(&f, "commit", commit);
-        printf(", \"calibration\": ");
-        json_calib(&c);
-        printf(", \"profile\": ");
-        json_profile(&p);
-        printf(", \"checklist\": {");
-        bool g = true;
-        json_kv(&g, "gpu_utilisation", sum.gpu_utilisation);
-        json_kv(&g, "launch_share", sum.launch_share);
-        json_kv(&g, "short_kernel_share", sum.short_kernel_share);
-        json_kb(&g, "shapes_static", sum.shapes_static);
-        json_kb(&g, "host_syncs", sum.host_syncs);
-        printf("}, \"predictions\": [");
-        for (int s = 0; s < SG_ADVISE_SCOPES; s++) {
-            if (s) printf(", ");
-            json_prediction(&pr[s]);
-        }
-        printf("], \"measurements\": [");
-        bool any = false;
-        for (int s = 0; s < SG_ADVISE_SCOPES; s++) {
-            if (!measured[s]) continue;
-            if (any) printf(", ");
-            json_measurement(&pr[s], &ms[s], ms[0].step_ms, ms[0].bytes);
-            any = true;
-        }
-        printf("]");
-        f = false;
-        json_ks(&f, "best_scope", sg_scope_name(sum.best));
-        json_kv(&f, "best_speedup", sum.best_speedup);
-        json_ks(&f, "verdict", sum.verdict);
-        printf("}\n");
-    }
-out:
+    o.ao.progress = progress;
+    o.ao.progress_user = &o.json;
+    sg_status st = sg_advise_name(ctx, o.model, &o.mo, &o.ao, r);
+    /* Calibration, profile or prediction failed: nothing to conclude. A failed measurement was
+     * said as it happened, and the rest is still printed. */
+    bool predicted = r->summary.verdict[0] != '\0';
+    rc = st == SG_OK ? 0 : SG_EXIT_FAIL;
+    if (!predicted) fprintf(stderr, "stepgraph advise: %s\n", sg_ctx_last_error(ctx));
+    else if (o.json && !print_json(r)) rc = SG_EXIT_FAIL;
+    else if (!o.json) printf("\nverdict: %s\n", r->verdict);
+    free(r);
     sg_ctx_destroy(ctx);
     return rc;
 }

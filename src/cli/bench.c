@@ -7,7 +7,6 @@
  * the memory goes: peaks, the static buffers by kind, the graphs' pool and executable graphs,
  * and allocations per 100 steps eager and under replay. */
 #include "cli/cli.h"
-#include "prof/prof.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -76,7 +75,8 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-#define SG_TRY_CLI(expr)                                                                     \
+/* Returns a failed call's status (the CLI's own: the library's SG_TRY is internal). */
+#define BENCH_TRY(expr)                                                                       \
     do {                                                                                      \
         sg_status st_ = (expr);                                                               \
         if (st_ != SG_OK) return st_;                                                         \
@@ -88,7 +88,7 @@ static sg_dtype precision = SG_DTYPE_F32;
 /* n optimizer steps from batch `from` (n a multiple of steps_per_call). */
 static sg_status steps(sg_trainer *t, long long from, long long n)
 {
-    for (long long s = from; s < from + n; s += steps_per_call) SG_TRY_CLI(sg_trainer_step(t, s));
+    for (long long s = from; s < from + n; s += steps_per_call) BENCH_TRY(sg_trainer_step(t, s));
     return SG_OK;
 }
 
@@ -105,9 +105,9 @@ static sg_status warm_up(sg_trainer *t, sg_ctx *ctx, long long calls, long long 
                          sg_alloc_stats *first, sg_alloc_stats *eager)
 {
     long long k = steps_per_call;
-    SG_TRY_CLI(steps(t, 0, k));
+    BENCH_TRY(steps(t, 0, k));
     sg_ctx_alloc_stats(ctx, first);
-    SG_TRY_CLI(steps(t, k, (eager_calls - 1) * k));
+    BENCH_TRY(steps(t, k, (eager_calls - 1) * k));
     sg_ctx_alloc_stats(ctx, eager);
     return steps(t, eager_calls * k, (calls - eager_calls) * k);
 }
@@ -118,9 +118,9 @@ static sg_status held_out_loss(sg_model *m, double *out)
     double sum = 0;
     for (int b = 0; b < 4; b++) {
         float l;
-        SG_TRY_CLI(sg_model_load_batch(m, b));
-        SG_TRY_CLI(sg_model_forward(m));
-        SG_TRY_CLI(sg_model_loss_read(m, &l));
+        BENCH_TRY(sg_model_load_batch(m, b));
+        BENCH_TRY(sg_model_forward(m));
+        BENCH_TRY(sg_model_loss_read(m, &l));
         sum += l;
     }
     *out = sum / 4;
@@ -228,26 +228,84 @@ out:
     return rc;
 }
 
-static void print_num_or_null(const char *key, double v)
+/* "key": v with `decimals` digits (null when not finite), "key": "s", "key": n. */
+static void json_num(sg_json *w, const char *key, double v, int decimals)
 {
-    if (isnan(v)) printf(", \"%s\": null", key);
-    else printf(", \"%s\": %.2f", key, v);
+    sg_json_key(w, key);
+    sg_json_fixed(w, v, decimals);
+}
+
+static void json_str(sg_json *w, const char *key, const char *s)
+{
+    sg_json_key(w, key);
+    sg_json_string(w, s);
+}
+
+static void json_int(sg_json *w, const char *key, int64_t v)
+{
+    sg_json_key(w, key);
+    sg_json_int(w, v);
 }
 
 /* --memory --json: the extra fields of a row's line (before "device"). */
-static void print_memory_json(const bench_row *r)
+static void json_memory(sg_json *w, const bench_row *r)
 {
     const double mib = 1048576.0;
     const sg_trainer_stats *ts = &r->ts;
-    printf(", \"memory_of\": \"%s\", \"peak_in_use_mib\": %.3f, \"eager_peak_mib\": %.3f, "
-           "\"eager_peak_in_use_mib\": %.3f, \"params_mib\": %.3f, \"grads_mib\": %.3f, "
-           "\"optim_state_mib\": %.3f, \"activations_mib\": %.3f, \"data_mib\": %.3f, "
-           "\"graph_pool_mib\": %.3f, \"graph_pool_peak_in_use_mib\": %.3f",
-           r->host_memory ? "host" : "device", r->peak_use_mib, r->eager_peak_mib, r->eager_peak_use_mib,
-           ts->param_bytes / mib, ts->grad_bytes / mib, ts->optim_bytes / mib, ts->activation_bytes / mib,
-           ts->data_bytes / mib, ts->graph_pool.bytes_reserved / mib, ts->graph_pool.peak_bytes_in_use / mib);
-    print_num_or_null("allocs_per_100_eager", r->eager_allocs100);
-    print_num_or_null("allocs_per_100_replay", r->replay_allocs100);
+    json_str(w, "memory_of", r->host_memory ? "host" : "device");
+    json_num(w, "peak_in_use_mib", r->peak_use_mib, 3);
+    json_num(w, "eager_peak_mib", r->eager_peak_mib, 3);
+    json_num(w, "eager_peak_in_use_mib", r->eager_peak_use_mib, 3);
+    json_num(w, "params_mib", ts->param_bytes / mib, 3);
+    json_num(w, "grads_mib", ts->grad_bytes / mib, 3);
+    json_num(w, "optim_state_mib", ts->optim_bytes / mib, 3);
+    json_num(w, "activations_mib", ts->activation_bytes / mib, 3);
+    json_num(w, "data_mib", ts->data_bytes / mib, 3);
+    json_num(w, "graph_pool_mib", ts->graph_pool.bytes_reserved / mib, 3);
+    json_num(w, "graph_pool_peak_in_use_mib", ts->graph_pool.peak_bytes_in_use / mib, 3);
+    json_num(w, "allocs_per_100_eager", r->eager_allocs100, 2);
+    json_num(w, "allocs_per_100_replay", r->replay_allocs100, 2);
+}
+
+/* --json: a row as one line on stdout, every string escaped (sg_json). */
+static bool print_json_row(const bench_row *r, bool memory, const char *commit)
+{
+    sg_json *w = NULL;
+    if (sg_json_create_file(stdout, SG_JSON_SPACED, &w) != SG_OK) {
+        fprintf(stderr, "stepgraph bench: out of host memory writing JSON\n");
+        return false;
+    }
+    sg_json_object_begin(w);
+    json_str(w, "framework", "stepgraph");
+    json_str(w, "model", r->model);
+    json_str(w, "scope", sg_scope_name(r->scope));
+    json_str(w, "precision", precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
+    json_num(w, "ms_per_step", r->ms, 5);
+    json_num(w, "host_ms_per_step", r->host_ms, 5);
+    json_num(w, "kernels_per_step", r->kernels, 2);
+    json_num(w, "gpu_busy_ms_per_step", r->busy_ok ? r->busy_ms : NAN, 5);
+    if (r->busy_ok) json_num(w, "kernels_per_step_cupti", r->cupti_kernels, 2);
+    json_int(w, "graphs", r->ts.graphs);
+    json_int(w, "graph_nodes", r->ts.nodes);
+    json_int(w, "steps_per_graph", steps_per_call);
+    json_num(w, "capture_ms", r->ts.capture_ms, 3);
+    json_num(w, "instantiate_ms", r->ts.instantiate_ms, 3);
+    json_num(w, "graph_exec_mib", r->ts.exec_bytes / 1048576.0, 2);
+    sg_json_key(w, "fell_back");
+    sg_json_bool(w, r->ts.fell_back);
+    json_num(w, "allocs_per_100_steps", r->allocs100, 2);
+    json_num(w, "peak_mib", r->peak_mib, 1);
+    json_num(w, "loss_first", r->loss0, 4);
+    json_num(w, "loss_after_warmup", r->loss1, 4);
+    if (memory) json_memory(w, r);
+    json_str(w, "device", r->device);
+    json_str(w, "commit", commit);
+    sg_json_object_end(w);
+    sg_status st = sg_json_finish(w);
+    if (st != SG_OK) fprintf(stderr, "stepgraph bench: writing JSON: %s\n", sg_json_error(w));
+    sg_json_destroy(w);
+    putchar('\n');
+    return st == SG_OK;
 }
 
 static void print_count(double v)
@@ -373,27 +431,7 @@ int sg_cmd_bench(int argc, char **argv)
                 continue;
             }
             if (json) {
-                printf("{\"framework\": \"stepgraph\", \"model\": ");
-                sg_cli_json_str(stdout, r.model);
-                printf(", \"scope\": \"%s\", \"precision\": \"%s\", "
-                       "\"ms_per_step\": %.5f, \"host_ms_per_step\": %.5f, \"kernels_per_step\": %.2f, "
-                       "\"gpu_busy_ms_per_step\": ",
-                       sg_scope_name(r.scope), precision == SG_DTYPE_BF16 ? "bf16" : "fp32", r.ms,
-                       r.host_ms, r.kernels);
-                if (r.busy_ok) printf("%.5f, \"kernels_per_step_cupti\": %.2f", r.busy_ms, r.cupti_kernels);
-                else printf("null");
-                printf(", \"graphs\": %d, \"graph_nodes\": %d, \"steps_per_graph\": %d, \"capture_ms\": %.3f, \"instantiate_ms\": %.3f, "
-                       "\"graph_exec_mib\": %.2f, \"fell_back\": %s, \"allocs_per_100_steps\": %.2f, "
-                       "\"peak_mib\": %.1f, \"loss_first\": %.4f, \"loss_after_warmup\": %.4f",
-                       r.ts.graphs, r.ts.nodes, steps_per_call, r.ts.capture_ms, r.ts.instantiate_ms,
-                       r.ts.exec_bytes / 1048576.0, r.ts.fell_back ? "true" : "false", r.allocs100,
-                       r.peak_mib, r.loss0, r.loss1);
-                if (memory) print_memory_json(&r);
-                printf(", \"device\": ");
-                sg_cli_json_str(stdout, r.device);
-                printf(", \"commit\": ");
-                sg_cli_json_str(stdout, commit);
-                printf("}\n");
+                if (!print_json_row(&r, memory, commit)) rc = SG_EXIT_FAIL;
             } else {
                 char busy[32];
                 if (r.busy_ok) snprintf(busy, sizeof busy, "%.4f", r.busy_ms);

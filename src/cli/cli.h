@@ -1,5 +1,6 @@
 /* cli.h: what the stepgraph subcommands share: strict option parsing (every value checked,
- * unknown flags rejected with a pointer to --help), a monotonic clock and the context. */
+ * unknown flags rejected with a pointer to --help), a monotonic clock and the context. The
+ * commands use the public header only (JSON output goes through its sg_json writer). */
 #ifndef SG_CLI_H
 #define SG_CLI_H
 
@@ -30,9 +31,6 @@ int64_t sg_cli_vary_rows(int64_t step, int64_t max_rows);
 /* The commit the binary was built from (SG_GIT_COMMIT); the environment's SG_COMMIT overrides
  * it (a copy of the tree without .git). */
 const char *sg_cli_commit(void);
-/* Writes s to f as a JSON string: quoted, with '"', backslash, control characters and
- * bytes from 0x7f up escaped (\u00XX), so any bytes make valid JSON. */
-void sg_cli_json_str(FILE *f, const char *s);
 /* Creates a context, saying on stderr which backend runs and why. NULL on failure (printed). */
 sg_ctx *sg_cli_ctx(const char *cmd, sg_backend b, bool quiet);
 

@@ -45,18 +45,6 @@ const char *sg_cli_commit(void)
     return c && *c ? c : SG_GIT_COMMIT;
 }
 
-void sg_cli_json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20 || c >= 0x7f) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 double sg_cli_now_ms(void)
 {
     struct timespec ts;

@@ -3,7 +3,6 @@
  * trace (CUDA calls and named ranges per host thread, kernels and copies per stream), with a
  * line per step: kernels, launch calls, graph launches, host time in launches, GPU busy/idle. */
 #include "cli/cli.h"
-#include "prof/prof.h"
 
 #include <errno.h>
 #include <stdlib.h>

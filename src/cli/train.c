@@ -30,7 +30,16 @@ static const char *train_usage =
     "                      gpt-WIDTH-DEPTH-BATCH-SEQ (e.g. gpt-256-4-8-128) (required)\n"
     "  --data PATH         gpt: text to train on, bytes as tokens: a regular file (not a\n"
     "                      pipe or device), whose size is checked against free memory before\n"
-    "                      it is read (default: a licence text under /usr/share/common-licenses)\n"
+    "                      it is read (default: a licence text under /usr/share/common-licenses);\n"
+    "                      with --vocab, a token file (docs/data.md)\n"
+    "  --val-data PATH     gpt: a separate validation file, read as --data is (default: the\n"
+    "                      last 10% of --data is held out)\n"
+    "  --vocab N           gpt: --data and --val-data are token files, tokens below N: nanoGPT's\n"
+    "                      raw uint16 train.bin / val.bin, or llm.c shards (a 1024-byte header,\n"
+    "                      magic 20240520, version 1 uint16 or 2 uint32 tokens), told apart by\n"
+    "                      the magic; the embedding and head get N rows (e.g. 50304 for GPT-2's\n"
+    "                      50257 tokens). Every token is checked before training (default:\n"
+    "                      bytes, vocabulary 256)\n"
     "  --dropout P         gpt: dropout probability (default 0)\n"
     "  --clip X            clip gradients to global norm X inside the step (default off)\n"
     "  --precision P       fp32 (default) or bf16 (gpt): bf16 activations, matmuls and\n"
@@ -237,6 +246,12 @@ static int parse(int argc, char **argv, train_opts *o)
             o->resume = v;
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             o->mo.data_path = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--val-data", &v, &bad)) {
+            o->mo.val_data_path = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--vocab", &v, &bad)) {
+            long long n = 0;
+            bad = bad || !sg_cli_int("train", "--vocab", v, 1, INT32_MAX, &n);
+            o->mo.vocab = n;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("train", v, &o->mo.precision);
         } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
@@ -475,11 +490,11 @@ static void metrics_run(run *r, float val0)
 {
     FILE *f = r->metrics;
     fputs("{\"run\": {\"model\": ", f);
-    sg_cli_json_str(f, sg_model_name(r->m));
+    sg_json_write_string(f, sg_model_name(r->m));
     fprintf(f, ", \"scope\": \"%s\", \"precision\": \"%s\", \"backend\": \"%s\", \"device\": ",
             sg_scope_name(r->o->tr.scope), r->o->mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32",
             sg_backend_name(sg_ctx_backend(r->ctx)));
-    sg_cli_json_str(f, sg_ctx_device_name(r->ctx));
+    sg_json_write_string(f, sg_ctx_device_name(r->ctx));
     fprintf(f, ", \"steps\": %lld, \"start_step\": %lld, \"seed\": %lld}}\n", r->o->steps, r->start, r->o->seed);
     if (val0 >= 0) fprintf(f, "{\"step\": %lld, \"val_loss\": %.6g}\n", r->start, val0);
     fflush(f);

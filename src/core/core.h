@@ -123,6 +123,34 @@ typedef struct sg_capture {
 
 /* ---- context ---- */
 
+/* Slots of sg_ctx_scratch: one persistent device buffer per CUDA kernel family that keeps
+ * reduction partials or "last block done" counters between launches. A slot's owner fixes its
+ * layout; nobody else writes it. Tests read some of them (the counters must be back at 0). */
+typedef enum sg_scratch_slot {
+    SG_SLOT_LINEAR = 0, /* ops/linear_cuda.cu: dact_bias_kernel's bias-gradient partials and
+                         * counters */
+    SG_SLOT_LOSS,       /* ops/loss_cuda.cu: xent/mse partials and the last-block counter */
+    SG_SLOT_OPTIM,      /* ops/optim_cuda.cu: the optimizer's last-block counter
+                         * (SG_OPTIM_SCRATCH_BYTES); nn/optim.c allocates it when the optimizer
+                         * is created */
+    SG_SLOT_LAYERNORM,  /* ops/layernorm_cuda.cu: the backward's per-block dgamma/dbeta partials */
+    SG_SLOT_AMP,        /* ops/amp_cuda.cu: the unscale's overflow word and counter
+                         * (SG_AMP_SCRATCH_BYTES); nn/optim.c allocates it with the scaler */
+    SG_SLOT_CLIP,       /* ops/clip_cuda.cu: the norm's partials, counter and result
+                         * (SG_CLIP_SCRATCH_BYTES) */
+    SG_SLOT_COUNT
+} sg_scratch_slot;
+
+/* Slots of sg_ctx_ext: per-context host caches of the CUDA ops, freed with the context. */
+typedef enum sg_ext_slot {
+    SG_EXT_LINEAR = 0,  /* ops/linear_cuda.cu: cuBLASLt matmul plans by shape */
+    SG_EXT_ATTENTION,   /* ops/attention_cuda.cu: the cuBLAS handle of the batched GEMMs */
+    SG_EXT_COUNT
+} sg_ext_slot;
+
+/* An observer of destroyed tensors (sg_ctx_set_tensor_hook). */
+typedef void (*sg_tensor_hook_fn)(void *user, const sg_tensor *t);
+
 struct sg_ctx {
     sg_backend backend;
     const sg_device_i *dev;
@@ -135,12 +163,14 @@ struct sg_ctx {
     sg_pool *pools;          /* every pool, the default first */
     size_t reserved_total;   /* across pools, checked against opts.alloc_limit_bytes */
     void *cuda;              /* struct sg_cuda_state *, CUDA backend only */
-    sg_tensor *scratch[8];   /* sg_ctx_scratch buffers, by slot */
-    void *ext[8];            /* per-context caches of upper layers, by slot */
-    void (*ext_free[8])(sg_ctx *ctx, void *ext);
+    sg_tensor *scratch[SG_SLOT_COUNT];   /* sg_ctx_scratch buffers, by sg_scratch_slot */
+    void *ext[SG_EXT_COUNT];             /* per-context caches of the ops, by sg_ext_slot */
+    void (*ext_free[SG_EXT_COUNT])(sg_ctx *ctx, void *ext);
     sg_capture cap;
     const char *module;      /* the module whose work is being queued, for messages */
-    struct sg_graph *graphs; /* live graphs: told when a static input is destroyed */
+    /* Destroyed tensors (sg_ctx_set_tensor_hook): an observer (graph/) sees each one. */
+    sg_tensor_hook_fn tensor_hook;
+    void *tensor_user;
     /* Named ranges (sg_range_push/pop): an observer (the profiler) sees each push and pop. */
     void (*range_hook)(void *user, const char *name, bool push);
     void *range_user;
@@ -157,8 +187,10 @@ sg_status sg_plan_run(sg_ctx *ctx, const sg_plan *p);
 int sg_plan_length(const sg_plan *p);
 size_t sg_plan_bytes(const sg_plan *p);
 void sg_plan_destroy(sg_plan *p);
-/* Called by sg_tensor_destroy: graphs mark a destroyed static input. */
-void sg_graph_forget_tensor(sg_ctx *ctx, const sg_tensor *t);
+/* One observer of destroyed tensors: sg_tensor_destroy calls fn(user, t) first, while t's
+ * fields are still valid. graph/ installs it while graphs are alive, so that replay refuses a
+ * static input that was destroyed (core knows nothing of graphs). NULL fn: none. */
+void sg_ctx_set_tensor_hook(sg_ctx *ctx, sg_tensor_hook_fn fn, void *user);
 
 /* Named host ranges around a step and each module's forward and backward: NVTX ranges (so
  * Nsight Systems shows them by name; CUDA builds), and the context's range hook when one is
@@ -167,17 +199,15 @@ void sg_graph_forget_tensor(sg_ctx *ctx, const sg_tensor *t);
 void sg_range_push(sg_ctx *ctx, const char *name);
 void sg_range_pop(sg_ctx *ctx, const char *name);
 
-/* Slots of sg_ctx_scratch and sg_ctx_ext: one per op family that needs one. */
-enum { SG_SLOT_LINEAR = 0, SG_SLOT_LOSS, SG_SLOT_OPTIM, SG_SLOT_NN, SG_SLOT_AMP, SG_SLOT_COUNT = 8 };
-
 /* A persistent device buffer of at least `bytes`, zero-filled when (re)allocated, owned by
  * the context: kernels keep reduction partials and "last block done" counters there (a
  * counter must be left at zero by the kernel that uses it). Allocates only on the first call
  * (or when a larger size is asked for): steady-state steps allocate nothing. */
-sg_status sg_ctx_scratch(sg_ctx *ctx, int slot, size_t bytes, void **out);
+sg_status sg_ctx_scratch(sg_ctx *ctx, sg_scratch_slot slot, size_t bytes, void **out);
 /* Registers a cache object for slot, freed by free_fn when the context is destroyed. */
-void sg_ctx_set_ext(sg_ctx *ctx, int slot, void *ext, void (*free_fn)(sg_ctx *ctx, void *ext));
-static inline void *sg_ctx_ext(const sg_ctx *ctx, int slot) { return ctx->ext[slot]; }
+void sg_ctx_set_ext(sg_ctx *ctx, sg_ext_slot slot, void *ext,
+                    void (*free_fn)(sg_ctx *ctx, void *ext));
+static inline void *sg_ctx_ext(const sg_ctx *ctx, sg_ext_slot slot) { return ctx->ext[slot]; }
 
 static inline void sg_ctx_count_launches(sg_ctx *ctx, int n) { ctx->launches += (uint64_t)n; }
 
@@ -202,8 +232,14 @@ sg_status sg_cublas_status(const sg_ctx *ctx, int err, const char *call, const c
         int sg_e_ = (int)(call);                                                              \
         if (sg_e_ != 0) return sg_cublas_status((ctx), sg_e_, #call, __FILE__, __LINE__);     \
     } while (0)
-/* After a kernel launch: the launch error, if any. */
-#define SG_CUDA_CHECK_LAUNCH(ctx, what) SG_CUDA_CHECK(ctx, sg_cuda_last_error())
+/* After a kernel launch: the launch error, if any, as "<what> launch failed: <CUDA's error> at
+ * file:line". what names the kernel and must be a string literal ("ln_forward_kernel"). */
+#define SG_CUDA_CHECK_LAUNCH(ctx, what)                                                       \
+    do {                                                                                      \
+        int sg_e_ = sg_cuda_last_error();                                                     \
+        if (sg_e_ != 0)                                                                       \
+            return sg_cuda_status((ctx), sg_e_, what " launch", __FILE__, __LINE__);          \
+    } while (0)
 int sg_cuda_last_error(void);
 
 /* Runs a CUDA dispatch expression in CUDA builds; a clear error in CPU-only builds, so op

@@ -1,6 +1,7 @@
 /* ctx.c: the context. Picks a backend (CUDA when a GPU is usable, else the CPU reference),
- * owns the default pool, the error message and the launch counter. Backend specifics sit
- * behind the sg_device_i table (device_cpu.c, device_cuda.c). */
+ * owns the default pool, the error message, the launch counter, the ops' scratch buffers and
+ * caches (by slot), and the tensor hook an upper layer observes destruction through. Backend
+ * specifics sit behind the sg_device_i table (device_cpu.c, device_cuda.c). */
 #include "core/core.h"
 
 #include <stdlib.h>
@@ -86,10 +87,9 @@ void sg_ctx_destroy(sg_ctx *ctx)
 {
     if (!ctx) return;
     ctx->dev->sync(ctx);
-    for (int i = 0; i < SG_SLOT_COUNT; i++) {
+    for (int i = 0; i < SG_EXT_COUNT; i++)
         if (ctx->ext[i] && ctx->ext_free[i]) ctx->ext_free[i](ctx, ctx->ext[i]);
-        sg_tensor_destroy(ctx->scratch[i]);
-    }
+    for (int i = 0; i < SG_SLOT_COUNT; i++) sg_tensor_destroy(ctx->scratch[i]);
     for (sg_pool *p = ctx->pools, *n; p; p = n) {
         n = p->next;
         sg_pool_release_all(p);
@@ -127,9 +127,9 @@ sg_status sg_ctx_sync(sg_ctx *ctx)
     return ctx->dev->sync(ctx);
 }
 
-sg_status sg_ctx_scratch(sg_ctx *ctx, int slot, size_t bytes, void **out)
+sg_status sg_ctx_scratch(sg_ctx *ctx, sg_scratch_slot slot, size_t bytes, void **out)
 {
-    SG_ASSERT(slot >= 0 && slot < SG_SLOT_COUNT);
+    SG_ASSERT((int)slot >= 0 && slot < SG_SLOT_COUNT);
     sg_tensor *t = ctx->scratch[slot];
     if (!t || sg_tensor_nbytes(t) < bytes) {
         sg_tensor_destroy(t);
@@ -147,9 +147,18 @@ sg_status sg_ctx_scratch(sg_ctx *ctx, int slot, size_t bytes, void **out)
     return SG_OK;
 }
 
-void sg_ctx_set_ext(sg_ctx *ctx, int slot, void *ext, void (*free_fn)(sg_ctx *ctx, void *ext))
+void sg_ctx_set_ext(sg_ctx *ctx, sg_ext_slot slot, void *ext,
+                    void (*free_fn)(sg_ctx *ctx, void *ext))
 {
-    SG_ASSERT(slot >= 0 && slot < SG_SLOT_COUNT);
+    SG_ASSERT((int)slot >= 0 && slot < SG_EXT_COUNT);
     ctx->ext[slot] = ext;
     ctx->ext_free[slot] = free_fn;
+}
+
+void sg_ctx_set_tensor_hook(sg_ctx *ctx, sg_tensor_hook_fn fn, void *user)
+{
+    /* One observer: a second would silently replace the first. */
+    SG_ASSERT(!fn || !ctx->tensor_hook || ctx->tensor_hook == fn);
+    ctx->tensor_hook = fn;
+    ctx->tensor_user = fn ? user : NULL;
 }

@@ -49,6 +49,15 @@ sg_status sg_fail(const sg_ctx *ctx, sg_status st, const char *fmt, ...)
     return st;
 }
 
+sg_status sg_ctx_fail(sg_ctx *ctx, sg_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    sg_vfail(ctx, st, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
 const char *sg_ctx_last_error(const sg_ctx *ctx) { return ctx ? ctx->msg : create_msg; }
 
 void sg_assert_fail(const char *cond, const char *file, int line)

@@ -144,7 +144,7 @@ void sg_tensor_destroy(sg_tensor *t)
 {
     if (!t) return;
     sg_ctx *ctx = t->ctx;
-    if (ctx->graphs) sg_graph_forget_tensor(ctx, t);
+    if (ctx->tensor_hook) ctx->tensor_hook(ctx->tensor_user, t);
     if (t->block) {
         if (ctx->cap.active && t->pool != ctx->cap.pool) defer_free(ctx, t->pool, t->block);
         else sg_pool_free(t->pool, t->block);

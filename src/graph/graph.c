@@ -1,6 +1,7 @@
 /* graph.c: sg_graph: warm up, capture a step into a graph with its own pool, replay it with one
- * launch, recapture (update in place), destroy. On the CPU a "graph" is the plan of op calls
- * recorded during capture (core/capture.c), so CI exercises the same semantics: static
+ * launch, recapture (update in place), destroy. What differs by backend sits behind the
+ * sg_graph_backend_i table (graph_cpu.c, graph_cuda.c). On the CPU a "graph" is the plan of op
+ * calls recorded during capture (core/capture.c), so CI exercises the same semantics: static
  * tensors, no allocation on replay, errors for forbidden calls during capture. */
 #include "graph/graph.h"
 
@@ -37,18 +38,53 @@ sg_status sg_graph_get_stats(const sg_graph *g, sg_graph_stats *out)
     return SG_OK;
 }
 
-void sg_graph_forget_tensor(sg_ctx *ctx, const sg_tensor *t)
+static const sg_graph_backend_i *backend_of(const sg_ctx *ctx)
 {
-    for (sg_graph *g = ctx->graphs; g; g = g->next)
+#ifdef SG_HAVE_CUDA
+    if (ctx->backend == SG_BACKEND_CUDA) return &sg_graph_cuda;
+#endif
+    return &sg_graph_cpu;
+}
+
+/* ---- the live graphs of a context ----
+ * Replay must refuse a static input that was destroyed, so graphs watch tensor destruction
+ * through the context's tensor hook (core knows nothing of graphs). The hook is installed
+ * while a graph is alive, and its user pointer is the list's head: no allocation, and a
+ * context without graphs pays nothing when a tensor goes. */
+
+static void forget_tensor(void *user, const sg_tensor *t)
+{
+    for (sg_graph *g = user; g; g = g->next)
         for (int i = 0; i < g->n_in; i++)
             if (g->in[i].t == t) g->in[i].gone = true;
 }
 
+sg_graph *sg_graphs_of(const sg_ctx *ctx)
+{
+    return ctx->tensor_hook == forget_tensor ? ctx->tensor_user : NULL;
+}
+
+static void set_graphs(sg_ctx *ctx, sg_graph *head)
+{
+    sg_ctx_set_tensor_hook(ctx, head ? forget_tensor : NULL, head);
+}
+
+static void link_graph(sg_graph *g)
+{
+    g->next = sg_graphs_of(g->ctx);
+    set_graphs(g->ctx, g);
+}
+
 static void unlink_graph(sg_graph *g)
 {
-    for (sg_graph **l = &g->ctx->graphs; *l; l = &(*l)->next)
-        if (*l == g) {
-            *l = g->next;
+    sg_graph *head = sg_graphs_of(g->ctx);
+    if (head == g) {
+        set_graphs(g->ctx, g->next);
+        return;
+    }
+    for (sg_graph *p = head; p; p = p->next)
+        if (p->next == g) {
+            p->next = g->next;
             return;
         }
 }
@@ -59,10 +95,7 @@ void sg_graph_destroy(sg_graph *g)
     sg_ctx *ctx = g->ctx;
     /* Replays may be in flight: the pool's memory is theirs until they finish. */
     if (!ctx->cap.active && ctx->dev->sync(ctx) != SG_OK) { /* keep going: nothing to act on */ }
-#ifdef SG_HAVE_CUDA
-    if (ctx->backend == SG_BACKEND_CUDA) sg_graph_cuda_release(g);
-#endif
-    sg_plan_destroy(g->plan);
+    g->be->release(g);
     for (int i = 0; i < g->n_deferred; i++) sg_pool_free(g->deferred_pool[i], g->deferred[i]);
     free(g->deferred);
     free(g->deferred_pool);
@@ -100,43 +133,28 @@ static void end_capture_state(sg_ctx *ctx, sg_graph *g, sg_pool *prev_pool)
     ctx->cur_pool = prev_pool;
 }
 
-/* One recording of g->fn into *graph (CUDA) or g->plan (CPU). */
-static sg_status record(sg_graph *g, void **graph, sg_plan **plan)
+/* One recording of g->fn into *rec (the backend's: a CPU plan, a cudaGraph_t). */
+static sg_status record(sg_graph *g, void **rec)
 {
     sg_ctx *ctx = g->ctx;
     sg_pool *prev_pool = ctx->cur_pool;
-    *graph = NULL;
-    *plan = NULL;
+    *rec = NULL;
     ctx->cur_pool = g->pool;
     memset(&ctx->cap, 0, sizeof ctx->cap);
     ctx->cap.pool = g->pool;
-    if (ctx->backend == SG_BACKEND_CPU) {
-        *plan = sg_plan_create();
-        if (!*plan) {
-            ctx->cur_pool = prev_pool;
-            return sg_fail(ctx, SG_ERR_OOM, "sg_graph_capture: out of host memory");
-        }
-        ctx->cap.plan = *plan;
+    sg_status st = g->be->begin(ctx);
+    if (st != SG_OK) {
+        memset(&ctx->cap, 0, sizeof ctx->cap);
+        ctx->cur_pool = prev_pool;
+        return st;
     }
-#ifdef SG_HAVE_CUDA
-    if (ctx->backend == SG_BACKEND_CUDA) {
-        sg_status st = sg_graph_cuda_begin(ctx);
-        if (st != SG_OK) {
-            ctx->cur_pool = prev_pool;
-            return st;
-        }
-    }
-#endif
     ctx->cap.active = true;
     const char *module = ctx->module;
     double t0 = now_ms();
-    sg_status st = g->fn(g->user);
+    st = g->fn(g->user);
     ctx->module = module;
     ctx->cap.active = false;
-    sg_status end = SG_OK;
-#ifdef SG_HAVE_CUDA
-    if (ctx->backend == SG_BACKEND_CUDA) end = sg_graph_cuda_end(ctx, graph);
-#endif
+    sg_status end = g->be->end(ctx, rec);
     g->st.capture_ms = now_ms() - t0;
     bool failed = ctx->cap.failed;
     char msg[1024];
@@ -144,17 +162,13 @@ static sg_status record(sg_graph *g, void **graph, sg_plan **plan)
     end_capture_state(ctx, g, prev_pool);
     if (st == SG_OK && !failed && end == SG_OK) return SG_OK;
     /* Nothing of a failed recording is kept. */
-#ifdef SG_HAVE_CUDA
-    if (*graph) sg_graph_cuda_discard(*graph);
-#endif
-    *graph = NULL;
-    sg_plan_destroy(*plan);
-    *plan = NULL;
+    if (*rec) g->be->discard(*rec);
+    *rec = NULL;
     if (failed) return sg_fail(ctx, SG_ERR_CAPTURE, "%s", msg);
     if (st != SG_OK)
         return sg_fail(ctx, st == SG_ERR_CUDA ? SG_ERR_CAPTURE : st,
                        "sg_graph_capture: graph '%s': the step failed during capture: %s", g->name, msg);
-    return end; /* sg_graph_cuda_end's message names CUDA's reason */
+    return end; /* the backend's end names its reason (CUDA's error) */
 }
 
 sg_status sg_graph_capture(sg_ctx *ctx, sg_step_fn fn, void *user, const sg_graph_options *opts,
@@ -177,7 +191,7 @@ sg_status sg_graph_capture(sg_ctx *ctx, sg_step_fn fn, void *user, const sg_grap
                        o.pool->name);
     sg_graph *g = calloc(1, sizeof *g);
     if (!g) return sg_fail(ctx, SG_ERR_OOM, "sg_graph_capture: out of host memory");
-    g->ctx = ctx, g->fn = fn, g->user = user;
+    g->ctx = ctx, g->fn = fn, g->user = user, g->be = backend_of(ctx);
     snprintf(g->name, sizeof g->name, "%s", o.name ? o.name : "graph");
     for (int i = 0; i < o.n_static_inputs; i++) {
         const sg_tensor *t = o.static_inputs[i];
@@ -190,8 +204,7 @@ sg_status sg_graph_capture(sg_ctx *ctx, sg_step_fn fn, void *user, const sg_grap
         snprintf(g->in[i].name, sizeof g->in[i].name, "%s", t->name);
     }
     g->n_in = o.n_static_inputs;
-    g->next = ctx->graphs;
-    ctx->graphs = g;
+    link_graph(g);
     sg_status st = SG_OK;
     if (o.pool) {
         g->pool = o.pool;
@@ -210,18 +223,12 @@ sg_status sg_graph_capture(sg_ctx *ctx, sg_step_fn fn, void *user, const sg_grap
     ctx->cur_pool = prev;
     if (st == SG_OK && !g->eager) st = ctx->dev->sync(ctx);
     if (st == SG_OK && !g->eager) {
-        void *graph = NULL;
-        st = record(g, &graph, &g->plan);
-#ifdef SG_HAVE_CUDA
-        if (st == SG_OK && ctx->backend == SG_BACKEND_CUDA) {
+        void *rec = NULL;
+        st = record(g, &rec);
+        if (st == SG_OK) {
             double t0 = now_ms();
-            st = sg_graph_cuda_instantiate(g, graph);
+            st = g->be->instantiate(g, rec);
             g->st.instantiate_ms = now_ms() - t0;
-        }
-#endif
-        if (st == SG_OK && ctx->backend == SG_BACKEND_CPU) {
-            g->st.nodes = sg_plan_length(g->plan);
-            g->st.exec_bytes = sg_plan_bytes(g->plan);
         }
     }
     if (st != SG_OK) {
@@ -262,14 +269,7 @@ sg_status sg_graph_replay(sg_graph *g)
     SG_TRY(check_inputs(g));
     sg_status st;
     if (g->eager) st = g->fn(g->user);
-    else if (ctx->backend == SG_BACKEND_CPU) st = sg_plan_run(ctx, g->plan);
-    else {
-#ifdef SG_HAVE_CUDA
-        st = sg_graph_cuda_launch(g);
-#else
-        st = SG_ERR_BACKEND;
-#endif
-    }
+    else st = g->be->launch(g);
     if (st == SG_OK) g->st.replays++;
     return st;
 }
@@ -284,22 +284,10 @@ sg_status sg_graph_recapture(sg_graph *g)
     if (g->eager) return SG_OK;
     SG_TRY(check_inputs(g));
     SG_TRY(ctx->dev->sync(ctx));
-    void *graph = NULL;
-    sg_plan *plan = NULL;
-    SG_TRY(record(g, &graph, &plan));
+    void *rec = NULL;
+    SG_TRY(record(g, &rec));
     g->st.captures++;
-    if (ctx->backend == SG_BACKEND_CPU) {
-        sg_plan_destroy(g->plan);
-        g->plan = plan;
-        g->st.nodes = sg_plan_length(plan);
-        g->st.updates++;
-        return SG_OK;
-    }
-#ifdef SG_HAVE_CUDA
-    return sg_graph_cuda_update(g, graph);
-#else
-    return SG_ERR_BACKEND;
-#endif
+    return g->be->update(g, rec);
 }
 
 sg_status sg_graph_kernel_set_args(sg_graph *g, const void *func, int occurrence, void **args)
@@ -307,13 +295,10 @@ sg_status sg_graph_kernel_set_args(sg_graph *g, const void *func, int occurrence
     if (!g) return SG_ERR_NULL;
     if (!func || !args || occurrence < 0)
         return sg_fail(g->ctx, SG_ERR_INVALID, "sg_graph_kernel_set_args: func, args and occurrence >= 0 are required");
-    if (g->ctx->backend != SG_BACKEND_CUDA || g->eager)
+    if (!g->be->set_args || g->eager)
         return sg_fail(g->ctx, SG_ERR_UNSUPPORTED,
-                       "sg_graph_kernel_set_args: graph '%s' has no CUDA kernel nodes (%s)", g->name,
-                       g->eager ? "graphs are disabled" : "CPU backend");
-#ifdef SG_HAVE_CUDA
-    return sg_graph_cuda_set_args(g, func, occurrence, args);
-#else
-    return SG_ERR_BACKEND;
-#endif
+                       "sg_graph_kernel_set_args: graph '%s' has no CUDA kernel nodes (%s%s)",
+                       g->name, g->eager ? "graphs are disabled" : g->be->name,
+                       g->eager ? "" : " backend");
+    return g->be->set_args(g, func, occurrence, args);
 }

@@ -1,6 +1,6 @@
 /* graph.h: the capture engine's internals. graph.c holds what every backend shares (warm-up,
- * capture state, static inputs, statistics, the CPU plan); graph_cuda.c the CUDA Graph calls
- * behind the small table below. */
+ * capture state, static inputs, statistics, the list of live graphs); the backends fill the
+ * table sg_graph_backend_i below: graph_cpu.c with CPU plans, graph_cuda.c with CUDA Graphs. */
 #ifndef SG_GRAPH_H
 #define SG_GRAPH_H
 
@@ -25,6 +25,7 @@ struct sg_graph {
     bool eager;                  /* STEPGRAPH_DISABLE_GRAPHS: replay runs fn eagerly */
     sg_static_input in[SG_GRAPH_MAX_INPUTS];
     int n_in;
+    const struct sg_graph_backend_i *be; /* the context's backend's table */
     sg_plan *plan;               /* CPU */
     void *cuda_graph, *cuda_exec;/* cudaGraph_t, cudaGraphExec_t */
     sg_block **deferred;         /* blocks freed during capture, released with the graph */
@@ -33,19 +34,44 @@ struct sg_graph {
     sg_tensor **dead;            /* CPU: tensor structs the plan still names */
     int n_dead;
     sg_graph_stats st;
-    struct sg_graph *next;       /* ctx->graphs */
+    struct sg_graph *next;       /* the context's live graphs (sg_graphs_of) */
 };
 
+/* The context's live graphs, newest first (NULL: none). */
+sg_graph *sg_graphs_of(const sg_ctx *ctx);
+
+/* ---- backends: one table each (CPU plans, CUDA Graphs), filled slot by slot ----
+ * A recording ("rec") is what one capture of the step produced: an sg_plan * on the CPU, a
+ * cudaGraph_t on CUDA. graph.c sets up the capture state (pool, ctx->cap) around begin/end and
+ * keeps every statistic that is not the backend's own (nodes, exec_bytes, updates). */
+typedef struct sg_graph_backend_i {
+    const char *name;                                   /* "CPU", "CUDA": for messages */
+    /* Starts recording the context's work (CPU: a new plan that sg_cpu_run appends to;
+     * CUDA: stream capture). On failure nothing is left to undo. */
+    sg_status (*begin)(sg_ctx *ctx);
+    /* Stops recording, always (so the stream leaves capture mode), even after the step
+     * failed; *rec: the recording, NULL when there is none. */
+    sg_status (*end)(sg_ctx *ctx, void **rec);
+    /* Frees a recording that will not be kept (a failed capture). */
+    void (*discard)(void *rec);
+    /* Makes rec g's executable form (first capture); sets g->st.nodes and exec_bytes. On
+     * failure rec is freed. */
+    sg_status (*instantiate)(sg_graph *g, void *rec);
+    /* Replaces g's executable form with rec (recapture), in place where the backend can;
+     * counts g->st.updates or reinstantiations. */
+    sg_status (*update)(sg_graph *g, void *rec);
+    /* Queues one replay on the context's stream. */
+    sg_status (*launch)(sg_graph *g);
+    /* Optional: rewrites a kernel node's arguments (sg_graph_kernel_set_args). NULL: the
+     * backend has no kernel nodes (CPU). */
+    sg_status (*set_args)(sg_graph *g, const void *func, int occurrence, void **args);
+    /* Frees g's recording and executable form (safe when capture never finished). */
+    void (*release)(sg_graph *g);
+} sg_graph_backend_i;
+
+extern const sg_graph_backend_i sg_graph_cpu;   /* graph_cpu.c */
 #ifdef SG_HAVE_CUDA
-sg_status sg_graph_cuda_begin(sg_ctx *ctx);
-/* Ends capture (always, so the stream leaves capture mode); *graph is NULL on failure. */
-sg_status sg_graph_cuda_end(sg_ctx *ctx, void **graph);
-sg_status sg_graph_cuda_instantiate(sg_graph *g, void *graph);
-sg_status sg_graph_cuda_update(sg_graph *g, void *graph);
-sg_status sg_graph_cuda_launch(sg_graph *g);
-sg_status sg_graph_cuda_set_args(sg_graph *g, const void *func, int occurrence, void **args);
-void sg_graph_cuda_release(sg_graph *g);
-void sg_graph_cuda_discard(void *graph);
+extern const sg_graph_backend_i sg_graph_cuda;  /* graph_cuda.c: CUDA builds only */
 #endif
 
 #endif

@@ -1,6 +1,7 @@
-/* graph_cuda.c: the CUDA Graph calls of the capture engine: thread-local stream capture,
- * instantiate + upload, launch, cudaGraphExecUpdate with re-instantiation as the fallback,
- * and kernel-node argument updates. Compiled only when the build has CUDA. */
+/* graph_cuda.c: the capture engine's CUDA backend (the sg_graph_backend_i table, at the end):
+ * thread-local stream capture, instantiate + upload, launch, cudaGraphExecUpdate with
+ * re-instantiation as the fallback, and kernel-node argument updates. Compiled only when the
+ * build has CUDA. */
 #include "graph/graph.h"
 
 #include <cuda_runtime.h>
@@ -8,7 +9,7 @@
 
 static cudaStream_t stream_of(sg_ctx *ctx) { return (cudaStream_t)sg_ctx_stream(ctx); }
 
-sg_status sg_graph_cuda_begin(sg_ctx *ctx)
+static sg_status cuda_begin(sg_ctx *ctx)
 {
     /* Thread-local: a CUDA call from this thread that is unsafe during capture fails, while
      * other threads' work is not disturbed. */
@@ -16,7 +17,7 @@ sg_status sg_graph_cuda_begin(sg_ctx *ctx)
     return SG_OK;
 }
 
-sg_status sg_graph_cuda_end(sg_ctx *ctx, void **graph)
+static sg_status cuda_end(sg_ctx *ctx, void **graph)
 {
     cudaGraph_t gr = NULL;
     cudaError_t e = cudaStreamEndCapture(stream_of(ctx), &gr);
@@ -33,7 +34,7 @@ sg_status sg_graph_cuda_end(sg_ctx *ctx, void **graph)
                    ctx->module ? ctx->module : "");
 }
 
-void sg_graph_cuda_discard(void *graph)
+static void cuda_discard(void *graph)
 {
     if (graph) cudaGraphDestroy((cudaGraph_t)graph);
 }
@@ -48,28 +49,34 @@ static int count_nodes(cudaGraph_t gr)
     return (int)n;
 }
 
-sg_status sg_graph_cuda_instantiate(sg_graph *g, void *graph)
+static sg_status cuda_instantiate(sg_graph *g, void *graph)
 {
     sg_ctx *ctx = g->ctx;
     cudaGraph_t gr = (cudaGraph_t)graph;
     cudaGraphExec_t exec = NULL;
     size_t free0 = 0, free1 = 0, total = 0;
-    SG_CUDA_CHECK(ctx, cudaMemGetInfo(&free0, &total));
-    cudaError_t e = cudaGraphInstantiateWithFlags(&exec, gr, 0);
+    /* Every failure frees gr (and exec), as the table's contract says: nothing leaks. */
+    const char *call = "cudaMemGetInfo";
+    cudaError_t e = cudaMemGetInfo(&free0, &total);
+    if (e == cudaSuccess) {
+        call = "cudaGraphInstantiateWithFlags";
+        e = cudaGraphInstantiateWithFlags(&exec, gr, 0);
+    }
+    if (e == cudaSuccess) {
+        call = "cudaGraphUpload";
+        e = cudaGraphUpload(exec, stream_of(ctx));
+        if (e == cudaSuccess) e = cudaStreamSynchronize(stream_of(ctx));
+    }
+    if (e == cudaSuccess) {
+        call = "cudaMemGetInfo";
+        e = cudaMemGetInfo(&free1, &total);
+    }
     if (e != cudaSuccess) {
         cudaGetLastError();
+        if (exec) cudaGraphExecDestroy(exec);
         cudaGraphDestroy(gr);
-        return sg_cuda_status(ctx, e, "cudaGraphInstantiateWithFlags", __FILE__, __LINE__);
+        return sg_cuda_status(ctx, e, call, __FILE__, __LINE__);
     }
-    e = cudaGraphUpload(exec, stream_of(ctx));
-    if (e == cudaSuccess) e = cudaStreamSynchronize(stream_of(ctx));
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(gr);
-        return sg_cuda_status(ctx, e, "cudaGraphUpload", __FILE__, __LINE__);
-    }
-    SG_CUDA_CHECK(ctx, cudaMemGetInfo(&free1, &total));
     g->st.exec_bytes = free0 > free1 ? free0 - free1 : 0;
     g->cuda_graph = gr;
     g->cuda_exec = exec;
@@ -77,7 +84,7 @@ sg_status sg_graph_cuda_instantiate(sg_graph *g, void *graph)
     return SG_OK;
 }
 
-sg_status sg_graph_cuda_update(sg_graph *g, void *graph)
+static sg_status cuda_update(sg_graph *g, void *graph)
 {
     cudaGraph_t gr = (cudaGraph_t)graph;
     cudaGraphExecUpdateResultInfo info;
@@ -97,21 +104,21 @@ sg_status sg_graph_cuda_update(sg_graph *g, void *graph)
     cudaGetLastError();
     cudaGraphExec_t old_exec = (cudaGraphExec_t)g->cuda_exec;
     cudaGraph_t old_graph = (cudaGraph_t)g->cuda_graph;
-    SG_TRY(sg_graph_cuda_instantiate(g, gr));
+    SG_TRY(cuda_instantiate(g, gr));
     cudaGraphExecDestroy(old_exec);
     cudaGraphDestroy(old_graph);
     g->st.reinstantiations++;
     return SG_OK;
 }
 
-sg_status sg_graph_cuda_launch(sg_graph *g)
+static sg_status cuda_launch(sg_graph *g)
 {
     SG_CUDA_CHECK(g->ctx, cudaGraphLaunch((cudaGraphExec_t)g->cuda_exec, stream_of(g->ctx)));
     sg_ctx_count_launches(g->ctx, 1);
     return SG_OK;
 }
 
-sg_status sg_graph_cuda_set_args(sg_graph *g, const void *func, int occurrence, void **args)
+static sg_status cuda_set_args(sg_graph *g, const void *func, int occurrence, void **args)
 {
     sg_ctx *ctx = g->ctx;
     cudaGraph_t gr = (cudaGraph_t)g->cuda_graph;
@@ -150,9 +157,21 @@ sg_status sg_graph_cuda_set_args(sg_graph *g, const void *func, int occurrence, 
     return st;
 }
 
-void sg_graph_cuda_release(sg_graph *g)
+static void cuda_release(sg_graph *g)
 {
     if (g->cuda_exec) cudaGraphExecDestroy((cudaGraphExec_t)g->cuda_exec);
     if (g->cuda_graph) cudaGraphDestroy((cudaGraph_t)g->cuda_graph);
     g->cuda_exec = g->cuda_graph = NULL;
 }
+
+const sg_graph_backend_i sg_graph_cuda = {
+    .name = "CUDA",
+    .begin = cuda_begin,
+    .end = cuda_end,
+    .discard = cuda_discard,
+    .instantiate = cuda_instantiate,
+    .update = cuda_update,
+    .launch = cuda_launch,
+    .set_args = cuda_set_args,
+    .release = cuda_release,
+};

@@ -1,14 +1,21 @@
 /* mlp.c: mlp-WIDTH-DEPTH-BATCH. Input dim WIDTH; DEPTH hidden Linear(WIDTH, WIDTH) layers,
  * each with its ReLU fused into the matmul's epilogue; a Linear(WIDTH, 10) head; fused
- * softmax cross-entropy. Trained on a random linear teacher's labels (data.c). */
+ * softmax cross-entropy. Trained on a random linear teacher's labels: N(0,1) inputs labelled
+ * by the argmax of a fixed random linear map, a learnable task identical on every backend.
+ * Made from the public builder and modules only. */
 #include "models/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #define SG_MLP_CLASSES 10
 #define SG_MLP_BATCHES 32   /* distinct batches in the synthetic data set */
 
 /* Mirrors sg_mlp_build: weights and biases with their gradients; per hidden layer its output
- * and (but the first) its input gradient, the head's output and input gradient; the data set. */
-void sg_mlp_estimate(const sg_model_spec *s, sg_model_size *out)
+ * and (but the first) its input gradient, the head's output and input gradient; the data set
+ * (every shard holds the whole one, of the whole batch). */
+void sg_mlp_estimate(const sg_kind_spec *s, int shards, sg_model_size *out)
 {
     double W = (double)s->width, L = (double)s->depth, B = (double)s->batch, K = SG_MLP_CLASSES;
     double P = L * (W * W + W) + K * W + K;
@@ -16,53 +23,72 @@ void sg_mlp_estimate(const sg_model_spec *s, sg_model_size *out)
     out->param_bytes = (size_t)(2 * P * 4);
     out->optim_bytes = (size_t)(2 * P * 4);
     out->activation_bytes = (size_t)(((2 * L) * B * W + 2 * B * K) * 4);
-    out->data_bytes = (size_t)(SG_MLP_BATCHES * B * (W + 1) * 4);
+    out->data_bytes = (size_t)(SG_MLP_BATCHES * B * (shards > 1 ? shards : 1) * (W + 1) * 4);
 }
 
-sg_status sg_mlp_build(sg_model *m, uint64_t seed)
+/* n rows of W inputs, N(0,1), and their teacher labels, on the host, into a data set. */
+static sg_status teacher_data(sg_ctx *ctx, int64_t n, int64_t W, uint64_t seed, sg_dataset **out)
 {
-    sg_ctx *ctx = m->ctx;
-    int64_t W = m->spec.width, L = m->spec.depth, B = m->spec.batch;
-    m->in_dim = W;
-    m->classes = SG_MLP_CLASSES;
-    m->n_batches = SG_MLP_BATCHES;
-
-    /* Parameters: per layer w (out, in) with decay, b (out) without. */
-    int nl = (int)L + 1;
-    int wi[66], bi[66];
-    for (int l = 0; l < nl; l++) {
-        int64_t out = l == L ? SG_MLP_CLASSES : W, in = W;
-        char n[64];
-        snprintf(n, sizeof n, "layers.%d.weight", l);
-        wi[l] = sg_params_declare(&m->params, n, 2, (int64_t[]){out, in}, 1, SG_INIT_UNIFORM_FAN_IN, in);
-        snprintf(n, sizeof n, "layers.%d.bias", l);
-        bi[l] = sg_params_declare(&m->params, n, 1, &out, 0, SG_INIT_UNIFORM_FAN_IN, in);
-        if (wi[l] < 0 || bi[l] < 0) return SG_ERR_INVALID;
-    }
-    SG_TRY(sg_params_allocate(&m->params, seed));
-
-    sg_module *layers[66];
-    for (int l = 0; l < nl; l++) {
-        char n[64];
-        snprintf(n, sizeof n, "layers.%d", l);
-        sg_param_set *p = &m->params;
-        sg_status st = sg_linear_create(ctx, n, B, p->param[wi[l]], p->param[bi[l]], p->grad[wi[l]],
-                                        p->grad[bi[l]], l == L ? SG_ACT_NONE : SG_ACT_RELU, l > 0,
-                                        &layers[l]);
-        if (st != SG_OK) {
-            while (l--) sg_module_destroy(layers[l]);
-            return st;
+    int64_t C = SG_MLP_CLASSES;
+    float *x = malloc((size_t)(n * W) * sizeof *x);
+    int32_t *y = malloc((size_t)n * sizeof *y);
+    double *teacher = malloc((size_t)(C * W) * sizeof *teacher);
+    sg_status st = x && y && teacher ? SG_OK
+                                     : sg_ctx_fail(ctx, SG_ERR_OOM, "sg_model_create: out of host memory for the data set");
+    sg_rng r = {seed};
+    for (int64_t i = 0; st == SG_OK && i < C * W; i++) teacher[i] = sg_rng_normal(&r);
+    for (int64_t g = 0; st == SG_OK && g < n; g++) {
+        float *row = x + g * W;
+        for (int64_t k = 0; k < W; k++) row[k] = (float)sg_rng_normal(&r);
+        int best = 0;
+        double best_v = -1e300;
+        for (int64_t c = 0; c < C; c++) {
+            double v = 0;
+            for (int64_t k = 0; k < W; k++) v += teacher[c * W + k] * row[k];
+            if (v > best_v) best_v = v, best = (int)c;
         }
+        y[g] = best;
     }
-    SG_TRY(sg_sequential_create(ctx, "mlp", layers, nl, &m->net));
-    SG_TRY(sg_model_set_grad_ready(m, wi, nl)); /* layer l writes its weight, then its bias */
+    sg_tensor *tx = NULL, *ty = NULL;
+    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){n, W}, "data.x", &tx);
+    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, "data.y", &ty);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(tx, x, (size_t)(n * W) * sizeof *x);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(ty, y, (size_t)n * sizeof *y);
+    free(x), free(y), free(teacher);
+    if (st != SG_OK) {
+        sg_tensor_destroy(tx), sg_tensor_destroy(ty);
+        return st;
+    }
+    return sg_dataset_create(ctx, tx, ty, out);
+}
 
-    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 3, (int64_t[]){m->n_batches, B, W}, "data.x", &m->data_x));
-    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 2, (int64_t[]){m->n_batches, B}, "data.y", &m->data_y));
-    SG_TRY(sg_tensor_view(m->data_x, 0, 2, (int64_t[]){B, W}, "input", &m->x_view));
-    SG_TRY(sg_tensor_view(m->data_y, 0, 1, &B, "targets", &m->t_view));
-    m->x = m->x_view, m->targets = m->t_view;
-    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 1, (int64_t[]){1}, "loss", &m->loss));
-    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){B, SG_MLP_CLASSES}, "dlogits", &m->dlogits));
-    return sg_data_teacher(m, seed ^ 0x5eedda7aull);
+sg_status sg_mlp_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, const sg_model_options *o,
+                       uint64_t seed, sg_model **out)
+{
+    int64_t W = s->width, L = s->depth, B = s->batch;
+    sg_builder_options bo = sg_builder_options_default();
+    bo.batch = B;
+    bo.shard = o ? o->shard : 0, bo.shards = o ? o->shards : 0;
+    sg_builder *b = NULL;
+    SG_KIND_TRY(sg_builder_create(ctx, name, &bo, &b));
+    /* layers.l: Linear(W, W) + ReLU, the head Linear(W, 10); PyTorch's initialisation. */
+    sg_module *layers[65];
+    int nl = (int)L + 1;
+    sg_status st = SG_OK;
+    for (int l = 0; l < nl && st == SG_OK; l++) {
+        char n[32];
+        snprintf(n, sizeof n, "layers.%d", l);
+        st = sg_module_linear(b, n, W, l == L ? SG_MLP_CLASSES : W, 1, l == L ? SG_ACT_NONE : SG_ACT_RELU,
+                              &layers[l]);
+    }
+    sg_module *net = NULL;
+    if (st == SG_OK) st = sg_module_sequential(b, "mlp", layers, nl, &net);
+    /* The whole data set, of the whole batch: a data-parallel shard gathers its rows of it. */
+    sg_dataset *d = NULL;
+    if (st == SG_OK) st = teacher_data(ctx, SG_MLP_BATCHES * B, W, seed ^ 0x5eedda7aull, &d);
+    if (st != SG_OK) {
+        sg_builder_destroy(b);
+        return st;
+    }
+    return sg_builder_finish(b, net, SG_LOSS_SOFTMAX_XENT, d, seed, out);
 }

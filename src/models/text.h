@@ -1,11 +1,13 @@
-/* text.h: a byte-level text data set from any file, for the GPT models: the bytes (0..255 as
- * I32 tokens) split into train and validation parts on the device, and a batch gather that
- * writes B windows of T+1 consecutive bytes as tokens and next-byte targets (or of len+1 bytes
- * padded up to T, for a variable sequence length). Window starts are a counter-based hash of
- * (seed, step, row), the same on the CPU and on CUDA, so a step's batch depends on nothing but
- * its number, and a captured step can gather its own batch by reading the step from device
- * memory (sg_text_batch_device). text.c holds the host side and the CPU gather, text_cuda.cu
- * the kernel. */
+/* text.h: the GPT's data set: a token stream from a file (its bytes as tokens 0..255, or a
+ * token file: nanoGPT's raw uint16 train.bin / val.bin, or an llm.c shard with its 1024-byte
+ * header, uint16 or uint32 tokens), split into train and validation parts (the last share of
+ * one file held out, or a second file) and kept on the device in its storage width (1, 2 or 4
+ * bytes a token). A batch gather writes B windows of T+1 consecutive tokens as I32 tokens and
+ * next-token targets (or of len+1 tokens padded up to T, for a variable sequence length).
+ * Window starts are a counter-based hash of (seed, step, row), the same on the CPU and on
+ * CUDA, so a step's batch depends on nothing but its number, and a captured step can gather
+ * its own batch by reading the step from device memory (sg_text_batch_device). text.c holds
+ * the host side (formats, checks, loading) and the CPU gather, text_cuda.cu the kernel. */
 #ifndef SG_MODELS_TEXT_H
 #define SG_MODELS_TEXT_H
 
@@ -17,13 +19,13 @@ extern "C" {
 
 typedef struct sg_text sg_text;
 
-/* Reads the file and splits its n bytes: the first n - floor(val_fraction * n) are the train
- * split, the rest the validation split (empty when val_fraction is 0). Both are uploaded as 1-D
- * I32 tensors (4 bytes of device memory a byte of text). val_fraction in [0, 1). Before reading
- * or allocating anything: SG_ERR_INVALID (naming the file and what it is) for anything but a
- * regular file (a FIFO, /dev/zero, a directory: opened without blocking), for an empty file or
- * a split asked for that would be empty; SG_ERR_OOM, with both figures, when the tokens exceed
- * the context's free memory (sg_ctx_mem_info). The file is read in chunks of
+/* Reads the file as bytes and splits its n bytes: the first n - floor(val_fraction * n) are
+ * the train split, the rest the validation split (empty when val_fraction is 0). Both are
+ * uploaded as they are (1 byte of device memory a byte of text). val_fraction in [0, 1).
+ * Before reading or allocating anything: SG_ERR_INVALID (naming the file and what it is) for
+ * anything but a regular file (a FIFO, /dev/zero, a directory: opened without blocking), for
+ * an empty file or a split asked for that would be empty; SG_ERR_OOM, with both figures, when
+ * the tokens exceed the context's free memory (sg_ctx_mem_info). The file is read in chunks of
  * SG_TEXT_CHUNK_BYTES straight onto the device: host memory O(chunk), not O(file). SG_ERR_IO
  * (naming the file, and the offset) when it cannot be opened or read, or ends before its size.
  * Not during capture (it copies from the host). */
@@ -32,7 +34,34 @@ sg_status sg_text_open(sg_ctx *ctx, const char *path, double val_fraction, sg_te
  * window >= 1; sg_text_open is window 1), also checked from the size before reading. */
 sg_status sg_text_open_window(sg_ctx *ctx, const char *path, double val_fraction, int64_t window,
                               sg_text **out);
-/* Bytes read (and converted to tokens) at a time; host staging is 5 bytes a chunk byte. */
+
+/* The llm.c shard header: 256 little-endian int32, [0] the magic, [1] the version (1: uint16
+ * tokens, 2: uint32 tokens), [2] the number of tokens that follow it. */
+#define SG_TEXT_LLMC_MAGIC 20240520
+#define SG_TEXT_LLMC_HEADER_BYTES 1024
+
+typedef struct sg_text_options {
+    /* The share of path's tokens held out as the validation split, [0, 1); 0 with val_path. */
+    double val_fraction;
+    /* Tokens each split must hold: T + 1 for windows of T tokens (>= 1; 0 means 1). */
+    int64_t window;
+    /* 0: path is read as bytes (vocabulary 256). N > 0: path (and val_path) are token files,
+     * their format detected: an llm.c shard when the first int32 is SG_TEXT_LLMC_MAGIC, raw
+     * little-endian uint16 tokens otherwise; every token must be below N. */
+    int64_t vocab;
+    /* A separate validation file, read as path is (NULL: hold out val_fraction of path). */
+    const char *val_path;
+} sg_text_options;
+
+/* sg_text_open with options (NULL: val_fraction 0, window 1, bytes). Everything is checked
+ * before anything is allocated on the device, each error naming the file and the byte offset:
+ * SG_ERR_INVALID for a truncated token file (an odd byte count of raw uint16, a file shorter
+ * than the llm.c header it begins with, or shorter or longer than the tokens its header
+ * counts), an llm.c version other than 1 or 2, a token >= vocab (its index, offset and value:
+ * a first pass reads every token before the upload), a split shorter than window tokens;
+ * SG_ERR_OOM when the tokens exceed free memory; the errors of sg_text_open otherwise. */
+sg_status sg_text_open_ex(sg_ctx *ctx, const char *path, const sg_text_options *o, sg_text **out);
+/* Bytes read (and uploaded) at a time; host staging is two chunks. */
 #define SG_TEXT_CHUNK_BYTES ((int64_t)4 << 20)
 void sg_text_close(sg_text *t);
 
@@ -44,16 +73,27 @@ const char *sg_text_default_path(void);
  * (a model training on rows row0.. of each batch; 0 by default). */
 void sg_text_set_row0(sg_text *t, int64_t row0);
 
-/* Bytes in split 0 (train) or 1 (validation); -1 for another split number. */
+/* Tokens (bytes, for a byte file) in split 0 (train) or 1 (validation); -1 for another split
+ * number. */
 int64_t sg_text_size(const sg_text *t, int split);
+/* The train file's path; sg_text_split_path: the file split 0 or 1 comes from (NULL for
+ * another split number). */
 const char *sg_text_path(const sg_text *t);
+const char *sg_text_split_path(const sg_text *t, int split);
+/* 256 for bytes, else the vocab option: every token is below it. */
+int64_t sg_text_vocab(const sg_text *t);
+/* Bytes a token of split 0 or 1 takes on the device (1 bytes, 2 uint16, 4 uint32; 0 for
+ * another split number), and its format: "bytes", "raw uint16", "llm.c v1 (uint16)" or
+ * "llm.c v2 (uint32)" (NULL for another split number). */
+int sg_text_token_bytes(const sg_text *t, int split);
+const char *sg_text_format(const sg_text *t, int split);
 /* Device bytes the two splits take (whole allocator blocks, as sg_alloc_stats counts them). */
 size_t sg_text_bytes(const sg_text *t);
 
-/* Batch of step `step`: row b of tokens (B, T) I32 holds bytes [s, s + T) of the split, row b
- * of targets the bytes [s + 1, s + T + 1) (targets: I32, (B, T) or (B*T)), where
+/* Batch of step `step`: row b of tokens (B, T) I32 holds tokens [s, s + T) of the split, row b
+ * of targets the tokens [s + 1, s + T + 1) (targets: I32, (B, T) or (B*T)), where
  * s = sg_text_window_start(seed, step, b, size - T). SG_ERR_INVALID (naming the file and the
- * split) when the split is shorter than T + 1 bytes. Device work (a kernel on CUDA, a thunk
+ * split) when the split is shorter than T + 1 tokens. Device work (a kernel on CUDA, a thunk
  * queued through sg_cpu_run on the CPU): no host sync, no allocation, capturable. A captured
  * sg_text_batch_host replays its step as recorded. */
 sg_status sg_text_batch_host(sg_text *t, int split, uint64_t seed, int64_t step, sg_tensor *tokens,
@@ -64,10 +104,10 @@ sg_status sg_text_batch_host(sg_text *t, int split, uint64_t seed, int64_t step,
 sg_status sg_text_batch_device(sg_text *t, int split, uint64_t seed, const sg_tensor *step_tensor,
                                sg_tensor *tokens, sg_tensor *targets);
 /* Windows of len <= T real tokens, padded to the T of tokens (B, T) (variable sequence length):
- * row b holds bytes [s, s + len) then T - len tokens 0, its targets the bytes [s + 1, s + len + 1)
+ * row b holds tokens [s, s + len) then T - len tokens 0, its targets [s + 1, s + len + 1)
  * then T - len targets -1, which the fused cross-entropy masks out, with
  * s = sg_text_window_start(seed, step, b, size - len): the windows of a batch gathered at T = len,
- * so a padded step sees the same bytes as an unpadded one of length len. len = T is
+ * so a padded step sees the same tokens as an unpadded one of length len. len = T is
  * sg_text_batch_host. SG_ERR_SHAPE when len is not in 1..T. */
 sg_status sg_text_batch_padded(sg_text *t, int split, uint64_t seed, int64_t step, int64_t len,
                                sg_tensor *tokens, sg_tensor *targets);
@@ -100,11 +140,12 @@ static inline SG_TEXT_HD int64_t sg_text_window_start(uint64_t seed, int64_t ste
 }
 
 #ifdef SG_HAVE_CUDA
-/* text_cuda.cu: tokens/targets (B*T) from data (n_starts + len bytes as I32), len <= T real
- * tokens a row and padding (token 0, target -1) after them; the step is *step_dev when
- * step_dev is not NULL, else `step`; row b holds the window of row row0 + b. */
-sg_status sg_text_batch_cuda(sg_ctx *ctx, const int32_t *data, int64_t n_starts, uint64_t seed,
-                             int64_t step, const int32_t *step_dev, int32_t *tokens,
+/* text_cuda.cu: tokens/targets (B*T) from data (n_starts + len tokens of `width` bytes: 1, 2
+ * or 4, unsigned), len <= T real tokens a row and padding (token 0, target -1) after them; the
+ * step is *step_dev when step_dev is not NULL, else `step`; row b holds the window of row
+ * row0 + b. */
+sg_status sg_text_batch_cuda(sg_ctx *ctx, const void *data, int width, int64_t n_starts,
+                             uint64_t seed, int64_t step, const int32_t *step_dev, int32_t *tokens,
                              int32_t *targets, int64_t B, int64_t T, int64_t len, int64_t row0);
 #endif
 

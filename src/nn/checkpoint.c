@@ -147,7 +147,7 @@ static bool ck_utf8_valid(const unsigned char *s, size_t n)
     return true;
 }
 
-/* ---- JSON writing: a growing buffer ---- */
+/* ---- the header's bytes: a growing buffer ---- */
 
 typedef struct ck_buf {
     char *p;
@@ -171,41 +171,6 @@ static void ck_put(ck_buf *b, const char *s, size_t n)
     memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = '\0';
-}
-
-static void ck_puts(ck_buf *b, const char *s) { ck_put(b, s, strlen(s)); }
-
-static void ck_put_u64(ck_buf *b, uint64_t v)
-{
-    char s[24];
-    snprintf(s, sizeof s, "%llu", (unsigned long long)v);
-    ck_puts(b, s);
-}
-
-/* A JSON string, escaped as serde_json (the reference) escapes it. */
-static void ck_put_str(ck_buf *b, const char *s)
-{
-    ck_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        char e[8];
-        switch (*p) {
-        case '"': ck_puts(b, "\\\""); break;
-        case '\\': ck_puts(b, "\\\\"); break;
-        case '\b': ck_puts(b, "\\b"); break;
-        case '\f': ck_puts(b, "\\f"); break;
-        case '\n': ck_puts(b, "\\n"); break;
-        case '\r': ck_puts(b, "\\r"); break;
-        case '\t': ck_puts(b, "\\t"); break;
-        default:
-            if (*p < 0x20) {
-                snprintf(e, sizeof e, "\\u%04x", *p);
-                ck_puts(b, e);
-            } else {
-                ck_put(b, (const char *)p, 1);
-            }
-        }
-    }
-    ck_put(b, "\"", 1);
 }
 
 /* ---- JSON reading: strict, for exactly what the header holds ---- */
@@ -635,60 +600,78 @@ static int by_reference_order(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-/* The header JSON, padded with spaces so that 8 + its length is a multiple of 8. */
+/* The header's metadata pairs: valid UTF-8, no key twice. */
+static sg_status check_meta(sg_ctx *ctx, const char *path, const char *const *kv)
+{
+    for (int k = 0; kv && kv[k]; k += 2) {
+        const char *key = kv[k], *val = kv[k + 1];
+        if (!val || !ck_utf8_valid((const unsigned char *)key, strlen(key)) ||
+            !ck_utf8_valid((const unsigned char *)val, strlen(val)))
+            return sg_fail(ctx, SG_ERR_INVALID,
+                           "sg_checkpoint_save: '%s': metadata key '%s' has %s", path, key,
+                           val ? "a key or value that is not valid UTF-8" : "no value (NULL)");
+        for (int p = 0; p < k; p += 2)
+            if (!strcmp(kv[p], key))
+                return sg_fail(ctx, SG_ERR_INVALID,
+                               "sg_checkpoint_save: '%s': metadata key '%s' appears twice",
+                               path, key);
+    }
+    return SG_OK;
+}
+
+/* The header JSON, compact as the reference writes it (sg_json; names and values are valid
+ * UTF-8, so escaping matches serde_json's byte for byte), padded with spaces so that 8 + its
+ * length is a multiple of 8. */
 static sg_status build_header(sg_ctx *ctx, const char *path, const sg_ckpt_entry *e,
                               const int *order, int n, const char *const *kv, ck_buf *b)
 {
-    ck_puts(b, "{");
-    bool first = true;
+    SG_TRY(check_meta(ctx, path, kv));
+    sg_json *w = NULL;
+    sg_status st = sg_json_create_buffer(SG_JSON_COMPACT, &w);
+    if (st != SG_OK)
+        return sg_fail(ctx, st, "sg_checkpoint_save: '%s': out of host memory for the header", path);
+    sg_json_object_begin(w);
     if (kv && kv[0]) {
-        ck_puts(b, "\"" CK_META "\":{");
+        sg_json_key(w, CK_META);
+        sg_json_object_begin(w);
         for (int k = 0; kv[k]; k += 2) {
-            const char *key = kv[k], *val = kv[k + 1];
-            if (!val || !ck_utf8_valid((const unsigned char *)key, strlen(key)) ||
-                !ck_utf8_valid((const unsigned char *)val, strlen(val)))
-                return sg_fail(ctx, SG_ERR_INVALID,
-                               "sg_checkpoint_save: '%s': metadata key '%s' has %s", path, key,
-                               val ? "a key or value that is not valid UTF-8" : "no value (NULL)");
-            for (int p = 0; p < k; p += 2)
-                if (!strcmp(kv[p], key))
-                    return sg_fail(ctx, SG_ERR_INVALID,
-                                   "sg_checkpoint_save: '%s': metadata key '%s' appears twice",
-                                   path, key);
-            if (k) ck_puts(b, ",");
-            ck_put_str(b, key);
-            ck_puts(b, ":");
-            ck_put_str(b, val);
+            sg_json_key(w, kv[k]);
+            sg_json_string(w, kv[k + 1]);
         }
-        ck_puts(b, "}");
-        first = false;
+        sg_json_object_end(w);
     }
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
         const sg_tensor *t = e[order[i]].t;
-        if (!first) ck_puts(b, ",");
-        first = false;
-        ck_put_str(b, e[order[i]].name);
-        ck_puts(b, ":{\"dtype\":\"");
-        ck_puts(b, ck_dtype_str(t->dtype));
-        ck_puts(b, "\",\"shape\":[");
-        for (int d = 0; d < t->ndim; d++) {
-            if (d) ck_puts(b, ",");
-            ck_put_u64(b, (uint64_t)t->shape[d]);
-        }
-        ck_puts(b, "],\"data_offsets\":[");
-        ck_put_u64(b, off);
-        ck_puts(b, ",");
+        sg_json_key(w, e[order[i]].name);
+        sg_json_object_begin(w);
+        sg_json_key(w, "dtype");
+        sg_json_string(w, ck_dtype_str(t->dtype));
+        sg_json_key(w, "shape");
+        sg_json_array_begin(w);
+        for (int d = 0; d < t->ndim; d++) sg_json_uint(w, (uint64_t)t->shape[d]);
+        sg_json_array_end(w);
+        sg_json_key(w, "data_offsets");
+        sg_json_array_begin(w);
+        sg_json_uint(w, off);
         off += sg_tensor_nbytes(t);
-        ck_put_u64(b, off);
-        ck_puts(b, "]}");
+        sg_json_uint(w, off);
+        sg_json_array_end(w);
+        sg_json_object_end(w);
     }
-    ck_puts(b, "}");
-    while (b->n % 8) ck_puts(b, " ");
-    if (b->oom)
-        return sg_fail(ctx, SG_ERR_OOM,
-                       "sg_checkpoint_save: '%s': out of host memory for the header", path);
-    return SG_OK;
+    sg_json_object_end(w);
+    st = sg_json_finish(w);
+    size_t len = 0;
+    const char *text = sg_json_text(w, &len);
+    if (st == SG_OK) ck_put(b, text, len);
+    while (st == SG_OK && !b->oom && b->n % 8) ck_put(b, " ", 1);
+    if (st == SG_ERR_OOM || b->oom)
+        st = sg_fail(ctx, SG_ERR_OOM, "sg_checkpoint_save: '%s': out of host memory for the header",
+                     path);
+    else if (st != SG_OK) /* a bug here: the writer's structure checks failed */
+        st = sg_fail(ctx, st, "sg_checkpoint_save: '%s': the header: %s", path, sg_json_error(w));
+    sg_json_destroy(w);
+    return st;
 }
 
 /* ---- the save target: checked before anything is written ---- */

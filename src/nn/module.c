@@ -1,21 +1,21 @@
-/* module.c: the modules: Linear (with a fused activation), standalone activations, and
- * Sequential. Each module allocates its outputs when it is created (shapes are static), so
- * a training step allocates nothing. Forward keeps a pointer to its input for the backward. */
+/* module.c: the general built-in modules, made from a builder: Linear (with its activation
+ * fused into the matmul's epilogue), standalone activations, dropout, residual and
+ * Sequential. Each module allocates its outputs when it is made (shapes are static) and binds
+ * its parameters when the model is built (sg_builder_finish), so a training step allocates
+ * nothing. Forward keeps a pointer to its input for the backward. The transformer's modules
+ * are in transformer.c. */
 #include "nn/nn.h"
 
 #include <stdlib.h>
-
-void sg_module_destroy(sg_module *m)
-{
-    if (m) m->vt->destroy(m);
-}
 
 /* ---- Linear ---- */
 
 typedef struct linear_module {
     sg_module base;
-    sg_tensor *w, *b, *dw, *db;   /* views, not owned */
+    int iw, ib;                   /* parameter handles (ib -1: no bias) */
+    sg_tensor *w, *b, *dw, *db;   /* bound at finish: views of the parameter set */
     sg_activation act;
+    int64_t in, out;
     const sg_tensor *x;           /* the last forward's input */
     sg_tensor *y, *pre, *dx;      /* owned; pre only for GELU, dx only when needed */
 } linear_module;
@@ -33,7 +33,7 @@ static sg_status linear_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
     linear_module *l = (linear_module *)m;
     if (!l->x)
-        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", m->name);
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(m));
     const sg_tensor *act_in = l->act == SG_ACT_GELU ? l->pre : l->act == SG_ACT_RELU ? l->y : NULL;
     SG_TRY(sg_linear_backward(m->ctx, l->x, l->w, dy, l->act, act_in, l->dx, l->dw, l->db));
     *dx = l->dx;
@@ -58,42 +58,55 @@ static sg_status linear_set_rows(sg_module *m, int64_t rows)
     return SG_OK;
 }
 
-static const sg_module_i linear_i = {"linear", linear_forward, linear_backward, linear_destroy,
-                                     linear_set_rows};
-
-sg_status sg_linear_create(sg_ctx *ctx, const char *name, int64_t rows, sg_tensor *w,
-                           sg_tensor *b, sg_tensor *dw, sg_tensor *db, sg_activation act,
-                           bool need_dx, sg_module **out)
+/* The first module of a model computes no input gradient (no dx buffer, no dgrad matmul). */
+static sg_status linear_finish(sg_module *m)
 {
-    *out = NULL;
-    if (!w || !dw || w->ndim != 2)
-        return sg_fail(ctx, SG_ERR_INVALID, "sg_linear_create: '%s' needs a 2-D weight and its gradient",
-                       name);
-    linear_module *l = calloc(1, sizeof *l);
-    if (!l) return sg_fail(ctx, SG_ERR_OOM, "sg_linear_create: out of host memory");
-    l->base.vt = &linear_i;
-    l->base.ctx = ctx;
-    snprintf(l->base.name, sizeof l->base.name, "%s", name);
-    l->w = w, l->b = b, l->dw = dw, l->db = db, l->act = act;
-    char n[96]; /* activations take the weight's dtype: bf16 under mixed precision */
-    int64_t N = w->shape[0], K = w->shape[1];
-    sg_status st;
-    snprintf(n, sizeof n, "%s.y", name);
-    st = sg_tensor_create(ctx, w->dtype, 2, (int64_t[]){rows, N}, n, &l->y);
-    if (st == SG_OK && act == SG_ACT_GELU) {
-        snprintf(n, sizeof n, "%s.pre", name);
-        st = sg_tensor_create(ctx, w->dtype, 2, (int64_t[]){rows, N}, n, &l->pre);
-    }
-    if (st == SG_OK && need_dx) {
-        snprintf(n, sizeof n, "%s.dx", name);
-        st = sg_tensor_create(ctx, w->dtype, 2, (int64_t[]){rows, K}, n, &l->dx);
-    }
-    if (st != SG_OK) {
-        linear_destroy(&l->base);
-        return st;
-    }
-    *out = &l->base;
+    linear_module *l = (linear_module *)m;
+    l->w = sg_module_w(m, l->iw), l->dw = sg_module_g(m, l->iw);
+    l->b = sg_module_w(m, l->ib), l->db = sg_module_g(m, l->ib);
+    if (!m->no_input_grad && !l->dx)
+        SG_TRY(sg_module_buffer(m, m->b->opts.precision, "dx", 2, (int64_t[]){m->b->rows, l->in}, &l->dx));
     return SG_OK;
+}
+
+static const sg_module_i linear_i = {"linear", linear_forward, linear_backward, linear_destroy, linear_set_rows,
+                                     linear_finish};
+
+sg_status sg_module_linear_init(sg_builder *b, const char *name, int64_t in, int64_t out, int bias,
+                                sg_activation act, sg_init init, sg_module **m)
+{
+    if (!b) return SG_ERR_NULL;
+    if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "sg_module_linear: '%s': m is NULL", name ? name : "");
+    *m = NULL;
+    if (in < 1 || out < 1)
+        return sg_fail(b->ctx, SG_ERR_SHAPE, "sg_module_linear: '%s': %lld inputs and %lld outputs: expected "
+                       "at least 1 of each", name ? name : "", (long long)in, (long long)out);
+    if (act != SG_ACT_NONE && act != SG_ACT_RELU && act != SG_ACT_GELU)
+        return sg_fail(b->ctx, SG_ERR_INVALID, "sg_module_linear: '%s': unknown activation %d", name ? name : "",
+                       (int)act);
+    linear_module *l = calloc(1, sizeof *l);
+    if (!l) return sg_fail(b->ctx, SG_ERR_OOM, "sg_module_linear: out of host memory");
+    SG_TRY(sg_module_init(b, &l->base, &linear_i, name));
+    l->act = act, l->in = in, l->out = out, l->ib = -1;
+    /* weight (out, in) with decay; bias (out) without; PyTorch's names and default bounds. */
+    l->iw = sg_module_declare(&l->base, "weight", 2, (int64_t[]){out, in}, init, in, 1);
+    if (l->iw < 0) return SG_ERR_INVALID; /* the module stays with the builder, which frees it */
+    if (bias) {
+        l->ib = sg_module_declare(&l->base, "bias", 1, &out, init == SG_INIT_NORMAL_002 ? SG_INIT_ZEROS : init,
+                                  in, 0);
+        if (l->ib < 0) return SG_ERR_INVALID;
+    }
+    sg_dtype dt = b->opts.precision; /* activations take the compute dtype: bf16 under mixed precision */
+    SG_TRY(sg_module_buffer(&l->base, dt, "y", 2, (int64_t[]){b->rows, out}, &l->y));
+    if (act == SG_ACT_GELU) SG_TRY(sg_module_buffer(&l->base, dt, "pre", 2, (int64_t[]){b->rows, out}, &l->pre));
+    *m = &l->base;
+    return SG_OK;
+}
+
+sg_status sg_module_linear(sg_builder *b, const char *name, int64_t in, int64_t out, int bias,
+                           sg_activation act, sg_module **m)
+{
+    return sg_module_linear_init(b, name, in, out, bias, act, SG_INIT_UNIFORM_FAN_IN, m);
 }
 
 /* ---- activations ---- */
@@ -120,7 +133,7 @@ static sg_status act_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
     act_module *a = (act_module *)m;
     if (!a->x)
-        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", m->name);
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(m));
     if (a->act == SG_ACT_RELU) SG_TRY(sg_relu_backward(m->ctx, a->x, dy, a->dx));
     else if (a->act == SG_ACT_GELU) SG_TRY(sg_gelu_backward(m->ctx, a->x, dy, a->dx));
     else SG_TRY(sg_tensor_copy(a->dx, dy));
@@ -143,25 +156,180 @@ static sg_status act_set_rows(sg_module *m, int64_t rows)
     return sg_tensor_set_rows(a->dx, rows);
 }
 
-static const sg_module_i act_i = {"activation", act_forward, act_backward, act_destroy, act_set_rows};
+static const sg_module_i act_i = {"activation", act_forward, act_backward, act_destroy, act_set_rows, NULL};
 
-sg_status sg_activation_create(sg_ctx *ctx, const char *name, sg_activation act, int ndim,
-                               const int64_t *shape, sg_module **out)
+sg_status sg_module_activation(sg_builder *b, const char *name, sg_activation act, int64_t features,
+                               sg_module **m)
 {
-    *out = NULL;
+    if (!b) return SG_ERR_NULL;
+    if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "sg_module_activation: m is NULL");
+    *m = NULL;
+    if (features < 1 || (act != SG_ACT_NONE && act != SG_ACT_RELU && act != SG_ACT_GELU))
+        return sg_fail(b->ctx, SG_ERR_INVALID, "sg_module_activation: '%s': %lld features, activation %d: "
+                       "expected at least 1 feature and NONE, RELU or GELU", name ? name : "",
+                       (long long)features, (int)act);
     act_module *a = calloc(1, sizeof *a);
-    if (!a) return sg_fail(ctx, SG_ERR_OOM, "sg_activation_create: out of host memory");
-    a->base.vt = &act_i;
-    a->base.ctx = ctx;
+    if (!a) return sg_fail(b->ctx, SG_ERR_OOM, "sg_module_activation: out of host memory");
+    SG_TRY(sg_module_init(b, &a->base, &act_i, name));
     a->act = act;
-    snprintf(a->base.name, sizeof a->base.name, "%s", name);
-    sg_status st = sg_tensor_create(ctx, SG_DTYPE_F32, ndim, shape, name, &a->y);
-    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, ndim, shape, name, &a->dx);
-    if (st != SG_OK) {
-        act_destroy(&a->base);
-        return st;
+    int64_t shape[2] = {b->rows, features};
+    SG_TRY(sg_module_buffer(&a->base, b->opts.precision, "y", 2, shape, &a->y));
+    SG_TRY(sg_module_buffer(&a->base, b->opts.precision, "dx", 2, shape, &a->dx));
+    *m = &a->base;
+    return SG_OK;
+}
+
+/* ---- dropout ---- */
+
+typedef struct dropout_module {
+    sg_module base;
+    sg_tensor *rng;
+    uint32_t site;
+    sg_tensor *y, *dx;            /* NULL when the builder's probability is 0 */
+} dropout_module;
+
+static sg_status dropout_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
+{
+    dropout_module *d = (dropout_module *)m;
+    if (!d->y || m->b->eval) { /* identity: the input passes through */
+        *y = x;
+        return SG_OK;
     }
-    *out = &a->base;
+    SG_TRY(sg_dropout_forward(m->ctx, x, m->b->opts.dropout, d->rng, d->site, d->y));
+    *y = d->y;
+    return SG_OK;
+}
+
+static sg_status dropout_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
+{
+    dropout_module *d = (dropout_module *)m;
+    if (!d->y) {
+        *dx = dy;
+        return SG_OK;
+    }
+    SG_TRY(sg_dropout_backward(m->ctx, dy, m->b->opts.dropout, d->rng, d->site, d->dx));
+    *dx = d->dx;
+    return SG_OK;
+}
+
+static void dropout_destroy(sg_module *m)
+{
+    dropout_module *d = (dropout_module *)m;
+    sg_tensor_destroy(d->y);
+    sg_tensor_destroy(d->dx);
+    free(d);
+}
+
+static sg_status dropout_set_rows(sg_module *m, int64_t rows)
+{
+    dropout_module *d = (dropout_module *)m;
+    if (!d->y) return SG_OK;
+    SG_TRY(sg_tensor_set_rows(d->y, rows));
+    return sg_tensor_set_rows(d->dx, rows);
+}
+
+static const sg_module_i dropout_i = {"dropout", dropout_forward, dropout_backward, dropout_destroy,
+                                      dropout_set_rows, NULL};
+
+sg_status sg_module_dropout(sg_builder *b, const char *name, int64_t features, sg_module **m)
+{
+    if (!b) return SG_ERR_NULL;
+    if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "sg_module_dropout: m is NULL");
+    *m = NULL;
+    if (features < 1)
+        return sg_fail(b->ctx, SG_ERR_SHAPE, "sg_module_dropout: '%s': %lld features: expected at least 1",
+                       name ? name : "", (long long)features);
+    dropout_module *d = calloc(1, sizeof *d);
+    if (!d) return sg_fail(b->ctx, SG_ERR_OOM, "sg_module_dropout: out of host memory");
+    SG_TRY(sg_module_init(b, &d->base, &dropout_i, name));
+    SG_TRY(sg_builder_rng(b, 1, &d->rng, &d->site));
+    if (b->opts.dropout > 0) {
+        int64_t shape[2] = {b->rows, features};
+        SG_TRY(sg_module_buffer(&d->base, b->opts.precision, "y", 2, shape, &d->y));
+        SG_TRY(sg_module_buffer(&d->base, b->opts.precision, "dx", 2, shape, &d->dx));
+    }
+    *m = &d->base;
+    return SG_OK;
+}
+
+/* ---- residual: y = x + inner(x) ---- */
+
+typedef struct residual_module {
+    sg_module base;
+    sg_module *inner;
+    sg_tensor *y, *g, *dx;        /* g: dy's copy for the inner backward, which may overwrite it */
+} residual_module;
+
+static sg_status residual_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
+{
+    residual_module *r = (residual_module *)m;
+    const sg_tensor *h = NULL;
+    SG_TRY(sg_module_forward(r->inner, x, &h));
+    SG_TRY(sg_add_forward(m->ctx, x, h, r->y));
+    *y = r->y;
+    return SG_OK;
+}
+
+static sg_status residual_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
+{
+    residual_module *r = (residual_module *)m;
+    sg_tensor *di = NULL;
+    SG_TRY(sg_tensor_copy(r->g, dy));
+    SG_TRY(sg_module_backward(r->inner, r->g, &di));
+    if (!di)
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' inside residual '%s' gave no input "
+                       "gradient", sg_module_label(r->inner), sg_module_label(m));
+    SG_TRY(sg_add_forward(m->ctx, dy, di, r->dx)); /* the identity path carries dy through */
+    *dx = r->dx;
+    return SG_OK;
+}
+
+static void residual_destroy(sg_module *m)
+{
+    residual_module *r = (residual_module *)m;
+    sg_module_free(r->inner);
+    sg_tensor_destroy(r->y), sg_tensor_destroy(r->g), sg_tensor_destroy(r->dx);
+    free(r);
+}
+
+static sg_status residual_set_rows(sg_module *m, int64_t rows)
+{
+    residual_module *r = (residual_module *)m;
+    SG_TRY(sg_tensor_set_rows(r->y, rows));
+    SG_TRY(sg_tensor_set_rows(r->g, rows));
+    SG_TRY(sg_tensor_set_rows(r->dx, rows));
+    return sg_module_set_rows(r->inner, rows);
+}
+
+static sg_status residual_finish(sg_module *m)
+{
+    residual_module *r = (residual_module *)m;
+    r->inner->no_input_grad = false; /* the branch's input gradient is added to dy */
+    return sg_module_finish(r->inner);
+}
+
+static const sg_module_i residual_i = {"residual", residual_forward, residual_backward, residual_destroy,
+                                       residual_set_rows, residual_finish};
+
+sg_status sg_module_residual(sg_builder *b, const char *name, sg_module *inner, int64_t features,
+                             sg_module **m)
+{
+    if (!b) return SG_ERR_NULL;
+    if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "sg_module_residual: m is NULL");
+    *m = NULL;
+    if (features < 1)
+        return sg_fail(b->ctx, SG_ERR_SHAPE, "sg_module_residual: '%s': %lld features: expected at least 1",
+                       name ? name : "", (long long)features);
+    residual_module *r = calloc(1, sizeof *r);
+    if (!r) return sg_fail(b->ctx, SG_ERR_OOM, "sg_module_residual: out of host memory");
+    SG_TRY(sg_module_init(b, &r->base, &residual_i, name));
+    SG_TRY(sg_module_adopt(&r->base, &inner, 1));
+    r->inner = inner;
+    int64_t shape[2] = {b->rows, features};
+    SG_TRY(sg_module_buffer(&r->base, b->opts.precision, "y", 2, shape, &r->y));
+    SG_TRY(sg_module_buffer(&r->base, b->opts.precision, "dy", 2, shape, &r->g));
+    SG_TRY(sg_module_buffer(&r->base, b->opts.precision, "dx", 2, shape, &r->dx));
+    *m = &r->base;
     return SG_OK;
 }
 
@@ -194,7 +362,7 @@ static sg_status seq_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
         if (!g && i > 0)
             return sg_fail(m->ctx, SG_ERR_INVALID,
                            "sg_module_backward: '%s' gives no input gradient, but '%s' comes before it",
-                           s->child[i]->name, s->child[i - 1]->name);
+                           sg_module_label(s->child[i]), sg_module_label(s->child[i - 1]));
     }
     *dx = g;
     return SG_OK;
@@ -203,7 +371,7 @@ static sg_status seq_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 static void seq_destroy(sg_module *m)
 {
     seq_module *s = (seq_module *)m;
-    for (int i = 0; i < s->n; i++) sg_module_destroy(s->child[i]);
+    for (int i = 0; i < s->n; i++) sg_module_free(s->child[i]);
     free(s->child);
     free(s);
 }
@@ -215,7 +383,18 @@ static sg_status seq_set_rows(sg_module *m, int64_t rows)
     return SG_OK;
 }
 
-static const sg_module_i seq_i = {"sequential", seq_forward, seq_backward, seq_destroy, seq_set_rows};
+/* Only the first child's input is the Sequential's own: the others feed a gradient back. */
+static sg_status seq_finish(sg_module *m)
+{
+    seq_module *s = (seq_module *)m;
+    for (int i = 0; i < s->n; i++) {
+        s->child[i]->no_input_grad = i == 0 && m->no_input_grad;
+        SG_TRY(sg_module_finish(s->child[i]));
+    }
+    return SG_OK;
+}
+
+static const sg_module_i seq_i = {"sequential", seq_forward, seq_backward, seq_destroy, seq_set_rows, seq_finish};
 
 int sg_sequential_count(const sg_module *seq)
 {
@@ -245,23 +424,32 @@ void sg_sequential_set_backward_hook(sg_module *seq, sg_backward_hook fn, void *
     s->hook_user = user;
 }
 
-sg_status sg_sequential_create(sg_ctx *ctx, const char *name, sg_module **children, int n,
-                               sg_module **out)
+#define SG_SEQUENTIAL_MAX 4096
+
+sg_status sg_module_sequential(sg_builder *b, const char *name, sg_module **children, int n, sg_module **m)
 {
-    *out = NULL;
+    if (!b) return SG_ERR_NULL;
+    if (!m || (!children && n > 0))
+        return sg_fail(b->ctx, SG_ERR_NULL, "sg_module_sequential: m or children is NULL");
+    *m = NULL;
+    if (n < 1 || n > SG_SEQUENTIAL_MAX)
+        return sg_fail(b->ctx, SG_ERR_INVALID, "sg_module_sequential: '%s': %d children: expected 1 to %d",
+                       name ? name : "", n, SG_SEQUENTIAL_MAX);
     seq_module *s = calloc(1, sizeof *s);
-    sg_module **c = calloc((size_t)(n > 0 ? n : 1), sizeof *c);
+    sg_module **c = calloc((size_t)n, sizeof *c);
     if (!s || !c) {
         free(s), free(c);
-        for (int i = 0; i < n; i++) sg_module_destroy(children[i]);
-        return sg_fail(ctx, SG_ERR_OOM, "sg_sequential_create: out of host memory");
+        return sg_fail(b->ctx, SG_ERR_OOM, "sg_module_sequential: out of host memory");
     }
+    sg_status st = sg_module_init(b, &s->base, &seq_i, name);
+    if (st != SG_OK) {
+        free(c);
+        return st;
+    }
+    s->child = c; /* from here the builder frees s (and c) if anything fails */
+    SG_TRY(sg_module_adopt(&s->base, children, n));
     memcpy(c, children, (size_t)n * sizeof *c);
-    s->base.vt = &seq_i;
-    s->base.ctx = ctx;
-    snprintf(s->base.name, sizeof s->base.name, "%s", name);
     s->n = n;
-    s->child = c;
-    *out = &s->base;
+    *m = &s->base;
     return SG_OK;
 }

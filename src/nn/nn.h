@@ -10,31 +10,13 @@
 extern "C" {
 #endif
 
-/* ---- host RNG (splitmix64): the same seed gives the same parameters on every backend ---- */
-
-typedef struct sg_rng {
-    uint64_t state;
-} sg_rng;
-
-uint64_t sg_rng_next(sg_rng *r);
-double sg_rng_uniform(sg_rng *r);            /* [0, 1) */
-double sg_rng_normal(sg_rng *r);             /* N(0, 1), Box-Muller */
-
 /* ---- parameter set ---- */
 
-/* The largest model a name can give: gpt depth 64 declares 12 * 64 + 5 = 773 tensors (256
- * refused gpt-64-21-1-8 after the name was accepted). test_model builds it. */
-#define SG_MAX_PARAMS 1024
-
-typedef enum sg_init {
-    SG_INIT_UNIFORM_FAN_IN = 0,  /* U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's Linear default */
-    SG_INIT_ZEROS,
-    SG_INIT_ONES,
-    SG_INIT_NORMAL_002           /* N(0, 0.02): GPT-2 */
-} sg_init;
+/* Names are hierarchical ("blocks.3.attn.qkv.weight"): the checkpoint's. */
+#define SG_PARAM_NAME_MAX 128
 
 typedef struct sg_param_info {
-    char name[64];
+    char name[SG_PARAM_NAME_MAX];
     int ndim;
     int64_t shape[SG_MAX_DIMS];
     int64_t offset, numel;       /* in elements of the flat buffer */
@@ -45,22 +27,23 @@ typedef struct sg_param_info {
 
 typedef struct sg_param_set {
     sg_ctx *ctx;
-    int count;
+    int count, cap;                       /* the arrays below hold cap entries (grown as declared) */
     int64_t total;                        /* elements */
-    sg_param_info info[SG_MAX_PARAMS];
+    sg_param_info *info;
     sg_tensor *flat, *grad_flat;          /* (total) F32 each: one allocation apiece */
-    sg_tensor *param[SG_MAX_PARAMS];      /* views into flat */
-    sg_tensor *grad[SG_MAX_PARAMS];       /* views into grad_flat */
+    sg_tensor **param;                    /* views into flat */
+    sg_tensor **grad;                     /* views into grad_flat */
     sg_tensor *seg_start, *seg_decay;     /* (count+1), (count) I32: for the fused optimizers */
     /* Mixed precision (sg_params_allocate_lowp): bf16 compute copies of the parameters, which
      * the forward and backward read, and bf16 gradients, which the backward writes (scaled by
      * the loss scale), each one allocation of the same layout with views by parameter. The
      * fp32 buffers above stay the master weights and the unscaled gradients the optimizer reads. */
     sg_tensor *flat_lo, *grad_flat_lo;
-    sg_tensor *param_lo[SG_MAX_PARAMS], *grad_lo[SG_MAX_PARAMS];
+    sg_tensor **param_lo, **grad_lo;
 } sg_param_set;
 
-/* Declares a parameter before allocation; returns its index (or -1 with ctx's error set). */
+/* Declares a parameter before allocation; returns its index (or -1 with ctx's error set: a
+ * name too long or already declared, a bad shape, out of memory). */
 int sg_params_declare(sg_param_set *ps, const char *name, int ndim, const int64_t *shape,
                       int decay, sg_init init, int64_t fan_in);
 /* Allocates the flat buffers and views, and initialises every parameter from seed. */
@@ -80,44 +63,111 @@ static inline sg_tensor *sg_params_compute_grad(sg_param_set *ps, int i)
 {
     return ps->grad_flat_lo ? ps->grad_lo[i] : ps->grad[i];
 }
+/* Frees the buffers, the views and the arrays. */
 void sg_params_release(sg_param_set *ps);
 
 /* ---- modules ---- */
 
-typedef struct sg_module sg_module;
-
+/* The passes every module implements; built-in modules fill it directly, a user's module
+ * (sg_module_create) through its public sg_module_ops. */
 typedef struct sg_module_i {
     const char *kind;
     /* Reads x, writes the module's own output tensor and returns it through *y. */
     sg_status (*forward)(sg_module *m, const sg_tensor *x, const sg_tensor **y);
-    /* Given dy (which it may overwrite), writes parameter gradients and, unless this is the
-     * first module of the model, the input gradient into the module's own dx (*dx). */
+    /* Given dy (which it may overwrite), writes parameter gradients and, unless
+     * m->no_input_grad, the input gradient into the module's own dx (*dx). */
     sg_status (*backward)(sg_module *m, sg_tensor *dy, sg_tensor **dx);
+    /* Frees the module (and, for containers, its children). */
     void (*destroy)(sg_module *m);
     /* Optional: run the next passes on the first `rows` rows of the module's buffers. */
     sg_status (*set_rows)(sg_module *m, int64_t rows);
+    /* Optional: once the parameters are allocated, before any pass (sg_builder_finish): bind
+     * parameter tensors, allocate what depends on no_input_grad; containers pass it on. */
+    sg_status (*finish)(sg_module *m);
 } sg_module_i;
+
+#define SG_MODULE_NAME_MAX 96
 
 struct sg_module {
     const sg_module_i *vt;
     sg_ctx *ctx;
-    char name[64];
-    char range[2][80];       /* "<name>.forward", "<name>.backward": made on first use */
+    char name[SG_MODULE_NAME_MAX];   /* with the builder's scope: "blocks.3.attn" */
+    char range[2][SG_MODULE_NAME_MAX + 16]; /* "<name>.forward", "<name>.backward": on first use */
+    sg_builder *b;                   /* the builder that made it (its parameters live there) */
+    int first_param;                 /* the first parameter it or its children declared (-1) */
+    bool no_input_grad;              /* the model's first module: dx is not needed */
+    bool owned;                      /* handed to a container or a model */
 };
 
-/* Linear with an optional fused activation (cuBLASLt epilogue): y(M,N) = act(x W^T + b).
- * w, b, dw, db are views from a parameter set (b, db may be NULL). rows = M. need_dx: compute
- * the input gradient (false for the first layer). Activations are allocated now. */
-sg_status sg_linear_create(sg_ctx *ctx, const char *name, int64_t rows, sg_tensor *w,
-                           sg_tensor *b, sg_tensor *dw, sg_tensor *db, sg_activation act,
-                           bool need_dx, sg_module **out);
-/* Standalone activation (for models that do not fuse it into a linear). */
-sg_status sg_activation_create(sg_ctx *ctx, const char *name, sg_activation act, int ndim,
-                               const int64_t *shape, sg_module **out);
-/* Runs children in order forward and in reverse backward. Takes ownership of them. */
-sg_status sg_sequential_create(sg_ctx *ctx, const char *name, sg_module **children, int n,
-                               sg_module **out);
-void sg_module_destroy(sg_module *m);
+/* What the modules of one model share, from sg_builder_create to the model's end: the
+ * parameters they declare, the options, dropout's generator, shared scratch. The public
+ * sg_builder; the model (models/) keeps it after sg_builder_finish. */
+typedef struct sg_shared_buf {
+    char name[SG_MODULE_NAME_MAX];
+    sg_tensor *t;
+} sg_shared_buf;
+
+struct sg_builder {
+    sg_ctx *ctx;
+    char name[64];                   /* the model's */
+    sg_builder_options opts;
+    int64_t batch, rows;             /* this shard's batch; rows = batch (x seq) */
+    sg_param_set params;
+    bool eval;                       /* passes for evaluation: dropout off */
+    sg_tensor *rng;                  /* (4) I32: dropout's seed and offset (made on demand) */
+    uint32_t sites;                  /* dropout call sites handed out so far */
+    sg_shared_buf *shared;
+    int n_shared, cap_shared;
+    sg_module **made;                /* every module made, for sg_builder_destroy */
+    int n_made, cap_made;
+    char scope[160];
+    int blocks;                      /* GPT blocks made so far (their dx buffers alternate) */
+    size_t bytes0;                   /* the context's bytes in use when the builder was made */
+    bool finished;
+};
+
+/* Common set-up of a module made by b: vt, ctx, name (scope applied; an empty name shows as
+ * the kind), registration for clean-up. mod points at a zeroed struct that starts with
+ * sg_module; on failure it is freed. */
+sg_status sg_module_init(sg_builder *b, sg_module *mod, const sg_module_i *vt, const char *name);
+/* Declares a parameter named "<module>.<what>" (just "<what>" for an empty module name). */
+int sg_module_declare(sg_module *mod, const char *what, int ndim, const int64_t *shape, sg_init init,
+                      int64_t fan_in, int decay);
+/* Marks children as owned by a container; fails for one already owned or from another builder. */
+sg_status sg_module_adopt(sg_module *parent, sg_module **children, int n);
+/* Frees m whoever owns it (containers free their children with it). */
+static inline void sg_module_free(sg_module *m)
+{
+    if (m) m->vt->destroy(m);
+}
+/* Calls m's finish (and its children's, through the containers' own finish). */
+static inline sg_status sg_module_finish(sg_module *m)
+{
+    return m->vt->finish ? m->vt->finish(m) : SG_OK;
+}
+/* The module's compute tensor (bf16 copy or master) and gradient for parameter p. */
+static inline sg_tensor *sg_module_w(const sg_module *m, int p)
+{
+    return p < 0 ? NULL : sg_params_compute(&m->b->params, p);
+}
+static inline sg_tensor *sg_module_g(const sg_module *m, int p)
+{
+    return p < 0 ? NULL : sg_params_compute_grad(&m->b->params, p);
+}
+/* A buffer of the module's own, (dims) in dt, named "<module>.<what>". */
+sg_status sg_module_buffer(sg_module *mod, sg_dtype dt, const char *what, int ndim, const int64_t *shape,
+                           sg_tensor **out);
+/* Dropout's generator (made on first use) and n consecutive call sites for this module. */
+sg_status sg_builder_rng(sg_builder *b, uint32_t n_sites, sg_tensor **rng, uint32_t *first_site);
+/* Frees what the builder holds beyond the modules (after them): shared buffers, the generator,
+ * the parameters, the builder. */
+void sg_builder_release(sg_builder *b);
+
+/* The module's name in errors and ranges: its kind when its name is empty. */
+static inline const char *sg_module_label(const sg_module *m)
+{
+    return m->name[0] ? m->name : m->vt->kind;
+}
 
 /* Forward and backward name the module on the context while they queue work, so that an
  * error during capture says which module made the forbidden call, and run inside a named
@@ -126,14 +176,14 @@ void sg_module_destroy(sg_module *m);
 static inline const char *sg_module_range(sg_module *m, int pass)
 {
     if (!m->range[pass][0])
-        snprintf(m->range[pass], sizeof m->range[pass], "%s.%s", m->name, pass ? "backward" : "forward");
+        snprintf(m->range[pass], sizeof m->range[pass], "%s.%s", sg_module_label(m), pass ? "backward" : "forward");
     return m->range[pass];
 }
 static inline sg_status sg_module_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
 {
     const char *range = sg_module_range(m, 0);
     sg_range_push(m->ctx, range);
-    const char *prev = sg_ctx_set_module(m->ctx, m->name);
+    const char *prev = sg_ctx_set_module(m->ctx, sg_module_label(m));
     sg_status st = m->vt->forward(m, x, y);
     sg_ctx_set_module(m->ctx, prev);
     sg_range_pop(m->ctx, range);
@@ -143,7 +193,7 @@ static inline sg_status sg_module_backward(sg_module *m, sg_tensor *dy, sg_tenso
 {
     const char *range = sg_module_range(m, 1);
     sg_range_push(m->ctx, range);
-    const char *prev = sg_ctx_set_module(m->ctx, m->name);
+    const char *prev = sg_ctx_set_module(m->ctx, sg_module_label(m));
     sg_status st = m->vt->backward(m, dy, dx);
     sg_ctx_set_module(m->ctx, prev);
     sg_range_pop(m->ctx, range);

@@ -24,25 +24,74 @@ double sg_rng_normal(sg_rng *r)
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
+/* Grows the per-parameter arrays to hold at least n entries. */
+static bool params_reserve(sg_param_set *ps, int n)
+{
+    if (n <= ps->cap) return true;
+    int cap = ps->cap ? ps->cap * 2 : 64;
+    while (cap < n) cap *= 2;
+    sg_param_info *info = realloc(ps->info, (size_t)cap * sizeof *info);
+    if (info) ps->info = info;
+    sg_tensor ***arrays[] = {&ps->param, &ps->grad, &ps->param_lo, &ps->grad_lo};
+    bool ok = info != NULL;
+    for (int a = 0; a < 4 && ok; a++) {
+        sg_tensor **t = realloc(*arrays[a], (size_t)cap * sizeof *t);
+        if (!t) ok = false;
+        else {
+            memset(t + ps->cap, 0, (size_t)(cap - ps->cap) * sizeof *t);
+            *arrays[a] = t;
+        }
+    }
+    if (!ok) return false; /* the arrays that grew stay valid at their new size */
+    ps->cap = cap;
+    return true;
+}
+
 int sg_params_declare(sg_param_set *ps, const char *name, int ndim, const int64_t *shape,
                       int decay, sg_init init, int64_t fan_in)
 {
-    if (ps->count >= SG_MAX_PARAMS) {
-        sg_fail(ps->ctx, SG_ERR_INVALID, "sg_params_declare: more than %d parameters", SG_MAX_PARAMS);
+    if (ps->flat) {
+        sg_fail(ps->ctx, SG_ERR_INVALID, "sg_module_param: '%s' declared after the model was built", name);
         return -1;
     }
-    if (ps->flat) {
-        sg_fail(ps->ctx, SG_ERR_INVALID, "sg_params_declare: '%s' declared after allocation", name);
+    if (!name || !name[0] || strlen(name) >= SG_PARAM_NAME_MAX) {
+        sg_fail(ps->ctx, SG_ERR_INVALID, "sg_module_param: parameter name '%.64s%s': expected 1 to %d characters",
+                name ? name : "(null)", name && strlen(name) > 64 ? "..." : "", SG_PARAM_NAME_MAX - 1);
+        return -1;
+    }
+    if (ndim < 1 || ndim > SG_MAX_DIMS || !shape) {
+        sg_fail(ps->ctx, SG_ERR_SHAPE, "sg_module_param: '%s' has %d dims: expected 1 to %d", name, ndim, SG_MAX_DIMS);
+        return -1;
+    }
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 1 || shape[i] > ((int64_t)1 << 40) || numel > (((int64_t)1 << 40) / shape[i])) {
+            sg_fail(ps->ctx, SG_ERR_SHAPE, "sg_module_param: '%s': dim %d is %lld: expected a size from 1 "
+                    "and at most 2^40 elements in all", name, i, (long long)shape[i]);
+            return -1;
+        }
+        numel *= shape[i];
+    }
+    if (ps->total + numel + 3 > INT32_MAX) { /* the optimizers' segment tables are int32 */
+        sg_fail(ps->ctx, SG_ERR_SHAPE, "sg_module_param: '%s' takes the model past 2^31 - 1 parameters", name);
+        return -1;
+    }
+    for (int i = 0; i < ps->count; i++)
+        if (!strcmp(ps->info[i].name, name)) {
+            sg_fail(ps->ctx, SG_ERR_INVALID, "sg_module_param: '%s' is declared twice: parameter names must be "
+                    "unique (give the modules distinct names)", name);
+            return -1;
+        }
+    if (!params_reserve(ps, ps->count + 1)) {
+        sg_fail(ps->ctx, SG_ERR_OOM, "sg_module_param: out of host memory");
         return -1;
     }
     sg_param_info *p = &ps->info[ps->count];
+    memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
     p->ndim = ndim;
-    p->numel = 1;
-    for (int i = 0; i < ndim; i++) {
-        p->shape[i] = shape[i];
-        p->numel *= shape[i];
-    }
+    p->numel = numel;
+    for (int i = 0; i < ndim; i++) p->shape[i] = shape[i];
     /* Align every tensor to 4 elements (16 bytes), so kernels can use vector loads. */
     p->offset = (ps->total + 3) & ~(int64_t)3;
     ps->total = p->offset + p->numel;
@@ -89,7 +138,7 @@ sg_status sg_params_allocate(sg_param_set *ps, uint64_t seed)
         /* Segments tile the flat buffer: alignment padding belongs to the previous one. */
         start[i] = (int32_t)(i == 0 ? 0 : p->offset);
         decay[i] = p->decay;
-        char gname[80];
+        char gname[SG_PARAM_NAME_MAX + 8];
         snprintf(gname, sizeof gname, "%s.grad", p->name);
         st = sg_tensor_view(ps->flat, p->offset, p->ndim, p->shape, p->name, &ps->param[i]);
         if (st == SG_OK)
@@ -114,7 +163,7 @@ sg_status sg_params_allocate_lowp(sg_param_set *ps)
     SG_TRY(sg_tensor_create(ctx, SG_DTYPE_BF16, 1, &total, "grads.bf16", &ps->grad_flat_lo));
     for (int i = 0; i < ps->count; i++) {
         sg_param_info *p = &ps->info[i];
-        char n[80];
+        char n[SG_PARAM_NAME_MAX + 16];
         snprintf(n, sizeof n, "%s.bf16", p->name);
         SG_TRY(sg_tensor_view(ps->flat_lo, p->offset, p->ndim, p->shape, n, &ps->param_lo[i]));
         snprintf(n, sizeof n, "%s.grad.bf16", p->name);
@@ -132,13 +181,16 @@ sg_status sg_params_sync_lowp(sg_param_set *ps)
 
 void sg_params_release(sg_param_set *ps)
 {
-    for (int i = 0; i < ps->count; i++) {
+    for (int i = 0; i < ps->count && ps->param; i++) {
         sg_tensor_destroy(ps->param[i]);
         sg_tensor_destroy(ps->grad[i]);
         sg_tensor_destroy(ps->param_lo[i]);
         sg_tensor_destroy(ps->grad_lo[i]);
         ps->param[i] = ps->grad[i] = ps->param_lo[i] = ps->grad_lo[i] = NULL;
     }
+    free(ps->info), free(ps->param), free(ps->grad), free(ps->param_lo), free(ps->grad_lo);
+    ps->info = NULL, ps->param = ps->grad = ps->param_lo = ps->grad_lo = NULL;
+    ps->count = ps->cap = 0;
     sg_tensor_destroy(ps->flat_lo);
     sg_tensor_destroy(ps->grad_flat_lo);
     ps->flat_lo = ps->grad_flat_lo = NULL;

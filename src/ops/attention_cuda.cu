@@ -22,7 +22,7 @@
  * att is bf16 (attention.h says why), so both GEMMs that read it are bf16 x bf16.
  *
  * cuBLAS: one handle per context, created on first use (outside capture), kept in ext slot
- * SG_SLOT_COUNT - 1, bound once to the context's stream and then to its workspace (in that
+ * SG_EXT_ATTENTION, bound once to the context's stream and then to its workspace (in that
  * order: cublasSetStream resets the workspace), default math mode: fp32 FMA, no TF32, as the
  * linear layer's cuBLASLt matmuls. GEMMs are written in column-major terms: a row-major (R,C)
  * matrix is a column-major C x R one with leading dimension C.
@@ -39,7 +39,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-#define ATTN_SLOT (SG_SLOT_COUNT - 1)
 #define ATTN_THREADS 256
 #define ATTN_WARPS (ATTN_THREADS / 32) /* softmax rows per block */
 
@@ -60,7 +59,7 @@ static void blas_free(sg_ctx *ctx, void *ext)
  * may allocate device memory, so it must not happen inside a capture. */
 static sg_status blas_get(sg_ctx *ctx, const char *fn, cublasHandle_t *out)
 {
-    attn_blas *b = (attn_blas *)sg_ctx_ext(ctx, ATTN_SLOT);
+    attn_blas *b = (attn_blas *)sg_ctx_ext(ctx, SG_EXT_ATTENTION);
     if (b) {
         *out = b->handle;
         return SG_OK;
@@ -89,7 +88,7 @@ static sg_status blas_get(sg_ctx *ctx, const char *fn, cublasHandle_t *out)
         blas_free(ctx, b);
         return sg_cublas_status(ctx, (int)s, call, __FILE__, __LINE__);
     }
-    sg_ctx_set_ext(ctx, ATTN_SLOT, b, blas_free);
+    sg_ctx_set_ext(ctx, SG_EXT_ATTENTION, b, blas_free);
     *out = b->handle;
     return SG_OK;
 }

@@ -11,10 +11,6 @@
 extern "C" {
 #endif
 
-/* The sg_ctx_scratch slot of the CUDA reduction (per-block partials, the "last block done"
- * counter, the norm in double for the scale kernel). */
-#define SG_SLOT_CLIP (SG_SLOT_COUNT - 2)
-
 /* The grid of the sum of squares never exceeds this many blocks (H100: 132 SMs x 4 = 528). */
 #define SG_CLIP_MAX_BLOCKS 2048
 /* Bytes of sg_ctx_scratch(ctx, SG_SLOT_CLIP, ...) the CUDA path uses: the counter at byte 0,

@@ -12,8 +12,8 @@
  * Backward (two launches). Kernel 1: block b owns rows [b*rpb, (b+1)*rpb): its groups write dx
  * row by row (two row sums: mean(g) and mean(g*xhat), g = dy*gamma); then its threads take one
  * column each and sum dy*xhat and dy over the block's rows in row order, in double, into a
- * per-block partial in scratch (slot SG_SLOT_NN). Kernel 2: dgamma and dbeta, each column the
- * sum of the partials in a fixed order, rounded once to T. Partials: double [nparts][2C],
+ * per-block partial in scratch (slot SG_SLOT_LAYERNORM). Kernel 2: dgamma and dbeta, each
+ * column the sum of the partials in a fixed order, rounded once to T. Partials: double [nparts][2C],
  * nparts <= MAX_C / C, so the scratch has one fixed size (4 MiB) and is allocated once per
  * context. */
 #include "ops/layernorm.h"
@@ -261,7 +261,7 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *ga
     /* Always the same size (the entry point caps C), so the buffer is allocated once and its
      * address never changes: a captured graph keeps pointing at it. */
     void *scratch;
-    SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_NN, LN_SCRATCH_BYTES, &scratch));
+    SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_LAYERNORM, LN_SCRATCH_BYTES, &scratch));
     double *partials = (double *)scratch;
 
     /* Partials: at most LN_BWD_BLOCKS_PER_SM per SM, and as many as the scratch holds. Rows

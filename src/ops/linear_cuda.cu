@@ -5,8 +5,8 @@
  * buffer); where that epilogue cannot run (see sg_linear_forward_cuda), a plain matmul and one
  * bias+act kernel. Backward: one kernel (d(pre) = dy * act'(act_in) in place, and db as a
  * deterministic column sum in f32), then cublasLtMatmul for dw and for dx. Matmul plans
- * (descriptor, layouts, algorithm) are cached per shape and dtype in the context (slot
- * SG_SLOT_LINEAR), so a call costs a lookup, at most two pointer attributes and the launch.
+ * (descriptor, layouts, algorithm) are cached per shape and dtype in the context (ext slot
+ * SG_EXT_LINEAR), so a call costs a lookup, at most two pointer attributes and the launch.
  *
  * Row-major tensors are column-major transposes: a row-major (R,C) matrix is, to cuBLASLt,
  * a column-major C x R matrix with leading dimension C. Every matmul below is written in
@@ -183,11 +183,11 @@ static sg_status plan_build(sg_ctx *ctx, lin_plan *p, const void *bias, const vo
 static sg_status plan_get(sg_ctx *ctx, const lin_key *key, const void *bias, const void *aux,
                           lin_plan **out)
 {
-    lin_cache *c = (lin_cache *)sg_ctx_ext(ctx, SG_SLOT_LINEAR);
+    lin_cache *c = (lin_cache *)sg_ctx_ext(ctx, SG_EXT_LINEAR);
     if (!c) {
         c = (lin_cache *)calloc(1, sizeof *c);
         if (!c) return sg_fail(ctx, SG_ERR_OOM, "sg_linear: out of host memory for the plan cache");
-        sg_ctx_set_ext(ctx, SG_SLOT_LINEAR, c, cache_free);
+        sg_ctx_set_ext(ctx, SG_EXT_LINEAR, c, cache_free);
     }
     for (int i = 0; i < c->n; i++)
         if (!memcmp(&c->plans[i].key, key, sizeof *key)) {

@@ -1,7 +1,8 @@
 /* trace.c: sg_prof_write_trace: a window's records as a Chrome trace-event JSON file, which
  * Perfetto (ui.perfetto.dev) and chrome://tracing open. Host side: process 1, "host", one track
  * per thread holding its named ranges and CUDA calls (nested by time); device side: process
- * 2 + device id, "GPU 0", one track per stream. Pure C, so it is compiled in every build. */
+ * 2 + device id, "GPU 0", one track per stream. Written with sg_json (core/json.c), one event a
+ * line. Pure C, so it is compiled in every build. */
 #include "core/core.h"
 #include "prof/prof.h"
 
@@ -69,57 +70,6 @@ static const char *api_class_name(sg_prof_api a)
     return "?";
 }
 
-/* Length of the valid UTF-8 sequence at u, or 0 (Unicode's table 3-7: no overlong forms, no
- * surrogates, nothing past U+10FFFF), so that every name is valid JSON text. */
-static size_t utf8_len(const unsigned char *u)
-{
-    unsigned lo = 0x80, hi = 0xBF; /* the second byte's range */
-    size_t n;
-    if (u[0] >= 0xC2 && u[0] <= 0xDF) {
-        n = 2;
-    } else if (u[0] >= 0xE0 && u[0] <= 0xEF) {
-        n = 3;
-        if (u[0] == 0xE0) lo = 0xA0; /* not overlong */
-        if (u[0] == 0xED) hi = 0x9F; /* not a surrogate */
-    } else if (u[0] >= 0xF0 && u[0] <= 0xF4) {
-        n = 4;
-        if (u[0] == 0xF0) lo = 0x90; /* not overlong */
-        if (u[0] == 0xF4) hi = 0x8F; /* not past U+10FFFF */
-    } else {
-        return 0;
-    }
-    if (u[1] < lo || u[1] > hi) return 0;
-    for (size_t i = 2; i < n; i++)
-        if (u[i] < 0x80 || u[i] > 0xBF) return 0;
-    return n;
-}
-
-/* s as a JSON string: quotes, backslashes and control characters escaped, bytes that are not
- * UTF-8 written as U+FFFD. */
-static void put_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *u = (const unsigned char *)s; *u;) {
-        if (*u == '"' || *u == '\\') {
-            fputc('\\', f);
-            fputc(*u++, f);
-        } else if (*u == '\n') {
-            fputs("\\n", f), u++;
-        } else if (*u == '\t') {
-            fputs("\\t", f), u++;
-        } else if (*u < 0x20) {
-            fprintf(f, "\\u%04x", *u++);
-        } else if (*u < 0x80) {
-            fputc(*u++, f);
-        } else {
-            size_t n = utf8_len(u);
-            if (n) fwrite(u, 1, n, f), u += n;
-            else fputs("\\ufffd", f), u++;
-        }
-    }
-    fputc('"', f);
-}
-
 /* Appends s[0..n) to buf (of cap bytes, holding *len); false when it does not fit. */
 static bool put_part(char *buf, size_t cap, size_t *len, const char *s, size_t n)
 {
@@ -182,13 +132,28 @@ static const char *api_display_name(const char *name, char *buf, size_t cap)
     return buf;
 }
 
-/* Microseconds from t0 with nanosecond digits, exactly (no rounding through a double). */
-static void put_us(FILE *f, uint64_t ns)
+/* Microseconds from t0 with nanosecond digits. Exact: ns / 1e3 is within half an ulp of the
+ * three-decimal value, and printing it rounds back to that value, for any time below 2^53 ns
+ * (104 days). */
+static void put_us(sg_json *w, const char *key, uint64_t ns)
 {
-    fprintf(f, "%llu.%03u", (unsigned long long)(ns / 1000), (unsigned)(ns % 1000));
+    sg_json_key(w, key);
+    sg_json_fixed(w, (double)ns / 1e3, 3);
 }
 
-static void put_event(FILE *f, const sg_prof_record *r, const trace_event *ev, uint64_t t0)
+static void put_uint(sg_json *w, const char *key, uint64_t v)
+{
+    sg_json_key(w, key);
+    sg_json_uint(w, v);
+}
+
+static void put_str(sg_json *w, const char *key, const char *v)
+{
+    sg_json_key(w, key);
+    sg_json_string(w, v);
+}
+
+static void put_event(sg_json *w, const sg_prof_record *r, const trace_event *ev, uint64_t t0)
 {
     char buf[256];
     const char *name = r->name;
@@ -196,56 +161,76 @@ static void put_event(FILE *f, const sg_prof_record *r, const trace_event *ev, u
     const char *shown = r->kind == SG_PROF_KIND_KERNEL ? display_name(name, buf, sizeof buf)
                         : r->kind == SG_PROF_KIND_API  ? api_display_name(name, buf, sizeof buf)
                                                        : name;
-    fputs(",\n{\"name\":", f);
-    put_string(f, shown);
-    fprintf(f, ",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":", kind_category(r->kind));
-    put_us(f, ev->s - t0);
-    fputs(",\"dur\":", f);
-    put_us(f, ev->e - ev->s);
-    fprintf(f, ",\"pid\":%u,\"tid\":%u,\"args\":{", ev->pid, ev->tid);
+    sg_json_newline(w);
+    sg_json_object_begin(w);
+    put_str(w, "name", shown);
+    put_str(w, "cat", kind_category(r->kind));
+    put_str(w, "ph", "X");
+    put_us(w, "ts", ev->s - t0);
+    put_us(w, "dur", ev->e - ev->s);
+    put_uint(w, "pid", ev->pid);
+    put_uint(w, "tid", ev->tid);
+    sg_json_key(w, "args");
+    sg_json_object_begin(w);
     switch (r->kind) {
     case SG_PROF_KIND_KERNEL:
     case SG_PROF_KIND_MEMCPY:
     case SG_PROF_KIND_MEMSET:
-        fprintf(f, "\"correlation\":%u,\"device\":%u,\"stream\":%u", r->correlation_id,
-                r->device_id, r->stream_id);
-        if (r->graph_id) fprintf(f, ",\"graph\":%u", r->graph_id);
-        if (shown != name) {
-            fputs(",\"mangled\":", f);
-            put_string(f, name);
-        }
+        put_uint(w, "correlation", r->correlation_id);
+        put_uint(w, "device", r->device_id);
+        put_uint(w, "stream", r->stream_id);
+        if (r->graph_id) put_uint(w, "graph", r->graph_id);
+        if (shown != name) put_str(w, "mangled", name);
         break;
     case SG_PROF_KIND_API:
-        fprintf(f, "\"correlation\":%u,\"class\":\"%s\",\"depth\":%d", r->correlation_id,
-                api_class_name(r->api), r->depth);
+        put_uint(w, "correlation", r->correlation_id);
+        put_str(w, "class", api_class_name(r->api));
+        sg_json_key(w, "depth");
+        sg_json_int(w, r->depth);
         break;
-    case SG_PROF_KIND_RANGE: fprintf(f, "\"depth\":%d", r->depth); break;
+    case SG_PROF_KIND_RANGE:
+        sg_json_key(w, "depth");
+        sg_json_int(w, r->depth);
+        break;
     }
-    fputs("}}", f);
+    sg_json_object_end(w);
+    sg_json_object_end(w);
+}
+
+/* A metadata event ("ph": "M") naming a track: {"name": what, ..., "args": {key: value}}. */
+static void put_meta(sg_json *w, const char *what, uint32_t pid, uint32_t tid, const char *key,
+                     const char *value, uint64_t number)
+{
+    sg_json_newline(w);
+    sg_json_object_begin(w);
+    put_str(w, "name", what);
+    put_str(w, "ph", "M");
+    put_uint(w, "pid", pid);
+    put_uint(w, "tid", tid);
+    sg_json_key(w, "args");
+    sg_json_object_begin(w);
+    if (value) put_str(w, key, value);
+    else put_uint(w, key, number);
+    sg_json_object_end(w);
+    sg_json_object_end(w);
 }
 
 /* Names the tracks that events use: a process per side (and device), a thread per track. */
-static void put_metadata(FILE *f, const trace_event *ev, size_t n, bool *first)
+static void put_metadata(sg_json *w, const trace_event *ev, size_t n)
 {
+    char name[48];
     for (size_t i = 0; i < n; i++) {
         bool new_pid = i == 0 || ev[i].pid != ev[i - 1].pid;
         if (new_pid) {
-            fputs(*first ? "\n" : ",\n", f);
-            *first = false;
-            if (ev[i].pid == TRACE_PID_HOST)
-                fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,"
-                           "\"args\":{\"name\":\"host\"}}", ev[i].pid);
-            else
-                fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,"
-                           "\"args\":{\"name\":\"GPU %u\"}}",
-                        ev[i].pid, ev[i].pid - TRACE_PID_GPU0);
-            fprintf(f, ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,"
-                       "\"args\":{\"sort_index\":%u}}", ev[i].pid, ev[i].pid);
+            if (ev[i].pid == TRACE_PID_HOST) snprintf(name, sizeof name, "host");
+            else snprintf(name, sizeof name, "GPU %u", ev[i].pid - TRACE_PID_GPU0);
+            put_meta(w, "process_name", ev[i].pid, 0, "name", name, 0);
+            put_meta(w, "process_sort_index", ev[i].pid, 0, "sort_index", NULL, ev[i].pid);
         }
-        if (new_pid || ev[i].tid != ev[i - 1].tid)
-            fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%u,"
-                       "\"args\":{\"name\":\"%s %u\"}}", ev[i].pid, ev[i].tid,
-                    ev[i].pid == TRACE_PID_HOST ? "thread" : "stream", ev[i].tid);
+        if (new_pid || ev[i].tid != ev[i - 1].tid) {
+            snprintf(name, sizeof name, "%s %u", ev[i].pid == TRACE_PID_HOST ? "thread" : "stream", ev[i].tid);
+            put_meta(w, "thread_name", ev[i].pid, ev[i].tid, "name", name, 0);
+        }
     }
 }
 
@@ -276,13 +261,24 @@ sg_status sg_prof_write_trace(sg_ctx *ctx, const sg_prof_record *r, size_t n, co
         return sg_fail(ctx, SG_ERR_IO, "sg_prof_write_trace: cannot open '%s' for writing: %s",
                        path, strerror(err));
     }
-    fputs("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[", f);
-    bool first = true;
-    put_metadata(f, ev, m, &first);
-    for (size_t i = 0; i < m; i++) put_event(f, &r[ev[i].index], &ev[i], t0);
-    fputs("\n]}\n", f);
+    sg_json *w = NULL;
+    sg_status st = sg_json_create_file(f, SG_JSON_COMPACT, &w);
+    if (st == SG_OK) {
+        sg_json_object_begin(w);
+        put_str(w, "displayTimeUnit", "ns");
+        sg_json_key(w, "traceEvents");
+        sg_json_array_begin(w);
+        put_metadata(w, ev, m);
+        for (size_t i = 0; i < m; i++) put_event(w, &r[ev[i].index], &ev[i], t0);
+        sg_json_newline(w);
+        sg_json_array_end(w);
+        sg_json_object_end(w);
+        sg_json_newline(w);
+        st = sg_json_finish(w);
+    }
     free(ev);
-    int err = ferror(f) ? EIO : 0;
+    int err = st == SG_ERR_OOM ? ENOMEM : st != SG_OK || ferror(f) ? EIO : 0;
+    sg_json_destroy(w);
     if (fclose(f) != 0 && !err) err = errno;
     if (err) {
         remove(path); /* no half-written trace left behind */

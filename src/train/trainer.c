@@ -6,8 +6,8 @@
  * copy-in stays outside. The first `warmup` steps run eagerly (lazy set-up happens there), the
  * next step captures, later steps replay. Variable shapes (batch rows of an mlp, sequence
  * lengths of a gpt) run padded up to a bucket, with a step graph per bucket under step scope.
- * (Design note: models/ calls graph/ for this.) */
-#include "models/model.h"
+ * (train/ sits above graph/ and dist/: it captures and replays through them.) */
+#include "train/model.h"
 #include "dist/dist.h"
 #include "models/text.h"
 #include "nn/checkpoint.h"
@@ -28,7 +28,7 @@ struct sg_trainer {
     char reason[512];
     sg_graph *g_step, *g_fwd, *g_bwd;
     sg_pool *pool;               /* shared by the trainer's graphs (they never run at once) */
-    graphed_module *wrapped[64];
+    graphed_module **wrapped;    /* layer scope: the modules wrapped (one a child at most) */
     int n_wrapped;
     int64_t buckets[32];         /* batch sizes (mlp) or sequence lengths (gpt), increasing */
     int n_buckets;
@@ -135,8 +135,8 @@ static sg_status graphed_forward(sg_module *m, const sg_tensor *x, const sg_tens
     if (!g->t->armed || g->failed) return sg_module_forward(g->inner, x, y);
     if (!g->fwd) {
         g->x = x;
-        char n[96];
-        snprintf(n, sizeof n, "%s.forward", g->inner->name);
+        char n[SG_MODULE_NAME_MAX + 16];
+        snprintf(n, sizeof n, "%s.forward", sg_module_label(g->inner));
         sg_status st = capture(g->t, n, inner_forward, g, &g->x, 1, &g->fwd);
         if (st != SG_OK) {
             SG_TRY(capture_failed(g->t, st, n, false));
@@ -146,7 +146,7 @@ static sg_status graphed_forward(sg_module *m, const sg_tensor *x, const sg_tens
     } else if (x != g->x) {
         return sg_fail(m->ctx, SG_ERR_INVALID,
                        "graphed module '%s': forward input '%s' is not the tensor it was captured "
-                       "with ('%s')", g->inner->name, x->name, g->x->name);
+                       "with ('%s')", sg_module_label(g->inner), x->name, g->x->name);
     }
     SG_TRY(sg_graph_replay(g->fwd));
     *y = g->y;
@@ -159,8 +159,8 @@ static sg_status graphed_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
     if (!g->t->armed || g->failed || !g->fwd) return sg_module_backward(g->inner, dy, dx);
     if (!g->bwd) {
         g->dy = dy;
-        char n[96];
-        snprintf(n, sizeof n, "%s.backward", g->inner->name);
+        char n[SG_MODULE_NAME_MAX + 16];
+        snprintf(n, sizeof n, "%s.backward", sg_module_label(g->inner));
         const sg_tensor *in = dy;
         sg_status st = capture(g->t, n, inner_backward, g, &in, 1, &g->bwd);
         if (st != SG_OK) {
@@ -171,7 +171,7 @@ static sg_status graphed_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
     } else if (dy != g->dy) {
         return sg_fail(m->ctx, SG_ERR_INVALID,
                        "graphed module '%s': backward input '%s' is not the tensor it was captured "
-                       "with ('%s')", g->inner->name, dy->name, g->dy->name);
+                       "with ('%s')", sg_module_label(g->inner), dy->name, g->dy->name);
     }
     SG_TRY(sg_graph_replay(g->bwd));
     *dx = g->dx;
@@ -183,7 +183,7 @@ static void graphed_destroy(sg_module *m)
     graphed_module *g = (graphed_module *)m;
     sg_graph_destroy(g->fwd);
     sg_graph_destroy(g->bwd);
-    sg_module_destroy(g->inner);
+    sg_module_free(g->inner);
     free(g);
 }
 
@@ -193,7 +193,7 @@ static sg_status graphed_set_rows(sg_module *m, int64_t rows)
 }
 
 static const sg_module_i graphed_i = {"graphed", graphed_forward, graphed_backward, graphed_destroy,
-                                      graphed_set_rows};
+                                      graphed_set_rows, NULL};
 
 /* The child of seq that token names (a module name or an index), or -1. */
 static int module_index(sg_module *seq, const char *tok)
@@ -203,7 +203,7 @@ static int module_index(sg_module *seq, const char *tok)
     long v = strtol(tok, &end, 10);
     if (end != tok && *end == '\0') return v >= 0 && v < n ? (int)v : -1;
     for (int i = 0; i < n; i++)
-        if (!strcmp(sg_sequential_child(seq, i)->name, tok)) return i;
+        if (!strcmp(sg_module_label(sg_sequential_child(seq, i)), tok)) return i;
     return -1;
 }
 
@@ -230,11 +230,11 @@ static sg_status choose_modules(sg_trainer *t, const char *list, bool *chosen, i
             return sg_fail(t->ctx, SG_ERR_INVALID,
                            "sg_trainer_create: --graph-modules '%s': '%s' names no module of '%s' (modules are "
                            "%s..%s, or their indices 0..%d)", list, tok, t->m->name,
-                           n ? sg_sequential_child(seq, 0)->name : "?",
-                           n ? sg_sequential_child(seq, n - 1)->name : "?", n - 1);
+                           n ? sg_module_label(sg_sequential_child(seq, 0)) : "?",
+                           n ? sg_module_label(sg_sequential_child(seq, n - 1)) : "?", n - 1);
         if (chosen[i])
             return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: --graph-modules '%s' names module %d (%s) "
-                           "twice", list, i, sg_sequential_child(seq, i)->name);
+                           "twice", list, i, sg_module_label(sg_sequential_child(seq, i)));
         chosen[i] = true;
     }
     return SG_OK;
@@ -245,14 +245,14 @@ static sg_status wrap_modules(sg_trainer *t)
     sg_module *seq = t->m->net;
     int n = sg_sequential_count(seq);
     bool *chosen = calloc((size_t)(n > 0 ? n : 1), sizeof *chosen);
-    if (!chosen) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
+    t->wrapped = calloc((size_t)(n > 0 ? n : 1), sizeof *t->wrapped);
+    if (!chosen || !t->wrapped) {
+        free(chosen);
+        return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
+    }
     sg_status st = choose_modules(t, t->modules, chosen, n);
     for (int i = 0; i < n && st == SG_OK; i++) {
         if (!chosen[i]) continue;
-        if (t->n_wrapped == 64) {
-            st = sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: more than 64 graphed modules");
-            break;
-        }
         graphed_module *g = calloc(1, sizeof *g);
         if (!g) {
             st = sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
@@ -261,7 +261,7 @@ static sg_status wrap_modules(sg_trainer *t)
         sg_module *c = sg_sequential_child(seq, i);
         g->base.vt = &graphed_i;
         g->base.ctx = t->ctx;
-        snprintf(g->base.name, sizeof g->base.name, "%s", c->name);
+        snprintf(g->base.name, sizeof g->base.name, "%s", sg_module_label(c));
         g->inner = c;
         g->t = t;
         sg_sequential_replace(seq, i, &g->base);
@@ -286,6 +286,8 @@ static void unwrap_modules(sg_trainer *t)
         free(g);
     }
     t->n_wrapped = 0;
+    free(t->wrapped);
+    t->wrapped = NULL;
 }
 
 /* ---- the regions ---- */
@@ -296,14 +298,7 @@ static sg_status run_forward(void *u)
     return sg_module_forward(m->net, m->x, &m->logits);
 }
 
-static sg_status run_loss(sg_model *m)
-{
-    const char *prev = sg_ctx_set_module(m->ctx, "loss");
-    const sg_tensor *scaler = m->precision == SG_DTYPE_BF16 ? m->scaler : NULL;
-    sg_status st = sg_softmax_xent_scaled(m->ctx, m->logits, m->targets, 1.0f, scaler, m->loss, m->dlogits);
-    sg_ctx_set_module(m->ctx, prev);
-    return st;
-}
+static sg_status run_loss(sg_model *m) { return sg_model_loss_pass(m); }
 
 /* With data parallelism, buckets of final gradients are averaged over the ranks while the
  * backward goes on (the Sequential's hook after each child), the rest and the loss at its end,
@@ -354,7 +349,7 @@ static sg_status set_buckets(sg_trainer *t, const sg_trainer_options *op)
     bool seq = op->n_seq_buckets > 0;
     const int64_t *b = seq ? op->seq_buckets : op->batch_buckets;
     int n = seq ? op->n_seq_buckets : op->n_buckets;
-    int64_t max = seq ? m->spec.seq : m->x_view->cap_rows;
+    int64_t max = seq ? m->spec.seq : m->spec.batch;
     bool ok = b && n > 0 && n <= 32 && (op->scope == SG_SCOPE_EAGER || op->scope == SG_SCOPE_STEP);
     for (int i = 0; ok && i < n; i++) {
         t->buckets[i] = b[i];
@@ -391,7 +386,7 @@ static sg_status attach_dist(sg_trainer *t)
         return sg_fail(t->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: batch or sequence buckets with data "
                        "parallelism are not implemented; train at the model's full shape");
     if (t->opts.scope != SG_SCOPE_EAGER && t->opts.warmup < SG_DIST_MIN_WARMUP) t->opts.warmup = SG_DIST_MIN_WARMUP;
-    sg_tensor *g = m->params.grad_flat_lo ? m->params.grad_flat_lo : m->params.grad_flat;
+    sg_tensor *g = m->params->grad_flat_lo ? m->params->grad_flat_lo : m->params->grad_flat;
     SG_TRY(sg_dist_attach(d, g, m->loss, m->grad_ready, m->n_grad_ready));
     sg_sequential_set_backward_hook(m->net, sg_dist_backward_hook, d);
     t->dist = d;
@@ -423,9 +418,12 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     else if (op.n_buckets && op.n_seq_buckets)
         st = sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: batch buckets and sequence buckets together; "
                      "a trainer varies one shape");
-    else if (op.n_buckets && !m->x_view)
-        st = sg_fail(m->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: batch buckets are for mlp models; '%s' "
-                     "cannot vary its batch yet", m->name);
+    else if (op.n_buckets && m->text)
+        st = sg_fail(m->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: batch buckets are for models of samples; '%s' "
+                     "reads token text: vary its sequence length (seq_buckets)", m->name);
+    else if (op.steps_per_call > 1 && m->data && m->data->kind == SG_DATASET_FED)
+        st = sg_fail(m->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: '%s' is fed from the host, a batch a step: "
+                     "steps_per_call must be 1", m->name);
     else if (op.n_seq_buckets && !m->text)
         st = sg_fail(m->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: sequence buckets are for gpt models; '%s' "
                      "has no sequence length", m->name);
@@ -488,6 +486,7 @@ static sg_status step_scope(sg_trainer *t, int64_t index)
         t->next_index = -1;
     }
     if (index != t->next_index) SG_TRY(sg_model_set_batch_index(t->m, index));
+    SG_TRY(sg_model_step_begin(t->m, index)); /* a fed batch: the stream waits for its copy */
     SG_TRY(sg_graph_replay(t->g_step));
     t->next_index = index + t->opts.steps_per_call;
     return SG_OK;
@@ -652,14 +651,14 @@ static size_t block_bytes(const sg_tensor *x) { return x && x->block ? x->block-
 static void add_memory(const sg_trainer *t, sg_trainer_stats *s)
 {
     const sg_model *m = t->m;
-    const sg_param_set *ps = &m->params;
+    const sg_param_set *ps = m->params;
     s->param_bytes = block_bytes(ps->flat) + block_bytes(ps->flat_lo) + block_bytes(ps->seg_start) +
                      block_bytes(ps->seg_decay);
     s->grad_bytes = block_bytes(ps->grad_flat) + block_bytes(ps->grad_flat_lo);
     sg_tensor *om, *ov, *hp;
     sg_optim_state(t->o, &om, &ov, &hp);
     s->optim_bytes = block_bytes(om) + block_bytes(ov) + block_bytes(hp);
-    s->data_bytes = m->text ? sg_text_bytes(m->text) : block_bytes(m->data_x) + block_bytes(m->data_y);
+    s->data_bytes = m->text ? sg_text_bytes(m->text) : block_bytes(m->data->x) + block_bytes(m->data->y);
     size_t named = s->param_bytes + s->grad_bytes + s->data_bytes;
     s->activation_bytes = m->bytes > named ? m->bytes - named : 0;
     sg_pool *p = t->cache ? sg_graph_cache_pool(t->cache) : t->pool;
@@ -701,7 +700,7 @@ sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out)
     /* Eagerly (graphed modules would replay their training graphs), dropout off. */
     bool armed = t->armed;
     t->armed = false;
-    m->eval = true;
+    sg_model_set_eval(m, true);
     m->split = split;
     double sum = 0;
     sg_status st = SG_OK;
@@ -709,11 +708,12 @@ sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out)
         float l = 0;
         st = sg_model_load_batch(m, b);
         if (st == SG_OK) st = sg_module_forward(m->net, m->x, &m->logits);
-        if (st == SG_OK) st = sg_softmax_xent(t->ctx, m->logits, m->targets, 1.0f, m->loss, NULL);
+        if (st == SG_OK) st = m->loss_kind == SG_LOSS_MSE ? sg_mse(t->ctx, m->logits, m->targets, 1.0f, m->loss, NULL)
+                                                          : sg_softmax_xent(t->ctx, m->logits, m->targets, 1.0f, m->loss, NULL);
         if (st == SG_OK) st = sg_model_loss_read(m, &l);
         sum += l;
     }
-    m->eval = false;
+    sg_model_set_eval(m, false);
     m->split = 0;
     t->armed = armed;
     double mean = sum / n_batches;
@@ -725,7 +725,7 @@ sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out)
 /* Every parameter by name, the optimizer state, the generator. */
 static int ckpt_entries(sg_trainer *t, sg_ckpt_entry *e, int cap)
 {
-    sg_param_set *ps = &t->m->params;
+    sg_param_set *ps = t->m->params;
     int n = 0;
     for (int i = 0; i < ps->count && n < cap; i++) e[n++] = (sg_ckpt_entry){ps->info[i].name, ps->param[i]};
     sg_tensor *om, *ov, *hp;
@@ -744,13 +744,17 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     if (step < 0 || step > SG_TRAINER_MAX_STEP)
         return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_save: '%s': step %lld: expected 0 to %lld",
                        path, (long long)step, (long long)SG_TRAINER_MAX_STEP);
-    sg_ckpt_entry e[SG_MAX_PARAMS + 8];
-    int n = ckpt_entries(t, e, SG_MAX_PARAMS + 8);
+    int cap = t->m->params->count + 8;
+    sg_ckpt_entry *e = malloc((size_t)cap * sizeof *e);
+    if (!e) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: out of host memory");
+    int n = ckpt_entries(t, e, cap);
     char steps[32];
     snprintf(steps, sizeof steps, "%lld", (long long)step);
     const char *meta[] = {"format", "stepgraph-1", "model", t->m->name, "step", steps,
                           "precision", sg_dtype_name(t->m->precision), NULL};
-    return sg_checkpoint_save(t->ctx, path, e, n, meta);
+    sg_status st = sg_checkpoint_save(t->ctx, path, e, n, meta);
+    free(e);
+    return st;
 }
 
 typedef struct ckpt_meta {
@@ -798,14 +802,18 @@ static sg_status ckpt_meta_check(sg_ctx *ctx, const char *path, const char *meta
 sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step)
 {
     if (!t || !path || !step) return SG_ERR_NULL;
-    sg_ckpt_entry e[SG_MAX_PARAMS + 8];
-    int n = ckpt_entries(t, e, SG_MAX_PARAMS + 8);
+    int cap = t->m->params->count + 8;
+    sg_ckpt_entry *e = malloc((size_t)cap * sizeof *e);
+    if (!e) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_load: out of host memory");
+    int n = ckpt_entries(t, e, cap);
     ckpt_meta cm = {t, 0};
-    SG_TRY(sg_checkpoint_load_ex(t->ctx, path, e, n, NULL, 0, ckpt_meta_check, &cm));
+    sg_status st = sg_checkpoint_load_ex(t->ctx, path, e, n, NULL, 0, ckpt_meta_check, &cm);
+    free(e);
+    SG_TRY(st);
     *step = cm.step;
     /* The master weights are f32 in either precision, so a checkpoint resumes in both; the
      * bf16 compute copies are rebuilt from them. */
-    return sg_params_sync_lowp(&t->m->params);
+    return sg_params_sync_lowp(t->m->params);
 }
 
 sg_status sg_trainer_get_scaler(sg_trainer *t, sg_loss_scaler *out)

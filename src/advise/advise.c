@@ -1,0 +1,172 @@
+/* advise.c: sg_advise, the capture advisor's driver (stepgraph.h): calibrate the device's launch
+ * path (or take the caller's calibration), profile the factory's model, predict every scope and
+ * summarize (prof/predict.c), then train and time each scope that can be captured, eager first,
+ * and set each measurement beside its prediction. `stepgraph advise` prints what it returns. */
+#include "advise/advise.h"
+
+#include <math.h>
+#include <stdio.h>
+
+sg_advise_options sg_advise_options_default(void)
+{
+    return (sg_advise_options){.warmup = 20, .steps = 50, .repeats = 5, .busy_steps = 20, .measure = 1};
+}
+
+static void report(const sg_advise_options *o, const sg_advise_result *r, sg_advise_stage stage, sg_scope s)
+{
+    if (o->progress) o->progress(o->progress_user, r, stage, s);
+}
+
+/* Layer scope when the net is not a Sequential: nothing to wrap. The prediction carries
+ * eager's numbers and is not capturable, so the summary passes over it. */
+static void nothing_to_wrap(const sg_advise_prediction *eager, sg_advise_prediction *out)
+{
+    *out = *eager;
+    out->scope = SG_SCOPE_LAYER;
+    out->capturable = 0;
+    snprintf(out->note, sizeof out->note, "layer scope wraps the children of the model's Sequential, and "
+             "this model's net is not one");
+}
+
+/* Every scope's prediction, eager first, then the summary. A scope that cannot be predicted
+ * (no CUPTI, a bad profile) fails the whole: the verdict compares them all. */
+static sg_status predict_all(sg_ctx *ctx, sg_advise_result *r)
+{
+    sg_advise_prediction pred[SG_ADVISE_SCOPES];
+    for (int s = 0; s < SG_ADVISE_SCOPES; s++) {
+        sg_advise_prediction *q = &r->scopes[s].predicted;
+        if (s == SG_SCOPE_LAYER && r->profile.n_modules == 0) {
+            nothing_to_wrap(&r->scopes[SG_SCOPE_EAGER].predicted, q);
+        } else {
+            sg_status st = sg_advise_predict(&r->calib, &r->profile, (sg_scope)s, q);
+            if (st != SG_OK)
+                return sg_fail(ctx, st, "sg_advise: cannot predict %s scope: %s", sg_scope_name((sg_scope)s),
+                               q->note);
+        }
+        pred[s] = *q;
+    }
+    if (sg_advise_summarize(&r->calib, &r->profile, pred, &r->summary) != SG_OK)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_advise: the predictions of '%s' do not add up to a summary",
+                       r->model);
+    return SG_OK;
+}
+
+/* Measures every scope that can be captured, eager first (the others are relative to it). A
+ * failure is recorded in its scope; the first one's status is returned, its message on ctx. */
+static sg_status measure_all(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_advise_timing *tm,
+                             const sg_advise_options *o, sg_advise_result *r)
+{
+    sg_status first = SG_OK;
+    char msg[768] = "";
+    const sg_advise_scope_result *eager = &r->scopes[SG_SCOPE_EAGER];
+    for (int s = 0; s < SG_ADVISE_SCOPES; s++) {
+        sg_advise_scope_result *sr = &r->scopes[s];
+        const char *name = sg_scope_name((sg_scope)s);
+        if (!sr->predicted.capturable) {
+            snprintf(sr->measure_note, sizeof sr->measure_note, "not measured: %s", sr->predicted.note);
+            continue;
+        }
+        if (s != SG_SCOPE_EAGER && !eager->measured) {
+            snprintf(sr->measure_note, sizeof sr->measure_note, "not measured: eager scope's measurement, "
+                     "which the others are compared with, failed");
+            continue;
+        }
+        sg_status st = sg_advise_measure(ctx, factory, user, (sg_scope)s, tm, &sr->measurement);
+        if (st != SG_OK) {
+            sr->measure_status = st;
+            snprintf(sr->measure_note, sizeof sr->measure_note, "%s", sg_ctx_last_error(ctx));
+            r->measure_failures++;
+            if (first == SG_OK) {
+                first = st;
+                snprintf(msg, sizeof msg, "sg_advise: measuring %s scope: %s", name, sr->measure_note);
+            }
+            report(o, r, SG_ADVISE_STAGE_MEASURED, (sg_scope)s);
+            continue;
+        }
+        sr->measured = 1;
+        const sg_advise_measurement *m = &sr->measurement, *e = &eager->measurement;
+        sr->error_pct = 100 * (sr->predicted.step_ms - m->step_ms) / m->step_ms;
+        sr->measured_speedup = e->step_ms / m->step_ms;
+        sr->measured_extra_bytes = m->bytes + m->exec_bytes - e->bytes;
+        report(o, r, SG_ADVISE_STAGE_MEASURED, (sg_scope)s);
+    }
+    if (first != SG_OK) return sg_fail(ctx, first, "%s", msg);
+    return SG_OK;
+}
+
+/* The summary's verdict with the recommended scope's measured speedup added inside its
+ * closing parenthesis: "... (step scope predicted 1.78x; measured 1.85x)". */
+static void verdict_measured(sg_advise_result *r)
+{
+    const sg_advise_scope_result *best = &r->scopes[r->summary.best];
+    const char *v = r->summary.verdict;
+    size_t n = strlen(v);
+    r->best_measured_speedup = best->measured ? best->measured_speedup : NAN;
+    if (!best->measured)
+        snprintf(r->verdict, sizeof r->verdict, "%s", v);
+    else if (n && v[n - 1] == ')')
+        snprintf(r->verdict, sizeof r->verdict, "%.*s; measured %.2fx)", (int)n - 1, v, r->best_measured_speedup);
+    else
+        snprintf(r->verdict, sizeof r->verdict, "%s (measured %.2fx)", v, r->best_measured_speedup);
+}
+
+sg_status sg_advise(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_advise_options *opts,
+                    sg_advise_result *out)
+{
+    if (!ctx) return sg_fail(NULL, SG_ERR_NULL, "sg_advise: ctx is NULL");
+    if (!factory || !out) return sg_fail(ctx, SG_ERR_NULL, "sg_advise: factory or out is NULL");
+    sg_advise_options o = opts ? *opts : sg_advise_options_default();
+    memset(out, 0, sizeof *out);
+    out->best_measured_speedup = NAN;
+    for (int s = 0; s < SG_ADVISE_SCOPES; s++) {
+        sg_advise_scope_result *sr = &out->scopes[s];
+        sr->scope = sr->predicted.scope = sr->measurement.scope = (sg_scope)s;
+        sr->error_pct = sr->measured_speedup = sr->measured_extra_bytes = NAN;
+    }
+    out->options = o;
+    out->options.calib = NULL, out->options.progress = NULL, out->options.progress_user = NULL;
+    snprintf(out->device, sizeof out->device, "%s", sg_ctx_device_name(ctx));
+    sg_advise_timing tm = {o.warmup, o.steps, o.repeats, o.busy_steps};
+    SG_TRY(sg_advise_check_timing(ctx, "sg_advise", &tm)); /* before a second of calibration */
+
+    if (o.calib) out->calib = *o.calib;
+    else SG_TRY(sg_advise_calibrate(ctx, &out->calib));
+    SG_TRY(sg_advise_profile_model(ctx, factory, user, &tm, &out->profile));
+    snprintf(out->model, sizeof out->model, "%s", out->profile.model);
+    out->precision = out->profile.precision;
+    report(&o, out, SG_ADVISE_STAGE_PROFILED, SG_SCOPE_EAGER);
+    SG_TRY(predict_all(ctx, out));
+    snprintf(out->verdict, sizeof out->verdict, "%s", out->summary.verdict);
+    report(&o, out, SG_ADVISE_STAGE_PREDICTED, out->summary.best);
+    if (!o.measure) {
+        for (int s = 0; s < SG_ADVISE_SCOPES; s++)
+            snprintf(out->scopes[s].measure_note, sizeof out->scopes[s].measure_note,
+                     "not measured: measure is 0 (predict only)");
+        return SG_OK;
+    }
+    sg_status st = measure_all(ctx, factory, user, &tm, &o, out);
+    verdict_measured(out);
+    return st;
+}
+
+/* ---- a built-in model by name ---- */
+
+typedef struct named_model {
+    const char *name;
+    const sg_model_options *mo;
+} named_model;
+
+static sg_status build_named(sg_ctx *ctx, void *user, sg_model **out)
+{
+    const named_model *n = user;
+    return sg_model_create_ex(ctx, n->name, 1, n->mo, out);
+}
+
+sg_status sg_advise_name(sg_ctx *ctx, const char *name, const sg_model_options *mo,
+                         const sg_advise_options *opts, sg_advise_result *out)
+{
+    if (!ctx) return sg_fail(NULL, SG_ERR_NULL, "sg_advise_name: ctx is NULL");
+    if (!name) return sg_fail(ctx, SG_ERR_NULL, "sg_advise_name: name is NULL");
+    named_model n = {name, mo};
+    return sg_advise(ctx, build_named, &n, opts, out);
+}

@@ -1,0 +1,46 @@
+/* advise.h: the advisor's internals. sg_advise (advise.c, public in stepgraph.h) drives three
+ * parts: the calibration of the device's launch path (calibrate.c), and the profile of a
+ * model's eager steps and the measurement of each scope (profile.c), which build the model
+ * through the caller's factory; the prediction arithmetic between them is prof/predict.c.
+ * A layer above the models: it runs trainers on them, so it sits above src/models/. */
+#ifndef SG_ADVISE_ADVISE_H
+#define SG_ADVISE_ADVISE_H
+
+#include "core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Timing of profiles and measurements (as `stepgraph bench`); sg_advise_options carries it. */
+typedef struct sg_advise_timing {
+    int warmup;                  /* untimed steps first (at least 5) */
+    int steps;                   /* steps per timed block */
+    int repeats;                 /* blocks; the median is taken */
+    int busy_steps;              /* steps in the CUPTI window */
+} sg_advise_timing;
+
+/* SG_ERR_INVALID (message on ctx, naming fn) unless the timing is one the advisor can run. */
+sg_status sg_advise_check_timing(sg_ctx *ctx, const char *fn, const sg_advise_timing *tm);
+
+/* Builds the model with factory (on ctx, CUDA), times eager steps, profiles them with CUPTI,
+ * instruments one step by region, measures the static-input batch load and tries to capture
+ * the step. A capture that is refused is reported in out, not as an error. */
+sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *user,
+                                  const sg_advise_timing *tm, sg_advise_profile *out);
+
+/* Builds a fresh model with factory and trains it under `scope` on ctx: warm-up (capture
+ * included), then timed blocks; GPU-busy by CUPTI when available. A failed capture is an
+ * error. */
+sg_status sg_advise_measure(sg_ctx *ctx, sg_model_factory factory, void *user, sg_scope scope,
+                            const sg_advise_timing *tm, sg_advise_measurement *out);
+
+/* Shared by the parts: the monotonic clock in microseconds, and the median of v[0..n)
+ * (sorts v; NAN for n <= 0). */
+double sg_advise_now_us(void);
+double sg_advise_median(double *v, int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SG_ADVISE_ADVISE_H */

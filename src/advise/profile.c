@@ -1,0 +1,431 @@
+/* profile.c: the advisor's runs of a model: the profile of its eager steps (timed blocks,
+ * GPU-busy by CUPTI, one step instrumented by its named ranges, the static-input batch load, a
+ * trial capture of the step) and the measurement of a scope (the same timing under that
+ * scope's trainer). Each builds its model through the caller's factory, so any model can be
+ * advised. CUDA only: the CPU backend has no launches to time. */
+#include "advise/advise.h"
+#include "train/model.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+double sg_advise_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double sg_advise_median(double *v, int n)
+{
+    if (n <= 0) return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The factory's model, checked: it exists and lives on ctx. */
+static sg_status build_model(sg_ctx *ctx, sg_model_factory factory, void *user, const char *fn, sg_model **m)
+{
+    *m = NULL;
+    SG_TRY(factory(ctx, user, m));
+    if (!*m) return sg_fail(ctx, SG_ERR_INVALID, "%s: the model factory returned SG_OK and no model", fn);
+    if ((*m)->ctx != ctx) {
+        sg_model_destroy(*m);
+        *m = NULL;
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: the model factory built its model on another context", fn);
+    }
+    return SG_OK;
+}
+
+/* ---- running a model: timed blocks, GPU-busy ---- */
+
+sg_status sg_advise_check_timing(sg_ctx *ctx, const char *fn, const sg_advise_timing *tm)
+{
+    if (tm->warmup < 5 || tm->steps < 1 || tm->repeats < 1 || tm->repeats > 1000 || tm->busy_steps < 1)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: warm-up %d, %d steps, %d repeats, %d busy steps: expected a "
+                       "warm-up of at least 5 steps (the trainer captures after 3) and at least one step, block "
+                       "(up to 1000) and busy step", fn, tm->warmup, tm->steps, tm->repeats, tm->busy_steps);
+    return SG_OK;
+}
+
+static sg_status run_steps(sg_trainer *t, int64_t *s, int n)
+{
+    for (int i = 0; i < n; i++) SG_TRY(sg_trainer_step(t, (*s)++));
+    return SG_OK;
+}
+
+/* Blocks of steps, each synced at the end: wall ms per step (median), host ms per step queuing
+ * a block (median), launches per step. */
+static sg_status time_blocks(sg_ctx *ctx, sg_trainer *t, const sg_advise_timing *tm, int64_t *s, double *wall,
+                             double *host, double *launches)
+{
+    double *w = calloc((size_t)tm->repeats * 2, sizeof *w);
+    if (!w) return sg_fail(ctx, SG_ERR_OOM, "sg_advise: out of host memory timing steps");
+    double *h = w + tm->repeats;
+    uint64_t k0 = sg_ctx_launch_count(ctx);
+    sg_status st = SG_OK;
+    for (int r = 0; r < tm->repeats && st == SG_OK; r++) {
+        st = sg_ctx_sync(ctx);
+        double t0 = sg_advise_now_us();
+        if (st == SG_OK) st = run_steps(t, s, tm->steps);
+        double t1 = sg_advise_now_us();
+        if (st == SG_OK) st = sg_ctx_sync(ctx);
+        w[r] = (sg_advise_now_us() - t0) / 1e3 / tm->steps;
+        h[r] = (t1 - t0) / 1e3 / tm->steps;
+    }
+    if (st == SG_OK) {
+        *launches = (double)(sg_ctx_launch_count(ctx) - k0) / ((double)tm->repeats * tm->steps);
+        *wall = sg_advise_median(w, tm->repeats);
+        *host = sg_advise_median(h, tm->repeats);
+    }
+    free(w);
+    return st;
+}
+
+/* GPU-busy per step and kernels per step over busy_steps steps. A profiler that cannot run
+ * (no CUPTI, another client) leaves NAN and a note; a step that fails is an error. */
+static sg_status measure_busy(sg_ctx *ctx, sg_trainer *t, const sg_advise_timing *tm, int64_t *s, double *busy_ms,
+                              double *kernels, double *short_share, char *note, size_t note_n)
+{
+    *busy_ms = *kernels = *short_share = NAN;
+    sg_prof *p = NULL;
+    sg_prof_result r;
+    sg_status pst = sg_prof_create(ctx, &p);
+    if (pst == SG_OK) pst = sg_ctx_sync(ctx);
+    if (pst == SG_OK) pst = sg_prof_start(p);
+    sg_status st = SG_OK;
+    if (pst == SG_OK) {
+        st = run_steps(t, s, tm->busy_steps);
+        pst = sg_prof_stop(p, &r);
+    }
+    if (st == SG_OK && pst == SG_OK) {
+        *busy_ms = r.busy_us / 1e3 / tm->busy_steps;
+        *kernels = (double)r.kernels / tm->busy_steps;
+        *short_share = r.short_kernel_share;
+        if (r.dropped && note)
+            snprintf(note, note_n, "CUPTI dropped %llu records: GPU-busy undercounts", (unsigned long long)r.dropped);
+    } else if (st == SG_OK && note) {
+        snprintf(note, note_n, "%s", sg_ctx_last_error(ctx));
+    }
+    sg_prof_destroy(p);
+    return st;
+}
+
+/* ---- the profile: one eager step by region, from its named ranges ---- */
+
+/* A range's name: a module's (up to 95 bytes) and ".backward". */
+#define RANGE_NAME 128
+
+typedef struct range_event {
+    char name[RANGE_NAME];
+    bool push;
+    uint64_t launches;
+    double t_us;
+} range_event;
+
+#define RANGE_EVENTS 1024
+
+typedef struct range_log {
+    const sg_ctx *ctx;
+    range_event ev[RANGE_EVENTS];
+    int n;
+    bool overflow;
+} range_log;
+
+/* The context's range hook while a probe step runs: the launch counter and the clock at each
+ * push and pop. A pop is stamped first and a push last, so the hook's own work stays outside
+ * the ranges it times. */
+static void range_log_hook(void *user, const char *name, bool push)
+{
+    range_log *l = user;
+    if (l->n == RANGE_EVENTS) {
+        l->overflow = true;
+        return;
+    }
+    range_event *e = &l->ev[l->n++];
+    if (!push) e->t_us = sg_advise_now_us(), e->launches = l->ctx->launches;
+    size_t k = strlen(name);
+    if (k >= sizeof e->name) k = sizeof e->name - 1;
+    memcpy(e->name, name, k);
+    e->name[k] = '\0';
+    e->push = push;
+    if (push) e->launches = l->ctx->launches, e->t_us = sg_advise_now_us();
+}
+
+/* One probe step's regions. */
+typedef struct step_split {
+    sg_advise_region step, load, forward, backward;
+    sg_advise_region fwd[SG_ADVISE_MAX_MODULES], bwd[SG_ADVISE_MAX_MODULES];
+} step_split;
+
+static sg_advise_region span(const range_event *a, const range_event *b)
+{
+    return (sg_advise_region){(double)(b->launches - a->launches), b->t_us - a->t_us};
+}
+
+/* Pairs the log's pushes and pops and files each range under its region: "step", the net's
+ * "<net>.forward"/".backward", its children's. The load is the stretch from the step's push to
+ * the net's forward push. */
+static sg_status split_step(sg_ctx *ctx, const range_log *l, const sg_advise_profile *p, const char *net,
+                            step_split *out)
+{
+    memset(out, 0, sizeof *out);
+    if (l->overflow)
+        return sg_fail(ctx, SG_ERR_UNSUPPORTED, "sg_advise_profile_model: a step has more than %d named "
+                       "ranges", RANGE_EVENTS / 2);
+    char fwd[RANGE_NAME], bwd[RANGE_NAME];
+    snprintf(fwd, sizeof fwd, "%s.forward", net);
+    snprintf(bwd, sizeof bwd, "%s.backward", net);
+    int stack[64], depth = 0, step_push = -1, fwd_push = -1;
+    for (int i = 0; i < l->n; i++) {
+        const range_event *e = &l->ev[i];
+        if (e->push) {
+            if (depth == 64)
+                return sg_fail(ctx, SG_ERR_UNSUPPORTED, "sg_advise_profile_model: ranges nest deeper than 64");
+            stack[depth++] = i;
+            if (step_push < 0 && !strcmp(e->name, "step")) step_push = i;
+            if (fwd_push < 0 && !strcmp(e->name, fwd)) fwd_push = i;
+            continue;
+        }
+        if (depth == 0 || strcmp(l->ev[stack[depth - 1]].name, e->name))
+            return sg_fail(ctx, SG_ERR_INVALID, "sg_advise_profile_model: range '%s' popped out of order", e->name);
+        sg_advise_region r = span(&l->ev[stack[--depth]], e);
+        if (!strcmp(e->name, "step")) out->step = r;
+        else if (!strcmp(e->name, fwd)) out->forward = r;
+        else if (!strcmp(e->name, bwd)) out->backward = r;
+        else
+            for (int k = 0; k < p->n_modules; k++) {
+                size_t n = strlen(p->modules[k].name);
+                if (strncmp(e->name, p->modules[k].name, n)) continue;
+                sg_advise_region *to = !strcmp(e->name + n, ".forward")    ? &out->fwd[k]
+                                       : !strcmp(e->name + n, ".backward") ? &out->bwd[k]
+                                                                           : NULL;
+                if (to) to->launches += r.launches, to->host_us += r.host_us;
+            }
+    }
+    if (step_push < 0 || fwd_push < 0 || depth != 0)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_advise_profile_model: the step's ranges ('step', '%s') were not "
+                       "all seen", fwd);
+    out->load = span(&l->ev[step_push], &l->ev[fwd_push]);
+    return SG_OK;
+}
+
+#define PROBE_STEPS 7
+
+/* The median over probe steps of the region at byte offset off of a step_split. */
+static sg_advise_region median_region(const step_split *sp, size_t off)
+{
+    double l[PROBE_STEPS], h[PROBE_STEPS];
+    for (int i = 0; i < PROBE_STEPS; i++) {
+        const sg_advise_region *r = (const sg_advise_region *)((const char *)&sp[i] + off);
+        l[i] = r->launches, h[i] = r->host_us;
+    }
+    return (sg_advise_region){sg_advise_median(l, PROBE_STEPS), sg_advise_median(h, PROBE_STEPS)};
+}
+
+/* PROBE_STEPS eager steps, each queued on an idle device with the range log as the context's
+ * range hook; the regions are their medians. */
+static sg_status probe_regions(sg_ctx *ctx, sg_model *m, sg_trainer *t, int64_t *s, sg_advise_profile *out)
+{
+    if (!m->net)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_advise_profile_model: model '%s' has no network of modules to "
+                       "profile", m->name);
+    int n = sg_sequential_count(m->net);
+    if (n > SG_ADVISE_MAX_MODULES)
+        return sg_fail(ctx, SG_ERR_UNSUPPORTED, "sg_advise_profile_model: '%s' has %d modules; the advisor takes "
+                       "up to %d", m->name, n, SG_ADVISE_MAX_MODULES);
+#ifdef SG_MODULE_NAME_MAX
+    _Static_assert(sizeof out->modules[0].name >= SG_MODULE_NAME_MAX, "sg_advise_module holds a module's name");
+#endif
+    out->n_modules = n;
+    for (int i = 0; i < n; i++)
+        snprintf(out->modules[i].name, sizeof out->modules[i].name, "%s", sg_sequential_child(m->net, i)->name);
+    range_log *log = calloc(1, sizeof *log);
+    step_split *sp = calloc(PROBE_STEPS, sizeof *sp);
+    if (!log || !sp) {
+        free(log), free(sp);
+        return sg_fail(ctx, SG_ERR_OOM, "sg_advise_profile_model: out of host memory");
+    }
+    log->ctx = ctx;
+    void (*prev_hook)(void *, const char *, bool) = ctx->range_hook;
+    void *prev_user = ctx->range_user;
+    sg_status st = SG_OK;
+    for (int i = 0; i < PROBE_STEPS && st == SG_OK; i++) {
+        st = sg_ctx_sync(ctx);
+        log->n = 0, log->overflow = false;
+        ctx->range_hook = range_log_hook, ctx->range_user = log;
+        if (st == SG_OK) st = sg_trainer_step(t, (*s)++);
+        ctx->range_hook = prev_hook, ctx->range_user = prev_user;
+        if (st == SG_OK) st = split_step(ctx, log, out, m->net->name, &sp[i]);
+    }
+    if (st == SG_OK) st = sg_ctx_sync(ctx);
+    if (st == SG_OK) {
+        out->step = median_region(sp, offsetof(step_split, step));
+        out->load = median_region(sp, offsetof(step_split, load));
+        out->forward = median_region(sp, offsetof(step_split, forward));
+        out->backward = median_region(sp, offsetof(step_split, backward));
+        for (int k = 0; k < n; k++) {
+            size_t at = (size_t)k * sizeof(sg_advise_region);
+            out->modules[k].forward = median_region(sp, offsetof(step_split, fwd) + at);
+            out->modules[k].backward = median_region(sp, offsetof(step_split, bwd) + at);
+        }
+    }
+    free(log), free(sp);
+    return st;
+}
+
+/* Static inputs (what captured scopes give the model): the bytes they add, and the batch load
+ * with them (a copy into them where eager steps only rebound views). */
+static sg_status probe_static_load(sg_ctx *ctx, sg_model *m, int64_t *s, sg_advise_profile *out)
+{
+    sg_alloc_stats a0, a1;
+    SG_TRY(sg_ctx_alloc_stats(ctx, &a0));
+    SG_TRY(sg_model_use_static_inputs(m));
+    SG_TRY(sg_ctx_alloc_stats(ctx, &a1));
+    out->static_bytes = a1.bytes_in_use > a0.bytes_in_use ? (double)(a1.bytes_in_use - a0.bytes_in_use) : 0;
+    double h[PROBE_STEPS], l = 0;
+    for (int i = 0; i < PROBE_STEPS; i++) {
+        SG_TRY(sg_ctx_sync(ctx));
+        uint64_t k0 = sg_ctx_launch_count(ctx);
+        double t0 = sg_advise_now_us();
+        SG_TRY(sg_model_load_batch(m, (*s)++));
+        h[i] = sg_advise_now_us() - t0;
+        l = (double)(sg_ctx_launch_count(ctx) - k0);
+    }
+    SG_TRY(sg_ctx_sync(ctx));
+    out->load_static = (sg_advise_region){l, sg_advise_median(h, PROBE_STEPS)};
+    return SG_OK;
+}
+
+/* Tries to capture the step as the trainer's step scope does: a host sync or another call
+ * forbidden during capture (data-dependent control flow reads device values) is refused with
+ * SG_ERR_CAPTURE, which is reported, not returned. */
+static sg_status trial_capture(sg_model *m, sg_optim *o, int64_t *s, sg_advise_profile *out)
+{
+    if (sg_graphs_disabled()) {
+        snprintf(out->capture_error, sizeof out->capture_error, "not tried: STEPGRAPH_DISABLE_GRAPHS=1");
+        return SG_OK;
+    }
+    sg_trainer_options to = sg_trainer_options_default();
+    to.scope = SG_SCOPE_STEP;
+    to.warmup = 1;
+    sg_trainer *t = NULL;
+    SG_TRY(sg_trainer_create(m, o, &to, &t));
+    sg_status st = sg_trainer_step(t, (*s)++);
+    if (st == SG_OK) st = sg_trainer_step(t, (*s)++); /* captures, then replays */
+    out->capture_tried = true;
+    if (st == SG_OK) {
+        sg_trainer_stats ts;
+        st = sg_trainer_get_stats(t, &ts);
+        out->step_captured = st == SG_OK && ts.graphs > 0;
+        out->step_nodes = ts.nodes;
+    } else if (st == SG_ERR_CAPTURE) {
+        snprintf(out->capture_error, sizeof out->capture_error, "%s", sg_ctx_last_error(m->ctx));
+        st = SG_OK;
+    }
+    if (st == SG_OK) st = sg_ctx_sync(m->ctx);
+    sg_trainer_destroy(t);
+    return st;
+}
+
+sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *user,
+                                  const sg_advise_timing *tm, sg_advise_profile *out)
+{
+    if (!ctx) return sg_fail(NULL, SG_ERR_NULL, "sg_advise_profile_model: ctx is NULL");
+    if (!factory || !out) return sg_fail(ctx, SG_ERR_NULL, "sg_advise_profile_model: factory or out is NULL");
+    memset(out, 0, sizeof *out);
+    out->busy_ms = out->kernels = out->short_kernel_share = NAN;
+    if (ctx->backend != SG_BACKEND_CUDA)
+        return sg_fail(ctx, SG_ERR_UNSUPPORTED,
+                       "sg_advise_profile_model: the %s backend has no kernel launches or GPU-busy time to "
+                       "profile; the advisor profiles a CUDA device", sg_backend_name(ctx->backend));
+    if (!tm) return sg_fail(ctx, SG_ERR_NULL, "sg_advise_profile_model: timing is NULL");
+    sg_advise_timing t = *tm;
+    SG_TRY(sg_advise_check_timing(ctx, "sg_advise_profile_model", &t));
+    out->shapes_static = true; /* fixed batch and length: the advisor does not vary shapes */
+    sg_model *m = NULL;
+    sg_optim *o = NULL;
+    sg_trainer *tr = NULL;
+    int64_t s = 0;
+    sg_status st = build_model(ctx, factory, user, "sg_advise_profile_model", &m);
+    if (st == SG_OK) {
+        snprintf(out->model, sizeof out->model, "%s", sg_model_name(m));
+        out->precision = sg_model_precision(m);
+        st = sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o);
+    }
+    if (st == SG_OK) st = sg_trainer_create(m, o, NULL, &tr);
+    if (st == SG_OK) st = run_steps(tr, &s, t.warmup);
+    if (st == SG_OK) st = time_blocks(ctx, tr, &t, &s, &out->wall_ms, &out->block_host_ms, &out->launches);
+    if (st == SG_OK) st = probe_regions(ctx, m, tr, &s, out);
+    if (st == SG_OK)
+        st = measure_busy(ctx, tr, &t, &s, &out->busy_ms, &out->kernels, &out->short_kernel_share, out->note,
+                          sizeof out->note);
+    sg_trainer_destroy(tr);
+    if (st == SG_OK) st = probe_static_load(ctx, m, &s, out);
+    if (st == SG_OK) st = trial_capture(m, o, &s, out);
+    sg_optim_destroy(o);
+    sg_model_destroy(m);
+    return st;
+}
+
+/* ---- measurement ---- */
+
+sg_status sg_advise_measure(sg_ctx *ctx, sg_model_factory factory, void *user, sg_scope scope,
+                            const sg_advise_timing *tm, sg_advise_measurement *out)
+{
+    if (!ctx) return sg_fail(NULL, SG_ERR_NULL, "sg_advise_measure: ctx is NULL");
+    if (!factory || !out) return sg_fail(ctx, SG_ERR_NULL, "sg_advise_measure: factory or out is NULL");
+    memset(out, 0, sizeof *out);
+    out->scope = scope;
+    out->busy_ms = NAN;
+    if (ctx->backend != SG_BACKEND_CUDA)
+        return sg_fail(ctx, SG_ERR_UNSUPPORTED, "sg_advise_measure: the advisor measures on a CUDA device, not "
+                       "the %s backend", sg_backend_name(ctx->backend));
+    if (scope < SG_SCOPE_EAGER || scope > SG_SCOPE_STEP)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_advise_measure: scope %d: expected eager, layer, model or step",
+                       (int)scope);
+    if (!tm) return sg_fail(ctx, SG_ERR_NULL, "sg_advise_measure: timing is NULL");
+    sg_advise_timing t = *tm;
+    SG_TRY(sg_advise_check_timing(ctx, "sg_advise_measure", &t));
+    sg_alloc_stats a0, a1;
+    SG_TRY(sg_ctx_alloc_stats(ctx, &a0));
+    sg_model *m = NULL;
+    sg_optim *o = NULL;
+    sg_trainer *tr = NULL;
+    sg_trainer_options to = sg_trainer_options_default();
+    to.scope = scope;
+    int64_t s = 0;
+    sg_status st = build_model(ctx, factory, user, "sg_advise_measure", &m);
+    if (st == SG_OK) st = sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o);
+    if (st == SG_OK) st = sg_trainer_create(m, o, &to, &tr);
+    if (st == SG_OK) st = run_steps(tr, &s, t.warmup);
+    if (st == SG_OK) st = time_blocks(ctx, tr, &t, &s, &out->step_ms, &out->host_ms, &out->launches);
+    if (st == SG_OK) {
+        double k, sh;
+        st = measure_busy(ctx, tr, &t, &s, &out->busy_ms, &k, &sh, NULL, 0);
+    }
+    if (st == SG_OK) st = sg_ctx_alloc_stats(ctx, &a1);
+    if (st == SG_OK) {
+        sg_trainer_stats ts;
+        st = sg_trainer_get_stats(tr, &ts);
+        out->graphs = ts.graphs, out->nodes = ts.nodes;
+        out->capture_ms = ts.capture_ms, out->instantiate_ms = ts.instantiate_ms;
+        out->exec_bytes = (double)ts.exec_bytes;
+        out->fell_back = ts.fell_back != 0;
+        snprintf(out->fallback_reason, sizeof out->fallback_reason, "%s", ts.fallback_reason);
+        out->bytes = a1.bytes_in_use > a0.bytes_in_use ? (double)(a1.bytes_in_use - a0.bytes_in_use) : 0;
+    }
+    sg_trainer_destroy(tr);
+    sg_optim_destroy(o);
+    sg_model_destroy(m);
+    return st;
+}
