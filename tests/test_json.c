@@ -126,6 +126,15 @@ static void cpu_nesting(void)
     sg_json_array_end(w);
     sg_json_newline(w);
     expect_text("newlines", w, "[\n1,\n2\n]\n");
+    w = buffer(SG_JSON_SPACED); /* no space before a line break */
+    sg_json_object_begin(w);
+    sg_json_key(w, "a");
+    sg_json_int(w, 1);
+    sg_json_newline(w);
+    sg_json_key(w, "b");
+    sg_json_int(w, 2);
+    sg_json_object_end(w);
+    expect_text("newlines, spaced", w, "{\"a\": 1,\n\"b\": 2}");
 
     /* SG_JSON_MAX_DEPTH levels fit; one more is refused. */
     w = buffer(SG_JSON_COMPACT);

@@ -165,7 +165,7 @@ static bool begin_value(sg_json *w, const char *what)
         flush_newline(w);
         return true;
     }
-    if (l->count++ > 0) puts_(w, w->style == SG_JSON_SPACED ? ", " : ",");
+    if (l->count++ > 0) puts_(w, w->style == SG_JSON_SPACED && !w->newline ? ", " : ",");
     flush_newline(w);
     return true;
 }
@@ -269,7 +269,7 @@ sg_status sg_json_key(sg_json *w, const char *key)
     if (l->key_done)
         return json_fail(w, SG_ERR_INVALID, "sg_json_key: '%.64s' follows a key that has no value", key);
     bool spaced = w->style == SG_JSON_SPACED;
-    if (l->count > 0) puts_(w, spaced ? ", " : ",");
+    if (l->count > 0) puts_(w, spaced && !w->newline ? ", " : ",");
     flush_newline(w);
     put_string(w, key);
     puts_(w, spaced ? ": " : ":");
