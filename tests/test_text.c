@@ -321,7 +321,8 @@ static void check_windows(sg_ctx *ctx, const char *path, double val_fraction, in
     for (int split = 0; split < 2; split++) {
         if (sg_text_size(txt, split) < T + 1) continue;
         const unsigned char *base = bytes + (split ? n - n_val : 0);
-        int32_t *prev = NULL;
+        int32_t *first = NULL;
+        bool differs = false;
         for (int k = 0; k < 6; k++) {
             int64_t step = k < 5 ? tu_randint(0, 1 << 20) : -tu_randint(1, 1000);
             tu_poison(tok), tu_poison(tgt);
@@ -337,15 +338,16 @@ static void check_windows(sg_ctx *ctx, const char *path, double val_fraction, in
             int32_t *a2 = get_i32(tok2), *b2 = get_i32(tgt2);
             TU_CHECK(!memcmp(a, a2, (size_t)(B * T) * 4) && !memcmp(b, b2, (size_t)(B * T) * 4),
                      "%s: the device-step batch differs from the host-step one", what);
-            /* Different steps give different batches (the windows are T+1 of many bytes). */
-            if (prev && sg_text_size(txt, split) - T > 1000 && T >= 4)
-                TU_CHECK(memcmp(prev, a, (size_t)(B * T) * 4),
-                         "%s: the same batch as the step before", what);
-            free(prev);
-            prev = a;
+            if (first) differs |= memcmp(first, a, (size_t)(B * T) * 4) != 0;
+            if (!first) first = a;
+            else free(a);
             free(b), free(a2), free(b2);
         }
-        free(prev);
+        /* Different steps give different batches: not all six alike (two alike by chance, with
+         * one window of a few thousand starts, happens; six, about never). */
+        if (sg_text_size(txt, split) - T > 1000 && T >= 4)
+            TU_CHECK(differs, "%s split %d: six steps gave the same batch", path, split);
+        free(first);
     }
     sg_tensor_destroy(tok), sg_tensor_destroy(tgt), sg_tensor_destroy(tok2),
         sg_tensor_destroy(tgt2);

@@ -440,7 +440,7 @@ static void check_bad_files(sg_ctx *ctx)
     p = tokens_file(FMT_RAW16, tok, n);
     snprintf(n1, sizeof n1, "is too short for a train split of at least %lld tokens", (long long)(n + 1));
     refuse(ctx, p, NULL, 0, n + 1, vocab, SG_ERR_INVALID, p, n1, NULL);
-    int64_t nv = tu_randint(1, 50);
+    int64_t nv = tu_randint(1, (int)(n - 1 < 50 ? n - 1 : 50)); /* the train file holds the window */
     const char *short_val = tokens_file(FMT_LLMC1, tok, nv);
     snprintf(n1, sizeof n1, "(the validation split) holds %lld tokens, too few for one window of %lld tokens",
              (long long)nv, (long long)(nv + 1));
