@@ -1,5 +1,5 @@
 /* fuzz_text.c: the data-file readers on arbitrary bytes. Input layout:
- *   byte 0    the reader, byte % (number of readers): 0 = byte-level text (src/models/text.c)
+ *   byte 0    the reader, byte % (number of readers): 0 = byte-level text (src/nn/text.c)
  *   byte 1    the reader's options (text: val_fraction from bits 0-1, T = 1 + bits 2-5, bit 6
  *             sg_text_open_window with a window of T + 1 instead of sg_text_open)
  *   the rest  the file's contents, written to a file and opened by path
@@ -9,7 +9,7 @@
  * holds bytes 0..255 and each row's targets are its tokens shifted by one. */
 #include "fuzz.h"
 
-#include "models/text.h"
+#include "nn/text.h"
 
 #define FZ_B 2
 #define FZ_TMAX 16

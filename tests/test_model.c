@@ -3,7 +3,7 @@
  * it, and a model larger than the context's memory is refused before anything is allocated.
  * Modes: cpu (the CPU backend), gpu (the same on a CUDA device). */
 #include "train/model.h"
-#include "models/text.h"
+#include "nn/text.h"
 #include "testutil.h"
 
 #include <unistd.h>

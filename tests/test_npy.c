@@ -119,15 +119,6 @@ static unsigned char *file_bytes(const arr *a, const char *dict, size_t *len, si
     return b;
 }
 
-static void file_write(const char *path, const unsigned char *b, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f || (len && fwrite(b, 1, len, f) != len) || fclose(f) != 0) {
-        fprintf(stderr, "FAIL: writing %s: %s\n", path, strerror(errno));
-        exit(1);
-    }
-}
-
 /* ---- reading back ---- */
 
 /* path must read as a: dtype, shape, every value. */
@@ -176,7 +167,7 @@ static void check_valid(sg_ctx *ctx)
         size_t len, off;
         unsigned char *b = file_bytes(&a, dict, &len, &off);
         path_new(p, sizeof p, "valid");
-        file_write(p, b, len);
+        tu_file_write(p, b, len);
         snprintf(what, sizeof what, "%s (version %d.0, %s)", p, a.major, dict);
         check_reads(ctx, p, &a, what);
         free(b);
@@ -199,7 +190,7 @@ static void check_valid(sg_ctx *ctx)
         size_t len, off;
         unsigned char *b = file_bytes(&a, spellings[k], &len, &off);
         path_new(p, sizeof p, "spelling");
-        file_write(p, b, len);
+        tu_file_write(p, b, len);
         snprintf(what, sizeof what, "%s (%s)", p, spellings[k]);
         check_reads(ctx, p, &a, what);
         free(b);
@@ -243,7 +234,7 @@ static const char *write_dict(made *m, const char *dict, const char *stem, char 
     size_t len, off;
     unsigned char *b = file_bytes(&m->a, dict, &len, &off);
     path_new(p, cap, stem);
-    file_write(p, b, len);
+    tu_file_write(p, b, len);
     free(b);
     return p;
 }
@@ -260,16 +251,16 @@ static void check_malformed(sg_ctx *ctx)
     memcpy(b, m.b, m.len);
     int at = tu_randint(0, 5);
     b[at] ^= (unsigned char)tu_randint(1, 255);
-    file_write(path_new(p, sizeof p, "magic"), b, m.len);
+    tu_file_write(path_new(p, sizeof p, "magic"), b, m.len);
     refused(ctx, p, SG_ERR_INVALID, "does not begin with the .npy magic string", "(bytes 0-5)");
-    file_write(path_new(p, sizeof p, "tiny"), m.b, (size_t)tu_randint(0, 5));
+    tu_file_write(path_new(p, sizeof p, "tiny"), m.b, (size_t)tu_randint(0, 5));
     refused(ctx, p, SG_ERR_INVALID, "does not begin with the .npy magic string", NULL);
     /* version */
     static const unsigned char versions[][2] = {{0, 0}, {4, 0}, {1, 1}, {2, 5}, {255, 0}};
     memcpy(b, m.b, m.len);
     int v = tu_randint(0, 4);
     b[6] = versions[v][0], b[7] = versions[v][1];
-    file_write(path_new(p, sizeof p, "version"), b, m.len);
+    tu_file_write(path_new(p, sizeof p, "version"), b, m.len);
     snprintf(n1, sizeof n1, "format version %d.%d (bytes 6-7): expected 1.0, 2.0 or 3.0", versions[v][0], versions[v][1]);
     refused(ctx, p, SG_ERR_INVALID, n1, NULL);
     /* the header length past the end of the file; above the limit (2.0 and 3.0) */
@@ -277,18 +268,18 @@ static void check_malformed(sg_ctx *ctx)
     size_t hl = m.len - pre + (size_t)tu_randint(1, 100);
     if (major == 1 && hl > 65535) hl = 65535;
     put_le(b + 8, hl, major == 1 ? 2 : 4);
-    file_write(path_new(p, sizeof p, "hlen"), b, m.len);
+    tu_file_write(path_new(p, sizeof p, "hlen"), b, m.len);
     snprintf(n1, sizeof n1, "header length %zu (bytes 8-%d) runs to byte %zu, past the end of the file at byte %zu",
              hl, major == 1 ? 9 : 11, pre + hl, m.len);
     refused(ctx, p, SG_ERR_INVALID, n1, "truncated");
     if (major > 1) {
         put_le(b + 8, 0xffffffffu, 4);
-        file_write(path_new(p, sizeof p, "hlen_huge"), b, m.len);
+        tu_file_write(path_new(p, sizeof p, "hlen_huge"), b, m.len);
         refused(ctx, p, SG_ERR_INVALID, "header length 4294967295 (bytes 8-11) is above this reader's limit", NULL);
     }
     /* a file that ends inside the preamble */
     size_t cut = (size_t)tu_randint(6, (int)pre - 1);
-    file_write(path_new(p, sizeof p, "preamble"), m.b, cut);
+    tu_file_write(path_new(p, sizeof p, "preamble"), m.b, cut);
     snprintf(n1, sizeof n1, "ends at byte %zu, inside the", cut);
     refused(ctx, p, SG_ERR_INVALID, n1, NULL);
 
@@ -301,7 +292,7 @@ static void check_malformed(sg_ctx *ctx)
     /* no newline at the end of the header */
     memcpy(b, m.b, m.len);
     b[m.off - 1] = ' ';
-    file_write(path_new(p, sizeof p, "no_newline"), b, m.len);
+    tu_file_write(path_new(p, sizeof p, "no_newline"), b, m.len);
     snprintf(n1, sizeof n1, "file byte %zu): expected a newline ending the header, found the end of the header", m.off);
     refused(ctx, p, SG_ERR_INVALID, n1, NULL);
     /* something after the dict other than spaces */
@@ -374,12 +365,12 @@ static void check_malformed(sg_ctx *ctx)
 
     /* data: truncated by 1 byte to all of it, trailing bytes */
     size_t data = m.len - m.off, keep = (size_t)tu_randint(0, (int)data - 1);
-    file_write(path_new(p, sizeof p, "truncated"), m.b, m.off + keep);
+    tu_file_write(path_new(p, sizeof p, "truncated"), m.b, m.off + keep);
     snprintf(n1, sizeof n1, "needs %zu bytes of data from byte %zu to byte %zu, but the file ends at byte %zu", data,
              m.off, m.len, m.off + keep);
     refused(ctx, p, SG_ERR_INVALID, n1, "truncated");
     size_t extra = (size_t)tu_randint(1, 16);
-    file_write(path_new(p, sizeof p, "trailing"), m.b, m.len + extra);
+    tu_file_write(path_new(p, sizeof p, "trailing"), m.b, m.len + extra);
     snprintf(n2, sizeof n2, "but the file goes on to its end at byte %zu: trailing bytes", m.len + extra);
     refused(ctx, p, SG_ERR_INVALID, n2, NULL);
     made_free(&m);
@@ -396,7 +387,7 @@ static void check_malformed(sg_ctx *ctx)
         int64_t val = w ? (int64_t)INT32_MAX + above /* up to 2^32 - 1 */
                         : (tu_randint(0, 1) ? INT32_MAX + above : INT32_MIN - above);
         put_le(o.b + o.off + (size_t)i * (size_t)o.a.t->size, (uint64_t)val, o.a.t->size);
-        file_write(path_new(p, sizeof p, "range"), o.b, o.len);
+        tu_file_write(path_new(p, sizeof p, "range"), o.b, o.len);
         snprintf(n1, sizeof n1, "element %lld (at byte %lld) is %lld, outside int32", (long long)i,
                  (long long)(o.off + (size_t)i * (size_t)o.a.t->size), (long long)val);
         refused(ctx, p, SG_ERR_INVALID, n1, o.a.t->descr);

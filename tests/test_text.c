@@ -10,7 +10,7 @@
 
 #include "testutil.h"
 
-#include "models/text.h"
+#include "nn/text.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -12,7 +12,7 @@
 
 #include "testutil.h"
 
-#include "models/text.h"
+#include "nn/text.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -64,15 +64,6 @@ static unsigned char *encode(int fmt, const uint32_t *tok, int64_t n, size_t *le
     return b;
 }
 
-static void file_write(const char *path, const unsigned char *b, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f || (len && fwrite(b, 1, len, f) != len) || fclose(f) != 0) {
-        fprintf(stderr, "FAIL: writing %s: %s\n", path, strerror(errno));
-        exit(1);
-    }
-}
-
 /* n fresh random tokens below vocab. */
 static uint32_t *tokens_new(int64_t n, int64_t vocab)
 {
@@ -87,7 +78,7 @@ static const char *tokens_file(int fmt, const uint32_t *tok, int64_t n)
     size_t len;
     unsigned char *b = encode(fmt, tok, n, &len);
     const char *p = path_new(fmt == FMT_RAW16 ? "raw" : fmt == FMT_LLMC1 ? "llmc1" : "llmc2");
-    file_write(p, b, len);
+    tu_file_write(p, b, len);
     free(b);
     return p;
 }
@@ -282,7 +273,7 @@ static void check_val_file(sg_ctx *ctx)
     for (int64_t i = 0; i < bt; i++) ba[i] = (unsigned char)ra[i];
     for (int64_t i = 0; i < bv; i++) bb[i] = (unsigned char)rb[i];
     const char *qa = path_new("bytes"), *qb = path_new("bytes_val");
-    file_write(qa, ba, (size_t)bt), file_write(qb, bb, (size_t)bv);
+    tu_file_write(qa, ba, (size_t)bt), tu_file_write(qb, bb, (size_t)bv);
     TU_OK(ctx, open_tokens(ctx, qa, qb, 0, 1, 0, &txt));
     TU_CHECK(sg_text_vocab(txt) == 256 && sg_text_token_bytes(txt, 0) == 1 && !strcmp(sg_text_format(txt, 1), "bytes"),
              "bytes: vocab %lld, %d bytes a token, %s", (long long)sg_text_vocab(txt), sg_text_token_bytes(txt, 0),
@@ -321,7 +312,7 @@ static void refuse(sg_ctx *ctx, const char *open_path, const char *val_path, dou
 static const char *bad_file(const char *stem, const unsigned char *b, size_t len)
 {
     const char *p = path_new(stem);
-    file_write(p, b, len);
+    tu_file_write(p, b, len);
     return p;
 }
 

@@ -302,6 +302,16 @@ static inline bool tu_same_bits(const sg_tensor *a, const sg_tensor *b, const ch
 
 /* A whole file into malloc'd memory (one spare byte at the end; caller frees); a file that
  * cannot be read fails the test run. */
+/* Writes len bytes to path (a test's input file); exits the test when it cannot. */
+static inline void tu_file_write(const char *path, const unsigned char *b, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || (len && fwrite(b, 1, len, f) != len) || fclose(f) != 0) {
+        fprintf(stderr, "FAIL: writing %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+}
+
 static inline unsigned char *tu_file_read(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");

@@ -156,18 +156,6 @@ static void kv_num(sg_json *w, const char *key, double v)
     sg_json_double(w, v); /* null when not finite: break_even_steps "never" */
 }
 
-static void kv_int(sg_json *w, const char *key, int64_t v)
-{
-    sg_json_key(w, key);
-    sg_json_int(w, v);
-}
-
-static void kv_str(sg_json *w, const char *key, const char *v)
-{
-    sg_json_key(w, key);
-    sg_json_string(w, v);
-}
-
 static void kv_bool(sg_json *w, const char *key, int v)
 {
     sg_json_key(w, key);
@@ -194,7 +182,7 @@ static void json_calib(sg_json *w, const sg_advise_calib *c)
     kv_num(w, "exec_base_bytes", c->exec_base_bytes);
     kv_num(w, "exec_node_bytes", c->exec_node_bytes);
     kv_bool(w, "device_timed", c->device_timed);
-    kv_str(w, "note", c->note);
+    sg_cli_kv_str(w, "note", c->note);
     sg_json_object_end(w);
 }
 
@@ -226,7 +214,7 @@ static void json_profile(sg_json *w, const sg_advise_profile *p)
     sg_json_array_begin(w);
     for (int i = 0; i < p->n_modules; i++) {
         sg_json_object_begin(w);
-        kv_str(w, "name", p->modules[i].name);
+        sg_cli_kv_str(w, "name", p->modules[i].name);
         json_region(w, "forward", p->modules[i].forward);
         json_region(w, "backward", p->modules[i].backward);
         sg_json_object_end(w);
@@ -235,22 +223,22 @@ static void json_profile(sg_json *w, const sg_advise_profile *p)
     kv_num(w, "static_bytes", p->static_bytes);
     kv_bool(w, "capture_tried", p->capture_tried);
     kv_bool(w, "step_captured", p->step_captured);
-    kv_int(w, "step_nodes", p->step_nodes);
-    kv_str(w, "capture_error", p->capture_error);
+    sg_cli_kv_int(w, "step_nodes", p->step_nodes);
+    sg_cli_kv_str(w, "capture_error", p->capture_error);
     kv_bool(w, "shapes_static", p->shapes_static);
-    kv_str(w, "note", p->note);
+    sg_cli_kv_str(w, "note", p->note);
     sg_json_object_end(w);
 }
 
 static void json_prediction(sg_json *w, const sg_advise_prediction *q)
 {
     sg_json_object_begin(w);
-    kv_str(w, "scope", sg_scope_name(q->scope));
+    sg_cli_kv_str(w, "scope", sg_scope_name(q->scope));
     kv_num(w, "step_ms", q->step_ms);
     kv_num(w, "speedup", q->speedup);
     kv_num(w, "host_ms", q->host_ms);
     kv_num(w, "device_ms", q->device_ms);
-    kv_str(w, "bound", q->host_bound ? "host" : "device");
+    sg_cli_kv_str(w, "bound", q->host_bound ? "host" : "device");
     kv_num(w, "launches", q->launches);
     kv_num(w, "graphs", q->graphs);
     kv_num(w, "nodes", q->nodes);
@@ -261,7 +249,7 @@ static void json_prediction(sg_json *w, const sg_advise_prediction *q)
     kv_num(w, "break_even_steps", q->break_even_steps); /* null: never */
     kv_num(w, "extra_mib", q->extra_bytes / MIB);
     kv_bool(w, "capturable", q->capturable);
-    kv_str(w, "note", q->note);
+    sg_cli_kv_str(w, "note", q->note);
     sg_json_object_end(w);
 }
 
@@ -269,7 +257,7 @@ static void json_measurement(sg_json *w, const sg_advise_scope_result *sr)
 {
     const sg_advise_measurement *m = &sr->measurement;
     sg_json_object_begin(w);
-    kv_str(w, "scope", sg_scope_name(sr->scope));
+    sg_cli_kv_str(w, "scope", sg_scope_name(sr->scope));
     kv_num(w, "step_ms", m->step_ms);
     kv_num(w, "predicted_step_ms", sr->predicted.step_ms);
     kv_num(w, "error_pct", sr->error_pct);
@@ -277,8 +265,8 @@ static void json_measurement(sg_json *w, const sg_advise_scope_result *sr)
     kv_num(w, "host_ms", m->host_ms);
     kv_num(w, "launches", m->launches);
     kv_num(w, "busy_ms", m->busy_ms);
-    kv_int(w, "graphs", m->graphs);
-    kv_int(w, "nodes", m->nodes);
+    sg_cli_kv_int(w, "graphs", m->graphs);
+    sg_cli_kv_int(w, "nodes", m->nodes);
     kv_num(w, "capture_ms", m->capture_ms);
     kv_num(w, "instantiate_ms", m->instantiate_ms);
     kv_num(w, "extra_mib", sr->measured_extra_bytes / MIB);
@@ -295,10 +283,10 @@ static bool print_json(const sg_advise_result *r)
         return false;
     }
     sg_json_object_begin(w);
-    kv_str(w, "model", r->model);
-    kv_str(w, "precision", r->precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
-    kv_str(w, "device", r->device);
-    kv_str(w, "commit", sg_cli_commit());
+    sg_cli_kv_str(w, "model", r->model);
+    sg_cli_kv_str(w, "precision", r->precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
+    sg_cli_kv_str(w, "device", r->device);
+    sg_cli_kv_str(w, "commit", sg_cli_commit());
     json_calib(w, &r->calib);
     json_profile(w, &r->profile);
     sg_json_key(w, "checklist");
@@ -323,15 +311,15 @@ static bool print_json(const sg_advise_result *r)
     for (int s = 0; s < SG_ADVISE_SCOPES; s++) {
         if (r->scopes[s].measured) continue;
         sg_json_object_begin(w);
-        kv_str(w, "scope", sg_scope_name((sg_scope)s));
-        kv_str(w, "why", r->scopes[s].measure_note);
+        sg_cli_kv_str(w, "scope", sg_scope_name((sg_scope)s));
+        sg_cli_kv_str(w, "why", r->scopes[s].measure_note);
         sg_json_object_end(w);
     }
     sg_json_array_end(w);
-    kv_str(w, "best_scope", sg_scope_name(r->summary.best));
+    sg_cli_kv_str(w, "best_scope", sg_scope_name(r->summary.best));
     kv_num(w, "best_speedup", r->summary.best_speedup);
     kv_num(w, "best_measured_speedup", r->best_measured_speedup);
-    kv_str(w, "verdict", r->summary.verdict);
+    sg_cli_kv_str(w, "verdict", r->summary.verdict);
     sg_json_object_end(w);
     sg_status st = sg_json_finish(w);
     if (st != SG_OK) fprintf(stderr, "stepgraph advise: writing JSON: %s\n", sg_json_error(w));

@@ -235,24 +235,12 @@ static void json_num(sg_json *w, const char *key, double v, int decimals)
     sg_json_fixed(w, v, decimals);
 }
 
-static void json_str(sg_json *w, const char *key, const char *s)
-{
-    sg_json_key(w, key);
-    sg_json_string(w, s);
-}
-
-static void json_int(sg_json *w, const char *key, int64_t v)
-{
-    sg_json_key(w, key);
-    sg_json_int(w, v);
-}
-
 /* --memory --json: the extra fields of a row's line (before "device"). */
 static void json_memory(sg_json *w, const bench_row *r)
 {
     const double mib = 1048576.0;
     const sg_trainer_stats *ts = &r->ts;
-    json_str(w, "memory_of", r->host_memory ? "host" : "device");
+    sg_cli_kv_str(w, "memory_of", r->host_memory ? "host" : "device");
     json_num(w, "peak_in_use_mib", r->peak_use_mib, 3);
     json_num(w, "eager_peak_mib", r->eager_peak_mib, 3);
     json_num(w, "eager_peak_in_use_mib", r->eager_peak_use_mib, 3);
@@ -276,18 +264,18 @@ static bool print_json_row(const bench_row *r, bool memory, const char *commit)
         return false;
     }
     sg_json_object_begin(w);
-    json_str(w, "framework", "stepgraph");
-    json_str(w, "model", r->model);
-    json_str(w, "scope", sg_scope_name(r->scope));
-    json_str(w, "precision", precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
+    sg_cli_kv_str(w, "framework", "stepgraph");
+    sg_cli_kv_str(w, "model", r->model);
+    sg_cli_kv_str(w, "scope", sg_scope_name(r->scope));
+    sg_cli_kv_str(w, "precision", precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
     json_num(w, "ms_per_step", r->ms, 5);
     json_num(w, "host_ms_per_step", r->host_ms, 5);
     json_num(w, "kernels_per_step", r->kernels, 2);
     json_num(w, "gpu_busy_ms_per_step", r->busy_ok ? r->busy_ms : NAN, 5);
     if (r->busy_ok) json_num(w, "kernels_per_step_cupti", r->cupti_kernels, 2);
-    json_int(w, "graphs", r->ts.graphs);
-    json_int(w, "graph_nodes", r->ts.nodes);
-    json_int(w, "steps_per_graph", steps_per_call);
+    sg_cli_kv_int(w, "graphs", r->ts.graphs);
+    sg_cli_kv_int(w, "graph_nodes", r->ts.nodes);
+    sg_cli_kv_int(w, "steps_per_graph", steps_per_call);
     json_num(w, "capture_ms", r->ts.capture_ms, 3);
     json_num(w, "instantiate_ms", r->ts.instantiate_ms, 3);
     json_num(w, "graph_exec_mib", r->ts.exec_bytes / 1048576.0, 2);
@@ -298,8 +286,8 @@ static bool print_json_row(const bench_row *r, bool memory, const char *commit)
     json_num(w, "loss_first", r->loss0, 4);
     json_num(w, "loss_after_warmup", r->loss1, 4);
     if (memory) json_memory(w, r);
-    json_str(w, "device", r->device);
-    json_str(w, "commit", commit);
+    sg_cli_kv_str(w, "device", r->device);
+    sg_cli_kv_str(w, "commit", commit);
     sg_json_object_end(w);
     sg_status st = sg_json_finish(w);
     if (st != SG_OK) fprintf(stderr, "stepgraph bench: writing JSON: %s\n", sg_json_error(w));

@@ -34,6 +34,18 @@ const char *sg_cli_commit(void);
 /* Creates a context, saying on stderr which backend runs and why. NULL on failure (printed). */
 sg_ctx *sg_cli_ctx(const char *cmd, sg_backend b, bool quiet);
 
+/* A key and its value, for the commands' --json output. */
+static inline void sg_cli_kv_str(sg_json *w, const char *key, const char *v)
+{
+    sg_json_key(w, key);
+    sg_json_string(w, v);
+}
+static inline void sg_cli_kv_int(sg_json *w, const char *key, int64_t v)
+{
+    sg_json_key(w, key);
+    sg_json_int(w, v);
+}
+
 int sg_cmd_train(int argc, char **argv);
 int sg_cmd_bench(int argc, char **argv);
 int sg_cmd_verify(int argc, char **argv);

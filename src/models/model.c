@@ -61,7 +61,6 @@ static sg_status parse(sg_ctx *ctx, const char *name, const kind **k, sg_kind_sp
                                last ? ", and nothing may follow it" : "");
         p = e + (last ? 0 : 1);
     }
-    snprintf(out->kind, sizeof out->kind, "%.*s", (int)strlen((*k)->prefix) - 1, (*k)->prefix);
     out->width = v[0], out->depth = v[1], out->batch = v[2], out->seq = (*k)->fields == 4 ? v[3] : 0;
     return SG_OK;
 }

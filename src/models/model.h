@@ -20,7 +20,6 @@ extern "C" {
 
 /* A canonical name's fields: kind-WIDTH-DEPTH-BATCH[-SEQ]. */
 typedef struct sg_kind_spec {
-    char kind[16];
     int64_t width, depth, batch, seq;
 } sg_kind_spec;
 

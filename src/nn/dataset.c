@@ -3,7 +3,7 @@
  * and the feed's copy stream in dataset_cuda.cu). */
 #include "nn/dataset.h"
 #include "nn/npy.h"
-#include "models/text.h" /* (moves to nn/ with the text reader) */
+#include "nn/text.h"
 
 #include <stdlib.h>
 

@@ -1,7 +1,7 @@
 /* dataset.h: data sets behind the public sg_dataset: samples resident on the device that a
  * step gathers its batch from by a device-side index (so a captured step loads its own batch),
  * batches fed from a host loader into two device slots through a copy stream, and token text
- * (random windows; models/text.c). Used by the model object. */
+ * (random windows; text.c). Used by the model object. */
 #ifndef SG_NN_DATASET_H
 #define SG_NN_DATASET_H
 

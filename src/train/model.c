@@ -3,7 +3,7 @@
  * trains on; then the public sg_model_* passes (forward with the loss, backward), batch
  * loading (eager views, or the device gather a captured step runs) and sg_optim_create. */
 #include "train/model.h"
-#include "models/text.h"
+#include "nn/text.h"
 
 #include <stdlib.h>
 
@@ -18,7 +18,7 @@ void sg_model_destroy(sg_model *m)
         sg_dataset_destroy(m->data);
     }
     sg_tensor *ts[] = {m->scaler, m->found, m->gnorm, m->nonfinite, m->batch_idx, m->x_pad, m->t_pad,
-                       m->x_view, m->t_view, m->t_rows, m->x_static, m->t_static, m->loss, m->dlogits};
+                       m->x_view, m->t_view, m->x_static, m->t_static, m->loss, m->dlogits};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
     sg_builder_release(m->b); /* after the modules: shared scratch, generator, parameters */
     free(m->grad_ready);
@@ -125,9 +125,8 @@ static sg_status probe_classes(sg_model *m, int64_t *classes)
     return SG_OK;
 }
 
-static sg_status finish(sg_builder *b, sg_model *m, sg_module *root, sg_loss_kind loss, uint64_t seed)
+static sg_status finish(sg_builder *b, sg_model *m, sg_module *root, uint64_t seed)
 {
-    sg_ctx *ctx = b->ctx;
     /* The root is a Sequential (layer scope captures its children one by one). */
     if (sg_sequential_count(root) == 0) {
         sg_module *seq = NULL;
@@ -153,7 +152,6 @@ static sg_status finish(sg_builder *b, sg_model *m, sg_module *root, sg_loss_kin
         m->data_seed = seed ^ 0xda7a5eedull;
         sg_text_set_row0(m->text, (int64_t)m->shard * m->spec.batch); /* this shard's rows */
     }
-    (void)ctx;
     return SG_OK;
 }
 
@@ -211,7 +209,7 @@ sg_status sg_builder_finish(sg_builder *b, sg_module *root, sg_loss_kind loss, s
     data->owned = true;
     m->building = true;
     st = create_scaler(m);
-    if (st == SG_OK) st = finish(b, m, root, loss, seed);
+    if (st == SG_OK) st = finish(b, m, root, seed);
     else sg_builder_destroy(b), m->b = NULL; /* the modules were not handed over yet */
     if (st == SG_OK) st = make_inputs(m);
     int64_t classes = 0;
@@ -220,7 +218,6 @@ sg_status sg_builder_finish(sg_builder *b, sg_module *root, sg_loss_kind loss, s
     if (st == SG_OK) st = make_loss(m, classes);
     if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, (int64_t[]){1}, "grad.norm", &m->gnorm);
     if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "grad.nonfinite", &m->nonfinite);
-    if (st == SG_OK) st = sg_model_load_batch(m, 0);
     if (st == SG_OK) st = sg_ctx_sync(ctx);
     sg_ctx_alloc_stats(ctx, &a1);
     m->bytes = a1.bytes_in_use - bytes0; /* one stream, one thread: all of it is ours */

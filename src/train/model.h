@@ -29,7 +29,6 @@ struct sg_model {
     sg_tensor *targets;        /* what the loss reads: t_view or t_static (flattened to rows) */
     sg_tensor *x_view, *t_view;/* views into the data set, rebound per batch (eager) */
     sg_tensor *x_static, *t_static; /* own memory the batch is gathered into */
-    sg_tensor *t_rows;         /* t_static seen as the loss sees it: (rows) or (rows, d) */
     sg_tensor *x_pad, *t_pad;  /* windows onto x_static / t_static past the real rows */
     sg_tensor *batch_idx;      /* (1) I32 on the device: the batch the gather loads next */
     sg_tensor *loss;           /* (1) F32 */

@@ -9,7 +9,7 @@
  * (train/ sits above graph/ and dist/: it captures and replays through them.) */
 #include "train/model.h"
 #include "dist/dist.h"
-#include "models/text.h"
+#include "nn/text.h"
 #include "nn/checkpoint.h"
 
 #include <stdlib.h>

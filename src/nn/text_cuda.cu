@@ -3,7 +3,7 @@
  * pass), the step comes from device memory when a captured step gathers its own batch, and
  * positions past a row's len real tokens get padding. Tokens stay in their storage width on
  * the device (uint8 bytes, uint16 or uint32 token files) and are widened to I32 here. */
-#include "models/text.h"
+#include "nn/text.h"
 
 #include <cuda_runtime.h>
 

@@ -6,7 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define _FILE_OFFSET_BITS 64
 
-#include "models/text.h"
+#include "nn/text.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -8,8 +8,8 @@
  * CUDA, so a step's batch depends on nothing but its number, and a captured step can gather
  * its own batch by reading the step from device memory (sg_text_batch_device). text.c holds
  * the host side (formats, checks, loading) and the CPU gather, text_cuda.cu the kernel. */
-#ifndef SG_MODELS_TEXT_H
-#define SG_MODELS_TEXT_H
+#ifndef SG_NN_TEXT_H
+#define SG_NN_TEXT_H
 
 #include "core/core.h"
 
@@ -152,4 +152,4 @@ sg_status sg_text_batch_cuda(sg_ctx *ctx, const void *data, int width, int64_t n
 #ifdef __cplusplus
 }
 #endif
-#endif /* SG_MODELS_TEXT_H */
+#endif /* SG_NN_TEXT_H */
