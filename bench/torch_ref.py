@@ -15,7 +15,8 @@ CUDA, reported as adam_impl); fp32 with TF32 off. Data: 64 batches generated on 
 step i uses batch i % 64, so a step copies nothing from the host.
 
 Model gpt-WIDTH-DEPTH-BATCH-SEQ (C, L, B, T), as stepgraph's src/models/gpt.c: a decoder-only
-transformer over bytes (vocabulary 256), heads H = C / 64 (C must be a multiple of 64). Children,
+transformer over bytes (vocabulary 256; with --vocab N over a token file's tokens, N rows in the
+embedding and the head), heads H = C / 64 (C must be a multiple of 64). Children,
 in order (so graphed_layers graphs each one):
   embedding   int64 tokens (B, T) -> x = wte[tokens] + wpe (B, T, C); wte (256, C), wpe (T, C),
               both N(0, 0.02); dropout --dropout (default 0: no dropout op at all)
@@ -28,7 +29,8 @@ in order (so graphed_layers graphs each one):
   head        Linear(C, 256, bias=False), not tied to wte
 LayerNorms: eps 1e-5, weight 1, bias 0. Linear weights N(0, 0.02), biases 0. Loss: cross-entropy
 of the logits (B*T, 256) against the next byte (B*T). torch.optim.Adam (lr 3e-4, otherwise as
-for the MLP). Data: the bytes of a text file (--data; default the first that exists of
+for the MLP). Data: the bytes of a text file (with --vocab: the tokens of a token file, nanoGPT's
+raw uint16 or an llm.c shard, as stepgraph reads them; bench/make_tokens.py writes one) (--data; default the first that exists of
 /usr/share/common-licenses/GPL-3, GPL-2, Apache-2.0 and /usr/share/dict/words, as stepgraph's
 text.c, else a deterministic pseudo-random 100 KiB byte string from a seeded torch Generator,
 reported as "data": "synthetic"), its first 90% (n - floor(0.1 n) bytes) as training data; 64 batches of random windows (B, T+1) drawn once on the device (tokens =
@@ -86,15 +88,17 @@ NUM_CLASSES = 10
 NUM_BATCHES = 64
 MODES = ("eager", "graph", "graphed_callables", "graphed_layers", "compile")
 PRECISIONS = ("fp32", "bf16")
-GPT_VOCAB = 256
+GPT_VOCAB = 256  # --vocab N sets it: --data is then a token file
 GPT_HEAD_DIM = 64
 # stepgraph's default texts (src/models/text.c), in its order.
 GPT_TEXTS = ("/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/GPL-2",
              "/usr/share/common-licenses/Apache-2.0", "/usr/share/dict/words")
 GPT_VAL_FRACTION = 0.1  # as text.c: validation = floor(0.1 n) last bytes, training the rest
 SYNTHETIC_BYTES = 100 * 1024
+LLMC_MAGIC, LLMC_HEADER_BYTES = 20240520, 1024
 LR = {"mlp": 1e-3, "gpt": 3e-4}
 
+TOKEN_FILE = False  # --vocab given: --data holds tokens, not bytes
 torch = None  # imported in main(), so that --help works without PyTorch
 nn = None
 F = None
@@ -301,10 +305,38 @@ def load_text(path, seed):
     return data.to(torch.uint8), "synthetic"
 
 
+def load_tokens(path, vocab):
+    """A token file as stepgraph's text.c reads it (docs/data.md): an llm.c shard (int32 magic
+    20240520, version 1 (uint16) or 2 (uint32), token count, in a 1024-byte header) or
+    nanoGPT's raw uint16. Returns (int64 CPU tensor, path); refuses a token >= vocab."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    head = torch.frombuffer(bytearray(raw[:12]), dtype=torch.int32) if len(raw) >= 12 else None
+    if head is not None and int(head[0]) == LLMC_MAGIC:
+        version, count = int(head[1]), int(head[2])
+        width = {1: 2, 2: 4}.get(version)
+        if width is None or len(raw) != LLMC_HEADER_BYTES + count * width:
+            raise ValueError(f"{path}: a bad llm.c header (version {version}, {count} tokens, "
+                             f"{len(raw)} bytes)")
+        body, dtype = raw[LLMC_HEADER_BYTES:], torch.int16 if width == 2 else torch.int32
+    else:
+        if len(raw) % 2:
+            raise ValueError(f"{path}: {len(raw)} bytes, odd: not raw uint16 tokens")
+        body, dtype, width = raw, torch.int16, 2
+    t = torch.frombuffer(bytearray(body), dtype=dtype).long()
+    if width == 2:
+        t &= 0xFFFF  # uint16 read as int16
+    if t.numel() == 0:
+        raise ValueError(f"{path}: no tokens")
+    if int(t.max()) >= vocab:
+        raise ValueError(f"{path}: token {int(t.max())} >= --vocab {vocab}")
+    return t, path
+
+
 def make_text_data(batch, seq, seed, path):
     """(64, B, T) int64 tokens and (64, B, T) int64 next-byte targets on the device, from random
     windows of the training part (the first 90%) of the text; and the data's name."""
-    text, source = load_text(path, seed)
+    text, source = load_tokens(path, GPT_VOCAB) if TOKEN_FILE else load_text(path, seed)
     n_train = text.numel() - math.floor(GPT_VAL_FRACTION * text.numel())
     if n_train < seq + 1:
         raise ValueError(f"{source}: {n_train} training bytes, too few for windows of {seq + 1}")
@@ -698,6 +730,10 @@ def main(argv=None):
     ap.add_argument("--data", default=None,
                     help="gpt: text file to train on (default: the first of "
                          f"{', '.join(GPT_TEXTS)} that exists, else synthetic bytes)")
+    ap.add_argument("--vocab", type=int, default=None, metavar="N",
+                    help="gpt: --data is a token file (nanoGPT's raw uint16 or an llm.c shard, "
+                         "as stepgraph --vocab reads it) of tokens below N; embedding and head "
+                         "get N rows (default: bytes, 256)")
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="gpt: dropout probability on the embedding and after each attention "
                          "and MLP projection (default 0)")
@@ -715,6 +751,11 @@ def main(argv=None):
         ap.error("--dropout must be in [0, 1)")
     if args.data is not None and not os.path.isfile(args.data):
         ap.error(f"--data {args.data}: no such file")
+    if args.vocab is not None:
+        if args.data is None or not 1 <= args.vocab <= 2**31 - 1:
+            ap.error("--vocab needs --data (a token file) and a vocabulary >= 1")
+        global GPT_VOCAB, TOKEN_FILE
+        GPT_VOCAB, TOKEN_FILE = args.vocab, True
     models = split_list(args.model)
     modes = split_list(args.mode or ["eager"], MODES, "mode")
     precisions = split_list(args.precision or ["fp32"], PRECISIONS, "precision")

@@ -217,6 +217,25 @@ static void text(void)
     put("text", "windowed.txt", windowed, sizeof windowed - 1);
     static const char empty[] = "\x00\x01";
     put("text", "empty.txt", empty, 2);
+    /* Token files, reader 1; byte 1: vocabulary index | (T - 1) << 3 | separate validation << 7. */
+    unsigned char raw[2 + 2 * 64];
+    raw[0] = 1, raw[1] = 4 | 3 << 3; /* vocabulary 300, T 4 */
+    for (int i = 0; i < 64; i++) raw[2 + 2 * i] = (unsigned char)(i * 37 % 300), raw[3 + 2 * i] = (unsigned char)(i * 37 % 300 >> 8);
+    put("text", "tokens-raw.bin", raw, sizeof raw);
+    static unsigned char shard[2 + 1024 + 4 * 48];
+    memset(shard, 0, sizeof shard);
+    for (int v = 1; v <= 2; v++) {
+        int w = v == 1 ? 2 : 4, n = v == 1 ? 96 : 48; /* the same bytes; v1 holds out 9 tokens */
+        shard[0] = 1, shard[1] = (unsigned char)(5 | 5 << 3 | (v == 2 ? 0x80 : 0)); /* 50304, T 6 */
+        int32_t head[3] = {20240520, v, n};
+        memcpy(shard + 2, head, sizeof head); /* little-endian machines only, as the reader's tests */
+        for (int i = 0; i < n; i++) {
+            uint32_t tok = (uint32_t)(i * 1009 % 50257);
+            memcpy(shard + 2 + 1024 + w * i, &tok, (size_t)w);
+        }
+        put("text", v == 1 ? "tokens-llmc-v1.bin" : "tokens-llmc-v2.bin", shard, (size_t)(2 + 1024 + w * n));
+    }
+    put("text", "tokens-llmc-cut.bin", shard, 2 + 1000); /* the header cut short */
 }
 
 /* A .npy file as NumPy writes it: magic, version major.0, the header length (2 bytes in 1.0, 4

@@ -3,7 +3,8 @@
 # and cpu test suites, the benchmarks beside PyTorch's, and every GPU test under
 # compute-sanitizer memcheck and racecheck. Keeps going past a failing stage, prints one
 # PASS/FAIL line per stage, a summary and a stepgraph-vs-PyTorch table last, and exits non-zero
-# if anything failed. Logs go to ${OUT:-./gpu-check-out} (six files, so they all come back).
+# if anything failed. Logs go to ${OUT:-./gpu-check-out} (six files and the host_loader example's
+# trace, so they all come back).
 #
 #   scripts/gpu-check.sh [--quick] [--no-bench] [--bench-only] [--no-tests]
 #     --quick       skip the sanitizers; run the GPU tests 4 at a time up to 3 more times instead
@@ -25,7 +26,10 @@
 # gpt models: every benchmark runs in each), GPU_CHECK_VERIFY (models that `stepgraph verify`
 # checks under layer, model and step scope in each precision with dropout and clipping on;
 # default none), GPU_CHECK_MULTI_GPU_TESTS (ctest names allowed to skip on a one-GPU machine;
-# default dist_gpu), GPU_CHECK_REPEAT (runs of each test in --quick's repeated stage, default
+# default dist_gpu), GPU_CHECK_TOKEN_MODELS (gpt models benchmarked, every scope and
+# GPU_CHECK_TOKEN_TORCH_MODES (default eager,graph,compile; PyTorch with SDPA attention), over
+# a token file of bench/make_tokens.py with vocabulary GPU_CHECK_TOKEN_VOCAB (default 50304);
+# default none), GPU_CHECK_REPEAT (runs of each test in --quick's repeated stage, default
 # 3; 1 for none), SANITIZE_JOBS (default 4), SANITIZE_SKIP (test names,
 # space-separated, kept out of the sanitizers; empty for none; default "prof advise dist cli":
 # CUPTI and compute-sanitizer both hook the driver, and test_prof's and test_advise's only own
@@ -46,6 +50,9 @@ PRECISIONS=${GPU_CHECK_PRECISIONS:-fp32}
 MULTI_GPU_TESTS=${GPU_CHECK_MULTI_GPU_TESTS:-dist_gpu}
 export MULTI_GPU_TESTS
 VERIFY_MODELS=${GPU_CHECK_VERIFY:-}
+TOKEN_MODELS=${GPU_CHECK_TOKEN_MODELS:-}
+TOKEN_VOCAB=${GPU_CHECK_TOKEN_VOCAB:-50304}
+TOKEN_TORCH_MODES=${GPU_CHECK_TOKEN_TORCH_MODES:-eager,graph,compile}
 SANITIZE_SKIP=${SANITIZE_SKIP-prof advise dist cli}
 SANITIZE_JOBS=${SANITIZE_JOBS:-4}
 JOBS=$(nproc 2>/dev/null || echo 4)
@@ -220,6 +227,20 @@ if [ $BENCH_ONLY -eq 0 ] && [ $NO_TESTS -eq 0 ]; then
     fi
 fi
 
+# ---- examples: built against the installed package, run on the CPU and the GPU --------
+
+# tests/install_test.sh installs the build into a fresh prefix, builds tests/consumer and
+# examples/ with find_package and pkg-config and runs each on both backends; host_loader also
+# writes a trace of its fed steps to $OUT/host_loader_trace.json.
+if [ $BENCH_ONLY -eq 0 ] && [ $NO_TESTS -eq 0 ]; then
+    if [ $BUILT -eq 1 ]; then
+        stage "examples (installed; cpu, cuda)" "$OUT/tests.log" 180 \
+            env SG_EXAMPLE_TRACE="$OUT/host_loader_trace.json" tests/install_test.sh "$BUILD" . || true
+    else
+        record "examples" FAIL "not run: the build failed"
+    fi
+fi
+
 # ---- verify: eager against every capture scope, bit for bit ---------------------------
 
 # verify_all: each model of GPU_CHECK_VERIFY under layer, model and step scope, in each
@@ -279,6 +300,19 @@ if [ $NO_BENCH -eq 0 ]; then
         stage "bench: pytorch $p" "$OUT/bench.log" 300 \
             bench_to_jsonl python3 bench/torch_ref.py --model "$MODELS" --mode "$TORCH_MODES" --precision "$p" --json || true
     done
+    # GPT over a token file with a GPT-2-sized vocabulary, both sides reading the same file.
+    if [ -n "$TOKEN_MODELS" ]; then
+        python3 bench/make_tokens.py "$TMP/tokens.bin" --tokens 2000000 --vocab 50257 >>"$OUT/bench.log" 2>&1 || true
+        for p in ${PRECISIONS//,/ }; do
+            stage "bench: stepgraph $p vocab $TOKEN_VOCAB" "$OUT/bench.log" 200 \
+                bench_to_jsonl "$BUILD/stepgraph" bench --model "$TOKEN_MODELS" --scope all --precision "$p" \
+                --data "$TMP/tokens.bin" --vocab "$TOKEN_VOCAB" --steps 50 --repeats 3 --warmup 20 --json || true
+            stage "bench: pytorch $p vocab $TOKEN_VOCAB" "$OUT/bench.log" 300 \
+                bench_to_jsonl python3 bench/torch_ref.py --model "$TOKEN_MODELS" --mode "$TOKEN_TORCH_MODES" \
+                --precision "$p" --data "$TMP/tokens.bin" --vocab "$TOKEN_VOCAB" --sdpa --steps 50 --repeats 3 \
+                --warmup 20 --json || true
+        done
+    fi
 fi
 
 # ---- sanitizers --------------------------------------------------------------------------
@@ -388,7 +422,8 @@ for line in open(sys.argv[1]):
         r = json.loads(line)
     except ValueError:
         continue
-    r["key"] = f'{r.get("model")} {r.get("precision", "fp32")}'
+    r["key"] = f'{r.get("model")} {r.get("precision", "fp32")}' + (
+        f' v{r["vocab"]}' if r.get("vocab", 256) != 256 else "")
     # stepgraph rows name their scope "scope" (older ones "mode"); PyTorch's rows a "mode".
     r["mode"] = r.get("scope") or r.get("mode")
     rows.append(r)
@@ -399,7 +434,7 @@ def g(r, k, spec):
     v = r.get(k) if r else None
     return "n/a" if v is None else format(v, spec)
 
-print(f"{'model precision':<20} {'who':<9} {'scope/mode':<18} {'ms/step':>8} {'/pt eag':>7} {'/pt grf':>7} {'host ms':>8} "
+print(f"{'model precision':<30} {'who':<9} {'scope/mode':<18} {'ms/step':>8} {'/pt eag':>7} {'/pt grf':>7} {'host ms':>8} "
       f"{'kern':>6} {'busy ms':>8} {'capt ms':>8} {'MiB':>6}")
 for m in order:
     mine = [r for r in rows if r["key"] == m]
@@ -407,7 +442,7 @@ for m in order:
     pe, pg = ref.get("eager", {}).get("ms_per_step"), ref.get("graph", {}).get("ms_per_step")
     for r in mine:
         if "error" in r:
-            print(f"{m:<20} {r.get('framework','?'):<9} {r.get('mode','?'):<18} error: {r['error'][:60]}")
+            print(f"{m:<30} {r.get('framework','?'):<9} {r.get('mode','?'):<18} error: {r['error'][:60]}")
             continue
         ms = r.get("ms_per_step")
         re = format(ms / pe, ".3f") if ms and pe else "n/a"
@@ -416,7 +451,7 @@ for m in order:
         mib = r.get("peak_reserved_mib", r.get("peak_mib"))
         if r.get("steps_per_graph", 1) > 1:
             r = dict(r, mode=f"{r['mode']} x{r['steps_per_graph']}")
-        print(f"{m:<20} {r.get('framework'):<9} {r.get('mode'):<18} {g(r, 'ms_per_step', '.4f'):>8} {re:>7} {rg:>7} "
+        print(f"{m:<30} {r.get('framework'):<9} {r.get('mode'):<18} {g(r, 'ms_per_step', '.4f'):>8} {re:>7} {rg:>7} "
               f"{g(r, 'host_ms_per_step', '.4f'):>8} {g(r, 'kernels_per_step', '.1f'):>6} "
               f"{g(r, 'gpu_busy_ms_per_step', '.4f'):>8} {'n/a' if capt is None else format(capt, '.2f'):>8} "
               f"{'n/a' if mib is None else format(mib, '.0f'):>6}")

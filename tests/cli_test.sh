@@ -146,6 +146,18 @@ then
     expect 2 "--prompt '300': '300' is not a token id" -- sample $v --data "$tmp/train.bin" --resume "$tmp/tok.safetensors" --prompt 300
     expect 2 "--vocab needs --data" -- sample $v --resume "$tmp/tok.safetensors"
     expect 1 "wte.weight.*if it was trained with --vocab N, sample with --vocab N --data PATH" -- sample --model gpt-64-1-2-16 --backend cpu --resume "$tmp/tok.safetensors"
+    # bench reads the same files, and names the vocabulary in its rows; bad ones fail as train's do.
+    expect 0 '"vocab": 300, "data": "'"$tmp"'/train.bin"' -- bench $v --data "$tmp/train.bin" --steps 2 --repeats 1 --warmup 1 --json
+    expect 1 "'$tmp/bad.bin' \(llm.c v1 \(uint16\)\): token $k \(at byte $off\) is 300" -- bench $v --data "$tmp/bad.bin" --steps 1 --repeats 1 --warmup 1
+    # bench/make_tokens.py's files (raw and llm.c) are token files stepgraph reads.
+    mt=$(dirname "$0")/../bench/make_tokens.py
+    for f in "" --llmc; do
+        if python3 "$mt" "$tmp/mt.bin" --vocab 300 --tokens 4000 --seed $RANDOM $f >/dev/null; then
+            expect 0 "done: 2 steps" -- train $v --data "$tmp/mt.bin" --steps 2
+        else
+            echo "FAIL: bench/make_tokens.py $f"; fails=$((fails + 1))
+        fi
+    done
 else
     echo "FAIL: python3 could not write the token files"; fails=$((fails + 1))
 fi

@@ -5,6 +5,7 @@
 # then a plain C project (tests/consumer) built with find_package(stepgraph), shared and static,
 # and the same program with `cc app.c $(pkg-config --cflags --libs stepgraph)`, each run on the
 # CPU backend, and on the GPU too where one is usable; then examples/ the same ways.
+# SG_EXAMPLE_TRACE=FILE: also host_loader on the GPU with --trace FILE.
 set -u
 build=$1 src=$2
 backends=cpu
@@ -54,16 +55,31 @@ with_find_package() {
     fi
 }
 with_find_package "$src/tests/consumer" consumer app app_static   # shared and static
-with_find_package "$src/examples" examples own_loop
+with_find_package "$src/examples" examples own_loop custom_module host_loader
+# SG_EXAMPLE_TRACE=FILE (scripts/gpu-check.sh): host_loader on the GPU writes its trace there.
+if [ -n "${SG_EXAMPLE_TRACE:-}" ] && [[ " $backends " == *" cuda "* ]] && [ -x "$tmp/examples/host_loader" ]; then
+    out=$("$tmp/examples/host_loader" cuda --trace "$SG_EXAMPLE_TRACE" 2>&1) &&
+        pass "examples/host_loader cuda --trace $SG_EXAMPLE_TRACE: $out" || fail "host_loader --trace: $out"
+fi
 # pkg-config: the shared library.
 if ! command -v pkg-config >/dev/null; then
     fail "pkg-config is not installed (make test installs it: pkgconf)"
 else
     export PKG_CONFIG_PATH=$lib/pkgconfig
-    for c in tests/consumer/app.c examples/own_loop.c; do
-        exe=$tmp/$(basename "$c" .c)_pc
-        if ! cc -o "$exe" "$src/$c" $(pkg-config --cflags --libs stepgraph) >"$tmp/pc.log" 2>&1; then
-            fail "cc $c \$(pkg-config --cflags --libs stepgraph): $(head -n 10 "$tmp/pc.log")"
+    # custom_module with RMSNorm's kernels compiled by nvcc where there is one (else CPU only).
+    rms="$src/examples/rmsnorm.c"
+    if command -v nvcc >/dev/null && nvcc -c -arch=sm_90 -o "$tmp/rmsnorm_cuda.o" "$src/examples/rmsnorm_cuda.cu" \
+           >"$tmp/nvcc.log" 2>&1; then
+        cudalib=$(dirname "$(command -v nvcc)")/../lib64
+        [ -d "$cudalib" ] || cudalib=$(dirname "$(command -v nvcc)")/../lib
+        # The example's own kernels need the CUDA runtime: its link, not stepgraph's.
+        rms="-DRMSNORM_CUDA=1 $rms $tmp/rmsnorm_cuda.o -L$cudalib -Wl,-rpath,$cudalib -lcudart -lstdc++"
+    fi
+    for c in tests/consumer/app.c examples/own_loop.c examples/custom_module.c examples/host_loader.c; do
+        exe=$tmp/$(basename "$c" .c)_pc extra=
+        [ "$c" = examples/custom_module.c ] && extra=$rms
+        if ! cc -o "$exe" "$src/$c" $extra $(pkg-config --cflags --libs stepgraph) -lm >"$tmp/pc.log" 2>&1; then
+            fail "cc $c $extra \$(pkg-config --cflags --libs stepgraph): $(head -n 10 "$tmp/pc.log")"
             continue
         fi
         for b in $backends; do

@@ -274,6 +274,85 @@ static void rmsnorm_finite_differences(void)
     sg_ctx_destroy(ctx);
 }
 
+/* An .npy file of F32 (rows, cols), as np.save writes it (format 1.0, header padded to 64). */
+static void write_npy_f32(const char *path, const float *v, int64_t rows, int64_t cols)
+{
+    char dict[128];
+    int n = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%lld, %lld), }",
+                     (long long)rows, (long long)cols);
+    int hlen = (10 + n + 1 + 63) / 64 * 64 - 10;
+    size_t data = (size_t)(rows * cols) * 4, len = 10 + (size_t)hlen + data;
+    unsigned char *f = malloc(len);
+    memcpy(f, "\x93NUMPY\x01\x00", 8);
+    f[8] = (unsigned char)(hlen & 0xff), f[9] = (unsigned char)(hlen >> 8);
+    memset(f + 10, ' ', (size_t)hlen);
+    memcpy(f + 10, dict, (size_t)n);
+    f[10 + hlen - 1] = '\n';
+    memcpy(f + 10 + hlen, v, data);
+    tu_file_write(path, f, len);
+    free(f);
+}
+
+/* An MSE model over an .npy data set (x and F32 targets from files) trains, under step scope,
+ * to the bits of the same model over the same arrays handed in as tensors: the files reach the
+ * device as they are. */
+static void npy_matches_tensors(sg_backend be)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    int64_t B = tu_randint(2, 6), n = B * tu_randint(2, 5) + tu_randint(0, (int)B - 1);
+    float *x = malloc((size_t)(n * IN) * 4), *t = malloc((size_t)(n * OUT) * 4);
+    for (int64_t i = 0; i < n * IN; i++) x[i] = (float)tu_uniform(-2, 2);
+    for (int64_t i = 0; i < n * OUT; i++) t[i] = (float)tu_uniform(-1, 1);
+    char px[64], pt[64];
+    snprintf(px, sizeof px, "/tmp/sg_test_builder_%d_x.npy", (int)getpid());
+    snprintf(pt, sizeof pt, "/tmp/sg_test_builder_%d_t.npy", (int)getpid());
+    write_npy_f32(px, x, n, IN);
+    write_npy_f32(pt, t, n, OUT);
+    sg_dataset *dn, *dt;
+    TU_OK(ctx, sg_dataset_from_npy(ctx, px, pt, &dn));
+    TU_CHECK(sg_dataset_samples(dn) == n, "%lld samples from the files, expected %lld",
+             (long long)sg_dataset_samples(dn), (long long)n);
+    sg_tensor *tx, *tt;
+    TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){n, IN}, "x", &tx));
+    TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){n, OUT}, "t", &tt));
+    TU_OK(ctx, sg_tensor_copy_from_host(tx, x, (size_t)(n * IN) * 4));
+    TU_OK(ctx, sg_tensor_copy_from_host(tt, t, (size_t)(n * OUT) * 4));
+    TU_OK(ctx, sg_dataset_create(ctx, tx, tt, &dt));
+    uint64_t seed = tu_next();
+    sg_model *m[2];
+    sg_optim *o[2];
+    sg_trainer *tr[2];
+    for (int k = 0; k < 2; k++) {
+        sg_builder_options bo = sg_builder_options_default();
+        bo.batch = B;
+        sg_builder *b;
+        TU_OK(ctx, sg_builder_create(ctx, "npy-mse", &bo, &b));
+        sg_module *l[3], *root;
+        TU_OK(ctx, sg_module_linear(b, "fc", IN, HID, 1, SG_ACT_GELU, &l[0]));
+        TU_OK(ctx, rmsnorm_create(b, "norm", HID, &l[1]));
+        TU_OK(ctx, sg_module_linear(b, "out", HID, OUT, 1, SG_ACT_NONE, &l[2]));
+        TU_OK(ctx, sg_module_sequential(b, "net", l, 3, &root));
+        TU_OK(ctx, sg_builder_finish(b, root, SG_LOSS_MSE, k ? dt : dn, seed, &m[k]));
+        TU_OK(ctx, sg_optim_create(ctx, m[k], SG_OPTIM_ADAMW, &o[k]));
+        sg_trainer_options to = sg_trainer_options_default();
+        to.scope = SG_SCOPE_STEP, to.warmup = 2;
+        TU_OK(ctx, sg_trainer_create(m[k], o[k], &to, &tr[k]));
+    }
+    int steps = 6;
+    for (int s = 0; s < steps; s++)
+        for (int k = 0; k < 2; k++) TU_OK(ctx, sg_trainer_step(tr[k], s));
+    float l[2];
+    for (int k = 0; k < 2; k++) TU_OK(ctx, sg_model_loss_read(m[k], &l[k]));
+    TU_CHECK(isfinite(l[0]) && l[0] > 0, "MSE loss %g", l[0]);
+    TU_CHECK(!memcmp(&l[0], &l[1], sizeof *l), "loss over .npy %.9g, over tensors %.9g", l[0], l[1]);
+    TU_CHECK(tu_same_bits(sg_model_params(m[0]), sg_model_params(m[1]), "npy", steps),
+             ".npy model's parameters differ from the tensors' model's");
+    for (int k = 0; k < 2; k++) sg_trainer_destroy(tr[k]), sg_optim_destroy(o[k]), sg_model_destroy(m[k]);
+    unlink(px), unlink(pt);
+    free(x), free(t);
+    sg_ctx_destroy(ctx);
+}
+
 /* What the builder refuses, naming what is wrong; the context stays usable. */
 static void refusals(sg_backend be)
 {
@@ -311,6 +390,7 @@ int main(int argc, char **argv)
     names_and_checkpoint(be);
     fed_matches_gather(be, SG_SCOPE_EAGER);
     fed_matches_gather(be, SG_SCOPE_STEP);
+    npy_matches_tensors(be);
     refusals(be);
     if (!gpu) rmsnorm_finite_differences();
     return tu_finish("test_builder");

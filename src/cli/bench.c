@@ -36,6 +36,10 @@ static const char *bench_usage =
     "  --steps-per-graph K optimizer steps per trainer call: under step scope, one graph launch\n"
     "                      runs K steps (default 1); --steps is rounded up to a multiple of K\n"
     "  --precision P       fp32 (default) or bf16 (gpt: mixed precision with loss scaling)\n"
+    "  --data PATH         gpt: the text to train on, as stepgraph train --data (default: a\n"
+    "                      licence text); with --vocab, a token file\n"
+    "  --vocab N           gpt: --data is a token file (nanoGPT's raw uint16 or an llm.c\n"
+    "                      shard), tokens below N; embedding and head get N rows (e.g. 50304)\n"
     "  --memory            also report memory, per model and scope: peak reserved and in use,\n"
     "                      the static buffers (parameters, gradients, optimizer state,\n"
     "                      activations, data), the graphs' pool and executable graphs, and\n"
@@ -49,7 +53,7 @@ static const char *bench_usage =
     "                      kernels_per_step_cupti, graphs, graph_nodes, steps_per_graph,\n"
     "                      capture_ms, instantiate_ms, graph_exec_mib, fell_back,\n"
     "                      allocs_per_100_steps, peak_mib, loss_first, loss_after_warmup,\n"
-    "                      device, commit\n"
+    "                      vocab and data (gpt), device, commit\n"
     "  -h, --help          this text\n"
     "\n"
     "exit status: 0 every model timed under every scope, 1 a runtime error (no usable device\n"
@@ -84,6 +88,8 @@ static int cmp_double(const void *a, const void *b)
 
 static int steps_per_call = 1;
 static sg_dtype precision = SG_DTYPE_F32;
+static const char *data_path;   /* gpt: --data (NULL: the default text) */
+static int64_t vocab;           /* gpt: --vocab (0: bytes) */
 
 /* n optimizer steps from batch `from` (n a multiple of steps_per_call). */
 static sg_status steps(sg_trainer *t, long long from, long long n)
@@ -145,7 +151,7 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     r->scope = scope;
     snprintf(r->device, sizeof r->device, "%s", sg_ctx_device_name(ctx));
     double l0 = 0, l1 = 0;
-    sg_model_options mo = {.precision = precision};
+    sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab};
     if (sg_model_create_ex(ctx, name, 1, &mo, &m) != SG_OK || sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o) != SG_OK ||
         sg_trainer_create(m, o, &to, &t) != SG_OK)
         goto fail;
@@ -285,6 +291,10 @@ static bool print_json_row(const bench_row *r, bool memory, const char *commit)
     json_num(w, "peak_mib", r->peak_mib, 1);
     json_num(w, "loss_first", r->loss0, 4);
     json_num(w, "loss_after_warmup", r->loss1, 4);
+    if (!strncmp(r->model, "gpt", 3)) {
+        sg_cli_kv_int(w, "vocab", vocab ? vocab : 256);
+        if (data_path) sg_cli_kv_str(w, "data", data_path);
+    }
     if (memory) json_memory(w, r);
     sg_cli_kv_str(w, "device", r->device);
     sg_cli_kv_str(w, "commit", commit);
@@ -358,6 +368,12 @@ int sg_cmd_bench(int argc, char **argv)
             steps_per_call = (int)k;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("bench", v, &precision);
+        } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
+            data_path = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--vocab", &v, &bad)) {
+            long long n = 0;
+            bad = bad || !sg_cli_int("bench", "--vocab", v, 1, INT32_MAX, &n);
+            vocab = n;
         } else if (sg_cli_opt(argc, argv, &i, "--scope", &v, &bad)) {
             scopes = !strcmp(v, "all") ? "eager,layer,model,step" : v;
         } else {
@@ -392,7 +408,7 @@ int sg_cmd_bench(int argc, char **argv)
         int n = 0;
         for (char *name = strtok_r(names, ",", &save); name && !bad; name = strtok_r(NULL, ",", &save), n++) {
             sg_model_size z;
-            sg_model_options mo = {.precision = precision};
+            sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab};
             if (sg_model_estimate(name, &mo, &z) != SG_OK) {
                 fprintf(stderr, "stepgraph bench: --model: %s\n", sg_ctx_last_error(NULL));
                 bad = true;
