@@ -7,18 +7,21 @@
 # trace, so they all come back).
 #
 #   scripts/gpu-check.sh [--quick] [--no-bench] [--bench-only] [--no-tests]
-#     --quick       skip the sanitizers; run the GPU tests 4 at a time up to 3 more times instead
+#     --quick       skip the sanitizers and the one-at-a-time GPU pass; run the GPU tests 4 at a
+#                   time, then up to 3 more times instead
 #     --no-bench    skip the benchmarks
 #     --bench-only  build and benchmark only (no tests, no sanitizers)
 #     --no-tests    skip the test suites (the sanitizers and benchmarks still run): with a
 #                   --quick --no-bench run before it, the whole check in two 10-minute calls
 #
-# The stages and what they took on an H100 with 16 cores (2026-11-24): build 15-20 s (fresh
-# tree, 16 jobs); the GPU tests one at a time 110-145 s (linear_gpu 60-80 s of it: its f64 CPU
-# reference of the large shapes), the same 4 at a time (ctest -j 4) 87 s, and, with --quick,
-# 4 at a time --repeat until-fail:3 without linear_gpu 47 s; the CPU tests 10 s; the
-# benchmarks about 3 min; the sanitizers about 2 min. So --quick --no-bench takes about 5.3 min
-# (315 s measured), the whole run about 8 (the deadline below keeps it under 10).
+# The stages and what they took on an H100 with 16 cores (2026-11-24, commit b4baf77): build
+# 15-20 s (fresh tree, 16 jobs); the GPU tests one at a time 155-195 s (linear_gpu 60-80 s of it:
+# its f64 CPU reference of the large shapes), the same 4 at a time (ctest -j 4) 70-125 s, and,
+# with --quick, 4 at a time --repeat until-fail:3 without linear_gpu 50-65 s; the CPU tests
+# 100-125 s with install, which the examples stage runs instead (130 s, both backends); the
+# benchmarks about 3 min; the sanitizers about 2 min. So --quick --no-bench (no one-at-a-time
+# pass) takes about 6-7 min, the whole run more than one 10-minute call: split it with
+# --no-tests as above (the deadline below keeps each call's summary).
 #
 # Environment: GPU_CHECK_DEADLINE_S (default 540: stages that would start later are skipped and
 # count as failures, so a 10-minute limit never cuts the summary off), GPU_CHECK_MODELS
@@ -208,7 +211,9 @@ run_gpu_tests() {
 export -f run_gpu_tests
 if [ $BENCH_ONLY -eq 0 ] && [ $NO_TESTS -eq 0 ]; then
     if [ $BUILT -eq 1 ]; then
-        stage "gpu tests (ctest -L gpu)" "$OUT/tests.log" 240 run_gpu_tests || true
+        # One at a time (not with --quick: the -j 4 and repeated passes below cover it, and all
+        # three no longer fit one 10-minute call beside the CPU tests and the examples).
+        [ $QUICK -eq 1 ] || stage "gpu tests (ctest -L gpu)" "$OUT/tests.log" 240 run_gpu_tests || true
         # The same tests sharing the GPU, 4 at a time: what a test assumes about a GPU of its
         # own (free memory, timings, files in the cwd) shows here. RUN_SERIAL ones stay alone.
         stage "gpu tests (ctest -L gpu -j 4)" "$OUT/tests.log" 240 run_gpu_tests -j 4 || true
@@ -218,9 +223,10 @@ if [ $BENCH_ONLY -eq 0 ] && [ $NO_TESTS -eq 0 ]; then
             stage "gpu tests (-j 4, until-fail:$REPEAT)" "$OUT/tests.log" 240 \
                 run_gpu_tests -j 4 --repeat "until-fail:$REPEAT" -E '^linear_gpu$' || true
         fi
-        # Every test that is not gpu-labelled: the cpu label and anything unlabelled.
+        # Every test that is not gpu-labelled: the cpu label and anything unlabelled, but install,
+        # which the examples stage below runs (on both backends).
         stage "cpu tests (ctest -LE gpu)" "$OUT/tests.log" 240 \
-            ctest --test-dir "$BUILD" -LE gpu --output-on-failure -j "$JOBS" || true
+            ctest --test-dir "$BUILD" -LE gpu -E '^install$' --output-on-failure -j "$JOBS" || true
     else
         record "gpu tests (ctest -L gpu)" FAIL "not run: the build failed"
         record "cpu tests (ctest -LE gpu)" FAIL "not run: the build failed"

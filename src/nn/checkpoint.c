@@ -863,7 +863,8 @@ static sg_status create_temporary(sg_ctx *ctx, const ck_target *t, const char *t
     if (fd < 0) return io_fail(ctx, "cannot create the temporary", tmp, path, errno);
     int err = 0;
     if (t->exists) {
-        if (geteuid() == 0) (void)fchown(fd, t->st.st_uid, t->st.st_gid); /* before fchmod */
+        /* Before fchmod. Not fatal: failing, the file keeps root as its owner, as a new one would. */
+        if (geteuid() == 0 && fchown(fd, t->st.st_uid, t->st.st_gid) != 0) err = 0;
         if (fchmod(fd, t->st.st_mode & 0777) != 0) err = errno;
     }
     if (!err && !(*out = fdopen(fd, "wb"))) err = errno;
