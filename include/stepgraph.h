@@ -1440,6 +1440,60 @@ sg_status sg_advise(sg_ctx *ctx, sg_model_factory factory, void *user,
 sg_status sg_advise_name(sg_ctx *ctx, const char *name, const sg_model_options *mo,
                          const sg_advise_options *opts, sg_advise_result *out);
 
+/* ---- verify: a captured scope against eager, step by step ------------------------------- *
+ *
+ * Trains two copies of the model `factory` builds (it is called twice and must build the same
+ * model, seed included): one eagerly, one under opts->scope; after each step compares their
+ * loss, loss scaler, gradients and parameters, bit for bit (atol = rtol = 0) or within
+ * |a - b| <= atol + rtol |a|, and stops at the first step that differs, naming the first
+ * tensor that does (a parameter's name, ".grad" for its gradient). `stepgraph verify` is this
+ * call on a built-in model. A run whose graph side never replayed a graph (capture fell back,
+ * or too few steps) does not pass: it would compare eager with eager. */
+
+/* One step's comparison. */
+typedef struct sg_verify_step {
+    int64_t step;                /* 1-based */
+    float loss_eager, loss_graph;
+    double max_dloss, max_dgrad, max_dparam;   /* largest |eager - graph| */
+} sg_verify_step;
+
+typedef struct sg_verify_options {
+    sg_scope scope;              /* checked against eager (default step) */
+    int64_t steps;               /* default 20; under a captured scope at least warmup + 2 */
+    int warmup;                  /* the graph side's eager steps before capture (default 3) */
+    float clip;                  /* both sides: clip gradients to this global norm (0: off) */
+    const char *graph_modules;   /* layer scope: as sg_trainer_options */
+    double atol, rtol;           /* 0, 0 (default): bit for bit */
+    sg_optim_kind optim;         /* both sides (default AdamW) */
+    /* Optional hooks, with user: before_step may change both optimizers alike (a learning-rate
+     * schedule); after_step sees both models after the step, before the comparison; on_step
+     * gets each step's comparison. A hook's failure stops the run with its status. */
+    void *user;
+    sg_status (*before_step)(void *user, int64_t step, sg_optim *eager, sg_optim *graph);
+    sg_status (*after_step)(void *user, int64_t step, sg_model *eager, sg_model *graph);
+    void (*on_step)(void *user, const sg_verify_step *row);
+} sg_verify_options;
+
+sg_verify_options sg_verify_options_default(void);
+
+typedef struct sg_verify_result {
+    int passed;                  /* every step matched and the graph side replayed graphs */
+    int64_t steps;               /* steps compared */
+    int64_t replayed;            /* of them, steps the graph side ran from graphs */
+    int64_t mismatch_step;       /* the first step that differed (1-based), 0 if none */
+    char mismatch[256];          /* what differed first, e.g. "blocks.0.attn.qkv.weight.grad
+                                  * (element 812 of the flat buffer: eager 0.1, graph 0.2)" */
+    char no_graph[768];          /* passed = 0 with no mismatch: why nothing was replayed */
+    sg_trainer_stats stats;      /* the graph side's trainer */
+} sg_verify_result;
+
+/* SG_OK when the comparison ran to its end or to a mismatch (out->passed says which); an error
+ * status (message on ctx) when a model, optimizer, trainer or step failed or the options are
+ * invalid (SG_ERR_INVALID: steps too few to replay a graph, a graph scope with
+ * STEPGRAPH_DISABLE_GRAPHS=1). opts NULL: defaults. */
+sg_status sg_verify(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_verify_options *opts,
+                    sg_verify_result *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,8 +2,9 @@
  * (examples/rmsnorm.c: its own CPU code and CUDA kernels) between built-in modules, trained
  * under every scope and checked bit for bit against eager; hierarchical parameter names and
  * a checkpoint of them; a host-fed data set against the device gather of the same batches; an
- * MSE model over an .npy data set; RMSNorm's backward against finite differences (CPU); and
- * the builder's refusals. Modes: cpu, gpu (the CUDA kernels; skipped without a GPU). */
+ * MSE model over an .npy data set; sg_verify on the user's model (every scope, a nudged
+ * parameter named); RMSNorm's backward against finite differences (CPU); and the builder's
+ * refusals. Modes: cpu, gpu (the CUDA kernels; skipped without a GPU). */
 #define _GNU_SOURCE /* memmem */
 #include "testutil.h"
 #include "train/model.h"
@@ -274,6 +275,86 @@ static void rmsnorm_finite_differences(void)
     sg_ctx_destroy(ctx);
 }
 
+/* sg_verify on the user's model: what the factory needs to build it again. */
+typedef struct verify_ctx {
+    int64_t B, n;
+    uint64_t seed, dseed;
+    int tamper;        /* after_step: nudge enc.norm.weight's first element on the graph side */
+    int64_t tamper_at; /* ... after this step (1-based) */
+    int rows;          /* on_step calls */
+} verify_ctx;
+
+static sg_status verify_factory(sg_ctx *ctx, void *user, sg_model **out)
+{
+    verify_ctx *v = user;
+    *out = build(ctx, v->B, samples(ctx, v->n, v->dseed, NULL, NULL), v->seed);
+    return SG_OK;
+}
+
+static sg_status verify_tamper(void *user, int64_t step, sg_model *eager, sg_model *graph)
+{
+    (void)eager;
+    verify_ctx *v = user;
+    if (!v->tamper || step + 1 != v->tamper_at) return SG_OK;
+    int64_t off = 0;
+    for (int i = 0; i < sg_model_param_tensors(graph); i++) {
+        const char *nm;
+        sg_model_param_info(graph, i, &nm, &off, NULL);
+        if (!strcmp(nm, "enc.norm.weight")) break;
+    }
+    sg_tensor *one;
+    float x = 0;
+    sg_status st = sg_tensor_view(sg_model_params(graph), off, 1, (int64_t[]){1}, "one", &one);
+    if (st != SG_OK) return st;
+    st = sg_tensor_copy_to_host(one, &x, 4);
+    x += 0.125f; /* another value: the weight is near 1 */
+    if (st == SG_OK) st = sg_tensor_copy_from_host(one, &x, 4);
+    sg_tensor_destroy(one);
+    return st;
+}
+
+static void verify_count(void *user, const sg_verify_step *row)
+{
+    verify_ctx *v = user;
+    v->rows++;
+    TU_CHECK(row->step == v->rows, "on_step row %lld, expected %d", (long long)row->step, v->rows);
+}
+
+/* sg_verify passes the user's model under every scope (bit for bit, graphs replayed), catches
+ * a nudged parameter and names it, and refuses a run too short to replay a graph. */
+static void verify_user_model(sg_backend be)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    verify_ctx v = {.B = tu_randint(3, 8), .seed = tu_next(), .dseed = tu_next()};
+    v.n = v.B * tu_randint(2, 4) + tu_randint(0, (int)v.B - 1);
+    for (sg_scope sc = SG_SCOPE_EAGER; sc <= SG_SCOPE_STEP; sc++) {
+        sg_verify_options o = sg_verify_options_default();
+        o.scope = sc, o.steps = 6, o.user = &v, o.on_step = verify_count;
+        v.rows = 0;
+        sg_verify_result r;
+        TU_OK(ctx, sg_verify(ctx, verify_factory, &v, &o, &r));
+        TU_CHECK(r.passed && !r.mismatch_step && r.steps == 6 && v.rows == 6, "%s: passed %d, mismatch at %lld (%s), "
+                 "%lld steps, %d rows", sg_scope_name(sc), r.passed, (long long)r.mismatch_step, r.mismatch,
+                 (long long)r.steps, v.rows);
+        TU_CHECK(sc == SG_SCOPE_EAGER || (r.replayed == 6 - o.warmup && r.stats.replays > 0),
+                 "%s: %lld steps replayed, %llu replays", sg_scope_name(sc), (long long)r.replayed,
+                 (unsigned long long)r.stats.replays);
+    }
+    sg_verify_options o = sg_verify_options_default();
+    o.scope = SG_SCOPE_STEP, o.steps = 8, o.user = &v, o.after_step = verify_tamper;
+    v.tamper = 1, v.tamper_at = tu_randint(1, 8);
+    sg_verify_result r;
+    TU_OK(ctx, sg_verify(ctx, verify_factory, &v, &o, &r));
+    TU_CHECK(!r.passed && r.mismatch_step == v.tamper_at && !strncmp(r.mismatch, "enc.norm.weight (", 17),
+             "nudged after step %lld: passed %d, mismatch at step %lld: %s", (long long)v.tamper_at, r.passed,
+             (long long)r.mismatch_step, r.mismatch);
+    v.tamper = 0;
+    o = sg_verify_options_default();
+    o.steps = o.warmup + 1;
+    TU_FAILS(ctx, sg_verify(ctx, verify_factory, &v, &o, &r), SG_ERR_INVALID, "one replay only");
+    sg_ctx_destroy(ctx);
+}
+
 /* An .npy file of F32 (rows, cols), as np.save writes it (format 1.0, header padded to 64). */
 static void write_npy_f32(const char *path, const float *v, int64_t rows, int64_t cols)
 {
@@ -391,6 +472,7 @@ int main(int argc, char **argv)
     fed_matches_gather(be, SG_SCOPE_EAGER);
     fed_matches_gather(be, SG_SCOPE_STEP);
     npy_matches_tensors(be);
+    verify_user_model(be);
     refusals(be);
     if (!gpu) rmsnorm_finite_differences();
     return tu_finish("test_builder");
