@@ -503,6 +503,11 @@ sg_tensor *sg_model_params(sg_model *m);
  * checkpoint's, e.g. "blocks.3.attn.qkv.weight"), offset into sg_model_params and elements. */
 int sg_model_param_tensors(const sg_model *m);
 sg_status sg_model_param_info(const sg_model *m, int i, const char **name, int64_t *offset, int64_t *numel);
+/* The buffers (sg_module_declare_buffer) in one flat F32 tensor, NULL when the model has none;
+ * their number, and buffer i's name, offset and elements, as for the parameters. */
+sg_tensor *sg_model_buffers(sg_model *m);
+int sg_model_buffer_tensors(const sg_model *m);
+sg_status sg_model_buffer_info(const sg_model *m, int i, const char **name, int64_t *offset, int64_t *numel);
 sg_tensor *sg_model_grads(sg_model *m);
 
 sg_status sg_optim_create(sg_ctx *ctx, sg_model *m, sg_optim_kind kind, sg_optim **out);
@@ -653,6 +658,19 @@ sg_tensor *sg_module_param_tensor(const sg_module *m, int p);
 sg_tensor *sg_module_param_grad(const sg_module *m, int p);
 /* After sg_builder_finish: 0 for the model's first module (its input gradient is unused). */
 int sg_module_needs_input_grad(const sg_module *m);
+/* A buffer: state of the module that is not trained (BatchNorm's running statistics). F32 on
+ * the device, named as parameters are ("<scope>.<module>.<name>", unique among parameters and
+ * buffers), filled with zeros or ones (init SG_INIT_ZEROS or SG_INIT_ONES) when the model is
+ * built, saved in checkpoints by name and compared by sg_verify; the module's passes update it
+ * themselves (the optimizer never sees it). Under data parallelism each rank keeps its own.
+ * Returns its handle, or -1 with the context's error. */
+int sg_module_declare_buffer(sg_module *m, const char *name, int ndim, const int64_t *shape,
+                             sg_init init);
+/* After sg_builder_finish: buffer b's tensor. */
+sg_tensor *sg_module_buffer_tensor(const sg_module *m, int b);
+/* 1 in training passes, 0 in evaluation passes (sg_trainer_eval: no dropout, and BatchNorm
+ * reads its running statistics instead of updating them). */
+int sg_module_training(const sg_module *m);
 /* A module not (yet) handed to a container or a model. */
 void sg_module_destroy(sg_module *m);
 
@@ -1444,7 +1462,7 @@ sg_status sg_advise_name(sg_ctx *ctx, const char *name, const sg_model_options *
  *
  * Trains two copies of the model `factory` builds (it is called twice and must build the same
  * model, seed included): one eagerly, one under opts->scope; after each step compares their
- * loss, loss scaler, gradients and parameters, bit for bit (atol = rtol = 0) or within
+ * loss, loss scaler, gradients, parameters and buffers, bit for bit (atol = rtol = 0) or within
  * |a - b| <= atol + rtol |a|, and stops at the first step that differs, naming the first
  * tensor that does (a parameter's name, ".grad" for its gradient). `stepgraph verify` is this
  * call on a built-in model. A run whose graph side never replayed a graph (capture fell back,
@@ -1455,6 +1473,7 @@ typedef struct sg_verify_step {
     int64_t step;                /* 1-based */
     float loss_eager, loss_graph;
     double max_dloss, max_dgrad, max_dparam;   /* largest |eager - graph| */
+    double max_dbuffer;                        /* over the buffers (0 without) */
 } sg_verify_step;
 
 typedef struct sg_verify_options {

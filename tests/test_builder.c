@@ -3,8 +3,9 @@
  * under every scope and checked bit for bit against eager; hierarchical parameter names and
  * a checkpoint of them; a host-fed data set against the device gather of the same batches; an
  * MSE model over an .npy data set; sg_verify on the user's model (every scope, a nudged
- * parameter named); RMSNorm's backward against finite differences (CPU); and the builder's
- * refusals. Modes: cpu, gpu (the CUDA kernels; skipped without a GPU). */
+ * parameter named); buffers (a module's untrained state: named, moved by training and not by
+ * evaluation, the same under every scope, checkpointed; CPU); RMSNorm's backward against finite
+ * differences (CPU); and the builder's refusals. Modes: cpu, gpu (the CUDA kernels; skipped without a GPU). */
 #define _GNU_SOURCE /* memmem */
 #include "testutil.h"
 #include "train/model.h"
@@ -355,6 +356,193 @@ static void verify_user_model(sg_backend be)
     sg_ctx_destroy(ctx);
 }
 
+/* ---- buffers: a module with state that is not trained (CPU) ---- */
+
+/* "tracker": y = x, and in training passes its buffer running_mean (C) becomes
+ * 0.75 running_mean + 0.25 mean over rows of x (as BatchNorm's running statistics do); dx = dy. */
+typedef struct tracker {
+    int64_t C;
+    int buf;
+    sg_tensor *y, *dx;
+} tracker;
+
+typedef struct tracker_args {
+    const float *x, *dy;
+    float *y, *dx, *run;
+    int64_t rows, C;
+    int training, backward;
+} tracker_args;
+
+static sg_status tracker_cpu(sg_ctx *ctx, const void *p)
+{
+    (void)ctx;
+    const tracker_args *a = p;
+    int64_t n = a->rows * a->C;
+    if (a->backward) {
+        memcpy(a->dx, a->dy, (size_t)n * 4);
+        return SG_OK;
+    }
+    memcpy(a->y, a->x, (size_t)n * 4);
+    for (int64_t j = 0; a->training && j < a->C; j++) {
+        double s = 0;
+        for (int64_t i = 0; i < a->rows; i++) s += a->x[i * a->C + j];
+        a->run[j] = 0.75f * a->run[j] + 0.25f * (float)(s / (double)a->rows);
+    }
+    return SG_OK;
+}
+
+static sg_status tracker_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
+{
+    tracker *t = sg_module_state(m);
+    tracker_args a = {.x = sg_tensor_data(x), .y = sg_tensor_data(t->y),
+                      .run = sg_tensor_data(sg_module_buffer_tensor(m, t->buf)), .rows = sg_tensor_dim(x, 0),
+                      .C = t->C, .training = sg_module_training(m)};
+    *y = t->y;
+    return sg_cpu_run(sg_module_ctx(m), tracker_cpu, &a, sizeof a);
+}
+
+static sg_status tracker_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
+{
+    tracker *t = sg_module_state(m);
+    tracker_args a = {.dy = sg_tensor_data(dy), .dx = sg_tensor_data(t->dx), .rows = sg_tensor_dim(dy, 0),
+                      .C = t->C, .backward = 1};
+    *dx = t->dx;
+    return sg_cpu_run(sg_module_ctx(m), tracker_cpu, &a, sizeof a);
+}
+
+static void tracker_destroy(sg_module *m)
+{
+    tracker *t = sg_module_state(m);
+    sg_tensor_destroy(t->y), sg_tensor_destroy(t->dx);
+    free(t);
+}
+
+static const sg_module_ops tracker_ops = {"tracker", tracker_forward, tracker_backward, NULL, tracker_destroy};
+
+static sg_model *build_tracked(sg_ctx *ctx, int64_t B, sg_dataset *d, uint64_t seed)
+{
+    sg_builder_options bo = sg_builder_options_default();
+    bo.batch = B;
+    sg_builder *b;
+    TU_OK(ctx, sg_builder_create(ctx, "tracked", &bo, &b));
+    sg_module *l[3], *root;
+    TU_OK(ctx, sg_module_linear(b, "fc", IN, HID, 1, SG_ACT_RELU, &l[0]));
+    tracker *t = calloc(1, sizeof *t);
+    t->C = HID;
+    TU_OK(ctx, sg_module_create(b, "trk", &tracker_ops, t, &l[1]));
+    t->buf = sg_module_declare_buffer(l[1], "running_mean", 1, (int64_t[]){HID}, SG_INIT_ZEROS);
+    TU_CHECK(t->buf >= 0, "declare_buffer: %s", sg_ctx_last_error(ctx));
+    TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){B, HID}, "trk.y", &t->y));
+    TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){B, HID}, "trk.dx", &t->dx));
+    /* Names are unique among parameters and buffers. */
+    TU_FAILS(ctx, sg_module_declare_buffer(l[1], "running_mean", 1, (int64_t[]){HID}, SG_INIT_ONES) >= 0
+                      ? SG_OK : SG_ERR_INVALID, SG_ERR_INVALID, "declared twice");
+    TU_FAILS(ctx, sg_module_param(l[1], "running_mean", 1, (int64_t[]){HID}, SG_INIT_ONES, HID, 0) >= 0
+                      ? SG_OK : SG_ERR_INVALID, SG_ERR_INVALID, "already a buffer's name");
+    TU_FAILS(ctx, sg_module_declare_buffer(l[0], "weight", 1, (int64_t[]){HID}, SG_INIT_ZEROS) >= 0
+                      ? SG_OK : SG_ERR_INVALID, SG_ERR_INVALID, "already a parameter's name");
+    TU_OK(ctx, sg_module_linear(b, "head", HID, OUT, 1, SG_ACT_NONE, &l[2]));
+    TU_OK(ctx, sg_module_sequential(b, "net", l, 3, &root));
+    sg_model *m;
+    TU_OK(ctx, sg_builder_finish(b, root, SG_LOSS_SOFTMAX_XENT, d, seed, &m));
+    return m;
+}
+
+static sg_status tracked_factory(sg_ctx *ctx, void *user, sg_model **out)
+{
+    verify_ctx *v = user;
+    *out = build_tracked(ctx, v->B, samples(ctx, v->n, v->dseed, NULL, NULL), v->seed);
+    return SG_OK;
+}
+
+static sg_status tamper_buffer(void *user, int64_t step, sg_model *eager, sg_model *graph)
+{
+    (void)eager;
+    verify_ctx *v = user;
+    if (step + 1 != v->tamper_at) return SG_OK;
+    float x[HID];
+    sg_tensor *b = sg_model_buffers(graph);
+    sg_status st = sg_tensor_copy_to_host(b, x, sizeof x);
+    x[HID / 2] += 0.125f;
+    return st == SG_OK ? sg_tensor_copy_from_host(b, x, sizeof x) : st;
+}
+
+/* Buffers: named, zero at first, moved by training steps and not by evaluation, the same bits
+ * under every scope as eagerly (sg_verify compares them, and names one that differs), and saved
+ * and loaded with the checkpoint. */
+static void buffers(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    verify_ctx v = {.B = tu_randint(3, 8), .seed = tu_next(), .dseed = tu_next()};
+    v.n = v.B * tu_randint(2, 4) + tu_randint(0, (int)v.B - 1);
+    sg_model *m;
+    TU_OK(ctx, tracked_factory(ctx, &v, &m));
+    const char *name = NULL;
+    int64_t off = -1, n = 0;
+    TU_CHECK(sg_model_buffer_tensors(m) == 1, "%d buffers", sg_model_buffer_tensors(m));
+    TU_OK(ctx, sg_model_buffer_info(m, 0, &name, &off, &n));
+    TU_CHECK(name && !strcmp(name, "trk.running_mean") && off == 0 && n == HID, "buffer '%s' at %lld, %lld",
+             name ? name : "", (long long)off, (long long)n);
+    TU_CHECK(sg_model_param_tensors(m) == 4, "%d parameter tensors (buffers are not parameters)",
+             sg_model_param_tensors(m));
+    sg_optim *o;
+    sg_trainer *t;
+    TU_OK(ctx, sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o));
+    sg_trainer_options to = sg_trainer_options_default();
+    to.scope = SG_SCOPE_STEP;
+    TU_OK(ctx, sg_trainer_create(m, o, &to, &t));
+    float b0[HID], b1[HID], b2[HID];
+    TU_OK(ctx, sg_tensor_copy_to_host(sg_model_buffers(m), b0, sizeof b0));
+    for (int j = 0; j < HID; j++) TU_CHECK(b0[j] == 0.f, "buffer[%d] = %g before training", j, b0[j]);
+    for (int s = 0; s < 5; s++) TU_OK(ctx, sg_trainer_step(t, s));
+    TU_OK(ctx, sg_tensor_copy_to_host(sg_model_buffers(m), b1, sizeof b1));
+    int moved = 0;
+    for (int j = 0; j < HID; j++) moved += b1[j] != 0.f;
+    TU_CHECK(moved > HID / 2, "training moved %d of %d buffer elements", moved, HID);
+    float loss;
+    TU_OK(ctx, sg_trainer_eval(t, 0, 2, &loss));
+    TU_OK(ctx, sg_tensor_copy_to_host(sg_model_buffers(m), b2, sizeof b2));
+    TU_CHECK(!memcmp(b1, b2, sizeof b1), "evaluation changed the buffer");
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/sg_test_builder_buf_%d.safetensors", (int)getpid());
+    TU_OK(ctx, sg_trainer_save(t, 5, path));
+    size_t len = 0;
+    unsigned char *file = tu_file_read(path, &len);
+    TU_CHECK(file && memmem(file, len, "\"trk.running_mean\"", 18), "checkpoint lacks trk.running_mean");
+    free(file);
+    sg_model *m2;
+    sg_optim *o2;
+    sg_trainer *t2;
+    v.seed++;
+    TU_OK(ctx, tracked_factory(ctx, &v, &m2));
+    TU_OK(ctx, sg_optim_create(ctx, m2, SG_OPTIM_ADAMW, &o2));
+    TU_OK(ctx, sg_trainer_create(m2, o2, &to, &t2));
+    int64_t step;
+    TU_OK(ctx, sg_trainer_load(t2, path, &step));
+    TU_CHECK(tu_same_bits(sg_model_buffers(m), sg_model_buffers(m2), "loaded buffers", 0), "buffers not restored");
+    unlink(path);
+    sg_trainer_destroy(t2), sg_optim_destroy(o2), sg_model_destroy(m2);
+    sg_trainer_destroy(t), sg_optim_destroy(o), sg_model_destroy(m);
+    v.seed--;
+    for (sg_scope sc = SG_SCOPE_LAYER; sc <= SG_SCOPE_STEP; sc++) {
+        sg_verify_options vo = sg_verify_options_default();
+        vo.scope = sc, vo.steps = 6;
+        sg_verify_result r;
+        TU_OK(ctx, sg_verify(ctx, tracked_factory, &v, &vo, &r));
+        TU_CHECK(r.passed, "%s scope with a buffer: mismatch at %lld: %s %s", sg_scope_name(sc),
+                 (long long)r.mismatch_step, r.mismatch, r.no_graph);
+    }
+    sg_verify_options vo = sg_verify_options_default();
+    vo.steps = 7, vo.user = &v, vo.after_step = tamper_buffer;
+    v.tamper_at = tu_randint(1, 7);
+    sg_verify_result r;
+    TU_OK(ctx, sg_verify(ctx, tracked_factory, &v, &vo, &r));
+    TU_CHECK(!r.passed && r.mismatch_step == v.tamper_at && !strncmp(r.mismatch, "trk.running_mean (", 18),
+             "nudged buffer after step %lld: mismatch at %lld: %s", (long long)v.tamper_at, (long long)r.mismatch_step,
+             r.mismatch);
+    sg_ctx_destroy(ctx);
+}
+
 /* An .npy file of F32 (rows, cols), as np.save writes it (format 1.0, header padded to 64). */
 static void write_npy_f32(const char *path, const float *v, int64_t rows, int64_t cols)
 {
@@ -474,6 +662,6 @@ int main(int argc, char **argv)
     npy_matches_tensors(be);
     verify_user_model(be);
     refusals(be);
-    if (!gpu) rmsnorm_finite_differences();
+    if (!gpu) rmsnorm_finite_differences(), buffers();
     return tu_finish("test_builder");
 }

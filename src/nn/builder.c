@@ -50,6 +50,7 @@ sg_status sg_builder_create(sg_ctx *ctx, const char *name, const sg_builder_opti
     b->batch = o.batch / shards;
     b->rows = b->batch * (o.seq > 0 ? o.seq : 1);
     b->params.ctx = ctx;
+    b->bufs.ctx = ctx;
     sg_alloc_stats a;
     sg_ctx_alloc_stats(ctx, &a);
     b->bytes0 = a.bytes_in_use; /* the model's bytes: what its modules, data and buffers take */
@@ -64,6 +65,7 @@ void sg_builder_release(sg_builder *b)
     free(b->shared);
     sg_tensor_destroy(b->rng);
     sg_params_release(&b->params);
+    sg_params_release(&b->bufs);
     free(b->made);
     free(b);
 }
@@ -200,6 +202,14 @@ sg_status sg_module_init(sg_builder *b, sg_module *mod, const sg_module_i *vt, c
     return SG_OK;
 }
 
+/* Whether a parameter or buffer of this name is declared in ps. */
+static bool set_has(const sg_param_set *ps, const char *name)
+{
+    for (int i = 0; i < ps->count; i++)
+        if (!strcmp(ps->info[i].name, name)) return true;
+    return false;
+}
+
 int sg_module_declare(sg_module *mod, const char *what, int ndim, const int64_t *shape, sg_init init,
                       int64_t fan_in, int decay)
 {
@@ -212,10 +222,48 @@ int sg_module_declare(sg_module *mod, const char *what, int ndim, const int64_t 
                 SG_PARAM_NAME_MAX - 1);
         return -1;
     }
+    if (set_has(&mod->b->bufs, n)) {
+        sg_fail(mod->ctx, SG_ERR_INVALID, "sg_module_param: '%s' is already a buffer's name: names must be unique", n);
+        return -1;
+    }
     int i = sg_params_declare(&mod->b->params, n, ndim, shape, decay, init, fan_in);
     if (i >= 0 && mod->first_param < 0) mod->first_param = i;
     return i;
 }
+
+int sg_module_declare_buffer(sg_module *m, const char *name, int ndim, const int64_t *shape, sg_init init)
+{
+    if (!m) return -1;
+    if (!m->b) return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_declare_buffer: '%s' has no builder", m->name), -1;
+    char n[SG_PARAM_NAME_MAX + 1];
+    int len = snprintf(n, sizeof n, "%s%s%s", m->name, m->name[0] ? "." : "", name ? name : "");
+    if (!name || !name[0] || len >= SG_PARAM_NAME_MAX || (init != SG_INIT_ZEROS && init != SG_INIT_ONES)) {
+        sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_declare_buffer: '%s': buffer '%s' with init %d: expected a name "
+                "of 1 to %d characters with the module's, and SG_INIT_ZEROS or SG_INIT_ONES", m->name,
+                name ? name : "(null)", (int)init, SG_PARAM_NAME_MAX - 1);
+        return -1;
+    }
+    if (set_has(&m->b->params, n)) {
+        sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_declare_buffer: '%s' is already a parameter's name: names must "
+                "be unique", n);
+        return -1;
+    }
+    return sg_params_declare(&m->b->bufs, n, ndim, shape, 0, init, 0);
+}
+
+sg_tensor *sg_module_buffer_tensor(const sg_module *m, int i)
+{
+    if (!m || !m->b) return NULL;
+    const sg_param_set *bs = &m->b->bufs;
+    if (i < 0 || i >= bs->count || !bs->flat) {
+        sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_buffer_tensor: '%s': buffer %d %s", m->name, i,
+                bs->flat ? "is not one of the model's" : "has no tensor before sg_builder_finish");
+        return NULL;
+    }
+    return bs->param[i];
+}
+
+int sg_module_training(const sg_module *m) { return m && m->b && !m->b->eval; }
 
 sg_status sg_module_adopt(sg_module *parent, sg_module **children, int n)
 {

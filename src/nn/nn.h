@@ -113,6 +113,7 @@ struct sg_builder {
     sg_builder_options opts;
     int64_t batch, rows;             /* this shard's batch; rows = batch (x seq) */
     sg_param_set params;
+    sg_param_set bufs;               /* buffers (sg_module_declare_buffer): state not trained */
     bool eval;                       /* passes for evaluation: dropout off */
     sg_tensor *rng;                  /* (4) I32: dropout's seed and offset (made on demand) */
     uint32_t sites;                  /* dropout call sites handed out so far */

@@ -138,6 +138,7 @@ static sg_status finish(sg_builder *b, sg_model *m, sg_module *root, uint64_t se
     root->no_input_grad = true;
     SG_TRY(sg_params_allocate(&b->params, seed));
     if (b->opts.precision == SG_DTYPE_BF16) SG_TRY(sg_params_allocate_lowp(&b->params));
+    if (b->bufs.count) SG_TRY(sg_params_allocate(&b->bufs, seed)); /* zeros and ones: no draws */
     b->finished = true;
     SG_TRY(sg_module_finish(root));
     if (b->rng) { /* dropout: seed and offset on the device; each shard draws its own masks */
@@ -256,6 +257,21 @@ sg_status sg_model_param_info(const sg_model *m, int i, const char **name, int64
     return SG_OK;
 }
 sg_tensor *sg_model_grads(sg_model *m) { return m ? m->params->grad_flat : NULL; }
+
+sg_tensor *sg_model_buffers(sg_model *m) { return m && m->b && m->b->bufs.count ? m->b->bufs.flat : NULL; }
+int sg_model_buffer_tensors(const sg_model *m) { return m && m->b ? m->b->bufs.count : 0; }
+
+sg_status sg_model_buffer_info(const sg_model *m, int i, const char **name, int64_t *offset, int64_t *numel)
+{
+    if (!m) return SG_ERR_NULL;
+    const sg_param_set *bs = &m->b->bufs;
+    if (i < 0 || i >= bs->count)
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_model_buffer_info: '%s': buffer %d of %d", m->name, i, bs->count);
+    if (name) *name = bs->info[i].name;
+    if (offset) *offset = bs->info[i].offset;
+    if (numel) *numel = bs->info[i].numel;
+    return SG_OK;
+}
 const sg_tensor *sg_model_loss(const sg_model *m) { return m ? m->loss : NULL; }
 const sg_tensor *sg_model_loss_scaler(const sg_model *m) { return m ? m->scaler : NULL; }
 const sg_tensor *sg_model_logits(const sg_model *m) { return m ? m->logits : NULL; }

@@ -722,12 +722,14 @@ sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out)
     return st;
 }
 
-/* Every parameter by name, the optimizer state, the generator. */
+/* Every parameter and buffer by name, the optimizer state, the generator. */
 static int ckpt_entries(sg_trainer *t, sg_ckpt_entry *e, int cap)
 {
     sg_param_set *ps = t->m->params;
     int n = 0;
     for (int i = 0; i < ps->count && n < cap; i++) e[n++] = (sg_ckpt_entry){ps->info[i].name, ps->param[i]};
+    const sg_param_set *bs = &t->m->b->bufs;
+    for (int i = 0; i < bs->count && n < cap; i++) e[n++] = (sg_ckpt_entry){bs->info[i].name, bs->param[i]};
     sg_tensor *om, *ov, *hp;
     sg_optim_state(t->o, &om, &ov, &hp);
     if (n < cap) e[n++] = (sg_ckpt_entry){"optim.m", om};
@@ -744,7 +746,7 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     if (step < 0 || step > SG_TRAINER_MAX_STEP)
         return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_save: '%s': step %lld: expected 0 to %lld",
                        path, (long long)step, (long long)SG_TRAINER_MAX_STEP);
-    int cap = t->m->params->count + 8;
+    int cap = t->m->params->count + t->m->b->bufs.count + 8;
     sg_ckpt_entry *e = malloc((size_t)cap * sizeof *e);
     if (!e) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: out of host memory");
     int n = ckpt_entries(t, e, cap);
@@ -802,7 +804,7 @@ static sg_status ckpt_meta_check(sg_ctx *ctx, const char *path, const char *meta
 sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step)
 {
     if (!t || !path || !step) return SG_ERR_NULL;
-    int cap = t->m->params->count + 8;
+    int cap = t->m->params->count + t->m->b->bufs.count + 8;
     sg_ckpt_entry *e = malloc((size_t)cap * sizeof *e);
     if (!e) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_load: out of host memory");
     int n = ckpt_entries(t, e, cap);

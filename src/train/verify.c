@@ -1,6 +1,6 @@
 /* verify.c: sg_verify, a captured scope against eager for any model: two copies from one
  * factory, one trainer eager and one under the scope, compared after every step (loss, loss
- * scaler, gradients, parameters), through public calls only: what `stepgraph verify` does for
+ * scaler, gradients, parameters, buffers), through public calls only: what `stepgraph verify` does for
  * the built-ins, a user does for their own model. */
 #include "core/core.h" /* SG_TRY */
 
@@ -46,6 +46,16 @@ static const char *param_at(const sg_model *m, int64_t i)
     return "(padding)";
 }
 
+/* The buffer whose slice of the flat buffer tensor holds element i. */
+static const char *buffer_at(const sg_model *m, int64_t i)
+{
+    const char *name;
+    int64_t off, n;
+    for (int b = 0; b < sg_model_buffer_tensors(m); b++)
+        if (sg_model_buffer_info(m, b, &name, &off, &n) == SG_OK && i >= off && i < off + n) return name;
+    return "(padding)";
+}
+
 static sg_status read_all(sg_ctx *ctx, const sg_tensor *t, float *out)
 {
     return sg_tensor_copy_to_host(t, out, sg_tensor_nbytes(t));
@@ -80,6 +90,21 @@ static sg_status compare_step(sg_ctx *ctx, side s[2], const sg_verify_options *o
             snprintf(r->mismatch, sizeof r->mismatch, "%s%s (element %lld of the flat buffer: eager %.9g, graph %.9g)",
                      param_at(s[0].m, i), kind ? "" : ".grad", (long long)i, a[i], b[i]);
         }
+    }
+    sg_tensor *ba = sg_model_buffers(s[0].m), *bb = sg_model_buffers(s[1].m);
+    if (ba && bb) { /* BatchNorm's running statistics and the like */
+        int64_t nb = sg_tensor_numel(ba);
+        float *ha = malloc((size_t)nb * sizeof *ha), *hb = malloc((size_t)nb * sizeof *hb);
+        sg_status st2 = ha && hb ? read_all(ctx, ba, ha) : sg_ctx_fail(ctx, SG_ERR_OOM, "sg_verify: buffers");
+        if (st2 == SG_OK) st2 = read_all(ctx, bb, hb);
+        int64_t i = st2 == SG_OK ? compare(ha, hb, nb, o->atol, o->rtol, &row->max_dbuffer) : -1;
+        if (i >= 0 && !differ) {
+            differ = true;
+            snprintf(r->mismatch, sizeof r->mismatch, "%s (element %lld of the buffers: eager %.9g, graph %.9g)",
+                     buffer_at(s[0].m, i), (long long)i, ha[i], hb[i]);
+        }
+        free(ha), free(hb);
+        SG_TRY(st2);
     }
     if (differ) r->mismatch_step = step;
     return SG_OK;
