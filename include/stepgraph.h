@@ -326,6 +326,95 @@ sg_status sg_sgd_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_t
                       int n_seg, const sg_tensor *skip, sg_tensor *param_lo);
 
 
+/* ---- vision ops: images channels last (N, H, W, C) ----------------------------------------- *
+ *
+ * Images are NHWC: cuDNN's Tensor Core convolutions on Hopper run natively channels last
+ * (NCHW input is transposed internally), and batch norm, pooling and the elementwise ops then
+ * reduce over contiguous channel vectors. Every op takes F32 or BF16 activations (the same dtype
+ * for its inputs and outputs; per-channel statistics stay F32), and F64 on the CPU backend (for
+ * gradient checks). The CPU backend is the reference; CUDA runs cuDNN (convolution) and
+ * stepgraph's kernels (the rest). */
+
+/* A 2-D convolution of fixed shapes: x (N, H, W, Cin), w (Cout, KH, KW, Cin / groups) (cuDNN's
+ * channels-last filter; torchvision's (Cout, Cin / groups, KH, KW) permuted), b (Cout) or none,
+ * y (N, OH, OW, Cout), OH = (H + 2 pad_h - dil_h (KH - 1) - 1) / stride_h + 1 (likewise OW).
+ * Groups divide Cin and Cout (groups = Cin = Cout: depthwise). */
+typedef struct sg_conv2d_params {
+    int stride_h, stride_w;      /* >= 1 */
+    int pad_h, pad_w;            /* >= 0 */
+    int dil_h, dil_w;            /* >= 1 */
+    int groups;                  /* >= 1 */
+} sg_conv2d_params;
+/* A plan: the shapes checked, on CUDA the cuDNN descriptors made and the algorithms of the
+ * forward and both backward passes chosen once (fastest by cuDNN's heuristics, deterministic
+ * ones only, so eager and replayed steps agree bit for bit), and one workspace allocated for
+ * all three, so running a plan (captured or not) never allocates. dtype: of x, w, b, y and
+ * their gradients. On CUDA it needs cuDNN 9 (a build without it: SG_ERR_UNSUPPORTED). */
+typedef struct sg_conv2d sg_conv2d;
+sg_status sg_conv2d_create(sg_ctx *ctx, const int64_t x_shape[4], const int64_t w_shape[4],
+                           const sg_conv2d_params *p, sg_dtype dtype, sg_conv2d **out);
+void sg_conv2d_destroy(sg_conv2d *c);
+/* y's shape for the plan: (N, OH, OW, Cout). */
+void sg_conv2d_out_shape(const sg_conv2d *c, int64_t y_shape[4]);
+/* Bytes of device workspace the plan holds (0 on the CPU). */
+size_t sg_conv2d_workspace_bytes(const sg_conv2d *c);
+/* y = conv(x, w) + b (b may be NULL). Shapes and dtypes must be the plan's. */
+sg_status sg_conv2d_forward(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x, const sg_tensor *w,
+                            const sg_tensor *b, sg_tensor *y);
+/* Given dy: dx (may be NULL: not needed), dw, db (may be NULL), each written (not accumulated). */
+sg_status sg_conv2d_backward(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x, const sg_tensor *w,
+                             const sg_tensor *dy, sg_tensor *dx, sg_tensor *dw, sg_tensor *db);
+
+/* Batch normalisation over the last dim C of x (M, C) (leading dims flatten: (N, H, W, C) is
+ * M = N H W rows). training != 0: mean and biased variance of each channel over the M rows,
+ * y = (x - mean) rstd gamma + beta, rstd = 1 / sqrt(var + eps); mean (C) and rstd (C) are
+ * saved for the backward, and running_mean, running_var (C, on the device) become
+ * (1 - momentum) r + momentum s with s the batch mean and the unbiased variance (as PyTorch;
+ * M = 1 leaves running_var alone); both NULL: not tracked (training only). training == 0: the
+ * running statistics normalise, mean and rstd are written from them, nothing is updated.
+ * x and y (dy, dx) share one dtype; gamma, beta, mean, rstd, the running statistics (dgamma,
+ * dbeta) are (C) F32, or F64 with F64 x. momentum in [0, 1], eps >= 0, both finite.
+ * Deterministic reductions (no float atomics): the same inputs give the same bits. */
+sg_status sg_batchnorm_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
+                               const sg_tensor *beta, sg_tensor *running_mean,
+                               sg_tensor *running_var, float momentum, float eps, int training,
+                               sg_tensor *y, sg_tensor *mean, sg_tensor *rstd);
+/* The training-mode backward, from the saved batch mean and rstd: dx (M, C), dgamma (C),
+ * dbeta (C) written, not accumulated. */
+sg_status sg_batchnorm_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
+                                const sg_tensor *mean, const sg_tensor *rstd, const sg_tensor *dy,
+                                sg_tensor *dx, sg_tensor *dgamma, sg_tensor *dbeta);
+
+/* Max pooling of x (N, H, W, C) with a k x k window, stride and padding pad (padded positions
+ * never win: they read as -inf; pad <= k / 2, as PyTorch, so every window holds an input),
+ * y (N, OH, OW, C), OH = (H + 2 pad - k) / stride + 1 (likewise OW); argmax (N, OH, OW, C) I32:
+ * the flat index h W + w within its image of each winner (the first in row-major order on
+ * ties; a NaN wins, the first one), for the backward. The backward takes the forward's k,
+ * stride and pad (it gathers: each element of dx sums, in window order, dy of the windows that
+ * contain it and chose it), and writes dx (N, H, W, C) in full: deterministic, no atomics. */
+sg_status sg_maxpool2d_forward(sg_ctx *ctx, const sg_tensor *x, int k, int stride, int pad,
+                               sg_tensor *y, sg_tensor *argmax);
+sg_status sg_maxpool2d_backward(sg_ctx *ctx, const sg_tensor *dy, const sg_tensor *argmax,
+                                int k, int stride, int pad, sg_tensor *dx);
+/* Global average pooling: y (N, C) = mean over H, W of x (N, H, W, C), one dtype; the backward
+ * writes dy / (H W) at every position of dx (N, H, W, C). */
+sg_status sg_avgpool_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y);
+sg_status sg_avgpool_backward(sg_ctx *ctx, const sg_tensor *dy, sg_tensor *dx);
+
+/* Elementwise SiLU y = x sigmoid(x) and sigmoid y = 1 / (1 + e^-x). SiLU's backward reads x,
+ * sigmoid's its output y. x and y may alias in the forwards. */
+sg_status sg_silu_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y);
+sg_status sg_silu_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *dy, sg_tensor *dx);
+sg_status sg_sigmoid_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y);
+sg_status sg_sigmoid_backward(sg_ctx *ctx, const sg_tensor *y, const sg_tensor *dy, sg_tensor *dx);
+/* Squeeze-excitation's channel scaling: y (N, H, W, C) = x * s[n, c] with s (N, C) of x's
+ * dtype; backward: dx = dy * s, ds[n, c] = sum over H, W of dy x (deterministic), both
+ * written. */
+sg_status sg_channel_scale_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *s,
+                                   sg_tensor *y);
+sg_status sg_channel_scale_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *s,
+                                    const sg_tensor *dy, sg_tensor *dx, sg_tensor *ds);
+
 /* ---- graphs: capture once, replay with one launch ---------------------------------------- */
 
 typedef struct sg_graph sg_graph;

@@ -1,13 +1,18 @@
-/* test_act.c: ReLU, GELU and residual add. `cpu`: float64 finite-difference checks of every
+/* test_act.c: ReLU, GELU, SiLU, sigmoid and residual add. `cpu`: float64 finite-difference
+ * checks of every
  * backward on the reference; bf16 storage against f64 on the same (bf16-rounded) inputs; mixed
  * dtypes refused by name. `gpu`: every CUDA kernel, f32 and bf16, against the CPU reference on
  * fresh random inputs of several shapes (odd sizes included, to hit the scalar tails), outputs
  * poisoned first; bitwise determinism and one launch per call. */
 #include "testutil.h"
 
-static const char *op_names[5] = {"relu fwd", "relu bwd", "gelu fwd", "gelu bwd", "add"};
+#define N_OPS 9
+static const char *op_names[N_OPS] = {"relu fwd", "relu bwd",    "gelu fwd",
+                                      "gelu bwd", "add",         "silu fwd",
+                                      "silu bwd", "sigmoid fwd", "sigmoid bwd"};
 
-/* Op k of the five above on ctx: y = op(a) or op(a, b) (b: dy of the backwards). */
+/* Op k of the nine above on ctx: y = op(a) or op(a, b) (b: dy of the backwards; a is x, or
+ * sigmoid's output y for its backward). */
 static sg_status run_op(sg_ctx *ctx, int op, const sg_tensor *a, const sg_tensor *b, sg_tensor *y)
 {
     switch (op) {
@@ -15,13 +20,17 @@ static sg_status run_op(sg_ctx *ctx, int op, const sg_tensor *a, const sg_tensor
     case 1: return sg_relu_backward(ctx, a, b, y);
     case 2: return sg_gelu_forward(ctx, a, y);
     case 3: return sg_gelu_backward(ctx, a, b, y);
-    default: return sg_add_forward(ctx, a, b, y);
+    case 4: return sg_add_forward(ctx, a, b, y);
+    case 5: return sg_silu_forward(ctx, a, y);
+    case 6: return sg_silu_backward(ctx, a, b, y);
+    case 7: return sg_sigmoid_forward(ctx, a, y);
+    default: return sg_sigmoid_backward(ctx, a, b, y);
     }
 }
 
 typedef struct {
     sg_ctx *ctx;
-    int op; /* 0 relu, 1 gelu, 2 add */
+    int op; /* 0 relu, 1 gelu, 2 add, 3 silu, 4 sigmoid */
     sg_tensor *x, *b, *y, *r;
 } act_case;
 
@@ -31,18 +40,20 @@ static double act_loss(void *u)
     if (c->op == 0) sg_relu_forward(c->ctx, c->x, c->y);
     if (c->op == 1) sg_gelu_forward(c->ctx, c->x, c->y);
     if (c->op == 2) sg_add_forward(c->ctx, c->x, c->b, c->y);
+    if (c->op == 3) sg_silu_forward(c->ctx, c->x, c->y);
+    if (c->op == 4) sg_sigmoid_forward(c->ctx, c->x, c->y);
     return tu_dot(c->y, c->r);
 }
 
 static void cpu_gradchecks(void)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
-    const char *names[] = {"relu", "gelu", "add"};
-    for (int op = 0; op < 3; op++) {
+    const char *names[] = {"relu", "gelu", "add", "silu", "sigmoid"};
+    for (int op = 0; op < 5; op++) {
         int64_t n = tu_randint(5, 40);
         act_case c = {ctx, op, tu_tensor1(ctx, SG_DTYPE_F64, n, "x"), tu_tensor1(ctx, SG_DTYPE_F64, n, "b"),
                       tu_tensor1(ctx, SG_DTYPE_F64, n, "y"), tu_tensor1(ctx, SG_DTYPE_F64, n, "r")};
-        free(tu_random(c.x, -2, 2));
+        free(tu_random(c.x, op >= 3 ? -6 : -2, op >= 3 ? 6 : 2)); /* both tails of sigmoid */
         free(tu_random(c.b, -2, 2));
         free(tu_random(c.r, -1, 1));
         /* ReLU's kink: keep inputs away from 0 so the central difference is valid. */
@@ -55,7 +66,15 @@ static void cpu_gradchecks(void)
         if (op == 0) TU_OK(ctx, sg_relu_backward(ctx, c.x, c.r, dx));
         if (op == 1) TU_OK(ctx, sg_gelu_backward(ctx, c.x, c.r, dx));
         if (op == 2) TU_OK(ctx, sg_tensor_copy(dx, c.r)); /* d(a+b)/da = identity */
-        tu_gradcheck(names[op], act_loss, &c, c.x, dx, 0, 1e-6, (tu_tol){1e-8, 1e-6});
+        if (op == 3) TU_OK(ctx, sg_silu_backward(ctx, c.x, c.r, dx));
+        if (op == 4) { /* the backward reads the forward's output */
+            TU_OK(ctx, sg_sigmoid_forward(ctx, c.x, c.y));
+            TU_OK(ctx, sg_sigmoid_backward(ctx, c.y, c.r, dx));
+        }
+        /* SiLU and sigmoid over [-6, 6): |L| reaches ~10, so a step of 1e-5 keeps the rounding
+         * error (~1e-16 |L| / h) well under atol; truncation ~h^2 |f'''| < 1e-10. */
+        const double h = op >= 3 ? 1e-5 : 1e-6;
+        tu_gradcheck(names[op], act_loss, &c, c.x, dx, 0, h, (tu_tol){1e-8, 1e-6});
         if (op == 2) tu_gradcheck("add (b)", act_loss, &c, c.b, dx, 0, 1e-6, (tu_tol){1e-8, 1e-6});
         sg_tensor *ts[] = {c.x, c.b, c.y, c.r, dx};
         for (int i = 0; i < 5; i++) sg_tensor_destroy(ts[i]);
@@ -77,7 +96,7 @@ static void cpu_bf16(sg_ctx *ctx)
     sg_tensor *a64 = tu_clone_to(ctx, a, SG_DTYPE_F64), *b64 = tu_clone_to(ctx, b, SG_DTYPE_F64);
     sg_tensor *y64 = tu_tensor1(ctx, SG_DTYPE_F64, n, "y64");
     char what[64];
-    for (int op = 0; op < 5; op++) {
+    for (int op = 0; op < N_OPS; op++) {
         tu_poison(y);
         TU_OK(ctx, run_op(ctx, op, a, b, y));
         TU_OK(ctx, run_op(ctx, op, a64, b64, y64));
@@ -88,6 +107,14 @@ static void cpu_bf16(sg_ctx *ctx)
     TU_OK(ctx, sg_gelu_forward(ctx, y, y));
     TU_OK(ctx, sg_gelu_forward(ctx, a64, y64));
     tu_close_tensors("bf16 cpu gelu fwd in place", y, y64, tu_tol_for(SG_DTYPE_BF16));
+    TU_OK(ctx, sg_tensor_copy(y, a));
+    TU_OK(ctx, sg_silu_forward(ctx, y, y));
+    TU_OK(ctx, sg_silu_forward(ctx, a64, y64));
+    tu_close_tensors("bf16 cpu silu fwd in place", y, y64, tu_tol_for(SG_DTYPE_BF16));
+    TU_OK(ctx, sg_tensor_copy(y, a));
+    TU_OK(ctx, sg_sigmoid_forward(ctx, y, y));
+    TU_OK(ctx, sg_sigmoid_forward(ctx, a64, y64));
+    tu_close_tensors("bf16 cpu sigmoid fwd in place", y, y64, tu_tol_for(SG_DTYPE_BF16));
     sg_tensor *ts[] = {a, b, y, a64, b64, y64};
     for (int i = 0; i < 6; i++) sg_tensor_destroy(ts[i]);
 }
@@ -115,6 +142,29 @@ static void mixed_dtypes(sg_ctx *ctx)
     TU_FAILS(ctx, sg_add_forward(ctx, xb, yb, yf), SG_ERR_DTYPE,
              "'a' is (5) bf16 but 'y' is (5) f32");
     TU_FAILS(ctx, sg_relu_forward(ctx, xi, xi), SG_ERR_DTYPE, "tensor 'x' is i32");
+    TU_FAILS(ctx, sg_silu_forward(ctx, xb, yf), SG_ERR_DTYPE,
+             "sg_silu_forward: 'x' is (5) bf16 but 'y' is (5) f32");
+    TU_FAILS(ctx, sg_silu_backward(ctx, xb, xf, yb), SG_ERR_DTYPE,
+             "sg_silu_backward: 'x' is (5) bf16 but 'dy' is (5) f32");
+    TU_FAILS(ctx, sg_sigmoid_forward(ctx, xf, yb), SG_ERR_DTYPE,
+             "sg_sigmoid_forward: 'x' is (5) f32 but 'y' is (5) bf16");
+    TU_FAILS(ctx, sg_sigmoid_backward(ctx, xb, yb, xf), SG_ERR_DTYPE,
+             "sg_sigmoid_backward: 'y' is (5) bf16 but 'dx' is (5) f32");
+    TU_FAILS(ctx, sg_sigmoid_backward(ctx, xi, xi, xi), SG_ERR_DTYPE, "tensor 'y' is i32");
+    sg_tensor *x6 = tu_tensor1(ctx, SG_DTYPE_F32, 6, "x6");
+    TU_FAILS(ctx, sg_silu_forward(ctx, xf, x6), SG_ERR_SHAPE,
+             "sg_silu_forward: 'x' is (5) f32 but 'y' is (6) f32");
+    TU_FAILS(ctx, sg_sigmoid_backward(ctx, xf, x6, yf), SG_ERR_SHAPE,
+             "'y' is (5) f32 but 'dy' is (6) f32");
+    sg_tensor_destroy(x6);
+    /* The context is still usable. */
+    free(tu_random(xf, -1, 1));
+    TU_OK(ctx, sg_sigmoid_forward(ctx, xf, yf));
+    double *yv = tu_get(yf), *xv = tu_get(xf);
+    for (int i = 0; i < 5; i++)
+        TU_CHECK(fabs(yv[i] - 1 / (1 + exp(-xv[i]))) < 1e-6, "sigmoid after errors: [%d] %g", i,
+                 yv[i]);
+    free(yv), free(xv);
     sg_tensor *ts[] = {xb, yb, xf, yf, xi};
     for (int i = 0; i < 5; i++) sg_tensor_destroy(ts[i]);
 }
@@ -129,9 +179,9 @@ static void cpu_tests(void)
 }
 
 /* One dtype (f32 or bf16) on the GPU against the CPU reference in the same dtype: the inputs
- * are the same values, so only the f32 math differs (tanhf against double tanh: a few f32
- * ulp, inside the f32 rule; in bf16 at most one bf16 ulp after rounding, inside the bf16
- * rule). Then again: the same bits, and one launch. */
+ * are the same values, so only the f32 math differs (tanhf, expf against double tanh, exp: a
+ * few f32 ulp, inside the f32 rule; in bf16 at most one bf16 ulp after rounding, inside the
+ * bf16 rule). Then again: the same bits, and one launch. */
 static void gpu_vs_cpu(sg_dtype dt)
 {
     sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
@@ -148,7 +198,7 @@ static void gpu_vs_cpu(sg_dtype dt)
         char what[64];
         size_t nb = sg_tensor_nbytes(yg);
         void *first = malloc(nb), *again = malloc(nb);
-        for (int op = 0; op < 5; op++) {
+        for (int op = 0; op < N_OPS; op++) {
             tu_poison(yg);
             TU_OK(gpu, run_op(gpu, op, xg, bg, yg));
             TU_OK(cpu, run_op(cpu, op, xc, bc, yc));

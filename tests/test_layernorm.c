@@ -479,22 +479,6 @@ static void cpu_tests(void)
 /* ---- gpu: CUDA against the CPU reference ---- */
 
 
-/* A tensor of `shape` and dtype dt, as a view one element into a larger buffer when `odd` (its
- * address is then 4 (f32) or 2 (bf16) mod 16: the kernels must take their scalar path).
- * *base: the buffer, or NULL. */
-static sg_tensor *maybe_view(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, bool odd,
-                             const char *name, sg_tensor **base)
-{
-    *base = NULL;
-    if (!odd) return tu_tensor(ctx, dt, ndim, shape, name);
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
-    n += 1;
-    *base = tu_tensor1(ctx, dt, n, "base");
-    sg_tensor *v = NULL;
-    TU_OK(ctx, sg_tensor_view(*base, 1, ndim, shape, name, &v));
-    return v;
-}
 
 /* One shape, one dtype dt (f32 or bf16; mean and rstd f32): forward against the CPU reference
  * in dt (outputs poisoned), backward against it from the same statistics, then both again:
@@ -514,8 +498,8 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, b
     snprintf(what + k, sizeof what - k, ") %s%s", sg_dtype_name(dt), odd ? " unaligned views" : "");
 
     sg_tensor *xbase, *gbase;
-    sg_tensor *x = maybe_view(gpu, dt, ndim, shape, odd, "x", &xbase);
-    sg_tensor *g = maybe_view(gpu, dt, 1, &C, odd, "gamma", &gbase);
+    sg_tensor *x = tu_maybe_view(gpu, dt, ndim, shape, odd, "x", &xbase);
+    sg_tensor *g = tu_maybe_view(gpu, dt, 1, &C, odd, "gamma", &gbase);
     const int64_t M = rows_of(x);
     sg_tensor *b = tu_tensor1(gpu, dt, C, "beta"),
               *dy = tu_tensor(gpu, dt, ndim, shape, "dy");

@@ -140,6 +140,22 @@ static inline sg_tensor *tu_tensor1(sg_ctx *ctx, sg_dtype dt, int64_t n, const c
     return tu_tensor(ctx, dt, 1, &n, name);
 }
 
+/* A tensor of `shape` and dtype dt, as a view one element into a larger buffer when `odd` (its
+ * address is then 4 (f32) or 2 (bf16) mod 16: vectorised kernels must take their scalar path).
+ * *base: the buffer (destroy it after the view), or NULL. */
+static inline sg_tensor *tu_maybe_view(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, bool odd,
+                                       const char *name, sg_tensor **base)
+{
+    *base = NULL;
+    if (!odd) return tu_tensor(ctx, dt, ndim, shape, name);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    *base = tu_tensor1(ctx, dt, n + 1, "base");
+    sg_tensor *v = NULL;
+    TU_OK(ctx, sg_tensor_view(*base, 1, ndim, shape, name, &v));
+    return v;
+}
+
 /* Writes host doubles into t (any dtype, any backend). */
 static inline void tu_set(sg_tensor *t, const double *v)
 {

@@ -138,6 +138,8 @@ typedef enum sg_scratch_slot {
                          * (SG_AMP_SCRATCH_BYTES); nn/optim.c allocates it with the scaler */
     SG_SLOT_CLIP,       /* ops/clip_cuda.cu: the norm's partials, counter and result
                          * (SG_CLIP_SCRATCH_BYTES) */
+    SG_SLOT_BATCHNORM,  /* ops/batchnorm_cuda.cu: per-part channel sums of the forward's
+                         * statistics and the backward's dgamma/dbeta */
     SG_SLOT_COUNT
 } sg_scratch_slot;
 
@@ -145,6 +147,7 @@ typedef enum sg_scratch_slot {
 typedef enum sg_ext_slot {
     SG_EXT_LINEAR = 0,  /* ops/linear_cuda.cu: cuBLASLt matmul plans by shape */
     SG_EXT_ATTENTION,   /* ops/attention_cuda.cu: the cuBLAS handle of the batched GEMMs */
+    SG_EXT_CONV,        /* ops/conv_cuda.cu: the cuDNN handle of the convolutions */
     SG_EXT_COUNT
 } sg_ext_slot;
 

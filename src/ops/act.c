@@ -7,7 +7,8 @@
 /* CPU work goes through sg_cpu_run (so a CPU capture records it): one argument block and one
  * thunk per op. */
 typedef struct act_args {
-    int op; /* 0 relu fwd, 1 relu bwd, 2 gelu fwd, 3 gelu bwd, 4 add */
+    int op; /* 0 relu fwd, 1 relu bwd, 2 gelu fwd, 3 gelu bwd, 4 add, 5 silu fwd, 6 silu bwd,
+             * 7 sigmoid fwd, 8 sigmoid bwd */
     const sg_tensor *a, *b;
     sg_tensor *y;
 } act_args;
@@ -21,6 +22,10 @@ static sg_status act_cpu(sg_ctx *ctx, const void *p)
     case 2: sg_gelu_forward_cpu(g->a, g->y); break;
     case 3: sg_gelu_backward_cpu(g->a, g->b, g->y); break;
     case 4: sg_add_forward_cpu(g->a, g->b, g->y); break;
+    case 5: sg_silu_forward_cpu(g->a, g->y); break;
+    case 6: sg_silu_backward_cpu(g->a, g->b, g->y); break;
+    case 7: sg_sigmoid_forward_cpu(g->a, g->y); break;
+    case 8: sg_sigmoid_backward_cpu(g->a, g->b, g->y); break;
     }
     return SG_OK;
 }
@@ -76,4 +81,35 @@ sg_status sg_add_forward(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b, sg
     SG_TRY(check_pair(ctx, "sg_add_forward", "a", a, "y", y));
     if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 4, a, b, y);
     return SG_CUDA_DISPATCH(ctx, sg_add_forward_cuda(ctx, a, b, y));
+}
+
+sg_status sg_silu_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y)
+{
+    SG_TRY(check_pair(ctx, "sg_silu_forward", "x", x, "y", y));
+    if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 5, x, NULL, y);
+    return SG_CUDA_DISPATCH(ctx, sg_silu_forward_cuda(ctx, x, y));
+}
+
+sg_status sg_silu_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *dy, sg_tensor *dx)
+{
+    SG_TRY(check_pair(ctx, "sg_silu_backward", "x", x, "dy", dy));
+    SG_TRY(check_pair(ctx, "sg_silu_backward", "x", x, "dx", dx));
+    if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 6, x, dy, dx);
+    return SG_CUDA_DISPATCH(ctx, sg_silu_backward_cuda(ctx, x, dy, dx));
+}
+
+sg_status sg_sigmoid_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y)
+{
+    SG_TRY(check_pair(ctx, "sg_sigmoid_forward", "x", x, "y", y));
+    if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 7, x, NULL, y);
+    return SG_CUDA_DISPATCH(ctx, sg_sigmoid_forward_cuda(ctx, x, y));
+}
+
+/* Reads the forward's output y, not x. */
+sg_status sg_sigmoid_backward(sg_ctx *ctx, const sg_tensor *y, const sg_tensor *dy, sg_tensor *dx)
+{
+    SG_TRY(check_pair(ctx, "sg_sigmoid_backward", "y", y, "dy", dy));
+    SG_TRY(check_pair(ctx, "sg_sigmoid_backward", "y", y, "dx", dx));
+    if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 8, y, dy, dx);
+    return SG_CUDA_DISPATCH(ctx, sg_sigmoid_backward_cuda(ctx, y, dy, dx));
 }

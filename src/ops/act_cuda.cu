@@ -1,4 +1,5 @@
-/* act_cuda.cu: elementwise ReLU, GELU (tanh) and residual add kernels and their launchers.
+/* act_cuda.cu: elementwise ReLU, GELU (tanh), SiLU, sigmoid and residual add kernels and their
+ * launchers.
  * Storage type T: f32, or bf16 for mixed precision (every tensor of a call bf16); math in f32,
  * each output rounded once to T. 16 bytes per access where the tensors allow it: 4 f32 or 8
  * bf16 per thread. */
@@ -11,7 +12,24 @@
 #define SG_GELU_K0F 0.7978845608028654f
 #define SG_GELU_K1F 0.044715f
 
-enum act_op { OP_RELU_FWD, OP_RELU_BWD, OP_GELU_FWD, OP_GELU_BWD, OP_ADD };
+enum act_op {
+    OP_RELU_FWD,
+    OP_RELU_BWD,
+    OP_GELU_FWD,
+    OP_GELU_BWD,
+    OP_ADD,
+    OP_SILU_FWD,
+    OP_SILU_BWD,
+    OP_SIGMOID_FWD,
+    OP_SIGMOID_BWD
+};
+
+/* 1 / (1 + e^-v) with expf (not __expf: a few ulp closer to the double reference); e^-v
+ * overflows to inf for v < -88, giving 0. */
+__device__ __forceinline__ float sigmoidf(float v)
+{
+    return 1.f / (1.f + expf(-v));
+}
 
 template <int OP> __device__ __forceinline__ float apply(float a, float b)
 {
@@ -27,6 +45,13 @@ template <int OP> __device__ __forceinline__ float apply(float a, float b)
         float du = SG_GELU_K0F * (1.f + 3.f * SG_GELU_K1F * a * a);
         return b * (0.5f * (1.f + t) + 0.5f * a * (1.f - t * t) * du);
     }
+    if (OP == OP_SILU_FWD) return a * sigmoidf(a);
+    if (OP == OP_SILU_BWD) { /* a = x, b = dy */
+        float s = sigmoidf(a);
+        return b * (s + a * s * (1.f - s));
+    }
+    if (OP == OP_SIGMOID_FWD) return sigmoidf(a);
+    if (OP == OP_SIGMOID_BWD) return b * a * (1.f - a); /* a = y (the forward's output), b = dy */
     return a + b; /* OP_ADD */
 }
 
@@ -105,4 +130,20 @@ extern "C" sg_status sg_gelu_backward_cuda(sg_ctx *ctx, const sg_tensor *x, cons
 extern "C" sg_status sg_add_forward_cuda(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b, sg_tensor *y)
 {
     return launch<OP_ADD>(ctx, "sg_add_forward", a, b, y);
+}
+extern "C" sg_status sg_silu_forward_cuda(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y)
+{
+    return launch<OP_SILU_FWD>(ctx, "sg_silu_forward", x, nullptr, y);
+}
+extern "C" sg_status sg_silu_backward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *dy, sg_tensor *dx)
+{
+    return launch<OP_SILU_BWD>(ctx, "sg_silu_backward", x, dy, dx);
+}
+extern "C" sg_status sg_sigmoid_forward_cuda(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y)
+{
+    return launch<OP_SIGMOID_FWD>(ctx, "sg_sigmoid_forward", x, nullptr, y);
+}
+extern "C" sg_status sg_sigmoid_backward_cuda(sg_ctx *ctx, const sg_tensor *y, const sg_tensor *dy, sg_tensor *dx)
+{
+    return launch<OP_SIGMOID_BWD>(ctx, "sg_sigmoid_backward", y, dy, dx);
 }

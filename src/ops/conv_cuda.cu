@@ -1,0 +1,429 @@
+/* conv_cuda.cu: the 2-D convolution on cuDNN 9 (its legacy convolution API), channels last, f32
+ * or bf16, plus stepgraph's bias kernels. Deterministic: every algorithm is one cuDNN reports
+ * as deterministic, and the bias gradient sums in a fixed order (no float atomics), so eager
+ * steps and graph replays agree bit for bit.
+ *
+ * Descriptors: x, dx, y, dy are 4-D tensors in CUDNN_TENSOR_NHWC, w, dw a CUDNN_TENSOR_NHWC
+ * filter (Cout, KH, KW, Cin/groups), cross-correlation (as PyTorch), compute type f32,
+ * cudnnSetConvolutionGroupCount for groups (depthwise included).
+ *
+ * Math type: f32 runs CUDNN_FMA_MATH: true fp32. CUDNN_DEFAULT_MATH would let cuDNN use TF32
+ * tensor cores on Ampere and later (10-bit mantissa inputs), which the f32 contract rules out
+ * (the linear layer's cuBLAS runs no TF32 either). bf16 runs CUDNN_TENSOR_OP_MATH (bf16
+ * products, f32 accumulation), or the math type the chosen algorithm reports.
+ *
+ * The plan (sg_conv2d_plan_cuda, once): one convolution descriptor per pass (forward, backward
+ * data, backward filter), since each pass's algorithm carries its own math type. Each pass
+ * takes the first algorithm of cuDNN's heuristic ranking (cudnnGet*Algorithm_v7, fastest
+ * first) that succeeds on the shape, is CUDNN_DETERMINISTIC, needs at most
+ * SG_CONV_WORKSPACE_MAX bytes and (f32) no tensor cores, and whose workspace size cuDNN then
+ * confirms under the pass's math type. One workspace of the most any pass needs (or the bias
+ * gradient's partials, if more) is allocated from the context's current pool; the runs share
+ * it (one stream: they never overlap) and allocate nothing.
+ *
+ * cuDNN handle: one per context, kept in ext slot SG_EXT_CONV, created by the first plan
+ * (outside capture); every run binds it to the context's stream first (cudnnSetStream). */
+#include "ops/conv.h"
+
+#ifdef SG_HAVE_CUDNN
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <stdlib.h>
+
+#include "ops/dtype_cuda.cuh"
+
+#define CONV_THREADS 256
+#define CONV_DB_COLS 32                            /* db partial kernel: channels per block ... */
+#define CONV_DB_SLICES (CONV_THREADS / CONV_DB_COLS) /* ... and row slices per channel */
+#define CONV_DB_ROWS 512                           /* rows (N OH OW positions) per partial */
+#define CONV_DB_MAX_PARTS 1024                     /* partials per channel at most */
+#define CONV_BIAS_BLOCKS_PER_SM 16                 /* bias add: grid cap (grid-stride beyond) */
+
+/* ---- errors ---- */
+
+static sg_status dnn_status(const sg_ctx *ctx, cudnnStatus_t s, const char *call,
+                            const char *file, int line)
+{
+    return sg_fail(ctx, SG_ERR_CUDA, "%s failed: %s at %s:%d", call, cudnnGetErrorString(s), file,
+                   line);
+}
+
+#define SG_CUDNN_CHECK(ctx, call)                                                             \
+    do {                                                                                      \
+        cudnnStatus_t sg_d_ = (call);                                                         \
+        if (sg_d_ != CUDNN_STATUS_SUCCESS)                                                    \
+            return dnn_status((ctx), sg_d_, #call, __FILE__, __LINE__);                       \
+    } while (0)
+
+/* ---- the cuDNN handle ---- */
+
+typedef struct conv_dnn {
+    cudnnHandle_t handle;
+} conv_dnn;
+
+static void dnn_free(sg_ctx *ctx, void *ext)
+{
+    conv_dnn *d = (conv_dnn *)ext;
+    if (d->handle) cudnnDestroy(d->handle); /* teardown: a failure cannot be acted on */
+    free(d);
+}
+
+/* The context's cuDNN handle: created and cached by the first plan. */
+static sg_status dnn_get(sg_ctx *ctx, cudnnHandle_t *out)
+{
+    conv_dnn *d = (conv_dnn *)sg_ctx_ext(ctx, SG_EXT_CONV);
+    if (d) {
+        *out = d->handle;
+        return SG_OK;
+    }
+    d = (conv_dnn *)calloc(1, sizeof *d);
+    if (!d) return sg_fail(ctx, SG_ERR_OOM, "sg_conv2d_create: out of host memory for cuDNN");
+    cudnnStatus_t s = cudnnCreate(&d->handle);
+    if (s != CUDNN_STATUS_SUCCESS) {
+        free(d);
+        return dnn_status(ctx, s, "cudnnCreate", __FILE__, __LINE__);
+    }
+    sg_ctx_set_ext(ctx, SG_EXT_CONV, d, dnn_free);
+    *out = d->handle;
+    return SG_OK;
+}
+
+/* ---- the plan ---- */
+
+typedef struct conv_plan {
+    cudnnHandle_t h;
+    cudnnTensorDescriptor_t xd, yd;  /* x and dx; y and dy */
+    cudnnFilterDescriptor_t wd;      /* w and dw */
+    cudnnConvolutionDescriptor_t fwd_cd, data_cd, filter_cd;
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t data;
+    cudnnConvolutionBwdFilterAlgo_t filter;
+    sg_tensor *ws;                   /* the workspace: never empty (db's partials at least) */
+    int64_t db_parts, db_rows;       /* bias gradient: partials per channel, rows per partial */
+} conv_plan;
+
+void sg_conv2d_free_cuda(sg_conv2d *c)
+{
+    conv_plan *pl = (conv_plan *)c->cuda;
+    if (!pl) return;
+    /* Teardown: failures cannot be acted on. */
+    if (pl->xd) cudnnDestroyTensorDescriptor(pl->xd);
+    if (pl->yd) cudnnDestroyTensorDescriptor(pl->yd);
+    if (pl->wd) cudnnDestroyFilterDescriptor(pl->wd);
+    if (pl->fwd_cd) cudnnDestroyConvolutionDescriptor(pl->fwd_cd);
+    if (pl->data_cd) cudnnDestroyConvolutionDescriptor(pl->data_cd);
+    if (pl->filter_cd) cudnnDestroyConvolutionDescriptor(pl->filter_cd);
+    sg_tensor_destroy(pl->ws);
+    free(pl);
+    c->cuda = NULL;
+    c->ws_bytes = 0;
+}
+
+/* The math type a pass starts from (see the file comment). */
+static cudnnMathType_t base_math(sg_dtype dt)
+{
+    return dt == SG_DTYPE_F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+}
+
+/* May a heuristic's candidate run? Deterministic, supported, workspace within the cap, and no
+ * tensor cores for f32 (TF32). */
+static bool usable(sg_dtype dt, cudnnStatus_t st, cudnnDeterminism_t det, cudnnMathType_t math,
+                   size_t memory)
+{
+    if (st != CUDNN_STATUS_SUCCESS || det != CUDNN_DETERMINISTIC) return false;
+    if (memory > SG_CONV_WORKSPACE_MAX) return false;
+    if (dt == SG_DTYPE_F32 && (math == CUDNN_TENSOR_OP_MATH ||
+                               math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
+        return false;
+    return true;
+}
+
+/* The math type a chosen candidate runs under: f32 stays FMA whatever it reports. */
+static cudnnMathType_t run_math(sg_dtype dt, cudnnMathType_t reported)
+{
+    return dt == SG_DTYPE_F32 ? CUDNN_FMA_MATH : reported;
+}
+
+static sg_status no_algorithm(sg_ctx *ctx, const sg_conv2d *c, const char *pass, int seen)
+{
+    return sg_fail(ctx, SG_ERR_UNSUPPORTED,
+                   "sg_conv2d_create: cuDNN offers no deterministic %s algorithm for x (%lld, "
+                   "%lld, %lld, %lld) w (%lld, %lld, %lld, %lld) %s, stride %dx%d, padding %dx%d, "
+                   "dilation %dx%d, groups %d within %zu MiB of workspace (%d candidates)",
+                   pass, (long long)c->x_shape[0], (long long)c->x_shape[1],
+                   (long long)c->x_shape[2], (long long)c->x_shape[3], (long long)c->w_shape[0],
+                   (long long)c->w_shape[1], (long long)c->w_shape[2], (long long)c->w_shape[3],
+                   sg_dtype_name(c->dtype), c->p.stride_h, c->p.stride_w, c->p.pad_h, c->p.pad_w,
+                   c->p.dil_h, c->p.dil_w, c->p.groups, SG_CONV_WORKSPACE_MAX >> 20, seen);
+}
+
+/* Each pass: cuDNN's ranking (fastest first), then the first candidate usable() admits whose
+ * workspace cuDNN confirms under the math type the pass will run with (set on its descriptor). */
+static sg_status pick_forward(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, size_t *ws)
+{
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int n = 0;
+    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionForwardAlgorithm_v7(
+                            pl->h, pl->xd, pl->wd, pl->fwd_cd, pl->yd,
+                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf));
+    for (int i = 0; i < n; i++) {
+        const cudnnConvolutionFwdAlgoPerf_t *q = &perf[i];
+        if (!usable(c->dtype, q->status, q->determinism, q->mathType, q->memory)) continue;
+        SG_CUDNN_CHECK(ctx,
+                       cudnnSetConvolutionMathType(pl->fwd_cd, run_math(c->dtype, q->mathType)));
+        size_t bytes = 0;
+        cudnnStatus_t st = cudnnGetConvolutionForwardWorkspaceSize(
+            pl->h, pl->xd, pl->wd, pl->fwd_cd, pl->yd, q->algo, &bytes);
+        if (st != CUDNN_STATUS_SUCCESS || bytes > SG_CONV_WORKSPACE_MAX) continue;
+        pl->fwd = q->algo;
+        *ws = bytes;
+        return SG_OK;
+    }
+    return no_algorithm(ctx, c, "forward", n);
+}
+
+static sg_status pick_data(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, size_t *ws)
+{
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int n = 0;
+    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                            pl->h, pl->wd, pl->yd, pl->data_cd, pl->xd,
+                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf));
+    for (int i = 0; i < n; i++) {
+        const cudnnConvolutionBwdDataAlgoPerf_t *q = &perf[i];
+        if (!usable(c->dtype, q->status, q->determinism, q->mathType, q->memory)) continue;
+        SG_CUDNN_CHECK(ctx,
+                       cudnnSetConvolutionMathType(pl->data_cd, run_math(c->dtype, q->mathType)));
+        size_t bytes = 0;
+        cudnnStatus_t st = cudnnGetConvolutionBackwardDataWorkspaceSize(
+            pl->h, pl->wd, pl->yd, pl->data_cd, pl->xd, q->algo, &bytes);
+        if (st != CUDNN_STATUS_SUCCESS || bytes > SG_CONV_WORKSPACE_MAX) continue;
+        pl->data = q->algo;
+        *ws = bytes;
+        return SG_OK;
+    }
+    return no_algorithm(ctx, c, "backward-data", n);
+}
+
+static sg_status pick_filter(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, size_t *ws)
+{
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int n = 0;
+    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                            pl->h, pl->xd, pl->yd, pl->filter_cd, pl->wd,
+                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf));
+    for (int i = 0; i < n; i++) {
+        const cudnnConvolutionBwdFilterAlgoPerf_t *q = &perf[i];
+        if (!usable(c->dtype, q->status, q->determinism, q->mathType, q->memory)) continue;
+        SG_CUDNN_CHECK(ctx,
+                       cudnnSetConvolutionMathType(pl->filter_cd, run_math(c->dtype, q->mathType)));
+        size_t bytes = 0;
+        cudnnStatus_t st = cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            pl->h, pl->xd, pl->yd, pl->filter_cd, pl->wd, q->algo, &bytes);
+        if (st != CUDNN_STATUS_SUCCESS || bytes > SG_CONV_WORKSPACE_MAX) continue;
+        pl->filter = q->algo;
+        *ws = bytes;
+        return SG_OK;
+    }
+    return no_algorithm(ctx, c, "backward-filter", n);
+}
+
+static sg_status conv_desc(sg_ctx *ctx, const sg_conv2d *c, cudnnConvolutionDescriptor_t *cd)
+{
+    SG_CUDNN_CHECK(ctx, cudnnCreateConvolutionDescriptor(cd));
+    const sg_conv2d_params *p = &c->p;
+    SG_CUDNN_CHECK(ctx, cudnnSetConvolution2dDescriptor(*cd, p->pad_h, p->pad_w, p->stride_h,
+                                                        p->stride_w, p->dil_h, p->dil_w,
+                                                        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    SG_CUDNN_CHECK(ctx, cudnnSetConvolutionGroupCount(*cd, p->groups));
+    SG_CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(*cd, base_math(c->dtype)));
+    return SG_OK;
+}
+
+/* On failure the caller (conv.c) frees what was made, through sg_conv2d_free_cuda. */
+extern "C" sg_status sg_conv2d_plan_cuda(sg_ctx *ctx, sg_conv2d *c)
+{
+    conv_plan *pl = (conv_plan *)calloc(1, sizeof *pl);
+    if (!pl) return sg_fail(ctx, SG_ERR_OOM, "sg_conv2d_create: out of host memory for the plan");
+    c->cuda = pl;
+    SG_TRY(dnn_get(ctx, &pl->h));
+
+    const cudnnDataType_t dt = c->dtype == SG_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    const int64_t *xs = c->x_shape, *ws = c->w_shape, *ys = c->y_shape;
+    SG_CUDNN_CHECK(ctx, cudnnCreateTensorDescriptor(&pl->xd));
+    SG_CUDNN_CHECK(ctx, cudnnCreateTensorDescriptor(&pl->yd));
+    SG_CUDNN_CHECK(ctx, cudnnCreateFilterDescriptor(&pl->wd));
+    /* (n, c, h, w) arguments, channels-last storage. */
+    SG_CUDNN_CHECK(ctx, cudnnSetTensor4dDescriptor(pl->xd, CUDNN_TENSOR_NHWC, dt, (int)xs[0],
+                                                   (int)xs[3], (int)xs[1], (int)xs[2]));
+    SG_CUDNN_CHECK(ctx, cudnnSetTensor4dDescriptor(pl->yd, CUDNN_TENSOR_NHWC, dt, (int)ys[0],
+                                                   (int)ys[3], (int)ys[1], (int)ys[2]));
+    SG_CUDNN_CHECK(ctx, cudnnSetFilter4dDescriptor(pl->wd, dt, CUDNN_TENSOR_NHWC, (int)ws[0],
+                                                   (int)ws[3], (int)ws[1], (int)ws[2]));
+    SG_TRY(conv_desc(ctx, c, &pl->fwd_cd));
+    SG_TRY(conv_desc(ctx, c, &pl->data_cd));
+    SG_TRY(conv_desc(ctx, c, &pl->filter_cd));
+
+    /* cuDNN must agree with the plan's output shape (conv.c computed it). */
+    int on, oc, oh, ow;
+    SG_CUDNN_CHECK(ctx, cudnnGetConvolution2dForwardOutputDim(pl->fwd_cd, pl->xd, pl->wd, &on,
+                                                              &oc, &oh, &ow));
+    if (on != ys[0] || oc != ys[3] || oh != ys[1] || ow != ys[2])
+        return sg_fail(ctx, SG_ERR_INVALID,
+                       "sg_conv2d_create: cuDNN makes y (%d, %d, %d, %d), the plan (%lld, %lld, "
+                       "%lld, %lld)",
+                       on, oh, ow, oc, (long long)ys[0], (long long)ys[1], (long long)ys[2],
+                       (long long)ys[3]);
+
+    size_t wf = 0, wdata = 0, wfilt = 0;
+    SG_TRY(pick_forward(ctx, c, pl, &wf));
+    SG_TRY(pick_data(ctx, c, pl, &wdata));
+    SG_TRY(pick_filter(ctx, c, pl, &wfilt));
+
+    /* The bias gradient's partials: db_parts per channel of db_rows rows each. */
+    const int64_t M = ys[0] * ys[1] * ys[2], C = ys[3];
+    int64_t parts = (M + CONV_DB_ROWS - 1) / CONV_DB_ROWS;
+    if (parts > CONV_DB_MAX_PARTS) parts = CONV_DB_MAX_PARTS;
+    pl->db_rows = (M + parts - 1) / parts;
+    pl->db_parts = (M + pl->db_rows - 1) / pl->db_rows;
+    size_t bytes = (size_t)(pl->db_parts * C) * sizeof(float);
+    if (wf > bytes) bytes = wf;
+    if (wdata > bytes) bytes = wdata;
+    if (wfilt > bytes) bytes = wfilt;
+    int64_t elems = (int64_t)((bytes + sizeof(float) - 1) / sizeof(float));
+    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 1, &elems, "conv2d workspace", &pl->ws));
+    c->ws_bytes = sg_tensor_nbytes(pl->ws);
+    return SG_OK;
+}
+
+/* ---- bias kernels ---- */
+
+/* y (M, C) += b (C), in place after the convolution; f32 math, one rounding to T. */
+template <typename T>
+__global__ void bias_add_kernel(T *__restrict__ y, const T *__restrict__ b, int64_t n, int64_t C)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = from_f<T>(to_f(y[i]) + to_f(b[i % C]));
+}
+
+/* db partials: block (bx, p) sums channels [32 bx, 32 bx + 32) over rows [p rows, (p+1) rows)
+ * of dy (M, C): each thread a column over every CONV_DB_SLICES-th row (a warp reads 32
+ * consecutive channels of a row), then the slices in order. partials (parts, C), f32. */
+template <typename T>
+__global__ void db_partial_kernel(const T *__restrict__ dy, float *__restrict__ partials,
+                                  int64_t M, int64_t C, int64_t rows)
+{
+    __shared__ float sh[CONV_DB_SLICES][CONV_DB_COLS];
+    const int col = threadIdx.x % CONV_DB_COLS, slice = threadIdx.x / CONV_DB_COLS;
+    const int64_t c = (int64_t)blockIdx.x * CONV_DB_COLS + col;
+    const int64_t r0 = (int64_t)blockIdx.y * rows, r1 = r0 + rows < M ? r0 + rows : M;
+    float s = 0.f;
+    if (c < C)
+        for (int64_t r = r0 + slice; r < r1; r += CONV_DB_SLICES) s += to_f(dy[r * C + c]);
+    sh[slice][col] = s;
+    __syncthreads();
+    if (slice == 0 && c < C) {
+        float t = sh[0][col];
+        for (int k = 1; k < CONV_DB_SLICES; k++) t += sh[k][col];
+        partials[(int64_t)blockIdx.y * C + c] = t;
+    }
+}
+
+/* db[c] = the sum of channel c's partials in order, in double, rounded once to T. */
+template <typename T>
+__global__ void db_reduce_kernel(const float *__restrict__ partials, int64_t parts, int64_t C,
+                                 T *__restrict__ db)
+{
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double s = 0;
+    for (int64_t p = 0; p < parts; p++) s += partials[p * C + c];
+    db[c] = from_d<T>(s);
+}
+
+template <typename T>
+static sg_status bias_add(sg_ctx *ctx, sg_tensor *y, const sg_tensor *b)
+{
+    const int64_t n = y->numel, C = b->numel;
+    int64_t blocks = (n + CONV_THREADS - 1) / CONV_THREADS;
+    const int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * CONV_BIAS_BLOCKS_PER_SM;
+    if (blocks > cap) blocks = cap;
+    bias_add_kernel<T><<<(int)blocks, CONV_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
+        (T *)y->data, (const T *)b->data, n, C);
+    SG_CUDA_CHECK_LAUNCH(ctx, "bias_add_kernel");
+    sg_ctx_count_launches(ctx, 1);
+    return SG_OK;
+}
+
+template <typename T>
+static sg_status bias_grad(sg_ctx *ctx, const conv_plan *pl, const sg_tensor *dy, sg_tensor *db)
+{
+    const int64_t C = db->numel, M = dy->numel / C;
+    float *partials = (float *)pl->ws->data;
+    cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
+    dim3 grid((unsigned)((C + CONV_DB_COLS - 1) / CONV_DB_COLS), (unsigned)pl->db_parts);
+    db_partial_kernel<T><<<grid, CONV_THREADS, 0, st>>>((const T *)dy->data, partials, M, C,
+                                                        pl->db_rows);
+    SG_CUDA_CHECK_LAUNCH(ctx, "db_partial_kernel");
+    db_reduce_kernel<T><<<(unsigned)((C + CONV_THREADS - 1) / CONV_THREADS), CONV_THREADS, 0, st>>>(
+        partials, pl->db_parts, C, (T *)db->data);
+    SG_CUDA_CHECK_LAUNCH(ctx, "db_reduce_kernel");
+    sg_ctx_count_launches(ctx, 2);
+    return SG_OK;
+}
+
+/* ---- runs ---- */
+
+/* The plan's handle, bound to the context's stream. */
+static sg_status bind(sg_ctx *ctx, const conv_plan *pl)
+{
+    SG_CUDNN_CHECK(ctx, cudnnSetStream(pl->h, (cudaStream_t)sg_ctx_stream(ctx)));
+    return SG_OK;
+}
+
+/* y = conv(x, w) (beta 0: written, not blended), then + b: two launches counted with b. */
+extern "C" sg_status sg_conv2d_forward_cuda(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x,
+                                            const sg_tensor *w, const sg_tensor *b, sg_tensor *y)
+{
+    const conv_plan *pl = (const conv_plan *)c->cuda;
+    const float one = 1.f, zero = 0.f; /* f32 scaling factors for f32 and bf16 data alike */
+    SG_TRY(bind(ctx, pl));
+    SG_CUDNN_CHECK(ctx, cudnnConvolutionForward(pl->h, &one, pl->xd, x->data, pl->wd, w->data,
+                                                pl->fwd_cd, pl->fwd, pl->ws->data, c->ws_bytes,
+                                                &zero, pl->yd, y->data));
+    sg_ctx_count_launches(ctx, 1);
+    if (!b) return SG_OK;
+    return c->dtype == SG_DTYPE_BF16 ? bias_add<__nv_bfloat16>(ctx, y, b)
+                                     : bias_add<float>(ctx, y, b);
+}
+
+/* dx (when asked for), dw, then db (when asked for): the passes run one after the other on
+ * the stream, so they share the workspace. */
+extern "C" sg_status sg_conv2d_backward_cuda(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x,
+                                             const sg_tensor *w, const sg_tensor *dy,
+                                             sg_tensor *dx, sg_tensor *dw, sg_tensor *db)
+{
+    const conv_plan *pl = (const conv_plan *)c->cuda;
+    const float one = 1.f, zero = 0.f;
+    SG_TRY(bind(ctx, pl));
+    if (dx) {
+        SG_CUDNN_CHECK(ctx, cudnnConvolutionBackwardData(pl->h, &one, pl->wd, w->data, pl->yd,
+                                                         dy->data, pl->data_cd, pl->data,
+                                                         pl->ws->data, c->ws_bytes, &zero, pl->xd,
+                                                         dx->data));
+        sg_ctx_count_launches(ctx, 1);
+    }
+    SG_CUDNN_CHECK(ctx, cudnnConvolutionBackwardFilter(pl->h, &one, pl->xd, x->data, pl->yd,
+                                                       dy->data, pl->filter_cd, pl->filter,
+                                                       pl->ws->data, c->ws_bytes, &zero, pl->wd,
+                                                       dw->data));
+    sg_ctx_count_launches(ctx, 1);
+    if (!db) return SG_OK;
+    return c->dtype == SG_DTYPE_BF16 ? bias_grad<__nv_bfloat16>(ctx, pl, dy, db)
+                                     : bias_grad<float>(ctx, pl, dy, db);
+}
+
+#endif /* SG_HAVE_CUDNN */
