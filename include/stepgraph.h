@@ -187,7 +187,9 @@ sg_status sg_readback_wait(sg_readback *rb, void *dst, size_t nbytes);
 typedef enum sg_activation {
     SG_ACT_NONE = 0,
     SG_ACT_RELU,
-    SG_ACT_GELU      /* tanh approximation, as GPT-2 */
+    SG_ACT_GELU,     /* tanh approximation, as GPT-2 */
+    SG_ACT_SILU,     /* x sigmoid(x): activation modules and batch norm only (no linear epilogue) */
+    SG_ACT_SIGMOID   /* activation modules only */
 } sg_activation;
 
 /* y(M,N) = act(x(M,K) @ w(N,K)^T + b(N)). b may be NULL. w is stored (out, in) as PyTorch's.
@@ -536,6 +538,8 @@ typedef struct sg_model_options {
      * and the head have N rows (N may exceed the largest token: GPT-2's 50257 padded to 50304).
      * A bad file is refused, naming it and the byte offset, before the model is allocated. */
     int64_t vocab;
+    /* resnet: classes of the head and the synthetic labels (0: 1000, ImageNet's). */
+    int64_t classes;
 } sg_model_options;
 
 /* As sg_model_create, with options (NULL: defaults). "gpt-WIDTH-DEPTH-BATCH-SEQ" names a GPT
@@ -708,7 +712,8 @@ int64_t sg_builder_rows(const sg_builder *b);
 /* The dtype of activations and their gradients: the precision. */
 sg_dtype sg_builder_dtype(const sg_builder *b);
 /* Modules created until the matching pop have "<scope>." before their names: nested scopes
- * give hierarchical names ("blocks.3" then "attn": "blocks.3.attn.qkv.weight"). */
+ * give hierarchical names ("blocks.3" then "attn": "blocks.3.attn.qkv.weight"). A pop ends the
+ * last push, dots and all; a pop with nothing pushed does nothing. */
 sg_status sg_builder_push_scope(sg_builder *b, const char *scope);
 void sg_builder_pop_scope(sg_builder *b);
 /* A buffer every module that asks by the same name shares (backward scratch that only one
@@ -772,7 +777,7 @@ sg_status sg_module_linear(sg_builder *b, const char *name, int64_t in, int64_t 
  * zero under SG_INIT_NORMAL_002, as GPT-2's). */
 sg_status sg_module_linear_init(sg_builder *b, const char *name, int64_t in, int64_t out, int bias,
                                 sg_activation act, sg_init init, sg_module **m);
-/* y = act(x) elementwise, x (rows, features). */
+/* y = act(x) elementwise, x (rows, features): any sg_activation (SILU and SIGMOID included). */
 sg_status sg_module_activation(sg_builder *b, const char *name, sg_activation act,
                                int64_t features, sg_module **m);
 /* LayerNorm over the last dim: weight (C) ones, bias (C) zeros, no weight decay. */
@@ -796,6 +801,34 @@ sg_status sg_module_residual(sg_builder *b, const char *name, sg_module *inner, 
  * builder's dropout after each branch; its backward scratch shared by every block. */
 sg_status sg_module_gpt_block(sg_builder *b, const char *name, int64_t C, int heads,
                               sg_module **m);
+/* Vision modules: a batch of images NHWC, (rows, H, W, C), in and out (the vision ops' layout);
+ * each module is made for one input size (H, W, C) and knows its output's. f32 models (bf16:
+ * SG_ERR_UNSUPPORTED for now). */
+/* 2-D convolution, (rows, H, W, Cin) -> (rows, OH, OW, Cout): "<name>.weight" (Cout, k, k,
+ * Cin / groups) (channels-last: torchvision's (Cout, Cin / groups, k, k) permuted), initialised
+ * U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = Cin / groups k k (PyTorch's default);
+ * "<name>.bias" (Cout) the same when bias. */
+sg_status sg_module_conv2d(sg_builder *b, const char *name, int64_t H, int64_t W, int64_t Cin,
+                           int64_t Cout, int k, int stride, int pad, int groups, int bias,
+                           sg_module **m);
+/* Batch norm over the channels of (rows, H, W, C), then act (SG_ACT_NONE, SG_ACT_RELU in place,
+ * or SG_ACT_SILU, which keeps the normalised values for its backward): "<name>.weight" (C) ones and "<name>.bias" (C) zeros, no weight decay; buffers
+ * "<name>.running_mean" (zeros) and "<name>.running_var" (ones); momentum 0.1, eps 1e-5
+ * (PyTorch's). Training passes normalise with the batch's statistics and update the running
+ * ones; evaluation passes normalise with the running ones. */
+sg_status sg_module_batchnorm2d(sg_builder *b, const char *name, int64_t H, int64_t W, int64_t C,
+                                sg_activation act, sg_module **m);
+/* Max pooling, k x k windows, stride and padding pad (pad <= k / 2; padding never wins): (rows, H, W, C) -> (rows, OH, OW, C). */
+sg_status sg_module_maxpool2d(sg_builder *b, const char *name, int64_t H, int64_t W, int64_t C,
+                              int k, int stride, int pad, sg_module **m);
+/* Global average pooling: (rows, H, W, C) -> (rows, C). */
+sg_status sg_module_avgpool(sg_builder *b, const char *name, int64_t H, int64_t W, int64_t C,
+                            sg_module **m);
+/* ResNet's block: y = act(main(x) + shortcut(x)), shortcut NULL for the identity (then main
+ * keeps x's shape); takes main and shortcut. out_shape: (OH, OW, C) of y, main's output. */
+sg_status sg_module_residual_block(sg_builder *b, const char *name, sg_module *main,
+                                   sg_module *shortcut, const int64_t in_shape[3],
+                                   const int64_t out_shape[3], sg_activation act, sg_module **m);
 /* Runs children in order forward, in reverse backward; takes them (n up to 4096). Under
  * layer scope, the root Sequential's children are the modules captured one by one. */
 sg_status sg_module_sequential(sg_builder *b, const char *name, sg_module **children, int n,

@@ -258,6 +258,13 @@ if [ "$rc" != 1 ] || ! grep -q "rank 1 captured other collectives than rank 0" <
 else
     pass "a failing rank is named and the run stops"
 fi
+# ResNets (issue 12): verify under step scope (BatchNorm's running statistics compared), --classes
+# checked, and the model's form in the unknown-model message.
+expect 0 "OK: 5 steps match \(bit-exact\), 2 of them replayed from graphs; scope step" -- verify --model resnet18-2-32 --classes 10 --scope step --steps 5 --backend cpu
+expect 2 "--classes .0. is not a whole number from 1" -- train --model resnet18-2-32 --classes 0 --backend cpu
+expect 1 "classes are for image models" -- train --model mlp-32-2-8 --classes 10 --steps 1 --backend cpu
+expect 2 "resnet50-BATCH-R" -- train --model resnet99-2-32 --steps 1 --backend cpu
+expect 1 "expected R >= 29" -- train --model resnet18-2-16 --steps 1 --backend cpu
 # The loss printed at the end is below the first.
 out=$("$bin" train --model mlp-32-2-16 --steps 150 --backend cpu --lr 3e-3 --quiet 2>&1)
 l=$(sed -nE 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/p' <<<"$out")

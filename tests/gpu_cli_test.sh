@@ -50,5 +50,10 @@ if [ "$rc" != 1 ] || ! grep -Eq "the loss is (NaN|infinite) at step [0-9]+ \(fp3
 else pass "a diverging fp32 run on the GPU stops without saving"; fi
 expect 2 "compares no step replayed from a graph" -- verify --model mlp-512-6-32 --scope step --steps 3 --backend cuda
 expect 0 "OK: 8 steps match \(bit-exact\), 5 of them replayed from graphs" -- verify --model gpt-256-4-8-128 --scope step --steps 8 --backend cuda --dropout 0.1 --clip 1
+# ResNets on the GPU: cuDNN's deterministic convolutions and BatchNorm's statistics bit-exact
+# against eager under step and layer scope; no device allocation per step under step scope.
+expect 0 "OK: 8 steps match \(bit-exact\), 5 of them replayed from graphs; scope step" -- verify --model resnet18-8-32 --classes 10 --scope step --steps 8 --backend cuda
+expect 0 "OK: 6 steps match \(bit-exact\), 3 of them replayed from graphs; scope layer" -- verify --model resnet50-4-64 --classes 100 --scope layer --steps 6 --backend cuda
+expect 0 "device allocations per step after set-up: 0.00" -- train --model resnet18-16-32 --classes 10 --scope step --steps 12 --backend cuda
 echo "$passes passed, $fails failed"
 [ "$fails" = 0 ]

@@ -23,6 +23,7 @@ static const char *advise_usage =
     "\n"
     "options:\n"
     "  --model NAME        e.g. mlp-512-6-32 or gpt-256-4-8-128 (required)\n"
+    "  --classes N         resnet: classes of the head and the synthetic labels (default 1000)\n"
     "  --precision P       fp32 (default) or bf16 (gpt: mixed precision)\n"
     "  --no-measure        predict only: do not train under each scope\n"
     "  --steps N           steps per timed block (default 50)\n"
@@ -356,6 +357,9 @@ static int parse(int argc, char **argv, advise_opts *o)
             o->model = v;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("advise", v, &o->mo.precision);
+        } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
+            bad = bad || !sg_cli_int("advise", "--classes", v, 1, 1 << 20, &n);
+            o->mo.classes = n;
         } else if (sg_cli_opt(argc, argv, &i, "--steps", &v, &bad)) {
             bad = bad || !sg_cli_int("advise", "--steps", v, 1, 1000000, &n);
             o->ao.steps = (int)n;

@@ -35,6 +35,7 @@ static const char *bench_usage =
     "  --backend B         cpu, cuda or auto (default auto)\n"
     "  --steps-per-graph K optimizer steps per trainer call: under step scope, one graph launch\n"
     "                      runs K steps (default 1); --steps is rounded up to a multiple of K\n"
+    "  --classes N         resnet: classes of the head and the synthetic labels (default 1000)\n"
     "  --precision P       fp32 (default) or bf16 (gpt: mixed precision with loss scaling)\n"
     "  --data PATH         gpt: the text to train on, as stepgraph train --data (default: a\n"
     "                      licence text); with --vocab, a token file\n"
@@ -90,6 +91,7 @@ static int steps_per_call = 1;
 static sg_dtype precision = SG_DTYPE_F32;
 static const char *data_path;   /* gpt: --data (NULL: the default text) */
 static int64_t vocab;           /* gpt: --vocab (0: bytes) */
+static int64_t classes;         /* resnet: --classes (0: 1000) */
 
 /* n optimizer steps from batch `from` (n a multiple of steps_per_call). */
 static sg_status steps(sg_trainer *t, long long from, long long n)
@@ -151,7 +153,7 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     r->scope = scope;
     snprintf(r->device, sizeof r->device, "%s", sg_ctx_device_name(ctx));
     double l0 = 0, l1 = 0;
-    sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab};
+    sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = classes};
     if (sg_model_create_ex(ctx, name, 1, &mo, &m) != SG_OK || sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o) != SG_OK ||
         sg_trainer_create(m, o, &to, &t) != SG_OK)
         goto fail;
@@ -370,6 +372,10 @@ int sg_cmd_bench(int argc, char **argv)
             bad = bad || !sg_cli_precision("bench", v, &precision);
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             data_path = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
+            long long n = 0;
+            bad = bad || !sg_cli_int("bench", "--classes", v, 1, 1 << 20, &n);
+            classes = n;
         } else if (sg_cli_opt(argc, argv, &i, "--vocab", &v, &bad)) {
             long long n = 0;
             bad = bad || !sg_cli_int("bench", "--vocab", v, 1, INT32_MAX, &n);
@@ -408,7 +414,7 @@ int sg_cmd_bench(int argc, char **argv)
         int n = 0;
         for (char *name = strtok_r(names, ",", &save); name && !bad; name = strtok_r(NULL, ",", &save), n++) {
             sg_model_size z;
-            sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab};
+            sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = classes};
             if (sg_model_estimate(name, &mo, &z) != SG_OK) {
                 fprintf(stderr, "stepgraph bench: --model: %s\n", sg_ctx_last_error(NULL));
                 bad = true;

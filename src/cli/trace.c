@@ -21,11 +21,13 @@ static const char *trace_usage =
     "step's host time), and the GPU's busy and idle time over the step's work.\n"
     "\n"
     "options:\n"
-    "  --model NAME        mlp-WIDTH-DEPTH-BATCH or gpt-WIDTH-DEPTH-BATCH-SEQ (required)\n"
+    "  --model NAME        mlp-WIDTH-DEPTH-BATCH, gpt-WIDTH-DEPTH-BATCH-SEQ or\n"
+    "                      resnet18|34|50-BATCH-R (required)\n"
     "  --scope S           eager, layer, model or step (required)\n"
     "  --out FILE          the trace to write, e.g. trace.json (required)\n"
     "  --steps N           steps to trace (default 5)\n"
     "  --warmup W          eager steps before capture, not traced (default 3)\n"
+    "  --classes N         resnet: classes of the head and the synthetic labels (default 1000)\n"
     "  --precision P       fp32 (default) or bf16 (gpt: mixed precision)\n"
     "  --data PATH         gpt: the text to train on (a regular file)\n"
     "  --backend B         cuda or auto (default auto); tracing needs a CUDA GPU and CUPTI\n"
@@ -69,6 +71,10 @@ static int parse(int argc, char **argv, trace_opts *o)
             o->tr.warmup = (int)w;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("trace", v, &o->mo.precision);
+        } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
+            long long n = 0;
+            bad = bad || !sg_cli_int("trace", "--classes", v, 1, 1 << 20, &n);
+            o->mo.classes = n;
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             o->mo.data_path = v;
         } else if (sg_cli_opt(argc, argv, &i, "--backend", &v, &bad)) {

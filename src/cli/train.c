@@ -27,7 +27,8 @@ static const char *train_usage =
     "\n"
     "options:\n"
     "  --model NAME        mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32) or\n"
-    "                      gpt-WIDTH-DEPTH-BATCH-SEQ (e.g. gpt-256-4-8-128) (required)\n"
+    "                      gpt-WIDTH-DEPTH-BATCH-SEQ (e.g. gpt-256-4-8-128) or\n"
+    "                      resnet18|34|50-BATCH-R (R x R images, e.g. resnet18-32-32) (required)\n"
     "  --data PATH         gpt: text to train on, bytes as tokens: a regular file (not a\n"
     "                      pipe or device), whose size is checked against free memory before\n"
     "                      it is read (default: a licence text under /usr/share/common-licenses);\n"
@@ -42,6 +43,7 @@ static const char *train_usage =
     "                      bytes, vocabulary 256)\n"
     "  --dropout P         gpt: dropout probability (default 0)\n"
     "  --clip X            clip gradients to global norm X inside the step (default off)\n"
+    "  --classes N         resnet: classes of the head and the synthetic labels (default 1000)\n"
     "  --precision P       fp32 (default) or bf16 (gpt): bf16 activations, matmuls and\n"
     "                      gradients, fp32 master weights and optimizer state, dynamic loss\n"
     "                      scaling on the device (a step with non-finite gradients is skipped)\n"
@@ -254,6 +256,10 @@ static int parse(int argc, char **argv, train_opts *o)
             o->mo.vocab = n;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("train", v, &o->mo.precision);
+        } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
+            long long n = 0;
+            bad = bad || !sg_cli_int("train", "--classes", v, 1, 1 << 20, &n);
+            o->mo.classes = n;
         } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
             double p = 0;
             bad = bad || !sg_cli_float("train", "--dropout", v, 0, 0.99, &p);

@@ -24,6 +24,7 @@ static const char *verify_usage =
     "  --graph-modules L   layer scope: modules to capture (default all)\n"
     "  --warmup N          eager steps before capture (default 3)\n"
     "  --lr-schedule       apply a warm-up + cosine lr schedule (lr set on the device each step)\n"
+    "  --classes N         resnet: classes of the head and the synthetic labels (default 1000)\n"
     "  --precision P       fp32 (default) or bf16 (gpt: mixed precision; the loss scaler's\n"
     "                      state is compared too)\n"
     "  --dropout P         gpt: dropout probability (default 0)\n"
@@ -121,6 +122,10 @@ int sg_cmd_verify(int argc, char **argv)
             bad = bad || !sg_cli_int("verify", "--steps", v, 1, 1000000, &steps);
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("verify", v, &mo.precision);
+        } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
+            long long n = 0;
+            bad = bad || !sg_cli_int("verify", "--classes", v, 1, 1 << 20, &n);
+            mo.classes = n;
         } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
             double p = 0;
             bad = bad || !sg_cli_float("verify", "--dropout", v, 0, 0.99, &p);

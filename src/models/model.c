@@ -8,7 +8,9 @@
 
 typedef struct kind {
     const char *prefix;        /* "mlp-" */
-    int fields;                /* WIDTH-DEPTH-BATCH[-SEQ] */
+    int fields;                /* WIDTH-DEPTH-BATCH[-SEQ], or BATCH-R for images */
+    int images;                /* the fields are BATCH-R; depth is `variant` */
+    int64_t variant;
     const char *form;
     sg_model_traits traits;
     sg_status (*build)(sg_ctx *, const char *, const sg_kind_spec *, const sg_model_options *, uint64_t,
@@ -16,8 +18,11 @@ typedef struct kind {
 } kind;
 
 static const kind kinds[] = {
-    {"mlp-", 3, "mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32)", {0, 0, 0}, sg_mlp_build},
-    {"gpt-", 4, "gpt-WIDTH-DEPTH-BATCH-SEQ (e.g. gpt-256-4-8-128)", {1, 1, 1}, sg_gpt_build},
+    {"mlp-", 3, 0, 0, "mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32)", {0, 0, 0}, sg_mlp_build},
+    {"gpt-", 4, 0, 0, "gpt-WIDTH-DEPTH-BATCH-SEQ (e.g. gpt-256-4-8-128)", {1, 1, 1}, sg_gpt_build},
+    {"resnet18-", 2, 1, 18, "resnet18-BATCH-R (e.g. resnet18-32-32)", {0, 0, 0}, sg_resnet_build},
+    {"resnet34-", 2, 1, 34, "resnet34-BATCH-R", {0, 0, 0}, sg_resnet_build},
+    {"resnet50-", 2, 1, 50, "resnet50-BATCH-R (e.g. resnet50-32-224)", {0, 0, 0}, sg_resnet_build},
 };
 #define N_KINDS ((int)(sizeof kinds / sizeof *kinds))
 
@@ -41,15 +46,17 @@ static sg_status parse(sg_ctx *ctx, const char *name, const kind **k, sg_kind_sp
 {
     memset(out, 0, sizeof *out);
     if (!name) return sg_ctx_fail(ctx, SG_ERR_NULL, "sg_model_create: name is NULL");
-    char forms[256] = "expected ";
+    char forms[512] = "expected ";
     for (int i = 0; i < N_KINDS; i++)
         snprintf(forms + strlen(forms), sizeof forms - strlen(forms), "%s%s", i ? " or " : "", kinds[i].form);
     *k = NULL;
     for (int i = 0; i < N_KINDS && !*k; i++)
         if (!strncmp(name, kinds[i].prefix, strlen(kinds[i].prefix))) *k = &kinds[i];
     if (!*k) return sg_ctx_fail(ctx, SG_ERR_INVALID, "sg_model_create: unknown model '%s': %s", name, forms);
-    static const char *const what[4] = {"WIDTH", "DEPTH", "BATCH", "SEQ"};
-    static const int64_t max[4] = {65536, 64, 1 << 20, 65536};
+    static const char *const what_seq[4] = {"WIDTH", "DEPTH", "BATCH", "SEQ"}, *const what_img[2] = {"BATCH", "R"};
+    static const int64_t max_seq[4] = {65536, 64, 1 << 20, 65536}, max_img[2] = {1 << 20, 4096};
+    const char *const *what = (*k)->images ? what_img : what_seq;
+    const int64_t *max = (*k)->images ? max_img : max_seq;
     int64_t v[4] = {0};
     const char *p = name + strlen((*k)->prefix);
     for (int i = 0; i < (*k)->fields; i++) {
@@ -61,7 +68,8 @@ static sg_status parse(sg_ctx *ctx, const char *name, const kind **k, sg_kind_sp
                                last ? ", and nothing may follow it" : "");
         p = e + (last ? 0 : 1);
     }
-    out->width = v[0], out->depth = v[1], out->batch = v[2], out->seq = (*k)->fields == 4 ? v[3] : 0;
+    if ((*k)->images) out->batch = v[0], out->width = v[1], out->depth = (*k)->variant;
+    else out->width = v[0], out->depth = v[1], out->batch = v[2], out->seq = (*k)->fields == 4 ? v[3] : 0;
     return SG_OK;
 }
 
@@ -88,6 +96,7 @@ sg_status sg_model_estimate(const char *name, const sg_model_options *opts, sg_m
     int shards = opts && opts->shards > 1 && spec.batch % opts->shards == 0 ? opts->shards : 1;
     spec.batch /= shards;
     if (k->build == sg_gpt_build) sg_gpt_estimate(&spec, precision, dropout, opts ? opts->vocab : 0, out);
+    else if (k->images) sg_resnet_estimate(&spec, opts && opts->classes ? opts->classes : 1000, out);
     else sg_mlp_estimate(&spec, shards, out);
     out->total_bytes = out->param_bytes + out->activation_bytes + out->data_bytes + out->optim_bytes;
     return SG_OK;
@@ -123,6 +132,12 @@ static sg_status check_options(sg_ctx *ctx, const char *name, const kind *k, con
     if ((text || o->dropout > 0) && !k->traits.sequence)
         return sg_ctx_fail(ctx, SG_ERR_INVALID, "sg_model_create: data paths, vocab and dropout are for gpt "
                            "models, not '%s'", name);
+    if (o->classes && !k->images)
+        return sg_ctx_fail(ctx, SG_ERR_INVALID, "sg_model_create: classes are for image models (resnet), not '%s'",
+                           name);
+    if (o->classes < 0 || o->classes > (1 << 20))
+        return sg_ctx_fail(ctx, SG_ERR_INVALID, "sg_model_create: %lld classes: expected 1 to %d",
+                           (long long)o->classes, 1 << 20);
     if (o->precision == SG_DTYPE_BF16 && !k->traits.mixed_precision)
         return sg_ctx_fail(ctx, SG_ERR_UNSUPPORTED, "sg_model_create: bf16 mixed precision is implemented for gpt "
                            "models; '%s' trains in f32", name);

@@ -94,6 +94,10 @@ sg_status sg_builder_push_scope(sg_builder *b, const char *scope)
     if (n + k + 2 > sizeof b->scope)
         return sg_fail(b->ctx, SG_ERR_INVALID, "sg_builder_push_scope: '%s.%s' is longer than %zu characters",
                        b->scope, scope, sizeof b->scope - 1);
+    if (b->scope_depth == (int)(sizeof b->scope_at / sizeof *b->scope_at))
+        return sg_fail(b->ctx, SG_ERR_INVALID, "sg_builder_push_scope: more than %d nested scopes",
+                       (int)(sizeof b->scope_at / sizeof *b->scope_at));
+    b->scope_at[b->scope_depth++] = (unsigned short)n;
     if (n) b->scope[n++] = '.';
     memcpy(b->scope + n, scope, k + 1);
     return SG_OK;
@@ -101,10 +105,8 @@ sg_status sg_builder_push_scope(sg_builder *b, const char *scope)
 
 void sg_builder_pop_scope(sg_builder *b)
 {
-    if (!b) return;
-    char *dot = strrchr(b->scope, '.');
-    if (dot) *dot = '\0';
-    else b->scope[0] = '\0';
+    if (!b || !b->scope_depth) return;
+    b->scope[b->scope_at[--b->scope_depth]] = '\0'; /* the whole of the last push, dots and all */
 }
 
 sg_tensor *sg_builder_shared(sg_builder *b, const char *name, sg_dtype dt, int ndim, const int64_t *shape)

@@ -124,6 +124,8 @@ static sg_status act_forward(sg_module *m, const sg_tensor *x, const sg_tensor *
     a->x = x;
     if (a->act == SG_ACT_RELU) SG_TRY(sg_relu_forward(m->ctx, x, a->y));
     else if (a->act == SG_ACT_GELU) SG_TRY(sg_gelu_forward(m->ctx, x, a->y));
+    else if (a->act == SG_ACT_SILU) SG_TRY(sg_silu_forward(m->ctx, x, a->y));
+    else if (a->act == SG_ACT_SIGMOID) SG_TRY(sg_sigmoid_forward(m->ctx, x, a->y));
     else SG_TRY(sg_tensor_copy(a->y, x));
     *y = a->y;
     return SG_OK;
@@ -136,6 +138,8 @@ static sg_status act_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
         return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(m));
     if (a->act == SG_ACT_RELU) SG_TRY(sg_relu_backward(m->ctx, a->x, dy, a->dx));
     else if (a->act == SG_ACT_GELU) SG_TRY(sg_gelu_backward(m->ctx, a->x, dy, a->dx));
+    else if (a->act == SG_ACT_SILU) SG_TRY(sg_silu_backward(m->ctx, a->x, dy, a->dx));
+    else if (a->act == SG_ACT_SIGMOID) SG_TRY(sg_sigmoid_backward(m->ctx, a->y, dy, a->dx));
     else SG_TRY(sg_tensor_copy(a->dx, dy));
     *dx = a->dx;
     return SG_OK;
@@ -164,9 +168,9 @@ sg_status sg_module_activation(sg_builder *b, const char *name, sg_activation ac
     if (!b) return SG_ERR_NULL;
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "sg_module_activation: m is NULL");
     *m = NULL;
-    if (features < 1 || (act != SG_ACT_NONE && act != SG_ACT_RELU && act != SG_ACT_GELU))
+    if (features < 1 || act < SG_ACT_NONE || act > SG_ACT_SIGMOID)
         return sg_fail(b->ctx, SG_ERR_INVALID, "sg_module_activation: '%s': %lld features, activation %d: "
-                       "expected at least 1 feature and NONE, RELU or GELU", name ? name : "",
+                       "expected at least 1 feature and NONE, RELU, GELU, SILU or SIGMOID", name ? name : "",
                        (long long)features, (int)act);
     act_module *a = calloc(1, sizeof *a);
     if (!a) return sg_fail(b->ctx, SG_ERR_OOM, "sg_module_activation: out of host memory");

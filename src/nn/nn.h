@@ -122,6 +122,8 @@ struct sg_builder {
     sg_module **made;                /* every module made, for sg_builder_destroy */
     int n_made, cap_made;
     char scope[160];
+    unsigned short scope_at[80]; /* where each pushed scope begins in `scope` (a pop ends it there) */
+    int scope_depth;
     int blocks;                      /* GPT blocks made so far (their dx buffers alternate) */
     size_t bytes0;                   /* the context's bytes in use when the builder was made */
     bool finished;

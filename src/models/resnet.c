@@ -1,0 +1,195 @@
+/* resnet.c: resnet18-B-R, resnet34-B-R, resnet50-B-R: torchvision's ResNets (B images of R x R
+ * pixels, 3 channels, NHWC) with torchvision's parameter names (conv1, bn1, layer1.0.conv1,
+ * layer2.0.downsample.0, fc, ...; convolution weights channels last, see sg_module_conv2d),
+ * BatchNorm running statistics as buffers. Stem: conv 7x7/2 (no bias) -> BN + ReLU -> max pool
+ * 3/2 pad 1; four stages of basic blocks (18, 34: [2,2,2,2], [3,4,6,3]) or bottlenecks (50:
+ * [3,4,6,3], expansion 4, the stride on the 3x3 as torchvision v1.5), each stage after the
+ * first halving the size; global average pool; fc to the classes. Trained on synthetic
+ * images (N(0,1) pixels) labelled by a fixed random linear teacher of their 4 x 4 average-pooled
+ * thumbnails. Made from the public builder and modules only. */
+#include "models/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define RESNET_BATCHES 8     /* distinct batches in the synthetic data set */
+#define RESNET_THUMB 4       /* the teacher sees 4 x 4 average-pooled images */
+
+typedef struct arch {
+    int blocks[4];
+    int bottleneck;
+} arch;
+
+static arch arch_of(int64_t depth)
+{
+    if (depth == 18) return (arch){{2, 2, 2, 2}, 0};
+    if (depth == 34) return (arch){{3, 4, 6, 3}, 0};
+    return (arch){{3, 4, 6, 3}, 1};
+}
+
+static int64_t out_size(int64_t n, int k, int stride, int pad) { return (n + 2 * pad - k) / stride + 1; }
+
+/* Parameters (weights, BN weight and bias) and activation elements, walking the network as
+ * sg_resnet_build builds it. */
+void sg_resnet_estimate(const sg_kind_spec *s, int64_t classes, sg_model_size *out)
+{
+    arch a = arch_of(s->depth);
+    double P = 0, A = 0, B = (double)s->batch;
+    int64_t H = out_size(s->width, 7, 2, 3);
+    P += 64.0 * 7 * 7 * 3 + 2 * 64, A += 3 * B * H * H * 64; /* conv1, bn1 (y, dx) */
+    H = out_size(H, 3, 2, 1);
+    A += 2 * B * H * H * 64;
+    int64_t C = 64;
+    for (int st = 0; st < 4; st++) {
+        int64_t width = 64 << st, outc = a.bottleneck ? width * 4 : width;
+        for (int i = 0; i < a.blocks[st]; i++) {
+            int stride = st > 0 && i == 0 ? 2 : 1;
+            int64_t OH = out_size(H, 3, stride, 1);
+            if (a.bottleneck)
+                P += (double)C * width + (double)width * width * 9 + (double)width * outc + 2.0 * (2 * width + outc),
+                    A += 4 * B * ((double)H * H * width + (double)OH * OH * (width + outc));
+            else
+                P += (double)C * width * 9 + (double)width * width * 9 + 4.0 * width,
+                    A += 4 * B * (double)OH * OH * 2 * width;
+            if (stride != 1 || C != outc) P += (double)C * outc + 2.0 * outc, A += 4 * B * (double)OH * OH * outc;
+            A += 2 * B * (double)OH * OH * outc; /* the block's own y and dx */
+            H = OH, C = outc;
+        }
+    }
+    P += (double)C * classes + classes;
+    A += 2 * B * (double)C + 2 * B * classes;
+    out->params = (int64_t)P;
+    out->param_bytes = (size_t)(2 * P * 4);
+    out->optim_bytes = (size_t)(2 * P * 4);
+    out->activation_bytes = (size_t)(A * 4);
+    out->data_bytes = (size_t)(RESNET_BATCHES * B * ((double)s->width * s->width * 3 + 1) * 4);
+}
+
+/* n images R x R x 3, N(0,1), labelled by the argmax over classes of a fixed random linear map
+ * of their 4 x 4 x 3 average-pooled thumbnails. */
+static sg_status image_data(sg_ctx *ctx, int64_t n, int64_t R, int64_t classes, uint64_t seed, sg_dataset **out)
+{
+    const int64_t px = R * R * 3, T = RESNET_THUMB, F = T * T * 3;
+    float *x = malloc((size_t)(n * px) * sizeof *x);
+    int32_t *y = malloc((size_t)n * sizeof *y);
+    double *teacher = malloc((size_t)(classes * F) * sizeof *teacher), thumb[RESNET_THUMB * RESNET_THUMB * 3];
+    sg_status st = x && y && teacher ? SG_OK
+                                     : sg_ctx_fail(ctx, SG_ERR_OOM, "sg_model_create: out of host memory for the images");
+    sg_rng r = {seed};
+    for (int64_t i = 0; st == SG_OK && i < classes * F; i++) teacher[i] = sg_rng_normal(&r);
+    for (int64_t g = 0; st == SG_OK && g < n; g++) {
+        float *img = x + g * px;
+        for (int64_t k = 0; k < px; k++) img[k] = (float)sg_rng_normal(&r);
+        memset(thumb, 0, sizeof thumb);
+        for (int64_t h = 0; h < R; h++)
+            for (int64_t w = 0; w < R; w++)
+                for (int c = 0; c < 3; c++) thumb[((h * T / R) * T + w * T / R) * 3 + c] += img[(h * R + w) * 3 + c];
+        int best = 0;
+        double best_v = -1e300;
+        for (int64_t c = 0; c < classes; c++) {
+            double v = 0;
+            for (int64_t k = 0; k < F; k++) v += teacher[c * F + k] * thumb[k];
+            if (v > best_v) best_v = v, best = (int)c;
+        }
+        y[g] = best;
+    }
+    sg_tensor *tx = NULL, *ty = NULL;
+    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 4, (int64_t[]){n, R, R, 3}, "data.x", &tx);
+    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, "data.y", &ty);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(tx, x, (size_t)(n * px) * sizeof *x);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(ty, y, (size_t)n * sizeof *y);
+    free(x), free(y), free(teacher);
+    if (st != SG_OK) {
+        sg_tensor_destroy(tx), sg_tensor_destroy(ty);
+        return st;
+    }
+    return sg_dataset_create(ctx, tx, ty, out);
+}
+
+/* conv (no bias) then BN (+ act), named "<conv>" and "<bn>" in the current scope. */
+static sg_status conv_bn(sg_builder *b, const char *conv, const char *bn, const int64_t in[3], int64_t Cout, int k,
+                         int stride, int pad, sg_activation act, int64_t out[3], sg_module **m)
+{
+    out[0] = out_size(in[0], k, stride, pad), out[1] = out_size(in[1], k, stride, pad), out[2] = Cout;
+    SG_KIND_TRY(sg_module_conv2d(b, conv, in[0], in[1], in[2], Cout, k, stride, pad, 1, 0, &m[0]));
+    return sg_module_batchnorm2d(b, bn, out[0], out[1], Cout, act, &m[1]);
+}
+
+/* Block i of a stage, in scope "layerS.i": torchvision's BasicBlock or Bottleneck. */
+static sg_status block(sg_builder *b, const arch *a, const int64_t in[3], int64_t width, int stride, int64_t out[3],
+                       sg_module **m)
+{
+    sg_module *main_m[6], *main_seq = NULL, *sc[2], *sc_seq = NULL;
+    int64_t s1[3], s2[3], s3[3];
+    int n = 0;
+    if (a->bottleneck) {
+        SG_KIND_TRY(conv_bn(b, "conv1", "bn1", in, width, 1, 1, 0, SG_ACT_RELU, s1, &main_m[0]));
+        SG_KIND_TRY(conv_bn(b, "conv2", "bn2", s1, width, 3, stride, 1, SG_ACT_RELU, s2, &main_m[2]));
+        SG_KIND_TRY(conv_bn(b, "conv3", "bn3", s2, width * 4, 1, 1, 0, SG_ACT_NONE, s3, &main_m[4]));
+        n = 6;
+        memcpy(out, s3, sizeof s3);
+    } else {
+        SG_KIND_TRY(conv_bn(b, "conv1", "bn1", in, width, 3, stride, 1, SG_ACT_RELU, s1, &main_m[0]));
+        SG_KIND_TRY(conv_bn(b, "conv2", "bn2", s1, width, 3, 1, 1, SG_ACT_NONE, s2, &main_m[2]));
+        n = 4;
+        memcpy(out, s2, sizeof s2);
+    }
+    SG_KIND_TRY(sg_module_sequential(b, "main", main_m, n, &main_seq));
+    if (stride != 1 || in[2] != out[2]) { /* downsample.0 (conv 1x1), downsample.1 (BN) */
+        int64_t so[3];
+        SG_KIND_TRY(sg_builder_push_scope(b, "downsample"));
+        sg_status st = conv_bn(b, "0", "1", in, out[2], 1, stride, 0, SG_ACT_NONE, so, sc);
+        sg_builder_pop_scope(b);
+        SG_KIND_TRY(st);
+        SG_KIND_TRY(sg_module_sequential(b, "downsample", sc, 2, &sc_seq));
+    }
+    return sg_module_residual_block(b, "", main_seq, sc_seq, in, out, SG_ACT_RELU, m);
+}
+
+sg_status sg_resnet_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, const sg_model_options *o,
+                          uint64_t seed, sg_model **out)
+{
+    arch a = arch_of(s->depth);
+    int64_t R = s->width, B = s->batch, classes = o && o->classes ? o->classes : 1000;
+    if (out_size(out_size(R, 7, 2, 3), 3, 2, 1) < 8)
+        return sg_ctx_fail(ctx, SG_ERR_SHAPE, "sg_model_create: '%s': images of %lld pixels shrink below 1 pixel "
+                           "through the stem and three stride-2 stages: expected R >= 29", name, (long long)R);
+    sg_builder_options bo = sg_builder_options_default();
+    bo.batch = B;
+    bo.shard = o ? o->shard : 0, bo.shards = o ? o->shards : 0;
+    sg_builder *b = NULL;
+    SG_KIND_TRY(sg_builder_create(ctx, name, &bo, &b));
+    sg_module *mods[2 + 16 + 3];
+    int n = 0;
+    int64_t shape[3] = {R, R, 3}, next[3];
+    sg_status st = conv_bn(b, "conv1", "bn1", shape, 64, 7, 2, 3, SG_ACT_RELU, next, &mods[0]);
+    n = 2;
+    memcpy(shape, next, sizeof next);
+    if (st == SG_OK) {
+        next[0] = out_size(shape[0], 3, 2, 1), next[1] = out_size(shape[1], 3, 2, 1), next[2] = shape[2];
+        st = sg_module_maxpool2d(b, "maxpool", shape[0], shape[1], shape[2], 3, 2, 1, &mods[n++]);
+        memcpy(shape, next, sizeof next);
+    }
+    for (int stage = 0; stage < 4 && st == SG_OK; stage++)
+        for (int i = 0; i < a.blocks[stage] && st == SG_OK; i++) {
+            char scope[32];
+            snprintf(scope, sizeof scope, "layer%d.%d", stage + 1, i);
+            st = sg_builder_push_scope(b, scope);
+            if (st == SG_OK) {
+                st = block(b, &a, shape, 64 << stage, stage > 0 && i == 0 ? 2 : 1, next, &mods[n]);
+                sg_builder_pop_scope(b);
+            }
+            if (st == SG_OK) n++, memcpy(shape, next, sizeof next);
+        }
+    if (st == SG_OK) st = sg_module_avgpool(b, "avgpool", shape[0], shape[1], shape[2], &mods[n++]);
+    if (st == SG_OK) st = sg_module_linear(b, "fc", shape[2], classes, 1, SG_ACT_NONE, &mods[n++]);
+    sg_module *net = NULL;
+    if (st == SG_OK) st = sg_module_sequential(b, "resnet", mods, n, &net);
+    sg_dataset *d = NULL;
+    if (st == SG_OK) st = image_data(ctx, RESNET_BATCHES * B, R, classes, seed ^ 0x5eedda7aull, &d);
+    if (st != SG_OK) {
+        sg_builder_destroy(b);
+        return st;
+    }
+    return sg_builder_finish(b, net, SG_LOSS_SOFTMAX_XENT, d, seed, out);
+}
