@@ -802,8 +802,9 @@ sg_status sg_module_residual(sg_builder *b, const char *name, sg_module *inner, 
 sg_status sg_module_gpt_block(sg_builder *b, const char *name, int64_t C, int heads,
                               sg_module **m);
 /* Vision modules: a batch of images NHWC, (rows, H, W, C), in and out (the vision ops' layout);
- * each module is made for one input size (H, W, C) and knows its output's. f32 models (bf16:
- * SG_ERR_UNSUPPORTED for now). */
+ * each module is made for one input size (H, W, C) and knows its output's. Activations in the
+ * builder's precision, f32 or bf16 (mixed precision: batch norm keeps f32 statistics and reads
+ * the f32 master weight and bias); a bf16 model's first convolution takes f32 images. */
 /* 2-D convolution, (rows, H, W, Cin) -> (rows, OH, OW, Cout): "<name>.weight" (Cout, k, k,
  * Cin / groups) (channels-last: torchvision's (Cout, Cin / groups, k, k) permuted), initialised
  * U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = Cin / groups k k (PyTorch's default);
@@ -829,6 +830,19 @@ sg_status sg_module_avgpool(sg_builder *b, const char *name, int64_t H, int64_t 
 sg_status sg_module_residual_block(sg_builder *b, const char *name, sg_module *main,
                                    sg_module *shortcut, const int64_t in_shape[3],
                                    const int64_t out_shape[3], sg_activation act, sg_module **m);
+/* EfficientNet's squeeze-excitation, (rows, H, W, C) -> the same: y = x * sigmoid(fc2(silu(
+ * fc1(avgpool(x))))) per image and channel; "<name>.fc1.weight" (Csq, C), "<name>.fc1.bias"
+ * (Csq), "<name>.fc2.weight" (C, Csq), "<name>.fc2.bias" (C) (torchvision's 1x1 convolutions:
+ * the same data as (out, in, 1, 1)), PyTorch's default bounds 1/sqrt(in). */
+sg_status sg_module_squeeze_excitation(sg_builder *b, const char *name, int64_t H, int64_t W,
+                                       int64_t C, int64_t Csq, sg_module **m);
+/* Stochastic depth, torchvision's "row" mode, (rows, H, W, C) -> the same: in training passes
+ * each image is zeroed with probability p, else scaled by 1 / (1 - p) (the identity when
+ * evaluating or p = 0), drawn from the builder's dropout generator as sg_module_dropout draws
+ * (reproducible, the same under every scope). The trainer moves that generator on each step
+ * only for a builder whose dropout is above 0: p > 0 with a builder's dropout of 0 is refused. */
+sg_status sg_module_stochastic_depth(sg_builder *b, const char *name, int64_t H, int64_t W,
+                                     int64_t C, float p, sg_module **m);
 /* Runs children in order forward, in reverse backward; takes them (n up to 4096). Under
  * layer scope, the root Sequential's children are the modules captured one by one. */
 sg_status sg_module_sequential(sg_builder *b, const char *name, sg_module **children, int n,

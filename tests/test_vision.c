@@ -19,6 +19,7 @@ typedef struct spec {
     uint64_t seed, dseed;
     int smooth;        /* no ReLU and no max pool: differentiable everywhere (finite differences) */
     int tamper_at;     /* sg_verify's after_step: nudge a running variance after this step */
+    sg_dtype precision; /* f32, or bf16 mixed precision (0: f32) */
 } spec;
 
 static spec draw(void)
@@ -78,6 +79,7 @@ static sg_model *mini(sg_ctx *ctx, const spec *s, sg_dataset *d)
 {
     sg_builder_options bo = sg_builder_options_default();
     bo.batch = s->B;
+    if (s->precision) bo.precision = s->precision;
     sg_builder *b;
     TU_OK(ctx, sg_builder_create(ctx, "mini-resnet", &bo, &b));
     sg_activation relu = s->smooth ? SG_ACT_NONE : SG_ACT_RELU;
@@ -155,19 +157,21 @@ static sg_status tamper(void *user, int64_t step, sg_model *eager, sg_model *gra
     return step + 1 == s->tamper_at ? nudge_buffer(graph, "layer2.0.bn1.running_var", 1) : SG_OK;
 }
 
-/* Every scope equals eager bit for bit (loss, gradients, parameters, running statistics) with
- * graphs replayed; a nudged running variance is named at the step it was nudged. */
-static void scopes_match_eager(sg_backend be)
+/* Every scope equals eager bit for bit (loss, gradients, parameters, running statistics; bf16:
+ * the loss scaler's state too) with graphs replayed; a nudged running variance is named at the
+ * step it was nudged. */
+static void scopes_match_eager(sg_backend be, sg_dtype precision)
 {
     sg_ctx *ctx = tu_ctx(be);
     spec s = draw();
+    s.precision = precision;
     for (sg_scope sc = SG_SCOPE_EAGER; sc <= SG_SCOPE_STEP; sc++) {
         sg_verify_options o = sg_verify_options_default();
         o.scope = sc, o.steps = 7;
         sg_verify_result r;
         TU_OK(ctx, sg_verify(ctx, factory, &s, &o, &r));
-        TU_CHECK(r.passed && r.steps == 7, "%s: passed %d, %lld steps, mismatch at %lld: %s", sg_scope_name(sc),
-                 r.passed, (long long)r.steps, (long long)r.mismatch_step, r.mismatch);
+        TU_CHECK(r.passed && r.steps == 7, "%s %s: passed %d, %lld steps, mismatch at %lld: %s", sg_dtype_name(precision),
+                 sg_scope_name(sc), r.passed, (long long)r.steps, (long long)r.mismatch_step, r.mismatch);
         TU_CHECK(sc == SG_SCOPE_EAGER || (r.replayed == 7 - o.warmup && r.stats.replays > 0),
                  "%s: %lld steps replayed, %llu replays", sg_scope_name(sc), (long long)r.replayed,
                  (unsigned long long)r.stats.replays);
@@ -287,10 +291,11 @@ static void state_and_checkpoint(sg_backend be, sg_scope scope)
  * began in 100 steps: over 300 seeds it ended at 0.25 of the start at worst, 0.1 typically. */
 enum { LEARN_STEPS = 100 };
 #define LEARN_LR 1e-2f
-static void learns(sg_backend be)
+static void learns(sg_backend be, sg_dtype precision)
 {
     sg_ctx *ctx = tu_ctx(be);
     spec s = draw();
+    s.precision = precision;
     s.n = s.B; /* every step sees the same batch */
     sg_model *m;
     TU_OK(ctx, factory(ctx, &s, &m));
@@ -307,7 +312,8 @@ static void learns(sg_backend be)
         if (st == 0) TU_OK(ctx, sg_model_loss_read(m, &l0));
     }
     TU_OK(ctx, sg_model_loss_read(m, &l1));
-    TU_CHECK(isfinite(l0) && l1 < l0 / 2, "loss %g -> %g over 100 steps on one batch of %lld", l0, l1, (long long)s.B);
+    TU_CHECK(isfinite(l0) && l1 < l0 / 2, "%s: loss %g -> %g over 100 steps on one batch of %lld", sg_dtype_name(precision), l0, l1,
+             (long long)s.B);
     sg_trainer_destroy(t), sg_optim_destroy(o), sg_model_destroy(m);
     sg_ctx_destroy(ctx);
 }
@@ -429,8 +435,15 @@ static void refusals(sg_backend be)
     bo.precision = SG_DTYPE_BF16;
     sg_builder *b;
     sg_module *m = NULL, *c = NULL;
+    sg_tensor *x;
+    const sg_tensor *y = NULL;
+    /* In a bf16 model only the first convolution takes f32 images (it converts them). */
     TU_OK(ctx, sg_builder_create(ctx, "bf16", &bo, &b));
-    TU_FAILS(ctx, sg_module_conv2d(b, "c", 8, 8, 3, 4, 3, 1, 1, 1, 0, &m), SG_ERR_UNSUPPORTED, "f32 models");
+    TU_OK(ctx, sg_module_conv2d(b, "c", 8, 8, 3, 4, 3, 1, 1, 1, 0, &c));
+    TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_F32, 4, (int64_t[]){2, 8, 8, 3}, "x32", &x));
+    TU_OK(ctx, sg_tensor_fill(x, 0.5));
+    TU_FAILS(ctx, sg_module_forward(c, x, &y), SG_ERR_SHAPE, "(2, 8, 8, 3) bf16 as its input");
+    sg_tensor_destroy(x);
     sg_builder_destroy(b);
     bo.precision = SG_DTYPE_F32;
     TU_OK(ctx, sg_builder_create(ctx, "bad", &bo, &b));
@@ -444,8 +457,6 @@ static void refusals(sg_backend be)
     TU_FAILS(ctx, sg_module_residual_block(b, "r", c, NULL, in, out, SG_ACT_RELU, &m), SG_ERR_SHAPE,
              "identity shortcut");
     /* A wrong input at forward: (2, 8, 8, 5) where (2, 8, 8, 3) was built. */
-    sg_tensor *x;
-    const sg_tensor *y = NULL;
     TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_F32, 4, (int64_t[]){2, 8, 8, 5}, "x5", &x));
     TU_OK(ctx, sg_tensor_fill(x, 0.5));
     TU_FAILS(ctx, sg_module_forward(c, x, &y), SG_ERR_SHAPE, "'x5' is (2, 8, 8, 5)");
@@ -474,10 +485,12 @@ int main(int argc, char **argv)
     bool gpu = argc > 1 && !strcmp(argv[1], "gpu");
     sg_backend be = gpu ? SG_BACKEND_CUDA : SG_BACKEND_CPU;
     if (gpu && !sg_cuda_available()) return TU_SKIP;
-    scopes_match_eager(be);
+    scopes_match_eager(be, SG_DTYPE_F32);
+    scopes_match_eager(be, SG_DTYPE_BF16);
     state_and_checkpoint(be, SG_SCOPE_EAGER);
     state_and_checkpoint(be, SG_SCOPE_STEP);
-    learns(be);
+    learns(be, SG_DTYPE_F32);
+    learns(be, SG_DTYPE_BF16);
     refusals(be);
     if (!gpu) finite_differences(), builtin_resnets();
     return tu_finish("test_vision");

@@ -22,7 +22,7 @@ static const char *trace_usage =
     "\n"
     "options:\n"
     "  --model NAME        mlp-WIDTH-DEPTH-BATCH, gpt-WIDTH-DEPTH-BATCH-SEQ or\n"
-    "                      resnet18|34|50-BATCH-R (required)\n"
+    "                      resnet18|34|50-BATCH-R or efficientnet_b0-BATCH-R (required)\n"
     "  --scope S           eager, layer, model or step (required)\n"
     "  --out FILE          the trace to write, e.g. trace.json (required)\n"
     "  --steps N           steps to trace (default 5)\n"

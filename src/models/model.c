@@ -20,9 +20,11 @@ typedef struct kind {
 static const kind kinds[] = {
     {"mlp-", 3, 0, 0, "mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32)", {0, 0, 0}, sg_mlp_build},
     {"gpt-", 4, 0, 0, "gpt-WIDTH-DEPTH-BATCH-SEQ (e.g. gpt-256-4-8-128)", {1, 1, 1}, sg_gpt_build},
-    {"resnet18-", 2, 1, 18, "resnet18-BATCH-R (e.g. resnet18-32-32)", {0, 0, 0}, sg_resnet_build},
-    {"resnet34-", 2, 1, 34, "resnet34-BATCH-R", {0, 0, 0}, sg_resnet_build},
-    {"resnet50-", 2, 1, 50, "resnet50-BATCH-R (e.g. resnet50-32-224)", {0, 0, 0}, sg_resnet_build},
+    {"resnet18-", 2, 1, 18, "resnet18-BATCH-R (e.g. resnet18-32-32)", {0, 1, 0}, sg_resnet_build},
+    {"resnet34-", 2, 1, 34, "resnet34-BATCH-R", {0, 1, 0}, sg_resnet_build},
+    {"resnet50-", 2, 1, 50, "resnet50-BATCH-R (e.g. resnet50-32-224)", {0, 1, 0}, sg_resnet_build},
+    {"efficientnet_b0-", 2, 1, 0, "efficientnet_b0-BATCH-R (e.g. efficientnet_b0-32-224)", {0, 1, 0},
+     sg_efficientnet_build},
 };
 #define N_KINDS ((int)(sizeof kinds / sizeof *kinds))
 
@@ -96,6 +98,8 @@ sg_status sg_model_estimate(const char *name, const sg_model_options *opts, sg_m
     int shards = opts && opts->shards > 1 && spec.batch % opts->shards == 0 ? opts->shards : 1;
     spec.batch /= shards;
     if (k->build == sg_gpt_build) sg_gpt_estimate(&spec, precision, dropout, opts ? opts->vocab : 0, out);
+    else if (k->build == sg_efficientnet_build)
+        sg_efficientnet_estimate(&spec, opts && opts->classes ? opts->classes : 1000, out);
     else if (k->images) sg_resnet_estimate(&spec, opts && opts->classes ? opts->classes : 1000, out);
     else sg_mlp_estimate(&spec, shards, out);
     out->total_bytes = out->param_bytes + out->activation_bytes + out->data_bytes + out->optim_bytes;
@@ -133,8 +137,8 @@ static sg_status check_options(sg_ctx *ctx, const char *name, const kind *k, con
         return sg_ctx_fail(ctx, SG_ERR_INVALID, "sg_model_create: data paths, vocab and dropout are for gpt "
                            "models, not '%s'", name);
     if (o->classes && !k->images)
-        return sg_ctx_fail(ctx, SG_ERR_INVALID, "sg_model_create: classes are for image models (resnet), not '%s'",
-                           name);
+        return sg_ctx_fail(ctx, SG_ERR_INVALID, "sg_model_create: classes are for image models (resnet, efficientnet), "
+                           "not '%s'", name);
     if (o->classes < 0 || o->classes > (1 << 20))
         return sg_ctx_fail(ctx, SG_ERR_INVALID, "sg_model_create: %lld classes: expected 1 to %d",
                            (long long)o->classes, 1 << 20);

@@ -18,8 +18,8 @@ extern "C" {
         if (st_ != SG_OK) return st_;                                                              \
     } while (0)
 
-/* A canonical name's fields: kind-WIDTH-DEPTH-BATCH[-SEQ]; images (resnetD-BATCH-R): width = R,
- * the image's side, depth = D. */
+/* A canonical name's fields: kind-WIDTH-DEPTH-BATCH[-SEQ]; images (resnetD-BATCH-R,
+ * efficientnet_b0-BATCH-R): width = R, the image's side, depth = D (0 for efficientnet_b0). */
 typedef struct sg_kind_spec {
     int64_t width, depth, batch, seq;
 } sg_kind_spec;
@@ -31,9 +31,16 @@ sg_status sg_gpt_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, con
                        uint64_t seed, sg_model **out);
 sg_status sg_resnet_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, const sg_model_options *o,
                           uint64_t seed, sg_model **out);
+sg_status sg_efficientnet_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, const sg_model_options *o,
+                                uint64_t seed, sg_model **out);
 void sg_mlp_estimate(const sg_kind_spec *s, int shards, sg_model_size *out);
 /* classes: the head's (0 taken as 1000 by the caller). */
 void sg_resnet_estimate(const sg_kind_spec *s, int64_t classes, sg_model_size *out);
+void sg_efficientnet_estimate(const sg_kind_spec *s, int64_t classes, sg_model_size *out);
+/* The image kinds' synthetic data set (images.c): n images R x R x 3 (NHWC), N(0,1) pixels,
+ * labelled 0..classes-1 by a fixed random linear teacher of their 4 x 4 average-pooled
+ * thumbnails; the same seed gives the same set. */
+sg_status sg_image_data(sg_ctx *ctx, int64_t n, int64_t R, int64_t classes, uint64_t seed, sg_dataset **out);
 /* vocab: the GPT's vocabulary (0: bytes, 256). */
 void sg_gpt_estimate(const sg_kind_spec *s, sg_dtype precision, float dropout, int64_t vocab,
                      sg_model_size *out);

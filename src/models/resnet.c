@@ -6,14 +6,13 @@
  * [3,4,6,3], expansion 4, the stride on the 3x3 as torchvision v1.5), each stage after the
  * first halving the size; global average pool; fc to the classes. Trained on synthetic
  * images (N(0,1) pixels) labelled by a fixed random linear teacher of their 4 x 4 average-pooled
- * thumbnails. Made from the public builder and modules only. */
+ * thumbnails (sg_image_data, images.c). Made from the public builder and modules only. */
 #include "models/model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 #define RESNET_BATCHES 8     /* distinct batches in the synthetic data set */
-#define RESNET_THUMB 4       /* the teacher sees 4 x 4 average-pooled images */
 
 typedef struct arch {
     int blocks[4];
@@ -63,47 +62,6 @@ void sg_resnet_estimate(const sg_kind_spec *s, int64_t classes, sg_model_size *o
     out->optim_bytes = (size_t)(2 * P * 4);
     out->activation_bytes = (size_t)(A * 4);
     out->data_bytes = (size_t)(RESNET_BATCHES * B * ((double)s->width * s->width * 3 + 1) * 4);
-}
-
-/* n images R x R x 3, N(0,1), labelled by the argmax over classes of a fixed random linear map
- * of their 4 x 4 x 3 average-pooled thumbnails. */
-static sg_status image_data(sg_ctx *ctx, int64_t n, int64_t R, int64_t classes, uint64_t seed, sg_dataset **out)
-{
-    const int64_t px = R * R * 3, T = RESNET_THUMB, F = T * T * 3;
-    float *x = malloc((size_t)(n * px) * sizeof *x);
-    int32_t *y = malloc((size_t)n * sizeof *y);
-    double *teacher = malloc((size_t)(classes * F) * sizeof *teacher), thumb[RESNET_THUMB * RESNET_THUMB * 3];
-    sg_status st = x && y && teacher ? SG_OK
-                                     : sg_ctx_fail(ctx, SG_ERR_OOM, "sg_model_create: out of host memory for the images");
-    sg_rng r = {seed};
-    for (int64_t i = 0; st == SG_OK && i < classes * F; i++) teacher[i] = sg_rng_normal(&r);
-    for (int64_t g = 0; st == SG_OK && g < n; g++) {
-        float *img = x + g * px;
-        for (int64_t k = 0; k < px; k++) img[k] = (float)sg_rng_normal(&r);
-        memset(thumb, 0, sizeof thumb);
-        for (int64_t h = 0; h < R; h++)
-            for (int64_t w = 0; w < R; w++)
-                for (int c = 0; c < 3; c++) thumb[((h * T / R) * T + w * T / R) * 3 + c] += img[(h * R + w) * 3 + c];
-        int best = 0;
-        double best_v = -1e300;
-        for (int64_t c = 0; c < classes; c++) {
-            double v = 0;
-            for (int64_t k = 0; k < F; k++) v += teacher[c * F + k] * thumb[k];
-            if (v > best_v) best_v = v, best = (int)c;
-        }
-        y[g] = best;
-    }
-    sg_tensor *tx = NULL, *ty = NULL;
-    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 4, (int64_t[]){n, R, R, 3}, "data.x", &tx);
-    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, "data.y", &ty);
-    if (st == SG_OK) st = sg_tensor_copy_from_host(tx, x, (size_t)(n * px) * sizeof *x);
-    if (st == SG_OK) st = sg_tensor_copy_from_host(ty, y, (size_t)n * sizeof *y);
-    free(x), free(y), free(teacher);
-    if (st != SG_OK) {
-        sg_tensor_destroy(tx), sg_tensor_destroy(ty);
-        return st;
-    }
-    return sg_dataset_create(ctx, tx, ty, out);
 }
 
 /* conv (no bias) then BN (+ act), named "<conv>" and "<bn>" in the current scope. */
@@ -156,6 +114,7 @@ sg_status sg_resnet_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, 
                            "through the stem and three stride-2 stages: expected R >= 29", name, (long long)R);
     sg_builder_options bo = sg_builder_options_default();
     bo.batch = B;
+    bo.precision = o ? o->precision : SG_DTYPE_F32;
     bo.shard = o ? o->shard : 0, bo.shards = o ? o->shards : 0;
     sg_builder *b = NULL;
     SG_KIND_TRY(sg_builder_create(ctx, name, &bo, &b));
@@ -186,7 +145,7 @@ sg_status sg_resnet_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, 
     sg_module *net = NULL;
     if (st == SG_OK) st = sg_module_sequential(b, "resnet", mods, n, &net);
     sg_dataset *d = NULL;
-    if (st == SG_OK) st = image_data(ctx, RESNET_BATCHES * B, R, classes, seed ^ 0x5eedda7aull, &d);
+    if (st == SG_OK) st = sg_image_data(ctx, RESNET_BATCHES * B, R, classes, seed ^ 0x5eedda7aull, &d);
     if (st != SG_OK) {
         sg_builder_destroy(b);
         return st;

@@ -3,7 +3,10 @@
  * buffers, max and global average pooling, and ResNet's residual block. Images are NHWC,
  * (rows, H, W, C). Each module allocates its outputs when it is made and its input gradient by
  * sg_builder_finish (none where the model does not need it), so a step allocates nothing.
- * f32 models only for now: a bf16 builder is refused when a module is made. */
+ * Activations in the builder's precision: f32, or bf16 under mixed precision (convolutions on
+ * bf16 tensor cores; batch norm's statistics, weight and bias in f32: it reads the f32 master
+ * weight and bias, and converts its f32 gradients into the bf16 gradient buffer). A bf16 model's
+ * first convolution takes the data set's f32 images and converts them. */
 #include "nn/nn.h"
 
 #include <stdlib.h>
@@ -12,13 +15,12 @@
 #define SG_BN_MOMENTUM 0.1f /* PyTorch's */
 #define SG_BN_EPS 1e-5f
 
-/* The vision modules run f32 activations only (their ops take bf16; the modules do not yet). */
-static sg_status need_f32(sg_builder *b, const char *fn, const char *name)
+/* The activations' dtype: the builder's precision (f32 or bf16). */
+static sg_status need_precision(sg_builder *b, const char *fn, const char *name)
 {
-    if (b->opts.precision == SG_DTYPE_F32) return SG_OK;
-    return sg_fail(b->ctx, SG_ERR_UNSUPPORTED, "%s: '%s': the vision modules are implemented for f32 models; the "
-                   "builder's precision is %s (mixed precision is not supported for them yet)", fn,
-                   name ? name : "", sg_dtype_name(b->opts.precision));
+    if (b->opts.precision == SG_DTYPE_F32 || b->opts.precision == SG_DTYPE_BF16) return SG_OK;
+    return sg_fail(b->ctx, SG_ERR_UNSUPPORTED, "%s: '%s': the vision modules run f32 or bf16 activations; the "
+                   "builder's precision is %s", fn, name ? name : "", sg_dtype_name(b->opts.precision));
 }
 
 /* Image sizes (H, W, C) of a module's input or output: every one at least 1. */
@@ -30,21 +32,29 @@ static sg_status check_hwc(sg_builder *b, const char *fn, const char *name, cons
                    fn, name ? name : "", what, (long long)H, (long long)W, (long long)C);
 }
 
-/* t is (rows, hwc[0], hwc[1], hwc[2]) f32: the image batch m was made for (`what`: "input",
- * or a branch's output in a residual block). */
-static sg_status check_image(sg_module *m, const char *what, const sg_tensor *t, int64_t rows, const int64_t hwc[3])
+/* t is (rows, hwc[0], hwc[1], hwc[2]) in the model's precision (f32 too for a bf16 model's first
+ * convolution: `f32_ok`): the image batch m was made for (`what`: "input", or a branch's output
+ * in a residual block). */
+static sg_status check_image_as(sg_module *m, const char *what, const sg_tensor *t, int64_t rows, const int64_t hwc[3],
+                                bool f32_ok)
 {
     if (!t)
         return sg_fail(m->ctx, SG_ERR_NULL, "sg_module_forward: '%s' (%s): its %s is NULL", sg_module_label(m),
                        m->vt->kind, what);
-    bool ok = t->ndim == 4 && t->dtype == SG_DTYPE_F32 && t->shape[0] == rows;
+    sg_dtype dt = m->b->opts.precision;
+    bool ok = t->ndim == 4 && (t->dtype == dt || (f32_ok && t->dtype == SG_DTYPE_F32)) && t->shape[0] == rows;
     for (int i = 0; ok && i < 3; i++) ok = t->shape[i + 1] == hwc[i];
     if (ok) return SG_OK;
     char s[96];
     return sg_fail(m->ctx, SG_ERR_SHAPE, "sg_module_forward: '%s' (%s) takes an image batch (%lld, %lld, %lld, %lld) "
-                   "f32 as its %s (NHWC: rows, H, W, C); '%s' is %s", sg_module_label(m), m->vt->kind,
-                   (long long)rows, (long long)hwc[0], (long long)hwc[1], (long long)hwc[2], what, t->name,
-                   sg_shape_str(t, s, sizeof s));
+                   "%s as its %s (NHWC: rows, H, W, C); '%s' is %s %s", sg_module_label(m), m->vt->kind,
+                   (long long)rows, (long long)hwc[0], (long long)hwc[1], (long long)hwc[2], sg_dtype_name(dt), what,
+                   t->name, sg_shape_str(t, s, sizeof s), sg_dtype_name(t->dtype));
+}
+
+static sg_status check_image(sg_module *m, const char *what, const sg_tensor *t, int64_t rows, const int64_t hwc[3])
+{
+    return check_image_as(m, what, t, rows, hwc, false);
 }
 
 static sg_status no_forward(sg_module *m)
@@ -52,10 +62,10 @@ static sg_status no_forward(sg_module *m)
     return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(m));
 }
 
-/* An image batch (rows, hwc) f32 of the module's own. */
+/* An image batch (rows, hwc) of the module's own, in the model's precision. */
 static sg_status image_buffer(sg_module *m, const char *what, int64_t rows, const int64_t hwc[3], sg_tensor **out)
 {
-    return sg_module_buffer(m, SG_DTYPE_F32, what, 4, (int64_t[]){rows, hwc[0], hwc[1], hwc[2]}, out);
+    return sg_module_buffer(m, m->b->opts.precision, what, 4, (int64_t[]){rows, hwc[0], hwc[1], hwc[2]}, out);
 }
 
 /* ---- 2-D convolution ---- */
@@ -67,12 +77,17 @@ typedef struct conv_module {
     int64_t in[3], out[3];        /* (H, W, C) */
     const sg_tensor *x;
     sg_tensor *y, *dx;            /* dx made at finish, when the input gradient is needed */
+    sg_tensor *xc;                /* a bf16 model's first conv: its f32 input converted (finish) */
 } conv_module;
 
 static sg_status conv_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
 {
     conv_module *c = (conv_module *)m;
-    SG_TRY(check_image(m, "input", x, m->b->rows, c->in));
+    SG_TRY(check_image_as(m, "input", x, m->b->rows, c->in, c->xc != NULL));
+    if (x->dtype != c->y->dtype) { /* f32 images into a bf16 model */
+        SG_TRY(sg_tensor_convert(c->xc, x));
+        x = c->xc;
+    }
     c->x = x;
     SG_TRY(sg_conv2d_forward(m->ctx, c->plan, x, sg_module_w(m, c->iw), sg_module_w(m, c->ib), c->y));
     *y = c->y;
@@ -97,7 +112,7 @@ static void conv_destroy(sg_module *m)
 {
     conv_module *c = (conv_module *)m;
     sg_conv2d_destroy(c->plan);
-    sg_tensor_destroy(c->y), sg_tensor_destroy(c->dx);
+    sg_tensor_destroy(c->y), sg_tensor_destroy(c->dx), sg_tensor_destroy(c->xc);
     free(c);
 }
 
@@ -115,6 +130,9 @@ static sg_status conv_finish(sg_module *m)
 {
     conv_module *c = (conv_module *)m;
     if (!m->no_input_grad && !c->dx) SG_TRY(image_buffer(m, "dx", m->b->rows, c->in, &c->dx));
+    /* The model's first module in bf16 takes the data set's f32 images. */
+    if (m->no_input_grad && m->b->opts.precision != SG_DTYPE_F32 && !c->xc)
+        SG_TRY(image_buffer(m, "x", m->b->rows, c->in, &c->xc));
     return SG_OK;
 }
 
@@ -128,7 +146,7 @@ sg_status sg_module_conv2d(sg_builder *b, const char *name, int64_t H, int64_t W
     if (!b) return SG_ERR_NULL;
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
-    SG_TRY(need_f32(b, fn, name));
+    SG_TRY(need_precision(b, fn, name));
     SG_TRY(check_hwc(b, fn, name, "input", H, W, Cin));
     if (Cout < 1 || k < 1 || stride < 1 || pad < 0 || groups < 1 || Cin % groups || Cout % groups)
         return sg_fail(b->ctx, SG_ERR_INVALID, "%s: '%s': Cin %lld, Cout %lld, k %d, stride %d, pad %d, groups %d: "
@@ -142,7 +160,7 @@ sg_status sg_module_conv2d(sg_builder *b, const char *name, int64_t H, int64_t W
     int64_t wshape[4] = {Cout, k, k, Cin / groups};
     sg_conv2d_params p = {stride, stride, pad, pad, 1, 1, groups};
     /* The plan checks that the kernel fits the padded image, and gives the output's size. */
-    SG_TRY(sg_conv2d_create(b->ctx, (int64_t[]){b->rows, H, W, Cin}, wshape, &p, SG_DTYPE_F32, &c->plan));
+    SG_TRY(sg_conv2d_create(b->ctx, (int64_t[]){b->rows, H, W, Cin}, wshape, &p, b->opts.precision, &c->plan));
     int64_t ys[4];
     sg_conv2d_out_shape(c->plan, ys);
     c->out[0] = ys[1], c->out[1] = ys[2], c->out[2] = ys[3];
@@ -169,7 +187,14 @@ typedef struct bn_module {
     const sg_tensor *x;
     sg_tensor *y, *dx, *mean, *rstd; /* mean, rstd (C) F32: the last forward's, for the backward */
     sg_tensor *z, *dz;            /* SILU: the normalised values (its backward reads them), their gradient */
+    sg_tensor *dw, *db;           /* bf16 models: f32 gradients of weight and bias, converted into bf16 */
 } bn_module;
+
+/* Batch norm's weight and bias are f32 in the op: the master copy (the bf16 copy is not used). */
+static sg_tensor *master(const sg_module *m, int p)
+{
+    return m->b->params.param[p];
+}
 
 static sg_status bn_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
 {
@@ -179,7 +204,7 @@ static sg_status bn_forward(sg_module *m, const sg_tensor *x, const sg_tensor **
     if (!rm || !rv) return SG_ERR_INVALID; /* not finished: the message is set */
     int training = sg_module_training(m);
     n->x = x;
-    SG_TRY(sg_batchnorm_forward(m->ctx, x, sg_module_w(m, n->iw), sg_module_w(m, n->ib), rm, rv, SG_BN_MOMENTUM,
+    SG_TRY(sg_batchnorm_forward(m->ctx, x, master(m, n->iw), master(m, n->ib), rm, rv, SG_BN_MOMENTUM,
                                 SG_BN_EPS, training, n->z ? n->z : n->y, n->mean, n->rstd));
     if (n->act == SG_ACT_RELU) SG_TRY(sg_relu_forward(m->ctx, n->y, n->y));
     if (n->act == SG_ACT_SILU) SG_TRY(sg_silu_forward(m->ctx, n->z, n->y));
@@ -198,8 +223,12 @@ static sg_status bn_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
         dy = n->dz;
     }
     /* The op writes dx whether or not it is needed (the model's first module rarely is one). */
-    SG_TRY(sg_batchnorm_backward(m->ctx, n->x, sg_module_w(m, n->iw), n->mean, n->rstd, dy, n->dx,
-                                 sg_module_g(m, n->iw), sg_module_g(m, n->ib)));
+    SG_TRY(sg_batchnorm_backward(m->ctx, n->x, master(m, n->iw), n->mean, n->rstd, dy, n->dx,
+                                 n->dw ? n->dw : sg_module_g(m, n->iw), n->db ? n->db : sg_module_g(m, n->ib)));
+    if (n->dw) {
+        SG_TRY(sg_tensor_convert(sg_module_g(m, n->iw), n->dw));
+        SG_TRY(sg_tensor_convert(sg_module_g(m, n->ib), n->db));
+    }
     *dx = m->no_input_grad ? NULL : n->dx;
     return SG_OK;
 }
@@ -208,7 +237,7 @@ static void bn_destroy(sg_module *m)
 {
     bn_module *n = (bn_module *)m;
     sg_tensor_destroy(n->y), sg_tensor_destroy(n->dx), sg_tensor_destroy(n->mean), sg_tensor_destroy(n->rstd);
-    sg_tensor_destroy(n->z), sg_tensor_destroy(n->dz);
+    sg_tensor_destroy(n->z), sg_tensor_destroy(n->dz), sg_tensor_destroy(n->dw), sg_tensor_destroy(n->db);
     free(n);
 }
 
@@ -235,7 +264,7 @@ sg_status sg_module_batchnorm2d(sg_builder *b, const char *name, int64_t H, int6
     if (!b) return SG_ERR_NULL;
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
-    SG_TRY(need_f32(b, fn, name));
+    SG_TRY(need_precision(b, fn, name));
     SG_TRY(check_hwc(b, fn, name, "input", H, W, C));
     if (act != SG_ACT_NONE && act != SG_ACT_RELU && act != SG_ACT_SILU)
         return sg_fail(b->ctx, SG_ERR_INVALID, "%s: '%s': activation %d: expected SG_ACT_NONE, SG_ACT_RELU or "
@@ -260,6 +289,10 @@ sg_status sg_module_batchnorm2d(sg_builder *b, const char *name, int64_t H, int6
     }
     SG_TRY(sg_module_buffer(&n->base, SG_DTYPE_F32, "mean", 1, &C, &n->mean));
     SG_TRY(sg_module_buffer(&n->base, SG_DTYPE_F32, "rstd", 1, &C, &n->rstd));
+    if (b->opts.precision != SG_DTYPE_F32) {
+        SG_TRY(sg_module_buffer(&n->base, SG_DTYPE_F32, "dweight", 1, &C, &n->dw));
+        SG_TRY(sg_module_buffer(&n->base, SG_DTYPE_F32, "dbias", 1, &C, &n->db));
+    }
     *m = &n->base;
     return SG_OK;
 }
@@ -339,7 +372,7 @@ sg_status sg_module_maxpool2d(sg_builder *b, const char *name, int64_t H, int64_
     if (!b) return SG_ERR_NULL;
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
-    SG_TRY(need_f32(b, fn, name));
+    SG_TRY(need_precision(b, fn, name));
     SG_TRY(check_hwc(b, fn, name, "input", H, W, C));
     if (k < 1 || stride < 1 || pad < 0 || pad > k / 2)
         return sg_fail(b->ctx, SG_ERR_INVALID, "%s: '%s': k %d, stride %d, pad %d: expected k >= 1, stride >= 1 "
@@ -366,7 +399,7 @@ sg_status sg_module_avgpool(sg_builder *b, const char *name, int64_t H, int64_t 
     if (!b) return SG_ERR_NULL;
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
-    SG_TRY(need_f32(b, fn, name));
+    SG_TRY(need_precision(b, fn, name));
     SG_TRY(check_hwc(b, fn, name, "input", H, W, C));
     pool_module *p = calloc(1, sizeof *p);
     if (!p) return sg_fail(b->ctx, SG_ERR_OOM, "%s: out of host memory", fn);
@@ -374,7 +407,7 @@ sg_status sg_module_avgpool(sg_builder *b, const char *name, int64_t H, int64_t 
     p->rows = b->rows;
     p->in[0] = H, p->in[1] = W, p->in[2] = C;
     p->out[0] = 1, p->out[1] = 1, p->out[2] = C;
-    SG_TRY(sg_module_buffer(&p->base, SG_DTYPE_F32, "y", 2, (int64_t[]){b->rows, C}, &p->y));
+    SG_TRY(sg_module_buffer(&p->base, b->opts.precision, "y", 2, (int64_t[]){b->rows, C}, &p->y));
     *m = &p->base;
     return SG_OK;
 }
@@ -479,7 +512,7 @@ sg_status sg_module_residual_block(sg_builder *b, const char *name, sg_module *m
         return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m, main, in_shape or out_shape is NULL", fn,
                        name ? name : "");
     *m = NULL;
-    SG_TRY(need_f32(b, fn, name));
+    SG_TRY(need_precision(b, fn, name));
     SG_TRY(check_hwc(b, fn, name, "in_shape", in_shape[0], in_shape[1], in_shape[2]));
     SG_TRY(check_hwc(b, fn, name, "out_shape", out_shape[0], out_shape[1], out_shape[2]));
     if (!shortcut && memcmp(in_shape, out_shape, 3 * sizeof *in_shape))

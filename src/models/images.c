@@ -1,0 +1,50 @@
+/* images.c: the image kinds' synthetic data set (resnet, efficientnet): N(0,1) images, NHWC, each
+ * labelled by a fixed random linear teacher of its 4 x 4 average-pooled thumbnail, so a network
+ * can learn the labels from the pixels. Made from the public API only. */
+#include "models/model.h"
+
+#include <stdlib.h>
+
+#define IMAGES_THUMB 4 /* the teacher sees 4 x 4 average-pooled images */
+
+/* n images R x R x 3, N(0,1), labelled by the argmax over classes of a fixed random linear map
+ * of their 4 x 4 x 3 average-pooled thumbnails. */
+sg_status sg_image_data(sg_ctx *ctx, int64_t n, int64_t R, int64_t classes, uint64_t seed, sg_dataset **out)
+{
+    const int64_t px = R * R * 3, T = IMAGES_THUMB, F = T * T * 3;
+    float *x = malloc((size_t)(n * px) * sizeof *x);
+    int32_t *y = malloc((size_t)n * sizeof *y);
+    double *teacher = malloc((size_t)(classes * F) * sizeof *teacher), thumb[IMAGES_THUMB * IMAGES_THUMB * 3];
+    sg_status st = x && y && teacher
+                       ? SG_OK
+                       : sg_ctx_fail(ctx, SG_ERR_OOM, "sg_model_create: out of host memory for the images");
+    sg_rng r = {seed};
+    for (int64_t i = 0; st == SG_OK && i < classes * F; i++) teacher[i] = sg_rng_normal(&r);
+    for (int64_t g = 0; st == SG_OK && g < n; g++) {
+        float *img = x + g * px;
+        for (int64_t k = 0; k < px; k++) img[k] = (float)sg_rng_normal(&r);
+        memset(thumb, 0, sizeof thumb);
+        for (int64_t h = 0; h < R; h++)
+            for (int64_t w = 0; w < R; w++)
+                for (int c = 0; c < 3; c++) thumb[((h * T / R) * T + w * T / R) * 3 + c] += img[(h * R + w) * 3 + c];
+        int best = 0;
+        double best_v = -1e300;
+        for (int64_t c = 0; c < classes; c++) {
+            double v = 0;
+            for (int64_t k = 0; k < F; k++) v += teacher[c * F + k] * thumb[k];
+            if (v > best_v) best_v = v, best = (int)c;
+        }
+        y[g] = best;
+    }
+    sg_tensor *tx = NULL, *ty = NULL;
+    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 4, (int64_t[]){n, R, R, 3}, "data.x", &tx);
+    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, "data.y", &ty);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(tx, x, (size_t)(n * px) * sizeof *x);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(ty, y, (size_t)n * sizeof *y);
+    free(x), free(y), free(teacher);
+    if (st != SG_OK) {
+        sg_tensor_destroy(tx), sg_tensor_destroy(ty);
+        return st;
+    }
+    return sg_dataset_create(ctx, tx, ty, out);
+}
