@@ -102,6 +102,10 @@ sg_status sg_model_estimate(const char *name, const sg_model_options *opts, sg_m
         sg_efficientnet_estimate(&spec, opts && opts->classes ? opts->classes : 1000, out);
     else if (k->images) sg_resnet_estimate(&spec, opts && opts->classes ? opts->classes : 1000, out);
     else sg_mlp_estimate(&spec, shards, out);
+    /* Image models estimate f32; under bf16 their activations take half, and the parameters'
+     * and gradients' bf16 copies 4 bytes per parameter more. */
+    if (k->images && precision == SG_DTYPE_BF16)
+        out->activation_bytes /= 2, out->param_bytes += (size_t)out->params * 4;
     out->total_bytes = out->param_bytes + out->activation_bytes + out->data_bytes + out->optim_bytes;
     return SG_OK;
 }
