@@ -83,7 +83,7 @@ static sg_model *mini(sg_ctx *ctx, const spec *s, sg_dataset *d)
     sg_builder *b;
     TU_OK(ctx, sg_builder_create(ctx, "mini-resnet", &bo, &b));
     sg_activation relu = s->smooth ? SG_ACT_NONE : SG_ACT_RELU;
-    sg_module *l[6], *m1[4], *m2[4], *sc[2], *seq;
+    sg_module *l[8], *m1[4], *m2[4], *sc[2], *seq;
     int n = 0;
     int64_t x[3] = {s->H, s->W, s->Cin}, a[3], c[3], e[3], f[3];
     TU_OK(ctx, sg_module_conv2d(b, "conv1", x[0], x[1], x[2], s->C1, 3, 1, 1, 1, 1, &l[n++]));
