@@ -14,10 +14,19 @@
  *
  * The plan (sg_conv2d_plan_cuda, once): one convolution descriptor per pass (forward, backward
  * data, backward filter), since each pass's algorithm carries its own math type. Each pass
- * takes the first algorithm of cuDNN's heuristic ranking (cudnnGet*Algorithm_v7, fastest
- * first) that succeeds on the shape, is CUDNN_DETERMINISTIC, needs at most
+ * takes the fastest algorithm that succeeds on the shape, is CUDNN_DETERMINISTIC, needs at most
  * SG_CONV_WORKSPACE_MAX bytes and (f32) no tensor cores, and whose workspace size cuDNN then
- * confirms under the pass's math type. One workspace of the most any pass needs (or the bias
+ * confirms under the pass's math type. "Fastest" is cuDNN's heuristic ranking
+ * (cudnnGet*Algorithm_v7) for ungrouped convolutions, and measured for grouped ones
+ * (depthwise), where the heuristic's first deterministic bf16 pick ran one kernel per group
+ * (bench/RESULTS.md): cudnnFind*AlgorithmEx on scratch tensors of the plan's shapes, at most
+ * CONV_MEASURE_WS bytes of workspace, when the model is built, as PyTorch's cudnn.benchmark.
+ * Every choice is remembered per context for its shape, so every plan of one shape in a context
+ * (an eager model and its graphed twin in verify) runs the same algorithms and agrees bit for
+ * bit. Measured choices can differ between processes (timings vary), and with them the last
+ * bits. STEPGRAPH_CONV_ALGO=heuristic ranks every shape by the heuristic (the same choice in
+ * every process), =measure measures every shape (slower on ResNet-50: bench/RESULTS.md),
+ * =grouped is the default. One workspace of the most any pass needs (or the bias
  * gradient's partials, if more) is allocated from the context's current pool; the runs share
  * it (one stream: they never overlap) and allocate nothing.
  *
@@ -31,6 +40,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ops/dtype_cuda.cuh"
 
@@ -59,14 +69,26 @@ static sg_status dnn_status(const sg_ctx *ctx, cudnnStatus_t s, const char *call
 
 /* ---- the cuDNN handle ---- */
 
+/* A shape's chosen algorithms, remembered for the context's later plans of that shape. */
+typedef struct conv_choice {
+    sg_dtype dtype;
+    int64_t x[4], w[4];
+    sg_conv2d_params p;
+    int fwd, data, filter;           /* the algorithms */
+    cudnnMathType_t fwd_m, data_m, filter_m;
+} conv_choice;
+
 typedef struct conv_dnn {
     cudnnHandle_t handle;
+    conv_choice *choices;
+    int n_choices, cap_choices;
 } conv_dnn;
 
 static void dnn_free(sg_ctx *ctx, void *ext)
 {
     conv_dnn *d = (conv_dnn *)ext;
     if (d->handle) cudnnDestroy(d->handle); /* teardown: a failure cannot be acted on */
+    free(d->choices);
     free(d);
 }
 
@@ -159,15 +181,47 @@ static sg_status no_algorithm(sg_ctx *ctx, const sg_conv2d *c, const char *pass,
                    c->p.dil_h, c->p.dil_w, c->p.groups, SG_CONV_WORKSPACE_MAX >> 20, seen);
 }
 
-/* Each pass: cuDNN's ranking (fastest first), then the first candidate usable() admits whose
- * workspace cuDNN confirms under the math type the pass will run with (set on its descriptor). */
-static sg_status pick_forward(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, size_t *ws)
+#define CONV_MEASURE_WS ((size_t)64 << 20) /* workspace offered to measured candidates */
+
+/* Scratch tensors of the plan's shapes for cudnnFind*AlgorithmEx (x doubles as dx, y as dy, w
+ * as dw), zero-filled, and a workspace; freed (to the context's cache) after the plan. */
+typedef struct conv_scratch {
+    sg_tensor *x, *w, *y, *ws;
+} conv_scratch;
+
+static void scratch_free(conv_scratch *m)
+{
+    sg_tensor_destroy(m->x), sg_tensor_destroy(m->w), sg_tensor_destroy(m->y), sg_tensor_destroy(m->ws);
+}
+
+static sg_status scratch_make(sg_ctx *ctx, const sg_conv2d *c, conv_scratch *m)
+{
+    int64_t ws_elems = (int64_t)(CONV_MEASURE_WS / sizeof(float));
+    SG_TRY(sg_tensor_create(ctx, c->dtype, 4, c->x_shape, "conv2d measure x", &m->x));
+    SG_TRY(sg_tensor_create(ctx, c->dtype, 4, c->w_shape, "conv2d measure w", &m->w));
+    SG_TRY(sg_tensor_create(ctx, c->dtype, 4, c->y_shape, "conv2d measure y", &m->y));
+    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 1, &ws_elems, "conv2d measure workspace", &m->ws));
+    SG_TRY(sg_tensor_fill(m->x, 0.0));
+    SG_TRY(sg_tensor_fill(m->w, 0.0));
+    return sg_tensor_fill(m->y, 0.0);
+}
+
+/* Each pass: the candidates fastest first (measured on scratch tensors when m, else cuDNN's
+ * heuristic ranking), then the first candidate usable() admits whose workspace cuDNN confirms
+ * under the math type the pass will run with (set on its descriptor). */
+static sg_status pick_forward(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, const conv_scratch *m, size_t *ws)
 {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int n = 0;
-    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionForwardAlgorithm_v7(
-                            pl->h, pl->xd, pl->wd, pl->fwd_cd, pl->yd,
-                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf));
+    if (m)
+        SG_CUDNN_CHECK(ctx, cudnnFindConvolutionForwardAlgorithmEx(
+                                pl->h, pl->xd, sg_tensor_data(m->x), pl->wd, sg_tensor_data(m->w), pl->fwd_cd,
+                                pl->yd, sg_tensor_data(m->y), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf,
+                                sg_tensor_data(m->ws), CONV_MEASURE_WS));
+    else
+        SG_CUDNN_CHECK(ctx, cudnnGetConvolutionForwardAlgorithm_v7(
+                                pl->h, pl->xd, pl->wd, pl->fwd_cd, pl->yd,
+                                CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf));
     for (int i = 0; i < n; i++) {
         const cudnnConvolutionFwdAlgoPerf_t *q = &perf[i];
         if (!usable(c->dtype, q->status, q->determinism, q->mathType, q->memory)) continue;
@@ -184,13 +238,19 @@ static sg_status pick_forward(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, si
     return no_algorithm(ctx, c, "forward", n);
 }
 
-static sg_status pick_data(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, size_t *ws)
+static sg_status pick_data(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, const conv_scratch *m, size_t *ws)
 {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int n = 0;
-    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                            pl->h, pl->wd, pl->yd, pl->data_cd, pl->xd,
-                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf));
+    if (m)
+        SG_CUDNN_CHECK(ctx, cudnnFindConvolutionBackwardDataAlgorithmEx(
+                                pl->h, pl->wd, sg_tensor_data(m->w), pl->yd, sg_tensor_data(m->y), pl->data_cd,
+                                pl->xd, sg_tensor_data(m->x), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf,
+                                sg_tensor_data(m->ws), CONV_MEASURE_WS));
+    else
+        SG_CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                                pl->h, pl->wd, pl->yd, pl->data_cd, pl->xd,
+                                CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf));
     for (int i = 0; i < n; i++) {
         const cudnnConvolutionBwdDataAlgoPerf_t *q = &perf[i];
         if (!usable(c->dtype, q->status, q->determinism, q->mathType, q->memory)) continue;
@@ -207,13 +267,19 @@ static sg_status pick_data(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, size_
     return no_algorithm(ctx, c, "backward-data", n);
 }
 
-static sg_status pick_filter(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, size_t *ws)
+static sg_status pick_filter(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, const conv_scratch *m, size_t *ws)
 {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int n = 0;
-    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                            pl->h, pl->xd, pl->yd, pl->filter_cd, pl->wd,
-                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf));
+    if (m)
+        SG_CUDNN_CHECK(ctx, cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                                pl->h, pl->xd, sg_tensor_data(m->x), pl->yd, sg_tensor_data(m->y), pl->filter_cd,
+                                pl->wd, sg_tensor_data(m->w), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf,
+                                sg_tensor_data(m->ws), CONV_MEASURE_WS));
+    else
+        SG_CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                                pl->h, pl->xd, pl->yd, pl->filter_cd, pl->wd,
+                                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf));
     for (int i = 0; i < n; i++) {
         const cudnnConvolutionBwdFilterAlgoPerf_t *q = &perf[i];
         if (!usable(c->dtype, q->status, q->determinism, q->mathType, q->memory)) continue;
@@ -239,6 +305,74 @@ static sg_status conv_desc(sg_ctx *ctx, const sg_conv2d *c, cudnnConvolutionDesc
                                                         CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     SG_CUDNN_CHECK(ctx, cudnnSetConvolutionGroupCount(*cd, p->groups));
     SG_CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(*cd, base_math(c->dtype)));
+    return SG_OK;
+}
+
+static bool same_shape(const conv_choice *k, const sg_conv2d *c)
+{
+    return k->dtype == c->dtype && !memcmp(k->x, c->x_shape, sizeof k->x) && !memcmp(k->w, c->w_shape, sizeof k->w) &&
+           !memcmp(&k->p, &c->p, sizeof k->p);
+}
+
+/* A pass's algorithm given (remembered): its math type on its descriptor, its workspace. */
+static sg_status reuse(sg_ctx *ctx, const conv_choice *k, conv_plan *pl, size_t *wf, size_t *wd, size_t *wfl)
+{
+    pl->fwd = (cudnnConvolutionFwdAlgo_t)k->fwd;
+    pl->data = (cudnnConvolutionBwdDataAlgo_t)k->data;
+    pl->filter = (cudnnConvolutionBwdFilterAlgo_t)k->filter;
+    SG_CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->fwd_cd, k->fwd_m));
+    SG_CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->data_cd, k->data_m));
+    SG_CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->filter_cd, k->filter_m));
+    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionForwardWorkspaceSize(pl->h, pl->xd, pl->wd, pl->fwd_cd, pl->yd, pl->fwd, wf));
+    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardDataWorkspaceSize(pl->h, pl->wd, pl->yd, pl->data_cd, pl->xd,
+                                                                     pl->data, wd));
+    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardFilterWorkspaceSize(pl->h, pl->xd, pl->yd, pl->filter_cd, pl->wd,
+                                                                       pl->filter, wfl));
+    return SG_OK;
+}
+
+/* The three passes' algorithms: the context's earlier choice for this shape, else chosen now
+ * (measured unless STEPGRAPH_CONV_ALGO=heuristic) and remembered. */
+static sg_status choose(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, size_t *wf, size_t *wd, size_t *wfl)
+{
+    conv_dnn *d = (conv_dnn *)sg_ctx_ext(ctx, SG_EXT_CONV);
+    for (int i = 0; i < d->n_choices; i++)
+        if (same_shape(&d->choices[i], c)) return reuse(ctx, &d->choices[i], pl, wf, wd, wfl);
+    const char *how = getenv("STEPGRAPH_CONV_ALGO");
+    if (how && how[0] && strcmp(how, "heuristic") && strcmp(how, "measure") && strcmp(how, "grouped"))
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_conv2d_create: STEPGRAPH_CONV_ALGO is '%s': expected 'grouped' (the "
+                       "default), 'measure' or 'heuristic'", how);
+    bool measure = how && !strcmp(how, "measure") ? true
+                   : how && !strcmp(how, "heuristic") ? false
+                   : c->p.groups > 1; /* grouped (depthwise): the heuristic's first pick can run per group */
+    conv_scratch m = {0};
+    SG_CUDNN_CHECK(ctx, cudnnSetStream(pl->h, (cudaStream_t)sg_ctx_stream(ctx))); /* after the scratch's fills */
+    sg_status st = measure ? scratch_make(ctx, c, &m) : SG_OK;
+    /* A pass with no usable candidate within the measuring workspace falls back to the ranking. */
+    const conv_scratch *mp = measure ? &m : NULL;
+    if (st == SG_OK && (st = pick_forward(ctx, c, pl, mp, wf)) == SG_ERR_UNSUPPORTED && mp)
+        st = pick_forward(ctx, c, pl, NULL, wf);
+    if (st == SG_OK && (st = pick_data(ctx, c, pl, mp, wd)) == SG_ERR_UNSUPPORTED && mp)
+        st = pick_data(ctx, c, pl, NULL, wd);
+    if (st == SG_OK && (st = pick_filter(ctx, c, pl, mp, wfl)) == SG_ERR_UNSUPPORTED && mp)
+        st = pick_filter(ctx, c, pl, NULL, wfl);
+    /* Find synchronises the stream itself; the scratch is idle when it returns. */
+    scratch_free(&m);
+    SG_TRY(st);
+    if (d->n_choices == d->cap_choices) {
+        int cap = d->cap_choices ? 2 * d->cap_choices : 16;
+        conv_choice *g = (conv_choice *)realloc(d->choices, (size_t)cap * sizeof *g);
+        if (!g) return sg_fail(ctx, SG_ERR_OOM, "sg_conv2d_create: out of host memory for the algorithm cache");
+        d->choices = g, d->cap_choices = cap;
+    }
+    conv_choice *k = &d->choices[d->n_choices++];
+    memset(k, 0, sizeof *k);
+    k->dtype = c->dtype;
+    memcpy(k->x, c->x_shape, sizeof k->x), memcpy(k->w, c->w_shape, sizeof k->w), memcpy(&k->p, &c->p, sizeof k->p);
+    k->fwd = pl->fwd, k->data = pl->data, k->filter = pl->filter;
+    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionMathType(pl->fwd_cd, &k->fwd_m));
+    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionMathType(pl->data_cd, &k->data_m));
+    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionMathType(pl->filter_cd, &k->filter_m));
     return SG_OK;
 }
 
@@ -278,9 +412,7 @@ extern "C" sg_status sg_conv2d_plan_cuda(sg_ctx *ctx, sg_conv2d *c)
                        (long long)ys[3]);
 
     size_t wf = 0, wdata = 0, wfilt = 0;
-    SG_TRY(pick_forward(ctx, c, pl, &wf));
-    SG_TRY(pick_data(ctx, c, pl, &wdata));
-    SG_TRY(pick_filter(ctx, c, pl, &wfilt));
+    SG_TRY(choose(ctx, c, pl, &wf, &wdata, &wfilt));
 
     /* The bias gradient's partials: db_parts per channel of db_rows rows each. */
     const int64_t M = ys[0] * ys[1] * ys[2], C = ys[3];
