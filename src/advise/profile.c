@@ -221,19 +221,8 @@ static sg_status split_step(sg_ctx *ctx, const range_log *l, const sg_advise_pro
 
 #define PROBE_STEPS 7
 
-/* The median over probe steps of the region at byte offset off of a step_split. */
-static sg_advise_region median_region(const step_split *sp, size_t off)
-{
-    double l[PROBE_STEPS], h[PROBE_STEPS];
-    for (int i = 0; i < PROBE_STEPS; i++) {
-        const sg_advise_region *r = (const sg_advise_region *)((const char *)&sp[i] + off);
-        l[i] = r->launches, h[i] = r->host_us;
-    }
-    return (sg_advise_region){sg_advise_median(l, PROBE_STEPS), sg_advise_median(h, PROBE_STEPS)};
-}
-
 /* PROBE_STEPS eager steps, each queued on an idle device with the range log as the context's
- * range hook; the regions are their medians. */
+ * range hook; the regions are those of the step of median host time. */
 static sg_status probe_regions(sg_ctx *ctx, sg_model *m, sg_trainer *t, int64_t *s, sg_advise_profile *out)
 {
     if (!m->net)
@@ -269,15 +258,20 @@ static sg_status probe_regions(sg_ctx *ctx, sg_model *m, sg_trainer *t, int64_t 
     }
     if (st == SG_OK) st = sg_ctx_sync(ctx);
     if (st == SG_OK) {
-        out->step = median_region(sp, offsetof(step_split, step));
-        out->load = median_region(sp, offsetof(step_split, load));
-        out->forward = median_region(sp, offsetof(step_split, forward));
-        out->backward = median_region(sp, offsetof(step_split, backward));
-        for (int k = 0; k < n; k++) {
-            size_t at = (size_t)k * sizeof(sg_advise_region);
-            out->modules[k].forward = median_region(sp, offsetof(step_split, fwd) + at);
-            out->modules[k].backward = median_region(sp, offsetof(step_split, bwd) + at);
+        /* The split of one step, the one of median host time: medians taken part by part can
+         * add up to more than the median step (seen on cuDNN models, whose per-call host time
+         * varies), and the parts must fit in the whole. */
+        int im = 0, best = PROBE_STEPS;
+        for (int i = 0; i < PROBE_STEPS; i++) {
+            int below = 0, above = 0;
+            for (int j = 0; j < PROBE_STEPS; j++)
+                below += sp[j].step.host_us < sp[i].step.host_us, above += sp[j].step.host_us > sp[i].step.host_us;
+            int off = below > above ? below - above : above - below;
+            if (off < best) best = off, im = i;
         }
+        out->step = sp[im].step, out->load = sp[im].load;
+        out->forward = sp[im].forward, out->backward = sp[im].backward;
+        for (int k = 0; k < n; k++) out->modules[k].forward = sp[im].fwd[k], out->modules[k].backward = sp[im].bwd[k];
     }
     free(log), free(sp);
     return st;
