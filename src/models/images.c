@@ -1,6 +1,7 @@
-/* images.c: the image kinds' synthetic data set (resnet, efficientnet): N(0,1) images, NHWC, each
- * labelled by a fixed random linear teacher of its 4 x 4 average-pooled thumbnail, so a network
- * can learn the labels from the pixels. Made from the public API only. */
+/* images.c: the built-ins' synthetic data: the image kinds' set (resnet, efficientnet): N(0,1)
+ * images, NHWC, each labelled by a fixed random linear teacher of its 4 x 4 average-pooled
+ * thumbnail, so a network can learn the labels from the pixels; and what the MLP's teacher data
+ * share with it (the teacher's label, host arrays into a data set). Public API only. */
 #include "models/model.h"
 
 #include <stdlib.h>
@@ -27,24 +28,36 @@ sg_status sg_image_data(sg_ctx *ctx, int64_t n, int64_t R, int64_t classes, uint
         for (int64_t h = 0; h < R; h++)
             for (int64_t w = 0; w < R; w++)
                 for (int c = 0; c < 3; c++) thumb[((h * T / R) * T + w * T / R) * 3 + c] += img[(h * R + w) * 3 + c];
-        int best = 0;
-        double best_v = -1e300;
-        for (int64_t c = 0; c < classes; c++) {
-            double v = 0;
-            for (int64_t k = 0; k < F; k++) v += teacher[c * F + k] * thumb[k];
-            if (v > best_v) best_v = v, best = (int)c;
-        }
-        y[g] = best;
+        y[g] = sg_teacher_label(teacher, classes, thumb, F);
     }
-    sg_tensor *tx = NULL, *ty = NULL;
-    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 4, (int64_t[]){n, R, R, 3}, "data.x", &tx);
-    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, "data.y", &ty);
-    if (st == SG_OK) st = sg_tensor_copy_from_host(tx, x, (size_t)(n * px) * sizeof *x);
-    if (st == SG_OK) st = sg_tensor_copy_from_host(ty, y, (size_t)n * sizeof *y);
+    if (st == SG_OK) st = sg_host_dataset(ctx, x, 4, (int64_t[]){n, R, R, 3}, y, out);
     free(x), free(y), free(teacher);
-    if (st != SG_OK) {
-        sg_tensor_destroy(tx), sg_tensor_destroy(ty);
-        return st;
+    return st;
+}
+
+int sg_teacher_label(const double *teacher, int64_t classes, const double *f, int64_t F)
+{
+    int best = 0;
+    double best_v = -1e300;
+    for (int64_t c = 0; c < classes; c++) {
+        double v = 0;
+        for (int64_t k = 0; k < F; k++) v += teacher[c * F + k] * f[k];
+        if (v > best_v) best_v = v, best = (int)c;
     }
-    return sg_dataset_create(ctx, tx, ty, out);
+    return best;
+}
+
+sg_status sg_host_dataset(sg_ctx *ctx, const float *x, int ndim, const int64_t *x_shape, const int32_t *y,
+                          sg_dataset **out)
+{
+    int64_t n = x_shape[0], numel = 1;
+    for (int i = 0; i < ndim; i++) numel *= x_shape[i];
+    sg_tensor *tx = NULL, *ty = NULL;
+    sg_status st = sg_tensor_create(ctx, SG_DTYPE_F32, ndim, x_shape, "data.x", &tx);
+    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, "data.y", &ty);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(tx, x, (size_t)numel * sizeof *x);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(ty, y, (size_t)n * sizeof *y);
+    if (st == SG_OK) st = sg_dataset_create(ctx, tx, ty, out);
+    else sg_tensor_destroy(tx), sg_tensor_destroy(ty);
+    return st;
 }

@@ -32,34 +32,20 @@ static sg_status teacher_data(sg_ctx *ctx, int64_t n, int64_t W, uint64_t seed, 
     int64_t C = SG_MLP_CLASSES;
     float *x = malloc((size_t)(n * W) * sizeof *x);
     int32_t *y = malloc((size_t)n * sizeof *y);
-    double *teacher = malloc((size_t)(C * W) * sizeof *teacher);
-    sg_status st = x && y && teacher ? SG_OK
-                                     : sg_ctx_fail(ctx, SG_ERR_OOM, "sg_model_create: out of host memory for the data set");
+    double *teacher = malloc((size_t)(C * W) * sizeof *teacher), *f = malloc((size_t)W * sizeof *f);
+    sg_status st = x && y && teacher && f
+                       ? SG_OK
+                       : sg_ctx_fail(ctx, SG_ERR_OOM, "sg_model_create: out of host memory for the data set");
     sg_rng r = {seed};
     for (int64_t i = 0; st == SG_OK && i < C * W; i++) teacher[i] = sg_rng_normal(&r);
     for (int64_t g = 0; st == SG_OK && g < n; g++) {
         float *row = x + g * W;
-        for (int64_t k = 0; k < W; k++) row[k] = (float)sg_rng_normal(&r);
-        int best = 0;
-        double best_v = -1e300;
-        for (int64_t c = 0; c < C; c++) {
-            double v = 0;
-            for (int64_t k = 0; k < W; k++) v += teacher[c * W + k] * row[k];
-            if (v > best_v) best_v = v, best = (int)c;
-        }
-        y[g] = best;
+        for (int64_t k = 0; k < W; k++) row[k] = (float)sg_rng_normal(&r), f[k] = row[k];
+        y[g] = sg_teacher_label(teacher, C, f, W);
     }
-    sg_tensor *tx = NULL, *ty = NULL;
-    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 2, (int64_t[]){n, W}, "data.x", &tx);
-    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, "data.y", &ty);
-    if (st == SG_OK) st = sg_tensor_copy_from_host(tx, x, (size_t)(n * W) * sizeof *x);
-    if (st == SG_OK) st = sg_tensor_copy_from_host(ty, y, (size_t)n * sizeof *y);
-    free(x), free(y), free(teacher);
-    if (st != SG_OK) {
-        sg_tensor_destroy(tx), sg_tensor_destroy(ty);
-        return st;
-    }
-    return sg_dataset_create(ctx, tx, ty, out);
+    if (st == SG_OK) st = sg_host_dataset(ctx, x, 2, (int64_t[]){n, W}, y, out);
+    free(x), free(y), free(teacher), free(f);
+    return st;
 }
 
 sg_status sg_mlp_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, const sg_model_options *o,

@@ -41,6 +41,12 @@ void sg_efficientnet_estimate(const sg_kind_spec *s, int64_t classes, sg_model_s
  * labelled 0..classes-1 by a fixed random linear teacher of their 4 x 4 average-pooled
  * thumbnails; the same seed gives the same set. */
 sg_status sg_image_data(sg_ctx *ctx, int64_t n, int64_t R, int64_t classes, uint64_t seed, sg_dataset **out);
+/* The class a fixed linear teacher (classes, F) gives features f (F): the argmax of teacher f
+ * (the first on ties). */
+int sg_teacher_label(const double *teacher, int64_t classes, const double *f, int64_t F);
+/* Host arrays x (x_shape, F32) and y (x_shape[0] labels, I32) copied into a new device data set. */
+sg_status sg_host_dataset(sg_ctx *ctx, const float *x, int ndim, const int64_t *x_shape, const int32_t *y,
+                          sg_dataset **out);
 /* vocab: the GPT's vocabulary (0: bytes, 256). */
 void sg_gpt_estimate(const sg_kind_spec *s, sg_dtype precision, float dropout, int64_t vocab,
                      sg_model_size *out);
