@@ -791,6 +791,14 @@ def main(argv=None):
         return 2
     set_fp32_no_tf32()
 
+    return run_all(runs, modes, run_one, cleanup, print_table, args)
+
+
+def run_all(runs, modes, run_one, cleanup, print_table, args):
+    """Every (model, precision) of runs in every mode: run_one(name, mode, precision, args) gives
+    a row; a mode that raises gives a row with an "error" key and the others go on; cleanup(mode)
+    after each. Rows printed as JSON lines as they come (--json), else print_table(rows) at the
+    end. Returns the exit status: 1 if any mode failed. (torch_vision.py runs its own through it.)"""
     rows, failed = [], False
     for name, precision in runs:
         for mode in modes:

@@ -73,13 +73,11 @@ import argparse
 import collections
 import contextlib
 import gc
-import json
 import math
 import os
 import statistics
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_ref  # noqa: E402  (its helpers: list flags, TF32, Adam's name, the profiler)
@@ -454,26 +452,8 @@ def main(argv=None):
     torch_ref.set_fp32_no_tf32()
     torch.backends.cudnn.benchmark = True
 
-    rows, failed = [], False
-    for name in models:
-        for precision in precisions:
-            for mode in modes:
-                try:
-                    row = run_one(name, mode, precision, args)
-                except Exception as e:  # one failing mode must not hide the others' numbers
-                    traceback.print_exc()
-                    failed = True
-                    row = {"framework": "pytorch", "model": name, "mode": mode,
-                           "precision": precision,
-                           "error": f"{type(e).__name__}: {str(e)[:300]}",
-                           "torch_version": torch.__version__}
-                cleanup(mode)
-                rows.append(row)
-                if args.json:
-                    print(json.dumps(row), flush=True)
-    if not args.json:
-        print_table(rows)
-    return 1 if failed else 0
+    runs = [(name, precision) for name in models for precision in precisions]
+    return torch_ref.run_all(runs, modes, run_one, cleanup, print_table, args)
 
 
 if __name__ == "__main__":

@@ -8,20 +8,13 @@
 #include "testutil.h"
 #include "train/model.h"
 
-/* N(0,1) by Box-Muller from the test's generator. */
-static double normal(void)
-{
-    double u = tu_uniform(1e-12, 1), v = tu_uniform(0, 1);
-    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
-}
-
 /* n images (H, W, C) N(0,1), labels uniform over `classes`. */
 static sg_dataset *images(sg_ctx *ctx, int64_t n, int64_t H, int64_t W, int64_t C, int64_t classes)
 {
     sg_tensor *tx = tu_tensor(ctx, SG_DTYPE_F32, 4, (int64_t[]){n, H, W, C}, "x");
     sg_tensor *ty = tu_tensor1(ctx, SG_DTYPE_I32, n, "y");
     double *x = malloc((size_t)tx->numel * sizeof *x), *y = malloc((size_t)n * sizeof *y);
-    for (int64_t i = 0; i < tx->numel; i++) x[i] = normal();
+    for (int64_t i = 0; i < tx->numel; i++) x[i] = tu_normal();
     for (int64_t i = 0; i < n; i++) y[i] = tu_randint(0, (int)classes - 1);
     tu_set(tx, x), tu_set(ty, y);
     free(x), free(y);
@@ -94,7 +87,7 @@ static void se_gradients(void)
     sg_tensor *dy = tu_tensor(ctx, SG_DTYPE_F32, 4, (int64_t[]){B, H, W, C}, "se.dy");
     int64_t n = x->numel, np = sg_tensor_numel(sg_model_params(m));
     double *xv = malloc((size_t)n * sizeof *xv), *c = malloc((size_t)n * sizeof *c);
-    for (int64_t i = 0; i < n; i++) xv[i] = (float)(1.5 * normal()), c[i] = tu_uniform(-1, 1);
+    for (int64_t i = 0; i < n; i++) xv[i] = (float)(1.5 * tu_normal()), c[i] = tu_uniform(-1, 1);
     float *p = malloc((size_t)np * 4);
     TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(m), p, (size_t)np * 4));
     const sg_tensor *y = NULL;
@@ -353,16 +346,7 @@ static void refusals(sg_backend be)
     /* Still usable: efficientnet_b0 at 1 x 1 pixels (torchvision's minimum) trains a step. */
     o.dropout = 0, o.classes = 5;
     TU_OK(ctx, sg_model_create_ex(ctx, "efficientnet_b0-2-1", tu_next(), &o, &mm));
-    sg_optim *opt;
-    sg_trainer *t;
-    TU_OK(ctx, sg_optim_create(ctx, mm, SG_OPTIM_ADAMW, &opt));
-    sg_trainer_options to = sg_trainer_options_default();
-    TU_OK(ctx, sg_trainer_create(mm, opt, &to, &t));
-    TU_OK(ctx, sg_trainer_step(t, 0));
-    float l;
-    TU_OK(ctx, sg_model_loss_read(mm, &l));
-    TU_CHECK(isfinite(l) && l > 0, "loss %g after the refusals", l);
-    sg_trainer_destroy(t), sg_optim_destroy(opt), sg_model_destroy(mm);
+    tu_trains_a_step(ctx, mm, "after the refusals");
     sg_ctx_destroy(ctx);
 }
 

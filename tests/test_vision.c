@@ -31,13 +31,6 @@ static spec draw(void)
     return s;
 }
 
-/* N(0,1) by Box-Muller from the test's generator. */
-static double normal(void)
-{
-    double u = tu_uniform(1e-12, 1), v = tu_uniform(0, 1);
-    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
-}
-
 static int64_t osz(int64_t n, int k, int stride, int pad) { return (n + 2 * pad - k) / stride + 1; }
 
 /* x (n, H, W, Cin) N(0,1), labels uniform over the classes. */
@@ -48,7 +41,7 @@ static sg_dataset *images(sg_ctx *ctx, const spec *s, int64_t n)
     int32_t *y = malloc((size_t)n * 4);
     uint64_t keep = tu_state;
     tu_state = s->dseed;
-    for (int64_t i = 0; i < n * px; i++) x[i] = (float)normal();
+    for (int64_t i = 0; i < n * px; i++) x[i] = (float)tu_normal();
     for (int64_t i = 0; i < n; i++) y[i] = (int32_t)tu_randint(0, (int)s->classes - 1);
     tu_state = keep;
     sg_tensor *tx, *ty;
@@ -336,7 +329,7 @@ static void finite_differences(void)
     int64_t nx = s.B * s.H * s.W * s.Cin, ny = s.B * s.classes, np = sg_tensor_numel(sg_model_params(m));
     float *xv = malloc((size_t)nx * 4), *c = malloc((size_t)ny * 4), *yv = malloc((size_t)ny * 4);
     float *p = malloc((size_t)np * 4), *g = malloc((size_t)np * 4);
-    for (int64_t i = 0; i < nx; i++) xv[i] = (float)normal();
+    for (int64_t i = 0; i < nx; i++) xv[i] = (float)tu_normal();
     for (int64_t i = 0; i < ny; i++) c[i] = (float)tu_uniform(-1, 1);
     sg_tensor *xin = sg_model_input(m), *dy, *dx = NULL;
     TU_OK(ctx, sg_tensor_copy_from_host(xin, xv, (size_t)nx * 4));
@@ -466,16 +459,7 @@ static void refusals(sg_backend be)
     spec s = draw();
     sg_model *mm;
     TU_OK(ctx, factory(ctx, &s, &mm));
-    sg_optim *o;
-    sg_trainer *t;
-    TU_OK(ctx, sg_optim_create(ctx, mm, SG_OPTIM_ADAMW, &o));
-    sg_trainer_options to = sg_trainer_options_default();
-    TU_OK(ctx, sg_trainer_create(mm, o, &to, &t));
-    TU_OK(ctx, sg_trainer_step(t, 0));
-    float l;
-    TU_OK(ctx, sg_model_loss_read(mm, &l));
-    TU_CHECK(isfinite(l) && l > 0, "loss %g after the refusals", l);
-    sg_trainer_destroy(t), sg_optim_destroy(o), sg_model_destroy(mm);
+    tu_trains_a_step(ctx, mm, "after the refusals");
     sg_ctx_destroy(ctx);
 }
 

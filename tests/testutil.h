@@ -90,6 +90,13 @@ static inline int tu_randint(int lo, int hi) /* inclusive */
     return lo + (int)(tu_next() % (uint64_t)(hi - lo + 1));
 }
 
+/* N(0,1) by Box-Muller from the test's generator. */
+static inline double tu_normal(void)
+{
+    double u = tu_uniform(1e-12, 1), v = tu_uniform(0, 1);
+    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
+}
+
 /* Under compute-sanitizer's racecheck (gpu-check.sh sets SG_SANITIZER): cuBLAS's Hopper bf16
  * GEMM kernels (nvjet_sm90_*) use asynchronous barriers that racecheck reports as hazards, and
  * excluding those kernels by name made them fail to run; tests leave their bf16 cuBLAS cases
@@ -409,6 +416,22 @@ static inline double tu_dot(const sg_tensor *a, const sg_tensor *r)
     double s = 0;
     for (int64_t i = 0; i < a->numel; i++) s += sg_ld(a, i) * sg_ld(r, i);
     return s;
+}
+
+/* The context still trains after what came before (refusals, say): one eager AdamW step of m,
+ * which it takes, with a finite positive loss (`what` names the moment in a failure). */
+static inline void tu_trains_a_step(sg_ctx *ctx, sg_model *m, const char *what)
+{
+    sg_optim *o = NULL;
+    sg_trainer *t = NULL;
+    sg_trainer_options to = sg_trainer_options_default();
+    float l = NAN;
+    TU_OK(ctx, sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o));
+    TU_OK(ctx, sg_trainer_create(m, o, &to, &t));
+    TU_OK(ctx, sg_trainer_step(t, 0));
+    TU_OK(ctx, sg_model_loss_read(m, &l));
+    TU_CHECK(isfinite(l) && l > 0, "loss %g %s", l, what);
+    sg_trainer_destroy(t), sg_optim_destroy(o), sg_model_destroy(m);
 }
 
 #endif /* SG_TESTUTIL_H */

@@ -2,46 +2,12 @@
  * (rows, H, W, C): squeeze-excitation (x scaled per channel by a gate computed from x's
  * average) and stochastic depth (a residual branch dropped per image). Built from the existing
  * ops only; outputs allocated when a module is made, input gradients at sg_builder_finish, so a
- * step allocates nothing. f32 models only, as the other vision modules (vision.c). */
+ * step allocates nothing. f32 or bf16 activations, as the other vision modules (vision.c, whose
+ * argument checks these share). */
 #include "nn/nn.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-
-/* Activations in the builder's precision: f32, or bf16 under mixed precision. */
-static sg_status need_precision(sg_builder *b, const char *fn, const char *name)
-{
-    if (b->opts.precision == SG_DTYPE_F32 || b->opts.precision == SG_DTYPE_BF16) return SG_OK;
-    return sg_fail(b->ctx, SG_ERR_UNSUPPORTED, "%s: '%s': the vision modules run f32 or bf16 activations; the "
-                   "builder's precision is %s", fn, name ? name : "", sg_dtype_name(b->opts.precision));
-}
-
-/* x is (rows, hwc) f32: the image batch m was made for. */
-static sg_status check_input(sg_module *m, const sg_tensor *x, int64_t rows, const int64_t hwc[3])
-{
-    if (!x)
-        return sg_fail(m->ctx, SG_ERR_NULL, "sg_module_forward: '%s' (%s): its input is NULL", sg_module_label(m),
-                       m->vt->kind);
-    bool ok = x->ndim == 4 && x->dtype == m->b->opts.precision && x->shape[0] == rows;
-    for (int i = 0; ok && i < 3; i++) ok = x->shape[i + 1] == hwc[i];
-    if (ok) return SG_OK;
-    char s[96];
-    return sg_fail(m->ctx, SG_ERR_SHAPE, "sg_module_forward: '%s' (%s) takes an image batch (%lld, %lld, %lld, %lld) "
-                   "%s (NHWC: rows, H, W, C); '%s' is %s", sg_module_label(m), m->vt->kind, (long long)rows,
-                   (long long)hwc[0], (long long)hwc[1], (long long)hwc[2], sg_dtype_name(m->b->opts.precision),
-                   x->name, sg_shape_str(x, s, sizeof s));
-}
-
-static sg_status no_forward(sg_module *m)
-{
-    return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(m));
-}
-
-static sg_status no_dx(sg_module *m)
-{
-    return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' has no input gradient buffer: its model was "
-                   "not finished (sg_builder_finish)", sg_module_label(m));
-}
 
 static sg_status set_rows_all(sg_tensor **t, int n, int64_t rows)
 {
@@ -70,7 +36,7 @@ enum { SE_ROW_TENSORS = 12 }; /* the tensors above but dxs (shared) and dx (set 
 static sg_status se_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
 {
     se_module *e = (se_module *)m;
-    SG_TRY(check_input(m, x, e->rows, e->hwc));
+    SG_TRY(sg_vision_check_image(m, "input", x, e->rows, e->hwc, false));
     e->x = x;
     SG_TRY(sg_avgpool_forward(m->ctx, x, e->pooled));
     SG_TRY(sg_linear_forward(m->ctx, e->pooled, sg_module_w(m, e->iw1), sg_module_w(m, e->ib1), SG_ACT_NONE, e->h1,
@@ -90,8 +56,8 @@ static sg_status se_forward(sg_module *m, const sg_tensor *x, const sg_tensor **
 static sg_status se_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
     se_module *e = (se_module *)m;
-    if (!e->x) return no_forward(m);
-    if (!m->no_input_grad && !e->dx) return no_dx(m);
+    if (!e->x) return sg_module_no_forward(m);
+    if (!m->no_input_grad && !e->dx) return sg_module_no_dx(m);
     SG_TRY(sg_channel_scale_backward(m->ctx, e->x, e->s, dy, e->dxs, e->ds));
     SG_TRY(sg_sigmoid_backward(m->ctx, e->s, e->ds, e->dh2));
     SG_TRY(sg_linear_backward(m->ctx, e->a1, sg_module_w(m, e->iw2), e->dh2, SG_ACT_NONE, NULL, e->da1,
@@ -145,7 +111,7 @@ sg_status sg_module_squeeze_excitation(sg_builder *b, const char *name, int64_t 
     if (!b) return SG_ERR_NULL;
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
-    SG_TRY(need_precision(b, fn, name));
+    SG_TRY(sg_vision_precision(b, fn, name));
     if (H < 1 || W < 1 || C < 1 || Csq < 1)
         return sg_fail(b->ctx, SG_ERR_SHAPE, "%s: '%s': (H, W, C) = (%lld, %lld, %lld), Csq %lld: expected every "
                        "size >= 1", fn, name ? name : "", (long long)H, (long long)W, (long long)C, (long long)Csq);
@@ -198,7 +164,7 @@ static bool sd_active(const sd_module *d) { return d->y && !d->base.b->eval; }
 static sg_status sd_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
 {
     sd_module *d = (sd_module *)m;
-    SG_TRY(check_input(m, x, d->rows, d->hwc));
+    SG_TRY(sg_vision_check_image(m, "input", x, d->rows, d->hwc, false));
     d->ran = true;
     if (!sd_active(d)) { /* p = 0, or evaluating: the identity */
         *y = x;
@@ -215,7 +181,7 @@ static sg_status sd_forward(sg_module *m, const sg_tensor *x, const sg_tensor **
 static sg_status sd_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
     sd_module *d = (sd_module *)m;
-    if (!d->ran) return no_forward(m);
+    if (!d->ran) return sg_module_no_forward(m);
     if (!sd_active(d)) {
         *dx = dy;
         return SG_OK;
@@ -252,7 +218,7 @@ sg_status sg_module_stochastic_depth(sg_builder *b, const char *name, int64_t H,
     if (!b) return SG_ERR_NULL;
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
-    SG_TRY(need_precision(b, fn, name));
+    SG_TRY(sg_vision_precision(b, fn, name));
     if (H < 1 || W < 1 || C < 1)
         return sg_fail(b->ctx, SG_ERR_SHAPE, "%s: '%s': (H, W, C) = (%lld, %lld, %lld): expected every size >= 1",
                        fn, name ? name : "", (long long)H, (long long)W, (long long)C);

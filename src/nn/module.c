@@ -8,6 +8,19 @@
 
 #include <stdlib.h>
 
+/* ---- the errors every module's backward shares ---- */
+
+sg_status sg_module_no_forward(sg_module *m)
+{
+    return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(m));
+}
+
+sg_status sg_module_no_dx(sg_module *m)
+{
+    return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' has no input gradient buffer: its model was "
+                   "not finished (sg_builder_finish)", sg_module_label(m));
+}
+
 /* ---- Linear ---- */
 
 typedef struct linear_module {
@@ -32,8 +45,7 @@ static sg_status linear_forward(sg_module *m, const sg_tensor *x, const sg_tenso
 static sg_status linear_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
     linear_module *l = (linear_module *)m;
-    if (!l->x)
-        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(m));
+    if (!l->x) return sg_module_no_forward(m);
     const sg_tensor *act_in = l->act == SG_ACT_GELU ? l->pre : l->act == SG_ACT_RELU ? l->y : NULL;
     SG_TRY(sg_linear_backward(m->ctx, l->x, l->w, dy, l->act, act_in, l->dx, l->dw, l->db));
     *dx = l->dx;
@@ -134,8 +146,7 @@ static sg_status act_forward(sg_module *m, const sg_tensor *x, const sg_tensor *
 static sg_status act_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
     act_module *a = (act_module *)m;
-    if (!a->x)
-        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(m));
+    if (!a->x) return sg_module_no_forward(m);
     if (a->act == SG_ACT_RELU) SG_TRY(sg_relu_backward(m->ctx, a->x, dy, a->dx));
     else if (a->act == SG_ACT_GELU) SG_TRY(sg_gelu_backward(m->ctx, a->x, dy, a->dx));
     else if (a->act == SG_ACT_SILU) SG_TRY(sg_silu_backward(m->ctx, a->x, dy, a->dx));

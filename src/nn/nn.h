@@ -160,6 +160,18 @@ static inline sg_tensor *sg_module_g(const sg_module *m, int p)
 /* A buffer of the module's own, (dims) in dt, named "<module>.<what>". */
 sg_status sg_module_buffer(sg_module *mod, sg_dtype dt, const char *what, int ndim, const int64_t *shape,
                            sg_tensor **out);
+/* Checks the vision modules share (vision.c, effnet.c). The builder's precision is one the
+ * vision modules run (f32 or bf16); fn and name go in the message. */
+sg_status sg_vision_precision(sg_builder *b, const char *fn, const char *name);
+/* t is (rows, hwc[0], hwc[1], hwc[2]) in the model's precision (f32 too when f32_ok: a bf16
+ * model's first convolution): the image batch m was made for (`what`: "input", or a branch's
+ * output in a residual block). */
+sg_status sg_vision_check_image(sg_module *m, const char *what, const sg_tensor *t, int64_t rows,
+                                const int64_t hwc[3], bool f32_ok);
+/* The errors of a backward before its forward, and of one with no input gradient buffer (the
+ * model not finished); module.c. */
+sg_status sg_module_no_forward(sg_module *m);
+sg_status sg_module_no_dx(sg_module *m);
 /* Dropout's generator (made on first use) and n consecutive call sites for this module. */
 sg_status sg_builder_rng(sg_builder *b, uint32_t n_sites, sg_tensor **rng, uint32_t *first_site);
 /* Frees what the builder holds beyond the modules (after them): shared buffers, the generator,

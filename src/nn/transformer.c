@@ -54,8 +54,7 @@ static sg_status ln_forward(sg_module *mod, const sg_tensor *x, const sg_tensor 
 static sg_status ln_backward(sg_module *mod, sg_tensor *dy, sg_tensor **dx)
 {
     ln_module *l = (ln_module *)mod;
-    if (!l->x)
-        return sg_fail(mod->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(mod));
+    if (!l->x) return sg_module_no_forward(mod);
     SG_TRY(sg_layernorm_backward(mod->ctx, l->x, sg_module_w(mod, l->iw), l->mean, l->rstd, dy, l->dx,
                                  sg_module_g(mod, l->iw), sg_module_g(mod, l->ib)));
     *dx = l->dx;
@@ -130,8 +129,7 @@ static sg_status embed_forward(sg_module *mod, const sg_tensor *tokens, const sg
 static sg_status embed_backward(sg_module *mod, sg_tensor *dy, sg_tensor **dx)
 {
     embed_module *e = (embed_module *)mod;
-    if (!e->tokens)
-        return sg_fail(mod->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(mod));
+    if (!e->tokens) return sg_module_no_forward(mod);
     sg_tensor *g = dy;
     if (e->yd != e->y) {
         SG_TRY(sg_dropout_backward(mod->ctx, dy, mod->b->opts.dropout, e->rng, e->site, e->dyd));
@@ -230,8 +228,7 @@ static sg_status attn_backward(sg_module *mod, sg_tensor *dy, sg_tensor **dx)
 {
     attn_module *t = (attn_module *)mod;
     sg_ctx *ctx = mod->ctx;
-    if (!t->x)
-        return sg_fail(ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(mod));
+    if (!t->x) return sg_module_no_forward(mod);
     sg_tensor *g = dy;
     if (t->pd) {
         SG_TRY(sg_dropout_backward(ctx, dy, mod->b->opts.dropout, t->rng, t->site, t->gp));
@@ -356,8 +353,7 @@ static sg_status block_backward(sg_module *mod, sg_tensor *dy, sg_tensor **dx)
     block_module *b = (block_module *)mod;
     sg_ctx *ctx = mod->ctx;
     float p = mod->b->opts.dropout;
-    if (!b->x)
-        return sg_fail(ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(mod));
+    if (!b->x) return sg_module_no_forward(mod);
     /* MLP branch: y = x2 + drop(proj(gelu(fc(ln2(x2))))) */
     sg_tensor *gq = dy;
     if (p > 0) {

@@ -15,8 +15,7 @@
 #define SG_BN_MOMENTUM 0.1f /* PyTorch's */
 #define SG_BN_EPS 1e-5f
 
-/* The activations' dtype: the builder's precision (f32 or bf16). */
-static sg_status need_precision(sg_builder *b, const char *fn, const char *name)
+sg_status sg_vision_precision(sg_builder *b, const char *fn, const char *name)
 {
     if (b->opts.precision == SG_DTYPE_F32 || b->opts.precision == SG_DTYPE_BF16) return SG_OK;
     return sg_fail(b->ctx, SG_ERR_UNSUPPORTED, "%s: '%s': the vision modules run f32 or bf16 activations; the "
@@ -32,11 +31,8 @@ static sg_status check_hwc(sg_builder *b, const char *fn, const char *name, cons
                    fn, name ? name : "", what, (long long)H, (long long)W, (long long)C);
 }
 
-/* t is (rows, hwc[0], hwc[1], hwc[2]) in the model's precision (f32 too for a bf16 model's first
- * convolution: `f32_ok`): the image batch m was made for (`what`: "input", or a branch's output
- * in a residual block). */
-static sg_status check_image_as(sg_module *m, const char *what, const sg_tensor *t, int64_t rows, const int64_t hwc[3],
-                                bool f32_ok)
+sg_status sg_vision_check_image(sg_module *m, const char *what, const sg_tensor *t, int64_t rows,
+                                const int64_t hwc[3], bool f32_ok)
 {
     if (!t)
         return sg_fail(m->ctx, SG_ERR_NULL, "sg_module_forward: '%s' (%s): its %s is NULL", sg_module_label(m),
@@ -54,13 +50,9 @@ static sg_status check_image_as(sg_module *m, const char *what, const sg_tensor 
 
 static sg_status check_image(sg_module *m, const char *what, const sg_tensor *t, int64_t rows, const int64_t hwc[3])
 {
-    return check_image_as(m, what, t, rows, hwc, false);
+    return sg_vision_check_image(m, what, t, rows, hwc, false);
 }
 
-static sg_status no_forward(sg_module *m)
-{
-    return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' ran no forward", sg_module_label(m));
-}
 
 /* An image batch (rows, hwc) of the module's own, in the model's precision. */
 static sg_status image_buffer(sg_module *m, const char *what, int64_t rows, const int64_t hwc[3], sg_tensor **out)
@@ -83,7 +75,7 @@ typedef struct conv_module {
 static sg_status conv_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
 {
     conv_module *c = (conv_module *)m;
-    SG_TRY(check_image_as(m, "input", x, m->b->rows, c->in, c->xc != NULL));
+    SG_TRY(sg_vision_check_image(m, "input", x, m->b->rows, c->in, c->xc != NULL));
     if (x->dtype != c->y->dtype) { /* f32 images into a bf16 model */
         SG_TRY(sg_tensor_convert(c->xc, x));
         x = c->xc;
@@ -97,11 +89,9 @@ static sg_status conv_forward(sg_module *m, const sg_tensor *x, const sg_tensor 
 static sg_status conv_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
     conv_module *c = (conv_module *)m;
-    if (!c->x) return no_forward(m);
+    if (!c->x) return sg_module_no_forward(m);
     sg_tensor *d = m->no_input_grad ? NULL : c->dx; /* the first module: no dgrad at all */
-    if (!m->no_input_grad && !d)
-        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' has no input gradient buffer: its model "
-                       "was not finished (sg_builder_finish)", sg_module_label(m));
+    if (!m->no_input_grad && !d) return sg_module_no_dx(m);
     SG_TRY(sg_conv2d_backward(m->ctx, c->plan, c->x, sg_module_w(m, c->iw), dy, d, sg_module_g(m, c->iw),
                               sg_module_g(m, c->ib)));
     *dx = d;
@@ -146,7 +136,7 @@ sg_status sg_module_conv2d(sg_builder *b, const char *name, int64_t H, int64_t W
     if (!b) return SG_ERR_NULL;
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
-    SG_TRY(need_precision(b, fn, name));
+    SG_TRY(sg_vision_precision(b, fn, name));
     SG_TRY(check_hwc(b, fn, name, "input", H, W, Cin));
     if (Cout < 1 || k < 1 || stride < 1 || pad < 0 || groups < 1 || Cin % groups || Cout % groups)
         return sg_fail(b->ctx, SG_ERR_INVALID, "%s: '%s': Cin %lld, Cout %lld, k %d, stride %d, pad %d, groups %d: "
@@ -215,7 +205,7 @@ static sg_status bn_forward(sg_module *m, const sg_tensor *x, const sg_tensor **
 static sg_status bn_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
     bn_module *n = (bn_module *)m;
-    if (!n->x) return no_forward(m);
+    if (!n->x) return sg_module_no_forward(m);
     /* relu(y) > 0 exactly where its input was: the mask from the output, dy overwritten. */
     if (n->act == SG_ACT_RELU) SG_TRY(sg_relu_backward(m->ctx, n->y, dy, dy));
     if (n->act == SG_ACT_SILU) {
@@ -264,7 +254,7 @@ sg_status sg_module_batchnorm2d(sg_builder *b, const char *name, int64_t H, int6
     if (!b) return SG_ERR_NULL;
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
-    SG_TRY(need_precision(b, fn, name));
+    SG_TRY(sg_vision_precision(b, fn, name));
     SG_TRY(check_hwc(b, fn, name, "input", H, W, C));
     if (act != SG_ACT_NONE && act != SG_ACT_RELU && act != SG_ACT_SILU)
         return sg_fail(b->ctx, SG_ERR_INVALID, "%s: '%s': activation %d: expected SG_ACT_NONE, SG_ACT_RELU or "
@@ -322,12 +312,10 @@ static sg_status pool_forward(sg_module *m, const sg_tensor *x, const sg_tensor 
 static sg_status pool_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
     pool_module *p = (pool_module *)m;
-    if (!p->ran) return no_forward(m);
+    if (!p->ran) return sg_module_no_forward(m);
     *dx = NULL;
     if (m->no_input_grad) return SG_OK; /* no parameters: nothing else to compute */
-    if (!p->dx)
-        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_module_backward: '%s' has no input gradient buffer: its model "
-                       "was not finished (sg_builder_finish)", sg_module_label(m));
+    if (!p->dx) return sg_module_no_dx(m);
     if (p->max) SG_TRY(sg_maxpool2d_backward(m->ctx, dy, p->argmax, p->k, p->stride, p->pad, p->dx));
     else SG_TRY(sg_avgpool_backward(m->ctx, dy, p->dx));
     *dx = p->dx;
@@ -372,7 +360,7 @@ sg_status sg_module_maxpool2d(sg_builder *b, const char *name, int64_t H, int64_
     if (!b) return SG_ERR_NULL;
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
-    SG_TRY(need_precision(b, fn, name));
+    SG_TRY(sg_vision_precision(b, fn, name));
     SG_TRY(check_hwc(b, fn, name, "input", H, W, C));
     if (k < 1 || stride < 1 || pad < 0 || pad > k / 2)
         return sg_fail(b->ctx, SG_ERR_INVALID, "%s: '%s': k %d, stride %d, pad %d: expected k >= 1, stride >= 1 "
@@ -399,7 +387,7 @@ sg_status sg_module_avgpool(sg_builder *b, const char *name, int64_t H, int64_t 
     if (!b) return SG_ERR_NULL;
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
-    SG_TRY(need_precision(b, fn, name));
+    SG_TRY(sg_vision_precision(b, fn, name));
     SG_TRY(check_hwc(b, fn, name, "input", H, W, C));
     pool_module *p = calloc(1, sizeof *p);
     if (!p) return sg_fail(b->ctx, SG_ERR_OOM, "%s: out of host memory", fn);
@@ -446,7 +434,7 @@ static sg_status block_forward(sg_module *m, const sg_tensor *x, const sg_tensor
 static sg_status block_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
     block_module *r = (block_module *)m;
-    if (!r->x) return no_forward(m);
+    if (!r->x) return sg_module_no_forward(m);
     if (r->act == SG_ACT_RELU) SG_TRY(sg_relu_backward(m->ctx, r->y, dy, dy));
     SG_TRY(sg_tensor_copy(r->g, dy));
     sg_tensor *dm = NULL, *ds = dy;
@@ -512,7 +500,7 @@ sg_status sg_module_residual_block(sg_builder *b, const char *name, sg_module *m
         return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m, main, in_shape or out_shape is NULL", fn,
                        name ? name : "");
     *m = NULL;
-    SG_TRY(need_precision(b, fn, name));
+    SG_TRY(sg_vision_precision(b, fn, name));
     SG_TRY(check_hwc(b, fn, name, "in_shape", in_shape[0], in_shape[1], in_shape[2]));
     SG_TRY(check_hwc(b, fn, name, "out_shape", out_shape[0], out_shape[1], out_shape[2]));
     if (!shortcut && memcmp(in_shape, out_shape, 3 * sizeof *in_shape))
