@@ -5,8 +5,12 @@
  * against f64 on the same values; argument refusals (the context usable afterwards); a
  * captured plan that replays it. `gpu`: cuDNN against the CPU reference in f32 and bf16 on
  * the same variety plus ResNet- and EfficientNet-sized layers, outputs poisoned first; bitwise
- * determinism; dx and db left out; a captured graph that reproduces eager bit for bit and
- * allocates nothing. */
+ * determinism; dx and db left out; y without b; a captured graph that reproduces eager bit for
+ * bit and allocates nothing. Then stepgraph's depthwise kernels (dwconv_cuda.cu), forced with
+ * STEPGRAPH_DEPTHWISE=own, on the same checks over odd depthwise shapes (kernels 1, 3, 5, 7,
+ * strides 1 to 3, padding, dilation 2, C 3, 13, 40, 96 and EfficientNet's, odd H W); their
+ * vector and scalar paths the same bits; the variable's modes, remembered per mode; and
+ * auto. */
 #include "ops/conv.h"
 #include "testutil.h"
 
@@ -518,7 +522,7 @@ static void cpu_tests(void)
     sg_ctx_destroy(ctx);
 }
 
-/* ---- gpu: cuDNN against the CPU reference ---- */
+/* ---- gpu: cuDNN and stepgraph's depthwise kernels against the CPU reference ---- */
 
 /* Compares got with ref element by element, each under
  *     |got - ref| <= rtol |ref| + mtol mag,
@@ -536,12 +540,18 @@ static void cpu_tests(void)
  *     u |c| <= 2^-8 mag (u = 2^-8, bf16's unit roundoff), which a cancelling bias leaves whole
  *     (seen on the H100: 1.3e-3 mag on a 1x1 conv with bias). So rtol = 2 ulps = 2^-7 and
  *     mtol = 2^-8 (that intermediate rounding, which also covers sums an algorithm keeps in
- *     bf16) + the f32 term above. */
+ *     bf16) + the f32 term above.
+ *   once: the output comes from stepgraph's depthwise kernels, which accumulate in f32 and round
+ *     once (bias included), so bf16 drops the 2^-8 intermediate-rounding term (rtol stays 2
+ *     ulps, the f32 term stays). That term bounds their sums rigorously: y and dx add at most
+ *     KH KW <= 49 taps in f32 (error <= K u mag <= 64 sqrt(K) u mag for K <= 4096); dw adds
+ *     runs of R rows in f32 and the runs in double, error <= R u mag, within 64 sqrt(K) u mag
+ *     while R <= 64 sqrt(K) (R is 32 to a few hundred rows). */
 static void close_mag(const char *what, const sg_tensor *got, const sg_tensor *ref,
-                      const double *mag, int64_t K, sg_dtype dt)
+                      const double *mag, int64_t K, sg_dtype dt, bool once)
 {
     const double rtol = dt == SG_DTYPE_F32 ? 0x1p-23 : 0x1p-7;
-    const double mtol = (dt == SG_DTYPE_F32 ? 0 : 0x1p-8) + 0x1p-18 * sqrt((double)K);
+    const double mtol = (dt == SG_DTYPE_F32 || once ? 0 : 0x1p-8) + 0x1p-18 * sqrt((double)K);
     double *g = tu_get(got), *r = tu_get(ref);
     int64_t bad = 0, worst = 0;
     double worst_excess = -INFINITY;
@@ -555,20 +565,22 @@ static void close_mag(const char *what, const sg_tensor *got, const sg_tensor *r
         tu_failures++;
         fprintf(stderr,
                 "FAIL %s: %lld of %lld elements outside rtol %.1e + %.1e mag (K %lld); "
-                "worst [%lld] "
-                "got %.9g ref %.9g mag %.6g\n",
+                "worst [%lld] got %.9g ref %.9g mag %.6g: error %.3g, limit %.3g\n",
                 what, (long long)bad, (long long)got->numel, rtol, mtol, (long long)K,
-                (long long)worst, g[worst], r[worst], mag[worst]);
+                (long long)worst, g[worst], r[worst], mag[worst], fabs(g[worst] - r[worst]),
+                rtol * fabs(r[worst]) + mtol * mag[worst]);
     }
     free(g), free(r);
 }
 
 /* One shape: fresh values, their magnitudes (f64 on the CPU from |values|), then in f32 and in
- * bf16: the CPU reference and cuDNN from the same values (rounded into the dtype), outputs
- * poisoned first; then the same bits again and the documented launches (forward: convolution +
- * bias; backward: data, filter, two bias-gradient kernels); then dx and db left out, dw the same
- * bits. */
-static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, const cshape *s, const char *kind)
+ * bf16: the CPU reference and the GPU (cuDNN, or stepgraph's depthwise kernels where the plan
+ * says so) from the same values (rounded into the dtype), outputs poisoned first; then the same
+ * bits again and the documented launches (forward: convolution + bias, ours 1 with the bias
+ * fused; backward: data, filter (ours 2: partials, their sum), two bias-gradient kernels); then
+ * dx and db left out, dw the same bits; then y without b. want_own: the SG_CONV_OWN_* passes the
+ * GPU plan must run on our kernels, or -1 (auto: any). */
+static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, const cshape *s, const char *kind, int want_own)
 {
     int64_t xs[4], ws[4], ys[4];
     x_shape(s, xs), w_shape(s, ws), y_shape(s, ys);
@@ -586,6 +598,8 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, const cshape *s, const char *kind
     TU_OK(cpu, sg_conv2d_forward(cpu, c64, m.x, m.w, m.b, m.y));
     TU_OK(cpu, sg_conv2d_backward(cpu, c64, m.x, m.w, m.dy, m.dx, m.dw, m.db));
     double *mag[4] = {tu_get(m.y), tu_get(m.dx), tu_get(m.dw), tu_get(m.db)};
+    TU_OK(cpu, sg_conv2d_forward(cpu, c64, m.x, m.w, NULL, m.y));
+    double *mag_y0 = tu_get(m.y); /* y without b */
     /* Terms per output: y a group's taps and channels; dx at most every tap of a group's
      * output channels; dw and db every output position. */
     const int64_t Kpos = ys[0] * ys[1] * ys[2];
@@ -598,7 +612,15 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, const cshape *s, const char *kind
         char what[256], w[400];
         describe(s, dt, what, sizeof what);
         sg_conv2d *cc = plan(cpu, s, dt), *cg = plan(gpu, s, dt);
-        TU_CHECK(sg_conv2d_workspace_bytes(cg) > 0, "%s: no workspace", what);
+        /* 1x1, stride 1, no padding, no groups: the linear op's matrix products, no cuDNN plan. */
+        const bool gemm = s->KH == 1 && s->KW == 1 && s->p.stride_h == 1 && s->p.stride_w == 1 && s->p.pad_h == 0 &&
+                          s->p.pad_w == 0 && s->p.groups == 1;
+        TU_CHECK(cg->gemm == gemm, "%s: the plan's gemm %d, expected %d", what, cg->gemm, gemm);
+        TU_CHECK(gemm || sg_conv2d_workspace_bytes(cg) > 0, "%s: no workspace", what);
+        TU_CHECK(want_own < 0 || cg->own == (unsigned)want_own,
+                 "%s [%s]: the plan runs passes 0x%x on stepgraph's depthwise kernels, expected "
+                 "0x%x (1 forward, 2 data, 4 filter)",
+                 what, kind, cg->own, (unsigned)want_own);
         ctensors rc = make_tensors(cpu, s, dt), t = make_tensors(gpu, s, dt);
         tu_set(rc.x, xv), tu_set(rc.w, wv), tu_set(rc.b, bv), tu_set(rc.dy, dyv);
         tu_set(t.x, xv), tu_set(t.w, wv), tu_set(t.b, bv), tu_set(t.dy, dyv);
@@ -609,9 +631,13 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, const cshape *s, const char *kind
         TU_OK(gpu, sg_conv2d_forward(gpu, cg, t.x, t.w, t.b, t.y));
         TU_OK(gpu, sg_conv2d_backward(gpu, cg, t.x, t.w, t.dy, t.dx, t.dw, t.db));
         const sg_tensor *got[4] = {t.y, t.dx, t.dw, t.db}, *ref[4] = {rc.y, rc.dx, rc.dw, rc.db};
+        /* Outputs of our kernels round once; db is conv_cuda.cu's either way. */
+        const bool once[4] = {cg->own & SG_CONV_OWN_FWD, cg->own & SG_CONV_OWN_DATA,
+                              cg->own & SG_CONV_OWN_FILTER, false};
         for (int i = 0; i < 4; i++) {
-            label(w, sizeof w, "%s [%s]: %s vs CPU", what, kind, got[i]->name);
-            close_mag(w, got[i], ref[i], mag[i], Ks[i], dt);
+            label(w, sizeof w, "%s [%s]: %s vs CPU (%s)", what, kind, got[i]->name,
+                  once[i] ? "stepgraph's depthwise kernel" : "cuDNN");
+            close_mag(w, got[i], ref[i], mag[i], Ks[i], dt, once[i]);
         }
 
         /* Again: the same bits, and the launches. */
@@ -623,8 +649,12 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, const cshape *s, const char *kind
         uint64_t n1 = sg_ctx_launch_count(gpu);
         TU_OK(gpu, sg_conv2d_backward(gpu, cg, t.x, t.w, t.dy, t.dx, t.dw, t.db));
         uint64_t n2 = sg_ctx_launch_count(gpu);
-        TU_CHECK(n1 - n0 == 2 && n2 - n1 == 4, "%s: %llu + %llu launches, expected 2 + 4", what,
-                 (unsigned long long)(n1 - n0), (unsigned long long)(n2 - n1));
+        const uint64_t want_fwd = cg->own & SG_CONV_OWN_FWD ? 1 : 2;
+        const uint64_t want_bwd = 1 + (cg->own & SG_CONV_OWN_FILTER ? 2 : 1) + 2;
+        TU_CHECK(gemm || (n1 - n0 == want_fwd && n2 - n1 == want_bwd), /* gemm: the linear op's own */
+                 "%s [%s]: %llu + %llu launches, expected %llu + %llu (own passes 0x%x)", what,
+                 kind, (unsigned long long)(n1 - n0), (unsigned long long)(n2 - n1),
+                 (unsigned long long)want_fwd, (unsigned long long)want_bwd, cg->own);
         for (int i = 0; i < 4; i++)
             TU_CHECK(tu_same_bytes(got[i], first[i]),
                      "%s [%s]: %s differs between two identical runs", what, kind, got[i]->name);
@@ -634,11 +664,20 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, const cshape *s, const char *kind
         TU_OK(gpu, sg_conv2d_backward(gpu, cg, t.x, t.w, t.dy, NULL, t.dw, NULL));
         TU_CHECK(tu_same_bytes(t.dw, first[2]), "%s [%s]: dw differs when dx and db are left out",
                  what, kind);
+
+        /* y without b (ours: no bias term at all; cuDNN: no bias kernel). */
+        TU_OK(cpu, sg_conv2d_forward(cpu, cc, rc.x, rc.w, NULL, rc.y));
+        tu_poison(t.y);
+        TU_OK(gpu, sg_conv2d_forward(gpu, cg, t.x, t.w, NULL, t.y));
+        label(w, sizeof w, "%s [%s]: y without b vs CPU (%s)", what, kind,
+              once[0] ? "stepgraph's depthwise kernel" : "cuDNN");
+        close_mag(w, t.y, rc.y, mag_y0, Ks[0], dt, once[0]);
         for (int i = 0; i < 4; i++) free(first[i]);
         free_tensors(&rc), free_tensors(&t);
         sg_conv2d_destroy(cc), sg_conv2d_destroy(cg);
     }
     for (int i = 0; i < 4; i++) free(mag[i]);
+    free(mag_y0);
     free(xv), free(wv), free(bv), free(dyv), free(ax), free(aw), free(ab), free(ady);
     free_tensors(&m);
     sg_conv2d_destroy(c64);
@@ -673,6 +712,166 @@ static void gpu_edges(sg_ctx *gpu)
     TU_CHECK(c == NULL, "a failed create left a plan");
 }
 
+/* ---- gpu: stepgraph's depthwise kernels (dwconv_cuda.cu) ---- */
+
+/* STEPGRAPH_DEPTHWISE for the plans made after it (NULL: unset, the default auto). */
+static void depthwise_mode(const char *mode)
+{
+    if (mode)
+        setenv("STEPGRAPH_DEPTHWISE", mode, 1);
+    else
+        unsetenv("STEPGRAPH_DEPTHWISE");
+}
+
+#define DEPTHWISE(n, h, w_, c, k, s, pad, dil)                                                \
+    {.N = n, .H = h, .W = w_, .Cin = c, .Cout = c, .KH = k, .KW = k,                          \
+     .p = {.stride_h = s, .stride_w = s, .pad_h = pad, .pad_w = pad, .dil_h = dil,             \
+           .dil_w = dil, .groups = c}}
+
+/* Odd sizes throughout (N OH OW a multiple of no tile: 4 along W, runs of 32 rows and more),
+ * then EfficientNet-B0's layers at batch 4 to 8. Channels that are multiples of 8 take the
+ * vector path (16 bytes: 8 bf16, 4 f32), the others the scalar one. */
+static const cshape depthwise[] = {
+    DEPTHWISE(2, 11, 9, 3, 3, 1, 1, 1),   /* C 3 */
+    DEPTHWISE(3, 13, 7, 13, 5, 2, 2, 1),  /* 5x5 stride 2, C 13 */
+    DEPTHWISE(2, 15, 17, 40, 3, 2, 1, 1), /* 3x3 stride 2, C 40 */
+    DEPTHWISE(1, 21, 19, 96, 5, 1, 2, 1), /* 5x5 stride 1, C 96 */
+    DEPTHWISE(2, 9, 11, 40, 3, 1, 2, 2),  /* dilation 2 */
+    DEPTHWISE(2, 9, 7, 13, 3, 2, 0, 2),   /* stride 2 and dilation 2, no padding */
+    DEPTHWISE(2, 13, 11, 13, 7, 2, 3, 1), /* 7x7 stride 2 */
+    DEPTHWISE(3, 7, 9, 96, 1, 1, 0, 1),   /* 1x1 */
+    DEPTHWISE(1, 10, 8, 5, 3, 3, 2, 1),   /* stride 3, padding 2: residues with fewer inputs */
+    /* Everything asymmetric: 3x5, stride 1x2, padding 2x0, dilation 2x1, C 24. */
+    {.N = 2, .H = 11, .W = 13, .Cin = 24, .Cout = 24, .KH = 3, .KW = 5,
+     .p = {.stride_h = 1, .stride_w = 2, .pad_h = 2, .pad_w = 0, .dil_h = 2, .dil_w = 1,
+           .groups = 24}},
+    DEPTHWISE(4, 112, 112, 32, 3, 1, 1, 1),
+    DEPTHWISE(4, 112, 112, 96, 3, 2, 1, 1),
+    DEPTHWISE(8, 28, 28, 240, 5, 1, 2, 1),
+    DEPTHWISE(8, 14, 14, 672, 5, 2, 2, 1),
+    DEPTHWISE(8, 7, 7, 1152, 5, 1, 2, 1),
+    DEPTHWISE(8, 7, 7, 1152, 3, 1, 1, 1),
+};
+#define N_DEPTHWISE (sizeof depthwise / sizeof *depthwise)
+
+/* Our kernels' vector path (aligned tensors, C a multiple of 16 bytes of channels) and scalar
+ * path (the same shapes as views one element into a buffer, 4 or 2 bytes off 16) give the same
+ * bits for y, dx and dw: they add in one order whatever the path. */
+static void gpu_dw_paths(sg_ctx *gpu, const cshape *s, sg_dtype dt)
+{
+    char what[256];
+    describe(s, dt, what, sizeof what);
+    sg_conv2d *c = plan(gpu, s, dt);
+    TU_CHECK(c->own == SG_CONV_OWN_ALL, "%s: own passes 0x%x under STEPGRAPH_DEPTHWISE=own", what,
+             c->own);
+    int64_t shapes[6][4];
+    x_shape(s, shapes[0]), w_shape(s, shapes[1]), y_shape(s, shapes[2]); /* x, w, dy */
+    x_shape(s, shapes[3]), w_shape(s, shapes[4]), y_shape(s, shapes[5]); /* dx, dw, y */
+    const char *names[6] = {"x", "w", "dy", "dx", "dw", "y"};
+    sg_tensor *t[2][6], *base[2][6];
+    double *vals[3];
+    for (int o = 0; o < 2; o++)
+        for (int i = 0; i < 6; i++)
+            t[o][i] = tu_maybe_view(gpu, dt, 4, shapes[i], o == 1, names[i], &base[o][i]);
+    for (int i = 0; i < 3; i++) {
+        vals[i] = tu_random(t[0][i], -1, 1);
+        tu_set(t[1][i], vals[i]);
+    }
+    sg_tensor *b = tu_tensor1(gpu, dt, s->Cout, "b");
+    free(tu_random(b, -1, 1));
+    void *bits[3] = {NULL, NULL, NULL};
+    for (int o = 0; o < 2; o++) {
+        sg_tensor **u = t[o];
+        tu_poison(u[3]), tu_poison(u[4]), tu_poison(u[5]);
+        TU_OK(gpu, sg_conv2d_forward(gpu, c, u[0], u[1], b, u[5]));
+        TU_OK(gpu, sg_conv2d_backward(gpu, c, u[0], u[1], u[2], u[3], u[4], NULL));
+        for (int i = 0; i < 3; i++) {
+            if (o == 0) {
+                bits[i] = tu_raw(u[3 + i]);
+                continue;
+            }
+            TU_CHECK(tu_same_bytes(u[3 + i], bits[i]),
+                     "%s: %s differs between our vector path (aligned) and scalar path "
+                     "(misaligned views)",
+                     what, names[3 + i]);
+        }
+    }
+    for (int i = 0; i < 3; i++) free(bits[i]), free(vals[i]);
+    for (int o = 0; o < 2; o++)
+        for (int i = 0; i < 6; i++) sg_tensor_destroy(t[o][i]), sg_tensor_destroy(base[o][i]);
+    sg_tensor_destroy(b);
+    sg_conv2d_destroy(c);
+}
+
+/* STEPGRAPH_DEPTHWISE: an unknown value refused by name; own, cudnn, then own again for one
+ * shape in one context (the choice is remembered per mode, not only per shape); convolutions
+ * that are not depthwise stay on cuDNN under own. */
+static void gpu_dw_modes(sg_ctx *gpu)
+{
+    const cshape s = DEPTHWISE(2, 9, 9, 16, 3, 1, 1, 1);
+    int64_t xs[4], ws[4];
+    x_shape(&s, xs), w_shape(&s, ws);
+    sg_conv2d *c = NULL;
+    depthwise_mode("fast");
+    TU_FAILS(gpu, sg_conv2d_create(gpu, xs, ws, &s.p, SG_DTYPE_BF16, &c), SG_ERR_INVALID,
+             "STEPGRAPH_DEPTHWISE is 'fast': expected 'auto' (the default), 'own' or 'cudnn'");
+    TU_CHECK(c == NULL, "a failed create left a plan");
+    const char *modes[4] = {"own", "cudnn", "own", "auto"};
+    for (int i = 0; i < 4; i++) {
+        depthwise_mode(modes[i]);
+        c = plan(gpu, &s, SG_DTYPE_BF16);
+        const unsigned want = !strcmp(modes[i], "own") ? SG_CONV_OWN_ALL : 0;
+        TU_CHECK(i == 3 || c->own == want,
+                 "STEPGRAPH_DEPTHWISE=%s (plan %d of one shape): own passes 0x%x, expected 0x%x",
+                 modes[i], i, c->own, want);
+        TU_CHECK(c->own <= SG_CONV_OWN_ALL, "auto: own passes 0x%x", c->own);
+        sg_conv2d_destroy(c);
+    }
+    depthwise_mode("own");
+    cshape grouped = s, multiplier = s;
+    grouped.p.groups = 8;      /* 2 channels per group */
+    multiplier.Cout = 2 * s.Cin; /* groups = Cin, 2 outputs per input channel */
+    const cshape *others[2] = {&grouped, &multiplier};
+    for (int i = 0; i < 2; i++) {
+        char what[256];
+        describe(others[i], SG_DTYPE_F32, what, sizeof what);
+        c = plan(gpu, others[i], SG_DTYPE_F32);
+        TU_CHECK(c->own == 0, "%s (not depthwise) under own: own passes 0x%x", what, c->own);
+        sg_conv2d_destroy(c);
+    }
+    depthwise_mode(NULL);
+}
+
+/* Our kernels against the CPU (forced: STEPGRAPH_DEPTHWISE=own), on the shapes above and random
+ * depthwise ones; their two paths; captured graphs; then cuDNN forced and auto on a few. */
+static void gpu_depthwise(sg_ctx *gpu, sg_ctx *cpu)
+{
+    const sg_dtype dts[2] = {SG_DTYPE_F32, SG_DTYPE_BF16};
+    depthwise_mode("own");
+    for (size_t i = 0; i < N_DEPTHWISE; i++)
+        gpu_case(gpu, cpu, &depthwise[i], "depthwise, ours", SG_CONV_OWN_ALL);
+    for (int r = 0; r < 3; r++) {
+        cshape s = random_case(K_DEPTHWISE);
+        gpu_case(gpu, cpu, &s, "random depthwise, ours", SG_CONV_OWN_ALL);
+    }
+    for (size_t i = 0; i < N_DEPTHWISE; i++)
+        for (int d = 0; d < 2; d++)
+            if (depthwise[i].Cin % (dts[d] == SG_DTYPE_BF16 ? 8 : 4) == 0)
+                gpu_dw_paths(gpu, &depthwise[i], dts[d]);
+    for (int d = 0; d < 2; d++) {
+        capture_case(gpu, &depthwise[1], dts[d]);
+        capture_case(gpu, &depthwise[12], dts[d]);
+    }
+    depthwise_mode("cudnn");
+    gpu_case(gpu, cpu, &depthwise[3], "depthwise, cudnn", 0);
+    depthwise_mode("auto");
+    gpu_case(gpu, cpu, &depthwise[1], "depthwise, auto", -1);
+    gpu_case(gpu, cpu, &depthwise[12], "depthwise, auto", -1);
+    capture_case(gpu, &depthwise[14], SG_DTYPE_BF16);
+    depthwise_mode(NULL);
+    gpu_dw_modes(gpu);
+}
+
 static void gpu_tests(void)
 {
     sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
@@ -692,10 +891,10 @@ static void gpu_tests(void)
     sg_ctx *cpu = tu_ctx(SG_BACKEND_CPU);
     for (int k = 0; k < K_COUNT; k++) {
         cshape s = random_case(k);
-        gpu_case(gpu, cpu, &s, kind_names[k]);
+        gpu_case(gpu, cpu, &s, kind_names[k], -1);
     }
     for (size_t i = 0; i < sizeof realistic / sizeof *realistic; i++)
-        gpu_case(gpu, cpu, &realistic[i], "realistic");
+        gpu_case(gpu, cpu, &realistic[i], "realistic", -1);
     gpu_edges(gpu);
     const sg_dtype dts[2] = {SG_DTYPE_F32, SG_DTYPE_BF16};
     for (int d = 0; d < 2; d++) {
@@ -704,6 +903,7 @@ static void gpu_tests(void)
         cshape s = random_case(K_ANY);
         capture_case(gpu, &s, dts[d]);
     }
+    gpu_depthwise(gpu, cpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
 }

@@ -1,9 +1,10 @@
 /* conv.c: public entry points of the 2-D convolution (sg_conv2d_create, _forward, _backward
  * and the plan's accessors): check every argument against the plan (dtypes, shapes, outputs
  * that overlap anything else the call touches), then run the CPU reference through sg_cpu_run
- * or cuDNN. The plan fixes the shapes and the dtype (f32, bf16, or f64 on the CPU) of x, w, b,
+ * or the CUDA path (cuDNN, or stepgraph's depthwise kernels where the plan chose them). The plan fixes the shapes and the dtype (f32, bf16, or f64 on the CPU) of x, w, b,
  * y and their gradients: a tensor of another shape or dtype is refused by name. */
 #include "ops/conv.h"
+#include "ops/linear.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -133,7 +134,13 @@ sg_status sg_conv2d_create(sg_ctx *ctx, const int64_t x_shape[4], const int64_t 
                          "the batch)",
                          fn, t == 0 ? "x" : t == 1 ? "w" : "y", (long long)n, INT_MAX);
     }
-    if (st == SG_OK) st = sg_conv2d_plan_cuda(ctx, c);
+    const char *one = getenv("STEPGRAPH_CONV_1X1");
+    if (st == SG_OK && one && strcmp(one, "gemm") && strcmp(one, "cudnn"))
+        st = sg_fail(ctx, SG_ERR_INVALID, "%s: STEPGRAPH_CONV_1X1='%s': expected gemm (the default) or cudnn", fn,
+                     one);
+    c->gemm = w_shape[1] == 1 && w_shape[2] == 1 && p->stride_h == 1 && p->stride_w == 1 && p->pad_h == 0 &&
+              p->pad_w == 0 && G == 1 && !(one && !strcmp(one, "cudnn"));
+    if (st == SG_OK && !c->gemm) st = sg_conv2d_plan_cuda(ctx, c);
     if (st != SG_OK) {
         sg_conv2d_free_cuda(c);
         free(c);
@@ -162,6 +169,9 @@ void sg_conv2d_out_shape(const sg_conv2d *c, int64_t y_shape[4])
 size_t sg_conv2d_workspace_bytes(const sg_conv2d *c) { return c ? c->ws_bytes : 0; }
 
 /* ---- runs ---- */
+
+/* The output positions N OH OW: the rows of a 1x1 convolution's matrix product. */
+static inline int64_t pos(const sg_conv2d *c) { return c->y_shape[0] * c->y_shape[1] * c->y_shape[2]; }
 
 /* The CPU references run through sg_cpu_run, so that a CPU capture records them. */
 typedef struct conv_args {
@@ -200,6 +210,7 @@ sg_status sg_conv2d_forward(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x, const
         return sg_cpu_run(ctx, conv_forward_cpu, &a, sizeof a);
     }
 #ifdef SG_HAVE_CUDNN
+    if (c->gemm) return sg_linear_forward_cuda(ctx, x, w, b, SG_ACT_NONE, y, NULL, pos(c), c->y_shape[3], c->x_shape[3]);
     return sg_conv2d_forward_cuda(ctx, c, x, w, b, y);
 #else
     return sg_fail(ctx, SG_ERR_UNSUPPORTED, "%s: this build of stepgraph has no cuDNN", fn);
@@ -226,6 +237,9 @@ sg_status sg_conv2d_backward(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x, cons
         return sg_cpu_run(ctx, conv_backward_cpu, &a, sizeof a);
     }
 #ifdef SG_HAVE_CUDNN
+    if (c->gemm) /* dy is not overwritten: no activation */
+        return sg_linear_backward_cuda(ctx, x, w, (sg_tensor *)dy, SG_ACT_NONE, NULL, dx, dw, db, pos(c),
+                                       c->y_shape[3], c->x_shape[3]);
     return sg_conv2d_backward_cuda(ctx, c, x, w, dy, dx, dw, db);
 #else
     return sg_fail(ctx, SG_ERR_UNSUPPORTED, "%s: this build of stepgraph has no cuDNN", fn);

@@ -30,8 +30,19 @@
  * gradient's partials, if more) is allocated from the context's current pool; the runs share
  * it (one stream: they never overlap) and allocate nothing.
  *
+ * Depthwise convolutions (groups = Cin = Cout): each pass may run stepgraph's kernels
+ * (dwconv_cuda.cu) instead, as STEPGRAPH_DEPTHWISE says (conv.h): =own all three, =cudnn none,
+ * =auto (the default) whichever ran faster when the plan was made: after the cuDNN choice
+ * above, both run on the scratch tensors (one warm-up each, then CONV_RACE_ROUNDS batches of
+ * CONV_RACE_REPS runs, alternating, timed with CUDA events; the least batch counts, ties go
+ * to ours), and a pass for which cuDNN offers no deterministic algorithm goes to ours. The
+ * winners (c->own) are remembered with the algorithms, keyed by the shape and the mode. Ours
+ * fuse the bias into the forward (one launch); their weight gradient's partial sums take the
+ * plan's workspace (sg_dwconv_workspace_bytes), as db's do.
+ *
  * cuDNN handle: one per context, kept in ext slot SG_EXT_CONV, created by the first plan
- * (outside capture); every run binds it to the context's stream first (cudnnSetStream). */
+ * (outside capture); every run of a cuDNN pass binds it to the context's stream first
+ * (cudnnSetStream). */
 #include "ops/conv.h"
 
 #ifdef SG_HAVE_CUDNN
@@ -69,27 +80,70 @@ static sg_status dnn_status(const sg_ctx *ctx, cudnnStatus_t s, const char *call
 
 /* ---- the cuDNN handle ---- */
 
-/* A shape's chosen algorithms, remembered for the context's later plans of that shape. */
+/* STEPGRAPH_DEPTHWISE: who runs a depthwise convolution's passes (conv.h). Convolutions our
+ * kernels do not take are DW_MODE_CUDNN whatever the variable says. */
+typedef enum dw_mode { DW_MODE_AUTO, DW_MODE_OWN, DW_MODE_CUDNN } dw_mode;
+
+/* A shape's chosen algorithms, remembered for the context's later plans of that shape (and
+ * depthwise mode). */
 typedef struct conv_choice {
     sg_dtype dtype;
     int64_t x[4], w[4];
     sg_conv2d_params p;
-    int fwd, data, filter;           /* the algorithms */
+    dw_mode mode;
+    unsigned own;                    /* SG_CONV_OWN_* bits: passes run by dwconv_cuda.cu */
+    int fwd, data, filter;           /* the algorithms (of the passes cuDNN runs) */
     cudnnMathType_t fwd_m, data_m, filter_m;
 } conv_choice;
 
+/* The convolutions' workspace is the context's, one for every plan: passes run one at a time
+ * on the context's stream, so the largest plan's bytes serve all (a workspace per plan made
+ * ResNet-50's 53 convolutions hold one each). Plans record what they need; the first pass
+ * run after them allocates it (a model's build runs one forward, before any capture). A
+ * workspace outgrown by a later model's plans is kept, not freed, until the context goes: a
+ * graph captured before may still name it. */
 typedef struct conv_dnn {
     cudnnHandle_t handle;
     conv_choice *choices;
     int n_choices, cap_choices;
+    size_t ws_need;                  /* the most bytes a plan made so far needs */
+    sg_tensor *ws;                   /* the workspace, from the default pool */
+    sg_tensor **retired;             /* outgrown workspaces */
+    int n_retired;
 } conv_dnn;
 
 static void dnn_free(sg_ctx *ctx, void *ext)
 {
     conv_dnn *d = (conv_dnn *)ext;
     if (d->handle) cudnnDestroy(d->handle); /* teardown: a failure cannot be acted on */
+    sg_tensor_destroy(d->ws);
+    for (int i = 0; i < d->n_retired; i++) sg_tensor_destroy(d->retired[i]);
+    free(d->retired);
     free(d->choices);
     free(d);
+}
+
+/* The shared workspace, grown to what the plans made so far need. */
+static sg_status workspace(sg_ctx *ctx, void **out)
+{
+    conv_dnn *d = (conv_dnn *)sg_ctx_ext(ctx, SG_EXT_CONV);
+    if (!d->ws || sg_tensor_nbytes(d->ws) < d->ws_need) {
+        if (d->ws) {
+            sg_tensor **r = (sg_tensor **)realloc(d->retired, (size_t)(d->n_retired + 1) * sizeof *r);
+            if (!r) return sg_fail(ctx, SG_ERR_OOM, "sg_conv2d: out of host memory for the workspace list");
+            d->retired = r;
+            r[d->n_retired++] = d->ws;
+            d->ws = NULL;
+        }
+        int64_t elems = (int64_t)((d->ws_need + sizeof(float) - 1) / sizeof(float));
+        sg_pool *keep = ctx->cur_pool;
+        ctx->cur_pool = ctx->default_pool; /* it outlives any graph's pool */
+        sg_status st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, &elems, "conv2d workspace", &d->ws);
+        ctx->cur_pool = keep;
+        SG_TRY(st);
+    }
+    *out = d->ws->data;
+    return SG_OK;
 }
 
 /* The context's cuDNN handle: created and cached by the first plan. */
@@ -122,7 +176,6 @@ typedef struct conv_plan {
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t data;
     cudnnConvolutionBwdFilterAlgo_t filter;
-    sg_tensor *ws;                   /* the workspace: never empty (db's partials at least) */
     int64_t db_parts, db_rows;       /* bias gradient: partials per channel, rows per partial */
 } conv_plan;
 
@@ -137,10 +190,10 @@ void sg_conv2d_free_cuda(sg_conv2d *c)
     if (pl->fwd_cd) cudnnDestroyConvolutionDescriptor(pl->fwd_cd);
     if (pl->data_cd) cudnnDestroyConvolutionDescriptor(pl->data_cd);
     if (pl->filter_cd) cudnnDestroyConvolutionDescriptor(pl->filter_cd);
-    sg_tensor_destroy(pl->ws);
     free(pl);
     c->cuda = NULL;
     c->ws_bytes = 0;
+    c->own = 0;
 }
 
 /* The math type a pass starts from (see the file comment). */
@@ -308,57 +361,233 @@ static sg_status conv_desc(sg_ctx *ctx, const sg_conv2d *c, cudnnConvolutionDesc
     return SG_OK;
 }
 
-static bool same_shape(const conv_choice *k, const sg_conv2d *c)
-{
-    return k->dtype == c->dtype && !memcmp(k->x, c->x_shape, sizeof k->x) && !memcmp(k->w, c->w_shape, sizeof k->w) &&
-           !memcmp(&k->p, &c->p, sizeof k->p);
-}
+/* ---- one pass on given buffers: the plan's cuDNN algorithm, or ours when own ---- */
 
-/* A pass's algorithm given (remembered): its math type on its descriptor, its workspace. */
-static sg_status reuse(sg_ctx *ctx, const conv_choice *k, conv_plan *pl, size_t *wf, size_t *wd, size_t *wfl)
+/* y = x (*) w: written (beta 0), no bias. ws: wsb bytes of workspace. */
+static sg_status run_forward(sg_ctx *ctx, const sg_conv2d *c, const conv_plan *pl, bool own,
+                             const void *x, const void *w, void *y, void *ws, size_t wsb)
 {
-    pl->fwd = (cudnnConvolutionFwdAlgo_t)k->fwd;
-    pl->data = (cudnnConvolutionBwdDataAlgo_t)k->data;
-    pl->filter = (cudnnConvolutionBwdFilterAlgo_t)k->filter;
-    SG_CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->fwd_cd, k->fwd_m));
-    SG_CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->data_cd, k->data_m));
-    SG_CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->filter_cd, k->filter_m));
-    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionForwardWorkspaceSize(pl->h, pl->xd, pl->wd, pl->fwd_cd, pl->yd, pl->fwd, wf));
-    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardDataWorkspaceSize(pl->h, pl->wd, pl->yd, pl->data_cd, pl->xd,
-                                                                     pl->data, wd));
-    SG_CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardFilterWorkspaceSize(pl->h, pl->xd, pl->yd, pl->filter_cd, pl->wd,
-                                                                       pl->filter, wfl));
+    if (own) return sg_dwconv_forward_cuda(ctx, c, x, w, NULL, y);
+    const float one = 1.f, zero = 0.f; /* f32 scaling factors for f32 and bf16 data alike */
+    SG_CUDNN_CHECK(ctx, cudnnConvolutionForward(pl->h, &one, pl->xd, x, pl->wd, w, pl->fwd_cd,
+                                                pl->fwd, ws, wsb, &zero, pl->yd, y));
     return SG_OK;
 }
 
-/* The three passes' algorithms: the context's earlier choice for this shape, else chosen now
- * (measured unless STEPGRAPH_CONV_ALGO=heuristic) and remembered. */
-static sg_status choose(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, size_t *wf, size_t *wd, size_t *wfl)
+static sg_status run_data(sg_ctx *ctx, const sg_conv2d *c, const conv_plan *pl, bool own,
+                          const void *w, const void *dy, void *dx, void *ws, size_t wsb)
+{
+    if (own) return sg_dwconv_backward_data_cuda(ctx, c, w, dy, dx);
+    const float one = 1.f, zero = 0.f;
+    SG_CUDNN_CHECK(ctx, cudnnConvolutionBackwardData(pl->h, &one, pl->wd, w, pl->yd, dy,
+                                                     pl->data_cd, pl->data, ws, wsb, &zero,
+                                                     pl->xd, dx));
+    return SG_OK;
+}
+
+static sg_status run_filter(sg_ctx *ctx, const sg_conv2d *c, const conv_plan *pl, bool own,
+                            const void *x, const void *dy, void *dw, void *ws, size_t wsb)
+{
+    if (own) return sg_dwconv_backward_filter_cuda(ctx, c, x, dy, dw, ws, wsb);
+    const float one = 1.f, zero = 0.f;
+    SG_CUDNN_CHECK(ctx, cudnnConvolutionBackwardFilter(pl->h, &one, pl->xd, x, pl->yd, dy,
+                                                       pl->filter_cd, pl->filter, ws, wsb, &zero,
+                                                       pl->wd, dw));
+    return SG_OK;
+}
+
+/* ---- choosing ---- */
+
+static bool same_shape(const conv_choice *k, const sg_conv2d *c, dw_mode mode)
+{
+    return k->dtype == c->dtype && k->mode == mode && !memcmp(k->x, c->x_shape, sizeof k->x) &&
+           !memcmp(k->w, c->w_shape, sizeof k->w) && !memcmp(&k->p, &c->p, sizeof k->p);
+}
+
+/* A remembered choice: which passes are ours, and for cuDNN's passes the algorithm, its math
+ * type on its descriptor and its workspace (0 for ours: the plan adds theirs). */
+static sg_status reuse(sg_ctx *ctx, sg_conv2d *c, const conv_choice *k, conv_plan *pl,
+                       size_t *wf, size_t *wd, size_t *wfl)
+{
+    c->own = k->own;
+    *wf = *wd = *wfl = 0;
+    pl->fwd = (cudnnConvolutionFwdAlgo_t)k->fwd;
+    pl->data = (cudnnConvolutionBwdDataAlgo_t)k->data;
+    pl->filter = (cudnnConvolutionBwdFilterAlgo_t)k->filter;
+    if (!(k->own & SG_CONV_OWN_FWD)) {
+        SG_CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->fwd_cd, k->fwd_m));
+        SG_CUDNN_CHECK(ctx, cudnnGetConvolutionForwardWorkspaceSize(pl->h, pl->xd, pl->wd, pl->fwd_cd, pl->yd,
+                                                                    pl->fwd, wf));
+    }
+    if (!(k->own & SG_CONV_OWN_DATA)) {
+        SG_CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->data_cd, k->data_m));
+        SG_CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardDataWorkspaceSize(pl->h, pl->wd, pl->yd, pl->data_cd,
+                                                                         pl->xd, pl->data, wd));
+    }
+    if (!(k->own & SG_CONV_OWN_FILTER)) {
+        SG_CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->filter_cd, k->filter_m));
+        SG_CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardFilterWorkspaceSize(pl->h, pl->xd, pl->yd, pl->filter_cd,
+                                                                           pl->wd, pl->filter, wfl));
+    }
+    return SG_OK;
+}
+
+/* STEPGRAPH_DEPTHWISE, read when a depthwise plan is made. */
+static sg_status depthwise_mode(sg_ctx *ctx, dw_mode *mode)
+{
+    const char *v = getenv("STEPGRAPH_DEPTHWISE");
+    if (!v || !v[0] || !strcmp(v, "auto"))
+        *mode = DW_MODE_AUTO;
+    else if (!strcmp(v, "own"))
+        *mode = DW_MODE_OWN;
+    else if (!strcmp(v, "cudnn"))
+        *mode = DW_MODE_CUDNN;
+    else
+        return sg_fail(ctx, SG_ERR_INVALID,
+                       "sg_conv2d_create: STEPGRAPH_DEPTHWISE is '%s': expected 'auto' (the "
+                       "default), 'own' or 'cudnn'",
+                       v);
+    return SG_OK;
+}
+
+#define CONV_RACE_ROUNDS 3 /* auto: timed batches per candidate (the least counts) ... */
+#define CONV_RACE_REPS 3   /* ... of this many runs each */
+
+/* Pass `pass` (an SG_CONV_OWN_* bit) on the scratch tensors (x doubles as dx, y as dy, w as
+ * dw). */
+static sg_status run_scratch(sg_ctx *ctx, const sg_conv2d *c, const conv_plan *pl, unsigned pass,
+                             bool own, const conv_scratch *m, void *ws, size_t wsb)
+{
+    void *x = sg_tensor_data(m->x), *w = sg_tensor_data(m->w), *y = sg_tensor_data(m->y);
+    if (pass == SG_CONV_OWN_FWD) return run_forward(ctx, c, pl, own, x, w, y, ws, wsb);
+    if (pass == SG_CONV_OWN_DATA) return run_data(ctx, c, pl, own, w, y, x, ws, wsb);
+    return run_filter(ctx, c, pl, own, x, y, w, ws, wsb);
+}
+
+/* Milliseconds CONV_RACE_REPS back-to-back runs of a pass take on the stream. */
+static sg_status time_batch(sg_ctx *ctx, const sg_conv2d *c, const conv_plan *pl, unsigned pass,
+                            bool own, const conv_scratch *m, void *ws, size_t wsb,
+                            cudaEvent_t e0, cudaEvent_t e1, float *ms)
+{
+    cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
+    SG_CUDA_CHECK(ctx, cudaEventRecord(e0, st));
+    for (int i = 0; i < CONV_RACE_REPS; i++) SG_TRY(run_scratch(ctx, c, pl, pass, own, m, ws, wsb));
+    SG_CUDA_CHECK(ctx, cudaEventRecord(e1, st));
+    SG_CUDA_CHECK(ctx, cudaEventSynchronize(e1));
+    SG_CUDA_CHECK(ctx, cudaEventElapsedTime(ms, e0, e1));
+    return SG_OK;
+}
+
+/* For each pass in `passes`: ours against cuDNN's chosen algorithm; *won: the passes ours ran
+ * no slower. */
+static sg_status race_with(sg_ctx *ctx, const sg_conv2d *c, const conv_plan *pl, unsigned passes,
+                           const conv_scratch *m, void *ws, size_t wsb, cudaEvent_t e0,
+                           cudaEvent_t e1, unsigned *won)
+{
+    *won = 0;
+    for (unsigned pass = SG_CONV_OWN_FWD; pass <= SG_CONV_OWN_FILTER; pass <<= 1) {
+        if (!(passes & pass)) continue;
+        float best[2] = {3e38f, 3e38f}; /* cuDNN, ours */
+        for (int k = 0; k < 2; k++) SG_TRY(run_scratch(ctx, c, pl, pass, k == 1, m, ws, wsb));
+        for (int r = 0; r < CONV_RACE_ROUNDS; r++)
+            for (int k = 0; k < 2; k++) {
+                float ms = 0;
+                SG_TRY(time_batch(ctx, c, pl, pass, k == 1, m, ws, wsb, e0, e1, &ms));
+                if (ms < best[k]) best[k] = ms;
+            }
+        if (best[1] <= best[0]) *won |= pass;
+    }
+    return SG_OK;
+}
+
+/* The race's workspace (the scratch's, or a larger one: ours or cuDNN's heuristic fallback may
+ * want more) and events, made and released around race_with. need: the most any candidate
+ * takes. */
+static sg_status race(sg_ctx *ctx, const sg_conv2d *c, const conv_plan *pl, unsigned passes,
+                      const conv_scratch *m, size_t need, unsigned *won)
+{
+    *won = 0;
+    if (!passes) return SG_OK;
+    sg_tensor *big = NULL;
+    void *ws = sg_tensor_data(m->ws);
+    size_t wsb = sg_tensor_nbytes(m->ws);
+    if (need > wsb) {
+        int64_t elems = (int64_t)((need + sizeof(float) - 1) / sizeof(float));
+        SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 1, &elems, "conv2d race workspace", &big));
+        ws = sg_tensor_data(big), wsb = sg_tensor_nbytes(big);
+    }
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    sg_status st = SG_OK;
+    int err = cudaEventCreate(&e0);
+    if (!err) err = cudaEventCreate(&e1);
+    if (err)
+        st = sg_cuda_status(ctx, err, "cudaEventCreate", __FILE__, __LINE__);
+    else
+        st = race_with(ctx, c, pl, passes, m, ws, wsb, e0, e1, won);
+    /* Release (failures cannot be acted on); the stream is idle when race_with returns OK. */
+    if (st != SG_OK) cudaStreamSynchronize((cudaStream_t)sg_ctx_stream(ctx));
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    sg_tensor_destroy(big);
+    return st;
+}
+
+/* The passes' algorithms: the context's earlier choice for this shape (and depthwise mode),
+ * else chosen now and remembered. cuDNN's (measured unless STEPGRAPH_CONV_ALGO=heuristic) for
+ * every pass not ours; ours (a depthwise plan) for all under STEPGRAPH_DEPTHWISE=own, for those
+ * that won the race (or cuDNN has no algorithm for) under auto. */
+static sg_status choose(sg_ctx *ctx, sg_conv2d *c, conv_plan *pl, size_t *wf, size_t *wd, size_t *wfl)
 {
     conv_dnn *d = (conv_dnn *)sg_ctx_ext(ctx, SG_EXT_CONV);
+    dw_mode mode = DW_MODE_CUDNN;
+    if (sg_dwconv_supported(c)) SG_TRY(depthwise_mode(ctx, &mode));
     for (int i = 0; i < d->n_choices; i++)
-        if (same_shape(&d->choices[i], c)) return reuse(ctx, &d->choices[i], pl, wf, wd, wfl);
+        if (same_shape(&d->choices[i], c, mode)) return reuse(ctx, c, &d->choices[i], pl, wf, wd, wfl);
     const char *how = getenv("STEPGRAPH_CONV_ALGO");
     if (how && how[0] && strcmp(how, "heuristic") && strcmp(how, "measure") && strcmp(how, "grouped"))
         return sg_fail(ctx, SG_ERR_INVALID, "sg_conv2d_create: STEPGRAPH_CONV_ALGO is '%s': expected 'grouped' (the "
                        "default), 'measure' or 'heuristic'", how);
-    bool measure = how && !strcmp(how, "measure") ? true
-                   : how && !strcmp(how, "heuristic") ? false
-                   : c->p.groups > 1; /* grouped (depthwise): the heuristic's first pick can run per group */
-    conv_scratch m = {0};
-    SG_CUDNN_CHECK(ctx, cudnnSetStream(pl->h, (cudaStream_t)sg_ctx_stream(ctx))); /* after the scratch's fills */
-    sg_status st = measure ? scratch_make(ctx, c, &m) : SG_OK;
-    /* A pass with no usable candidate within the measuring workspace falls back to the ranking. */
-    const conv_scratch *mp = measure ? &m : NULL;
-    if (st == SG_OK && (st = pick_forward(ctx, c, pl, mp, wf)) == SG_ERR_UNSUPPORTED && mp)
-        st = pick_forward(ctx, c, pl, NULL, wf);
-    if (st == SG_OK && (st = pick_data(ctx, c, pl, mp, wd)) == SG_ERR_UNSUPPORTED && mp)
-        st = pick_data(ctx, c, pl, NULL, wd);
-    if (st == SG_OK && (st = pick_filter(ctx, c, pl, mp, wfl)) == SG_ERR_UNSUPPORTED && mp)
-        st = pick_filter(ctx, c, pl, NULL, wfl);
-    /* Find synchronises the stream itself; the scratch is idle when it returns. */
-    scratch_free(&m);
-    SG_TRY(st);
+    unsigned own = 0;
+    *wf = *wd = *wfl = 0;
+    if (mode == DW_MODE_OWN) {
+        own = SG_CONV_OWN_ALL; /* no cuDNN pass: nothing to choose */
+    } else {
+        bool measure = how && !strcmp(how, "measure") ? true
+                       : how && !strcmp(how, "heuristic") ? false
+                       : c->p.groups > 1; /* grouped (depthwise): the heuristic's first pick can run per group */
+        const bool racing = mode == DW_MODE_AUTO;
+        conv_scratch m = {0};
+        SG_CUDNN_CHECK(ctx, cudnnSetStream(pl->h, (cudaStream_t)sg_ctx_stream(ctx))); /* after the scratch's fills */
+        sg_status st = measure || racing ? scratch_make(ctx, c, &m) : SG_OK;
+        /* A pass with no usable candidate within the measuring workspace falls back to the
+         * ranking; with none there either, to ours when racing. */
+        const conv_scratch *mp = measure ? &m : NULL;
+        if (st == SG_OK && (st = pick_forward(ctx, c, pl, mp, wf)) == SG_ERR_UNSUPPORTED && mp)
+            st = pick_forward(ctx, c, pl, NULL, wf);
+        if (st == SG_ERR_UNSUPPORTED && racing) st = SG_OK, own |= SG_CONV_OWN_FWD, *wf = 0;
+        if (st == SG_OK && (st = pick_data(ctx, c, pl, mp, wd)) == SG_ERR_UNSUPPORTED && mp)
+            st = pick_data(ctx, c, pl, NULL, wd);
+        if (st == SG_ERR_UNSUPPORTED && racing) st = SG_OK, own |= SG_CONV_OWN_DATA, *wd = 0;
+        if (st == SG_OK && (st = pick_filter(ctx, c, pl, mp, wfl)) == SG_ERR_UNSUPPORTED && mp)
+            st = pick_filter(ctx, c, pl, NULL, wfl);
+        if (st == SG_ERR_UNSUPPORTED && racing) st = SG_OK, own |= SG_CONV_OWN_FILTER, *wfl = 0;
+        if (st == SG_OK && racing) {
+            size_t need = sg_dwconv_workspace_bytes(c);
+            if (*wf > need) need = *wf;
+            if (*wd > need) need = *wd;
+            if (*wfl > need) need = *wfl;
+            unsigned won = 0;
+            st = race(ctx, c, pl, SG_CONV_OWN_ALL & ~own, &m, need, &won);
+            own |= won;
+            if (won & SG_CONV_OWN_FWD) *wf = 0;
+            if (won & SG_CONV_OWN_DATA) *wd = 0;
+            if (won & SG_CONV_OWN_FILTER) *wfl = 0;
+        }
+        /* Find and the race synchronise the stream; the scratch is idle when they return. */
+        scratch_free(&m);
+        SG_TRY(st);
+    }
+    c->own = own;
     if (d->n_choices == d->cap_choices) {
         int cap = d->cap_choices ? 2 * d->cap_choices : 16;
         conv_choice *g = (conv_choice *)realloc(d->choices, (size_t)cap * sizeof *g);
@@ -369,6 +598,7 @@ static sg_status choose(sg_ctx *ctx, const sg_conv2d *c, conv_plan *pl, size_t *
     memset(k, 0, sizeof *k);
     k->dtype = c->dtype;
     memcpy(k->x, c->x_shape, sizeof k->x), memcpy(k->w, c->w_shape, sizeof k->w), memcpy(&k->p, &c->p, sizeof k->p);
+    k->mode = mode, k->own = own;
     k->fwd = pl->fwd, k->data = pl->data, k->filter = pl->filter;
     SG_CUDNN_CHECK(ctx, cudnnGetConvolutionMathType(pl->fwd_cd, &k->fwd_m));
     SG_CUDNN_CHECK(ctx, cudnnGetConvolutionMathType(pl->data_cd, &k->data_m));
@@ -424,9 +654,12 @@ extern "C" sg_status sg_conv2d_plan_cuda(sg_ctx *ctx, sg_conv2d *c)
     if (wf > bytes) bytes = wf;
     if (wdata > bytes) bytes = wdata;
     if (wfilt > bytes) bytes = wfilt;
-    int64_t elems = (int64_t)((bytes + sizeof(float) - 1) / sizeof(float));
-    SG_TRY(sg_tensor_create(ctx, SG_DTYPE_F32, 1, &elems, "conv2d workspace", &pl->ws));
-    c->ws_bytes = sg_tensor_nbytes(pl->ws);
+    if (c->own & SG_CONV_OWN_FILTER && sg_dwconv_workspace_bytes(c) > bytes)
+        bytes = sg_dwconv_workspace_bytes(c); /* our dw's partials */
+    bytes = (bytes + 255) / 256 * 256; /* never empty: db's partials at least */
+    conv_dnn *d = (conv_dnn *)sg_ctx_ext(ctx, SG_EXT_CONV);
+    if (bytes > d->ws_need) d->ws_need = bytes;
+    c->ws_bytes = bytes; /* of the context's workspace (see conv_dnn) */
     return SG_OK;
 }
 
@@ -491,10 +724,10 @@ static sg_status bias_add(sg_ctx *ctx, sg_tensor *y, const sg_tensor *b)
 }
 
 template <typename T>
-static sg_status bias_grad(sg_ctx *ctx, const conv_plan *pl, const sg_tensor *dy, sg_tensor *db)
+static sg_status bias_grad(sg_ctx *ctx, const conv_plan *pl, void *ws, const sg_tensor *dy, sg_tensor *db)
 {
     const int64_t C = db->numel, M = dy->numel / C;
-    float *partials = (float *)pl->ws->data;
+    float *partials = (float *)ws;
     cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
     dim3 grid((unsigned)((C + CONV_DB_COLS - 1) / CONV_DB_COLS), (unsigned)pl->db_parts);
     db_partial_kernel<T><<<grid, CONV_THREADS, 0, st>>>((const T *)dy->data, partials, M, C,
@@ -516,16 +749,21 @@ static sg_status bind(sg_ctx *ctx, const conv_plan *pl)
     return SG_OK;
 }
 
-/* y = conv(x, w) (beta 0: written, not blended), then + b: two launches counted with b. */
+/* y = conv(x, w) (beta 0: written, not blended), then + b: two launches counted with b; ours
+ * (c->own) add b before rounding, in one launch. */
 extern "C" sg_status sg_conv2d_forward_cuda(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x,
                                             const sg_tensor *w, const sg_tensor *b, sg_tensor *y)
 {
     const conv_plan *pl = (const conv_plan *)c->cuda;
-    const float one = 1.f, zero = 0.f; /* f32 scaling factors for f32 and bf16 data alike */
+    if (c->own & SG_CONV_OWN_FWD) {
+        SG_TRY(sg_dwconv_forward_cuda(ctx, c, x->data, w->data, b ? b->data : NULL, y->data));
+        sg_ctx_count_launches(ctx, 1);
+        return SG_OK;
+    }
+    void *ws = NULL;
+    SG_TRY(workspace(ctx, &ws));
     SG_TRY(bind(ctx, pl));
-    SG_CUDNN_CHECK(ctx, cudnnConvolutionForward(pl->h, &one, pl->xd, x->data, pl->wd, w->data,
-                                                pl->fwd_cd, pl->fwd, pl->ws->data, c->ws_bytes,
-                                                &zero, pl->yd, y->data));
+    SG_TRY(run_forward(ctx, c, pl, false, x->data, w->data, y->data, ws, c->ws_bytes));
     sg_ctx_count_launches(ctx, 1);
     if (!b) return SG_OK;
     return c->dtype == SG_DTYPE_BF16 ? bias_add<__nv_bfloat16>(ctx, y, b)
@@ -533,29 +771,25 @@ extern "C" sg_status sg_conv2d_forward_cuda(sg_ctx *ctx, sg_conv2d *c, const sg_
 }
 
 /* dx (when asked for), dw, then db (when asked for): the passes run one after the other on
- * the stream, so they share the workspace. */
+ * the stream, so they share the workspace. Launches: dx 1, dw 1 (ours 2), db 2. */
 extern "C" sg_status sg_conv2d_backward_cuda(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x,
                                              const sg_tensor *w, const sg_tensor *dy,
                                              sg_tensor *dx, sg_tensor *dw, sg_tensor *db)
 {
     const conv_plan *pl = (const conv_plan *)c->cuda;
-    const float one = 1.f, zero = 0.f;
-    SG_TRY(bind(ctx, pl));
+    const bool own_data = c->own & SG_CONV_OWN_DATA, own_filter = c->own & SG_CONV_OWN_FILTER;
+    void *ws = NULL;
+    SG_TRY(workspace(ctx, &ws));
+    if ((dx && !own_data) || !own_filter) SG_TRY(bind(ctx, pl));
     if (dx) {
-        SG_CUDNN_CHECK(ctx, cudnnConvolutionBackwardData(pl->h, &one, pl->wd, w->data, pl->yd,
-                                                         dy->data, pl->data_cd, pl->data,
-                                                         pl->ws->data, c->ws_bytes, &zero, pl->xd,
-                                                         dx->data));
+        SG_TRY(run_data(ctx, c, pl, own_data, w->data, dy->data, dx->data, ws, c->ws_bytes));
         sg_ctx_count_launches(ctx, 1);
     }
-    SG_CUDNN_CHECK(ctx, cudnnConvolutionBackwardFilter(pl->h, &one, pl->xd, x->data, pl->yd,
-                                                       dy->data, pl->filter_cd, pl->filter,
-                                                       pl->ws->data, c->ws_bytes, &zero, pl->wd,
-                                                       dw->data));
-    sg_ctx_count_launches(ctx, 1);
+    SG_TRY(run_filter(ctx, c, pl, own_filter, x->data, dy->data, dw->data, ws, c->ws_bytes));
+    sg_ctx_count_launches(ctx, own_filter ? 2 : 1);
     if (!db) return SG_OK;
-    return c->dtype == SG_DTYPE_BF16 ? bias_grad<__nv_bfloat16>(ctx, pl, dy, db)
-                                     : bias_grad<float>(ctx, pl, dy, db);
+    return c->dtype == SG_DTYPE_BF16 ? bias_grad<__nv_bfloat16>(ctx, pl, ws, dy, db)
+                                     : bias_grad<float>(ctx, pl, ws, dy, db);
 }
 
 #endif /* SG_HAVE_CUDNN */
