@@ -4,7 +4,9 @@
  *   byte 1    the reader's options (text: val_fraction from bits 0-1, T = 1 + bits 2-5, bit 6
  *             sg_text_open_window with a window of T + 1 instead of sg_text_open; tokens: the
  *             vocabulary from bits 0-2, T = 1 + bits 3-6, bit 7 a separate validation file
- *             (the same bytes) instead of 10% held out)
+ *             (the same bytes) instead of 10% held out), 2 = a digits file for the image
+ *             models (src/models/digits.c)
+ *   byte 1    (digits: classes 10 + bits 0-1, images R = 8 + bits 2-4)
  *   the rest  the file's contents, written to a file and opened by path
  * Seeds start with byte 0 so that they stay text inputs when a reader is added: a new reader
  * (token shards, .npy) is one more function and one more row of `readers`, with seeds in
@@ -13,7 +15,11 @@
  * shifted by one. */
 #include "fuzz.h"
 
+#include "models/model.h"
+#include "nn/dataset.h"
 #include "nn/text.h"
+
+#include <math.h>
 
 #define FZ_B 2
 #define FZ_TMAX 16
@@ -128,6 +134,38 @@ static void read_tokens(const uint8_t *data, size_t size, uint8_t opt)
     sg_text_close(t);
 }
 
+/* A digits file for the image models (src/models/digits.c): classes 10 + bits 0-1 of opt,
+ * images scaled to R = 8 + bits 2-4. Read, the training set and the validation split hold
+ * every line (a fifth held out), each value finite, each label below the classes. */
+static void read_digits(const uint8_t *data, size_t size, uint8_t opt)
+{
+    sg_ctx *ctx = fz_ctx();
+    const char *path = fz_write_file("in.csv", data, size);
+    int64_t classes = 10 + (opt & 3), R = 8 + (opt >> 2) % 8;
+    sg_dataset *d = NULL;
+    sg_status st = sg_digits_data(ctx, path, R, classes, 7, &d);
+    fz_say(ctx, "sg_digits_data", st);
+    if (st != SG_OK) {
+        FZ_CHECK(d == NULL, "a refused digits file left a data set");
+        return;
+    }
+    int64_t n = d->n + d->val->n;
+    FZ_CHECK(d->val->n == n / 5 && n == sg_digits_count(path), "%lld training and %lld validation images "
+             "from %lld lines", (long long)d->n, (long long)d->val->n, (long long)sg_digits_count(path));
+    for (const sg_dataset *s = d; s; s = s == d ? d->val : NULL) {
+        float *x = malloc((size_t)s->x->numel * sizeof *x);
+        int32_t *y = malloc((size_t)s->n * sizeof *y);
+        FZ_OK(ctx, sg_tensor_copy_to_host(s->x, x, (size_t)s->x->numel * sizeof *x));
+        FZ_OK(ctx, sg_tensor_copy_to_host(s->y, y, (size_t)s->n * sizeof *y));
+        for (int64_t i = 0; i < s->x->numel; i++) FZ_CHECK(isfinite(x[i]), "image value %lld: %g", (long long)i, x[i]);
+        for (int64_t i = 0; i < s->n; i++)
+            FZ_CHECK(y[i] >= 0 && y[i] < classes, "label %lld: %d (classes %lld)", (long long)i, y[i],
+                     (long long)classes);
+        free(x), free(y);
+    }
+    sg_dataset_destroy(d);
+}
+
 /* One row per reader; byte 0 of an input picks it. */
 static const struct {
     const char *name;
@@ -135,6 +173,7 @@ static const struct {
 } readers[] = {
     {"text", read_text},
     {"tokens", read_tokens},
+    {"digits", read_digits},
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -236,6 +236,24 @@ static void text(void)
         put("text", v == 1 ? "tokens-llmc-v1.bin" : "tokens-llmc-v2.bin", shard, (size_t)(2 + 1024 + w * n));
     }
     put("text", "tokens-llmc-cut.bin", shard, 2 + 1000); /* the header cut short */
+    /* Digits files, reader 2; byte 1: classes 10 + bits 0-1 | (R - 8) << 2. Six lines of 64
+     * gray levels and a label (LF; then CRLF and no last newline), then one with a level of 17. */
+    char csv[2 + 6 * 200], *p = csv;
+    *p++ = 2, *p++ = 1 | 4 << 2; /* classes 11, R 12 */
+    for (int i = 0; i < 6; i++) {
+        for (int k = 0; k < 64; k++) p += sprintf(p, "%d,", (i * 7 + k * 5) % 17);
+        p += sprintf(p, "%d\n", i % 10);
+    }
+    put("text", "digits.csv", csv, (size_t)(p - csv));
+    for (char *q = strchr(csv + 2, '\n'); q; q = strchr(q + 2, '\n')) { /* to CRLF */
+        memmove(q + 1, q, (size_t)(p++ - q));
+        *q = '\r';
+    }
+    put("text", "digits-crlf.csv", csv, (size_t)(p - csv) - 2);
+    char *lv = strstr(csv + 2, ",1,") + 2; /* ",1," becomes ",17,": a gray level of 17 */
+    memmove(lv + 1, lv, (size_t)(p++ - lv));
+    *lv = '7';
+    put("text", "digits-bad-level.csv", csv, (size_t)(p - csv));
 }
 
 /* A .npy file as NumPy writes it: magic, version major.0, the header length (2 bytes in 1.0, 4

@@ -358,7 +358,10 @@ sg_status sg_conv2d_create(sg_ctx *ctx, const int64_t x_shape[4], const int64_t 
 void sg_conv2d_destroy(sg_conv2d *c);
 /* y's shape for the plan: (N, OH, OW, Cout). */
 void sg_conv2d_out_shape(const sg_conv2d *c, int64_t y_shape[4]);
-/* Bytes of device workspace the plan holds (0 on the CPU). */
+/* Bytes of device workspace the plan's passes use (0 on the CPU): of one workspace the
+ * context's plans share (passes run one at a time on its stream), as large as the largest
+ * plan's, allocated by the first pass run after a plan that needs more (so run a pass once
+ * before capturing one). */
 size_t sg_conv2d_workspace_bytes(const sg_conv2d *c);
 /* y = conv(x, w) + b (b may be NULL). Shapes and dtypes must be the plan's. */
 sg_status sg_conv2d_forward(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x, const sg_tensor *w,
@@ -516,7 +519,11 @@ typedef struct sg_optim sg_optim;
 typedef enum sg_optim_kind { SG_OPTIM_ADAMW = 0, SG_OPTIM_SGD } sg_optim_kind;
 
 typedef struct sg_model_options {
-    const char *data_path;     /* gpt: the text to train on (NULL: a licence text of the system) */
+    /* gpt: the text to train on (NULL: a licence text of the system). resnet, efficientnet: a
+     * digits file (scikit-learn's 8 x 8 digits.csv: 64 gray levels 0..16 and the label a line;
+     * docs/data.md) whose images, scaled up to R x R, replace the synthetic ones, the last
+     * fifth held out as the validation split (NULL: synthetic images, no validation split). */
+    const char *data_path;
     float dropout;             /* gpt: dropout probability after the embedding and each branch */
     /* SG_DTYPE_F32 (the default) or SG_DTYPE_BF16 (gpt): mixed precision. bf16 activations,
      * matmuls (f32 accumulation) and gradients, read from bf16 copies of the parameters; f32
@@ -538,8 +545,13 @@ typedef struct sg_model_options {
      * and the head have N rows (N may exceed the largest token: GPT-2's 50257 padded to 50304).
      * A bad file is refused, naming it and the byte offset, before the model is allocated. */
     int64_t vocab;
-    /* resnet: classes of the head and the synthetic labels (0: 1000, ImageNet's). */
+    /* resnet, efficientnet: classes of the head and the labels (0: 1000, ImageNet's, for the
+     * synthetic images; 10 with a digits file as data_path, which refuses fewer). */
     int64_t classes;
+    /* Activation recompute (sg_module_recompute): each GPT block, each ResNet stage (layer1 to
+     * layer4) and each EfficientNet stage (features.1 to features.7) drops its activations
+     * after the forward and computes them again in its backward. 0: off. */
+    int recompute;
 } sg_model_options;
 
 /* As sg_model_create, with options (NULL: defaults). "gpt-WIDTH-DEPTH-BATCH-SEQ" names a GPT
@@ -847,6 +859,23 @@ sg_status sg_module_stochastic_depth(sg_builder *b, const char *name, int64_t H,
  * layer scope, the root Sequential's children are the modules captured one by one. */
 sg_status sg_module_sequential(sg_builder *b, const char *name, sg_module **children, int n,
                                sg_module **m);
+/* Activation recompute. The modules made between sg_builder_begin_recompute(b) and
+ * sg_module_recompute(b, name, inner, &m) form a region; inner is its one module no container
+ * owns (every other module made in between belongs to it). The built-in modules of a region
+ * keep their activations and backward scratch in one device arena that every region of the
+ * model shares, sized for the largest region when the model is built. m runs inner: its
+ * forward keeps only inner's output (copied out of the arena); its backward runs inner's
+ * forward again on the saved input, then inner's backward (the input gradient copied out of
+ * the arena too, into a buffer shared with every second region). Memory saved: the buffers
+ * of every region but the largest; cost: one more forward of each region a step. Results are
+ * the same as without recompute, bit for bit where the kernels are deterministic: dropout and
+ * stochastic depth draw the same masks again (counter-based generator), batch norm moves its
+ * running statistics once. A module of your own inside a region must give the same output
+ * when its forward runs twice; tensors it makes itself (sg_tensor_create) stay its own.
+ * Regions do not nest; one left open fails sg_builder_finish. Works under every scope (under
+ * layer scope, m is the module captured) and with data parallelism. */
+sg_status sg_builder_begin_recompute(sg_builder *b);
+sg_status sg_module_recompute(sg_builder *b, const char *name, sg_module *inner, sg_module **m);
 
 /* Data sets, resident on the device: a step gathers its own batch there (a captured step
  * loads its batch with no host work). Batch i of a model of batch B holds samples
@@ -876,6 +905,11 @@ sg_status sg_dataset_create_fed(sg_ctx *ctx, sg_dtype x_dtype, int x_ndim, const
                                 sg_dataset **out);
 sg_status sg_dataset_feed(sg_dataset *d, int64_t index, const void *x, size_t x_bytes,
                           const void *y, size_t y_bytes);
+/* Gives a data set of samples (sg_dataset_create, sg_dataset_from_npy, not yet handed to a
+ * model) a validation split: x (n_val, ...) and y (n_val, ...), samples shaped and typed as
+ * d's, made on d's context, taken whatever it returns. sg_trainer_eval reads it as split 1,
+ * batch i holding samples (i*B + r) mod n_val; training never does. */
+sg_status sg_dataset_set_validation(sg_dataset *d, sg_tensor *x, sg_tensor *y);
 /* A data set not handed to a model. */
 void sg_dataset_destroy(sg_dataset *d);
 int64_t sg_dataset_samples(const sg_dataset *d);
@@ -988,9 +1022,12 @@ sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out);
 /* The loss scaler's state (scale, steps skipped for non-finite gradients...): a host sync.
  * fp32 models hold one too, unused (scale 65536, nothing skipped). */
 sg_status sg_trainer_get_scaler(sg_trainer *t, sg_loss_scaler *out);
-/* Mean loss over n_batches batches of a split (0 train, 1 validation: gpt models hold one out),
- * forward only, eagerly, dropout off; a host sync. */
+/* Mean loss over n_batches batches of a split (0 train, 1 validation: gpt models hold one out,
+ * image models trained on a digits file too), forward only, eagerly, dropout off; a host sync. */
 sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out);
+/* The size of split 0 (train) or 1 (validation) of the model's data: tokens for token text,
+ * samples otherwise; 0 where there is no such split (sg_trainer_eval refuses it). */
+int64_t sg_model_split_size(const sg_model *m, int split);
 /* The largest step a checkpoint holds, 2^53: a double counts every step up to it exactly,
  * and a caller adding a run's step count to it cannot overflow int64_t. */
 #define SG_TRAINER_MAX_STEP ((int64_t)1 << 53)

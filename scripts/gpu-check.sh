@@ -32,7 +32,10 @@
 # default dist_gpu), GPU_CHECK_TOKEN_MODELS (gpt models benchmarked, every scope and
 # GPU_CHECK_TOKEN_TORCH_MODES (default eager,graph,compile; PyTorch with SDPA attention), over
 # a token file of bench/make_tokens.py with vocabulary GPU_CHECK_TOKEN_VOCAB (default 50304);
-# default none), GPU_CHECK_REPEAT (runs of each test in --quick's repeated stage, default
+# default none), GPU_CHECK_VISION_MODELS (resnet/efficientnet models benchmarked eager and step,
+# with and without --recompute, beside bench/torch_vision.py's GPU_CHECK_VISION_TORCH_MODES,
+# default eager,graph, in GPU_CHECK_VISION_PRECISIONS, default bf16; default
+# resnet18-32-32,efficientnet_b0-8-128; empty for none), GPU_CHECK_REPEAT (runs of each test in --quick's repeated stage, default
 # 3; 1 for none), SANITIZE_JOBS (default 4), SANITIZE_SKIP (test names,
 # space-separated, kept out of the sanitizers; empty for none; default "prof advise dist cli":
 # CUPTI and compute-sanitizer both hook the driver, and test_prof's and test_advise's only own
@@ -56,6 +59,9 @@ VERIFY_MODELS=${GPU_CHECK_VERIFY:-}
 TOKEN_MODELS=${GPU_CHECK_TOKEN_MODELS:-}
 TOKEN_VOCAB=${GPU_CHECK_TOKEN_VOCAB:-50304}
 TOKEN_TORCH_MODES=${GPU_CHECK_TOKEN_TORCH_MODES:-eager,graph,compile}
+VISION_MODELS=${GPU_CHECK_VISION_MODELS-resnet18-32-32,efficientnet_b0-8-128}
+VISION_PRECISIONS=${GPU_CHECK_VISION_PRECISIONS:-bf16}
+VISION_TORCH_MODES=${GPU_CHECK_VISION_TORCH_MODES:-eager,graph}
 SANITIZE_SKIP=${SANITIZE_SKIP-prof advise dist cli}
 SANITIZE_JOBS=${SANITIZE_JOBS:-4}
 JOBS=$(nproc 2>/dev/null || echo 4)
@@ -306,6 +312,21 @@ if [ $NO_BENCH -eq 0 ]; then
         stage "bench: pytorch $p" "$OUT/bench.log" 300 \
             bench_to_jsonl python3 bench/torch_ref.py --model "$MODELS" --mode "$TORCH_MODES" --precision "$p" --json || true
     done
+    # Vision models: stepgraph eager and step scope, with and without --recompute, then PyTorch's
+    # torchvision models at their fastest (channels_last, cudnn.benchmark, autocast) beside them.
+    if [ -n "$VISION_MODELS" ]; then
+        for p in ${VISION_PRECISIONS//,/ }; do
+            stage "bench: stepgraph vision $p" "$OUT/bench.log" 200 \
+                bench_to_jsonl "$BUILD/stepgraph" bench --model "$VISION_MODELS" --scope eager,step --precision "$p" \
+                --steps 20 --repeats 3 --warmup 10 --memory --json || true
+            stage "bench: stepgraph vision $p recompute" "$OUT/bench.log" 200 \
+                bench_to_jsonl "$BUILD/stepgraph" bench --model "$VISION_MODELS" --scope step --precision "$p" \
+                --recompute --steps 20 --repeats 3 --warmup 10 --memory --json || true
+            stage "bench: pytorch vision $p" "$OUT/bench.log" 400 \
+                bench_to_jsonl python3 bench/torch_vision.py --model "$VISION_MODELS" --mode "$VISION_TORCH_MODES" \
+                --precision "$p" --dropout 0.2 --stochastic-depth 0.2 --steps 30 --repeats 3 --warmup 10 --json || true
+        done
+    fi
     # GPT over a token file with a GPT-2-sized vocabulary, both sides reading the same file.
     if [ -n "$TOKEN_MODELS" ]; then
         python3 bench/make_tokens.py "$TMP/tokens.bin" --tokens 2000000 --vocab 50257 >>"$OUT/bench.log" 2>&1 || true
@@ -457,6 +478,8 @@ for m in order:
         mib = r.get("peak_reserved_mib", r.get("peak_mib"))
         if r.get("steps_per_graph", 1) > 1:
             r = dict(r, mode=f"{r['mode']} x{r['steps_per_graph']}")
+        if r.get("recompute"):
+            r = dict(r, mode=f"{r['mode']} recompute")
         print(f"{m:<30} {r.get('framework'):<9} {r.get('mode'):<18} {g(r, 'ms_per_step', '.4f'):>8} {re:>7} {rg:>7} "
               f"{g(r, 'host_ms_per_step', '.4f'):>8} {g(r, 'kernels_per_step', '.1f'):>6} "
               f"{g(r, 'gpu_busy_ms_per_step', '.4f'):>8} {'n/a' if capt is None else format(capt, '.2f'):>8} "

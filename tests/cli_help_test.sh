@@ -36,6 +36,11 @@ else
     pass "bench --help does not say 'eager steps' only"
 fi
 expect 0 'Generates text from a GPT checkpoint' -- sample --help
+# --data also names the image models' digits file (docs/data.md), and --classes its default.
+for cmd in bench advise trace; do
+    expect 0 'resnet, efficientnet: a digits file' -- $cmd --help
+    expect 0 '1000; 10 with a digits file as --data' -- $cmd --help
+done
 expect 0 'version' -- --help
 
 # --version and version: "stepgraph VERSION (commit HASH)", VERSION CMake's own.

@@ -4,6 +4,7 @@
  * Modes: cpu (the CPU backend), gpu (the same on a CUDA device). */
 #include "train/model.h"
 #include "nn/text.h"
+#include "ops/conv.h"
 #include "testutil.h"
 
 #include <unistd.h>
@@ -37,12 +38,14 @@ static void names(void)
 }
 
 /* What a build allocated (model.c counts it) against the estimate: never less, at most 1.5x
- * plus the text data set, which the estimate leaves to the reader (4 bytes a token). */
-static void estimate_bounds(sg_backend be, const char *name, sg_dtype precision, float dropout)
+ * plus the text data set, which the estimate leaves to the reader (4 bytes a token), and on
+ * the GPU the convolutions' workspace (one for the context, at most SG_CONV_WORKSPACE_MAX). */
+static void estimate_bounds(sg_backend be, const char *name, sg_dtype precision, float dropout, int recompute)
 {
     sg_ctx *ctx = tu_ctx(be);
     sg_model_options mo = {0};
-    mo.precision = precision, mo.dropout = dropout;
+    mo.precision = precision, mo.dropout = dropout, mo.recompute = recompute;
+    if (name[0] == 'r' || name[0] == 'e') mo.classes = tu_randint(2, 20);
     sg_model_size z;
     TU_OK(NULL, sg_model_estimate(name, &mo, &z));
     sg_model *m = NULL;
@@ -51,13 +54,14 @@ static void estimate_bounds(sg_backend be, const char *name, sg_dtype precision,
              (long long)z.params, (long long)sg_model_param_count(m));
     double need = (double)(z.param_bytes + z.activation_bytes + z.data_bytes);
     double text = m->text ? 4.0 * (double)(sg_text_size(m->text, 0) + sg_text_size(m->text, 1)) : 0;
-    TU_CHECK((double)m->bytes >= need, "%s %s dropout %g: built %zu bytes, estimate %.0f: not a lower bound",
-             name, sg_dtype_name(precision), dropout, m->bytes, need);
-    TU_CHECK((double)m->bytes <= 1.5 * need + text + 65536,
-             "%s %s dropout %g: built %zu bytes, estimate %.0f (+ text %.0f): off by more than 1.5x", name,
-             sg_dtype_name(precision), dropout, m->bytes, need, text);
-    printf("%s %s dropout %g: estimate %.0f bytes, built %zu (text %.0f)\n", name, sg_dtype_name(precision),
-           dropout, need, m->bytes, text);
+    TU_CHECK((double)m->bytes >= need, "%s %s dropout %g recompute %d: built %zu bytes, estimate %.0f: not a lower "
+             "bound", name, sg_dtype_name(precision), dropout, recompute, m->bytes, need);
+    double ws = be == SG_BACKEND_CUDA && (name[0] == 'r' || name[0] == 'e') ? (double)SG_CONV_WORKSPACE_MAX : 0;
+    TU_CHECK((double)m->bytes <= 1.5 * need + text + ws + 65536,
+             "%s %s dropout %g recompute %d: built %zu bytes, estimate %.0f (+ text %.0f): off by more than 1.5x",
+             name, sg_dtype_name(precision), dropout, recompute, m->bytes, need, text);
+    printf("%s %s dropout %g recompute %d: estimate %.0f bytes, built %zu (text %.0f)\n", name,
+           sg_dtype_name(precision), dropout, recompute, need, m->bytes, text);
     sg_model_destroy(m);
     sg_ctx_destroy(ctx);
 }
@@ -126,10 +130,19 @@ int main(int argc, char **argv)
     snprintf(mlp, sizeof mlp, "mlp-%d-%d-%d", tu_randint(1, 96), tu_randint(1, 4), tu_randint(1, 40));
     snprintf(gpt, sizeof gpt, "gpt-%d-%d-%d-%d", 64 * tu_randint(1, 2), tu_randint(1, 3), tu_randint(1, 4),
              tu_randint(2, 48));
-    estimate_bounds(be, mlp, SG_DTYPE_F32, 0.f);
-    estimate_bounds(be, gpt, SG_DTYPE_F32, 0.f);
-    estimate_bounds(be, gpt, SG_DTYPE_F32, 0.1f);
-    estimate_bounds(be, gpt, SG_DTYPE_BF16, 0.1f);
+    estimate_bounds(be, mlp, SG_DTYPE_F32, 0.f, 0);
+    estimate_bounds(be, gpt, SG_DTYPE_F32, 0.f, 0);
+    estimate_bounds(be, gpt, SG_DTYPE_F32, 0.1f, 0);
+    estimate_bounds(be, gpt, SG_DTYPE_BF16, 0.1f, 0);
+    estimate_bounds(be, gpt, SG_DTYPE_F32, 0.1f, 1);
+    estimate_bounds(be, gpt, SG_DTYPE_BF16, 0.f, 1);
+    /* The image models, with and without recompute (batch 1 or 2, R 32 to 48). */
+    char img[64];
+    for (int r = 0; r < 2; r++) {
+        static const char *const kinds[] = {"resnet18", "resnet50", "efficientnet_b0"};
+        snprintf(img, sizeof img, "%s-%d-%d", kinds[tu_randint(0, 2)], tu_randint(1, 2), tu_randint(32, 48));
+        estimate_bounds(be, img, tu_randint(0, 1) ? SG_DTYPE_BF16 : SG_DTYPE_F32, 0.f, r);
+    }
     refused_before_allocating(be);
     deepest(be);
     return tu_finish("test_model");

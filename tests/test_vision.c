@@ -31,38 +31,10 @@ static spec draw(void)
     return s;
 }
 
-static int64_t osz(int64_t n, int k, int stride, int pad) { return (n + 2 * pad - k) / stride + 1; }
-
 /* x (n, H, W, Cin) N(0,1), labels uniform over the classes. */
 static sg_dataset *images(sg_ctx *ctx, const spec *s, int64_t n)
 {
-    int64_t px = s->H * s->W * s->Cin;
-    float *x = malloc((size_t)(n * px) * 4);
-    int32_t *y = malloc((size_t)n * 4);
-    uint64_t keep = tu_state;
-    tu_state = s->dseed;
-    for (int64_t i = 0; i < n * px; i++) x[i] = (float)tu_normal();
-    for (int64_t i = 0; i < n; i++) y[i] = (int32_t)tu_randint(0, (int)s->classes - 1);
-    tu_state = keep;
-    sg_tensor *tx, *ty;
-    TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_F32, 4, (int64_t[]){n, s->H, s->W, s->Cin}, "x", &tx));
-    TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, "y", &ty));
-    TU_OK(ctx, sg_tensor_copy_from_host(tx, x, (size_t)(n * px) * 4));
-    TU_OK(ctx, sg_tensor_copy_from_host(ty, y, (size_t)n * 4));
-    free(x), free(y);
-    sg_dataset *d;
-    TU_OK(ctx, sg_dataset_create(ctx, tx, ty, &d));
-    return d;
-}
-
-/* conv (no bias) then batch norm, "<c>" and "<n>"; out: the output's (H, W, C). */
-static void conv_bn(sg_ctx *ctx, sg_builder *b, const char *c, const char *n, const int64_t in[3], int64_t Cout,
-                    int k, int stride, int groups, sg_activation act, int64_t out[3], sg_module **m)
-{
-    int pad = k / 2;
-    out[0] = osz(in[0], k, stride, pad), out[1] = osz(in[1], k, stride, pad), out[2] = Cout;
-    TU_OK(ctx, sg_module_conv2d(b, c, in[0], in[1], in[2], Cout, k, stride, pad, groups, 0, &m[0]));
-    TU_OK(ctx, sg_module_batchnorm2d(b, n, out[0], out[1], Cout, act, &m[1]));
+    return tu_images(ctx, n, s->H, s->W, s->Cin, s->classes, s->dseed);
 }
 
 /* stem (conv 3x3 with bias, BN + ReLU), max pool 3/2 pad 1, block1 (3x3, BN + ReLU, depthwise
@@ -84,21 +56,21 @@ static sg_model *mini(sg_ctx *ctx, const spec *s, sg_dataset *d)
     a[0] = x[0], a[1] = x[1], a[2] = s->C1;
     if (!s->smooth) {
         TU_OK(ctx, sg_module_maxpool2d(b, "maxpool", a[0], a[1], a[2], 3, 2, 1, &l[n++]));
-        a[0] = osz(a[0], 3, 2, 1), a[1] = osz(a[1], 3, 2, 1);
+        a[0] = tu_osz(a[0], 3, 2, 1), a[1] = tu_osz(a[1], 3, 2, 1);
     }
     TU_OK(ctx, sg_builder_push_scope(b, "layer1.0"));
-    conv_bn(ctx, b, "conv1", "bn1", a, s->C1, 3, 1, 1, relu, c, &m1[0]);
-    conv_bn(ctx, b, "conv2", "bn2", c, s->C1, 3, 1, (int)s->C1, SG_ACT_NONE, e, &m1[2]);
+    tu_conv_bn(ctx, b, "conv1", "bn1", a, s->C1, 3, 1, 1, relu, c, &m1[0]);
+    tu_conv_bn(ctx, b, "conv2", "bn2", c, s->C1, 3, 1, (int)s->C1, SG_ACT_NONE, e, &m1[2]);
     TU_OK(ctx, sg_module_sequential(b, "main", m1, 4, &seq));
     TU_OK(ctx, sg_module_residual_block(b, "", seq, NULL, a, e, relu, &l[n++]));
     sg_builder_pop_scope(b);
     TU_OK(ctx, sg_builder_push_scope(b, "layer2.0"));
-    conv_bn(ctx, b, "conv1", "bn1", e, s->C2, 3, 2, 1, SG_ACT_SILU, c, &m2[0]); /* EfficientNet's */
-    conv_bn(ctx, b, "conv2", "bn2", c, s->C2, 3, 1, 1, SG_ACT_NONE, f, &m2[2]);
+    tu_conv_bn(ctx, b, "conv1", "bn1", e, s->C2, 3, 2, 1, SG_ACT_SILU, c, &m2[0]); /* EfficientNet's */
+    tu_conv_bn(ctx, b, "conv2", "bn2", c, s->C2, 3, 1, 1, SG_ACT_NONE, f, &m2[2]);
     TU_OK(ctx, sg_module_sequential(b, "main", m2, 4, &seq));
     TU_OK(ctx, sg_builder_push_scope(b, "downsample"));
     int64_t so[3];
-    conv_bn(ctx, b, "0", "1", e, s->C2, 1, 2, 1, SG_ACT_NONE, so, sc);
+    tu_conv_bn(ctx, b, "0", "1", e, s->C2, 1, 2, 1, SG_ACT_NONE, so, sc);
     sg_builder_pop_scope(b);
     TU_CHECK(!memcmp(so, f, sizeof so), "shortcut (%lld, %lld) and main (%lld, %lld) differ", (long long)so[0],
              (long long)so[1], (long long)f[0], (long long)f[1]);
@@ -465,10 +437,9 @@ static void refusals(sg_backend be)
 
 int main(int argc, char **argv)
 {
-    tu_seed("test_vision");
-    bool gpu = argc > 1 && !strcmp(argv[1], "gpu");
-    sg_backend be = gpu ? SG_BACKEND_CUDA : SG_BACKEND_CPU;
-    if (gpu && !sg_cuda_available()) return TU_SKIP;
+    sg_backend be;
+    if (!tu_start("test_vision", argc, argv, &be)) return TU_SKIP;
+    bool gpu = be == SG_BACKEND_CUDA;
     scopes_match_eager(be, SG_DTYPE_F32);
     scopes_match_eager(be, SG_DTYPE_BF16);
     state_and_checkpoint(be, SG_SCOPE_EAGER);

@@ -335,6 +335,17 @@ static inline void tu_file_write(const char *path, const unsigned char *b, size_
     }
 }
 
+/* A new temporary directory /tmp/sg_<name>_XXXXXX, its path into dir (n bytes); exits the test
+ * when it cannot be made. */
+static inline void tu_tempdir(char *dir, size_t n, const char *name)
+{
+    snprintf(dir, n, "/tmp/sg_%s_XXXXXX", name);
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "FAIL: mkdtemp %s: %s\n", dir, strerror(errno));
+        exit(1);
+    }
+}
+
 static inline unsigned char *tu_file_read(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -420,6 +431,55 @@ static inline double tu_dot(const sg_tensor *a, const sg_tensor *r)
 
 /* The context still trains after what came before (refusals, say): one eager AdamW step of m,
  * which it takes, with a finite positive loss (`what` names the moment in a failure). */
+/* A test's start: seeds it, and picks the backend from argv[1] ("gpu": CUDA, else the CPU);
+ * false when the GPU was asked for and there is none (the test skips). */
+static inline bool tu_start(const char *test, int argc, char **argv, sg_backend *be)
+{
+    tu_seed(test);
+    bool gpu = argc > 1 && !strcmp(argv[1], "gpu");
+    *be = gpu ? SG_BACKEND_CUDA : SG_BACKEND_CPU;
+    return !gpu || sg_cuda_available();
+}
+
+/* Output size of a convolution or pool along one side. */
+static inline int64_t tu_osz(int64_t n, int k, int stride, int pad) { return (n + 2 * pad - k) / stride + 1; }
+
+/* conv k x k (padding k/2, no bias) then batch norm (+ act), "<c>" and "<n>" in b's scope; out:
+ * the output's (H, W, C); m[0], m[1] the two modules. */
+static inline void tu_conv_bn(sg_ctx *ctx, sg_builder *b, const char *c, const char *n, const int64_t in[3],
+                              int64_t Cout, int k, int stride, int groups, sg_activation act, int64_t out[3],
+                              sg_module **m)
+{
+    int pad = k / 2;
+    out[0] = tu_osz(in[0], k, stride, pad), out[1] = tu_osz(in[1], k, stride, pad), out[2] = Cout;
+    TU_OK(ctx, sg_module_conv2d(b, c, in[0], in[1], in[2], Cout, k, stride, pad, groups, 0, &m[0]));
+    TU_OK(ctx, sg_module_batchnorm2d(b, n, out[0], out[1], Cout, act, &m[1]));
+}
+
+/* n images (H, W, C) N(0,1) and labels uniform over `classes`, drawn from `seed` (the same
+ * data for the same seed, the test's own stream untouched), as a data set. */
+static inline sg_dataset *tu_images(sg_ctx *ctx, int64_t n, int64_t H, int64_t W, int64_t C, int64_t classes,
+                                    uint64_t seed)
+{
+    int64_t px = H * W * C;
+    float *x = malloc((size_t)(n * px) * 4);
+    int32_t *y = malloc((size_t)n * 4);
+    uint64_t keep = tu_state;
+    tu_state = seed;
+    for (int64_t i = 0; i < n * px; i++) x[i] = (float)tu_normal();
+    for (int64_t i = 0; i < n; i++) y[i] = (int32_t)tu_randint(0, (int)classes - 1);
+    tu_state = keep;
+    sg_tensor *tx, *ty;
+    TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_F32, 4, (int64_t[]){n, H, W, C}, "x", &tx));
+    TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, "y", &ty));
+    TU_OK(ctx, sg_tensor_copy_from_host(tx, x, (size_t)(n * px) * 4));
+    TU_OK(ctx, sg_tensor_copy_from_host(ty, y, (size_t)n * 4));
+    free(x), free(y);
+    sg_dataset *d;
+    TU_OK(ctx, sg_dataset_create(ctx, tx, ty, &d));
+    return d;
+}
+
 static inline void tu_trains_a_step(sg_ctx *ctx, sg_model *m, const char *what)
 {
     sg_optim *o = NULL;

@@ -23,13 +23,20 @@ static const char *advise_usage =
     "\n"
     "options:\n"
     "  --model NAME        e.g. mlp-512-6-32 or gpt-256-4-8-128 (required)\n"
-    "  --classes N         resnet, efficientnet: classes of the head and the labels (default 1000)\n"
+    "  --classes N         resnet, efficientnet: classes of the head and the labels (default\n"
+    "                      1000; 10 with a digits file as --data, which refuses fewer)\n"
+    "  --recompute         drop each GPT block's, ResNet stage's or EfficientNet stage's\n"
+    "                      activations after the forward and compute them again in the\n"
+    "                      backward: less memory, one more forward per step\n"
     "  --precision P       fp32 (default) or bf16 (mixed precision; not mlp)\n"
     "  --no-measure        predict only: do not train under each scope\n"
     "  --steps N           steps per timed block (default 50)\n"
     "  --repeats R         timed blocks; the median is reported (default 5)\n"
     "  --warmup W          untimed steps before timing, capture included (default 20, at least 5)\n"
-    "  --data PATH         gpt: the text to train on (a regular file)\n"
+    "  --data PATH         gpt: the text to train on (a regular file);\n"
+    "                      resnet, efficientnet: a digits file (scikit-learn's 8 x 8\n"
+    "                      digits.csv, scripts/fetch-digits.sh DIR) instead of synthetic\n"
+    "                      images: scaled up to R x R, the last fifth held out (docs/data.md)\n"
     "  --backend B         cuda or auto (default auto); advise profiles a CUDA device, so cpu\n"
     "                      is refused\n"
     "  --json              one JSON object on stdout instead of tables\n"
@@ -357,6 +364,8 @@ static int parse(int argc, char **argv, advise_opts *o)
             o->model = v;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("advise", v, &o->mo.precision);
+        } else if (!strcmp(argv[i], "--recompute")) {
+            o->mo.recompute = 1, i++;
         } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
             bad = bad || !sg_cli_int("advise", "--classes", v, 1, 1 << 20, &n);
             o->mo.classes = n;

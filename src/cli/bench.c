@@ -35,10 +35,17 @@ static const char *bench_usage =
     "  --backend B         cpu, cuda or auto (default auto)\n"
     "  --steps-per-graph K optimizer steps per trainer call: under step scope, one graph launch\n"
     "                      runs K steps (default 1); --steps is rounded up to a multiple of K\n"
-    "  --classes N         resnet, efficientnet: classes of the head and the labels (default 1000)\n"
+    "  --classes N         resnet, efficientnet: classes of the head and the labels (default\n"
+    "                      1000; 10 with a digits file as --data, which refuses fewer)\n"
+    "  --recompute         drop each GPT block's, ResNet stage's or EfficientNet stage's\n"
+    "                      activations after the forward and compute them again in the\n"
+    "                      backward: less memory, one more forward per step\n"
     "  --precision P       fp32 (default) or bf16 (mixed precision with loss scaling; not mlp)\n"
     "  --data PATH         gpt: the text to train on, as stepgraph train --data (default: a\n"
-    "                      licence text); with --vocab, a token file\n"
+    "                      licence text); with --vocab, a token file;\n"
+    "                      resnet, efficientnet: a digits file (scikit-learn's 8 x 8\n"
+    "                      digits.csv, scripts/fetch-digits.sh DIR) instead of synthetic\n"
+    "                      images: scaled up to R x R, the last fifth held out (docs/data.md)\n"
     "  --vocab N           gpt: --data is a token file (nanoGPT's raw uint16 or an llm.c\n"
     "                      shard), tokens below N; embedding and head get N rows (e.g. 50304)\n"
     "  --memory            also report memory, per model and scope: peak reserved and in use,\n"
@@ -52,6 +59,7 @@ static const char *bench_usage =
     "                      framework, model, scope, precision, ms_per_step, host_ms_per_step,\n"
     "                      kernels_per_step, gpu_busy_ms_per_step (null where not measured),\n"
     "                      kernels_per_step_cupti, graphs, graph_nodes, steps_per_graph,\n"
+    "                      recompute (0 or 1),\n"
     "                      capture_ms, instantiate_ms, graph_exec_mib, fell_back,\n"
     "                      allocs_per_100_steps, peak_mib, loss_first, loss_after_warmup,\n"
     "                      vocab and data (gpt), device, commit\n"
@@ -92,6 +100,7 @@ static sg_dtype precision = SG_DTYPE_F32;
 static const char *data_path;   /* gpt: --data (NULL: the default text) */
 static int64_t vocab;           /* gpt: --vocab (0: bytes) */
 static int64_t classes;         /* resnet: --classes (0: 1000) */
+static int recompute;           /* --recompute */
 
 /* n optimizer steps from batch `from` (n a multiple of steps_per_call). */
 static sg_status steps(sg_trainer *t, long long from, long long n)
@@ -153,7 +162,8 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     r->scope = scope;
     snprintf(r->device, sizeof r->device, "%s", sg_ctx_device_name(ctx));
     double l0 = 0, l1 = 0;
-    sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = classes};
+    sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = classes,
+                                   .recompute = recompute};
     if (sg_model_create_ex(ctx, name, 1, &mo, &m) != SG_OK || sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o) != SG_OK ||
         sg_trainer_create(m, o, &to, &t) != SG_OK)
         goto fail;
@@ -284,6 +294,7 @@ static bool print_json_row(const bench_row *r, bool memory, const char *commit)
     sg_cli_kv_int(w, "graphs", r->ts.graphs);
     sg_cli_kv_int(w, "graph_nodes", r->ts.nodes);
     sg_cli_kv_int(w, "steps_per_graph", steps_per_call);
+    sg_cli_kv_int(w, "recompute", recompute);
     json_num(w, "capture_ms", r->ts.capture_ms, 3);
     json_num(w, "instantiate_ms", r->ts.instantiate_ms, 3);
     json_num(w, "graph_exec_mib", r->ts.exec_bytes / 1048576.0, 2);
@@ -293,10 +304,8 @@ static bool print_json_row(const bench_row *r, bool memory, const char *commit)
     json_num(w, "peak_mib", r->peak_mib, 1);
     json_num(w, "loss_first", r->loss0, 4);
     json_num(w, "loss_after_warmup", r->loss1, 4);
-    if (!strncmp(r->model, "gpt", 3)) {
-        sg_cli_kv_int(w, "vocab", vocab ? vocab : 256);
-        if (data_path) sg_cli_kv_str(w, "data", data_path);
-    }
+    if (!strncmp(r->model, "gpt", 3)) sg_cli_kv_int(w, "vocab", vocab ? vocab : 256);
+    if (data_path && strncmp(r->model, "mlp", 3)) sg_cli_kv_str(w, "data", data_path); /* text, or digits */
     if (memory) json_memory(w, r);
     sg_cli_kv_str(w, "device", r->device);
     sg_cli_kv_str(w, "commit", commit);
@@ -372,6 +381,8 @@ int sg_cmd_bench(int argc, char **argv)
             bad = bad || !sg_cli_precision("bench", v, &precision);
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             data_path = v;
+        } else if (!strcmp(argv[i], "--recompute")) {
+            recompute = 1, i++;
         } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
             long long n = 0;
             bad = bad || !sg_cli_int("bench", "--classes", v, 1, 1 << 20, &n);
@@ -414,7 +425,8 @@ int sg_cmd_bench(int argc, char **argv)
         int n = 0;
         for (char *name = strtok_r(names, ",", &save); name && !bad; name = strtok_r(NULL, ",", &save), n++) {
             sg_model_size z;
-            sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = classes};
+            sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = classes,
+                                   .recompute = recompute};
             if (sg_model_estimate(name, &mo, &z) != SG_OK) {
                 fprintf(stderr, "stepgraph bench: --model: %s\n", sg_ctx_last_error(NULL));
                 bad = true;

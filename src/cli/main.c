@@ -26,8 +26,9 @@ static const char *usage =
     "the version and the commit it was built from.\n"
     "Models: mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32), gpt-WIDTH-DEPTH-BATCH-SEQ (e.g.\n"
     "gpt-256-4-8-128: a byte-level transformer trained on a text file), resnet18-BATCH-R,\n"
-    "resnet34-BATCH-R and resnet50-BATCH-R (torchvision's ResNets on R x R synthetic images)\n"
-    "and efficientnet_b0-BATCH-R (torchvision's EfficientNet-B0 on the same images).\n"
+    "resnet34-BATCH-R and resnet50-BATCH-R (torchvision's ResNets on R x R synthetic images,\n"
+    "or on scikit-learn's 8 x 8 digits scaled up: --data) and efficientnet_b0-BATCH-R\n"
+    "(torchvision's EfficientNet-B0 on the same images).\n"
     "Backend: CUDA when a GPU is usable, else the CPU reference (--backend to choose).\n"
     "\n"
     "exit status: 0 done, 1 a runtime error, 2 a usage error (each command's --help says more)\n";

@@ -22,8 +22,9 @@ static const char *train_usage =
     "Trains NAME under a capture scope (eager by default; --scope layer, model or step replays\n"
     "CUDA Graphs) and prints the loss every K steps, then ms/step, device allocations per step\n"
     "and what was captured. mlp models learn labels of a fixed random teacher network; gpt\n"
-    "models learn the bytes of a text file. Ctrl-C (SIGINT) or SIGTERM finishes the step in\n"
-    "flight, writes the --save checkpoint and exits 130 or 143; a second signal exits at once.\n"
+    "models learn the bytes of a text file; image models synthetic images, or the digits of\n"
+    "--data. Ctrl-C (SIGINT) or SIGTERM finishes the step in flight, writes the --save\n"
+    "checkpoint and exits 130 or 143; a second signal exits at once.\n"
     "\n"
     "options:\n"
     "  --model NAME        mlp-WIDTH-DEPTH-BATCH (e.g. mlp-512-6-32) or\n"
@@ -33,7 +34,11 @@ static const char *train_usage =
     "  --data PATH         gpt: text to train on, bytes as tokens: a regular file (not a\n"
     "                      pipe or device), whose size is checked against free memory before\n"
     "                      it is read (default: a licence text under /usr/share/common-licenses);\n"
-    "                      with --vocab, a token file (docs/data.md)\n"
+    "                      with --vocab, a token file (docs/data.md).\n"
+    "                      resnet, efficientnet: a digits file (scikit-learn's 8 x 8\n"
+    "                      digits.csv, scripts/fetch-digits.sh DIR) instead of synthetic\n"
+    "                      images: scaled up to R x R, the last fifth held out, the held-out\n"
+    "                      loss printed before and after training\n"
     "  --val-data PATH     gpt: a separate validation file, read as --data is (default: the\n"
     "                      last 10% of --data is held out)\n"
     "  --vocab N           gpt: --data and --val-data are token files, tokens below N: nanoGPT's\n"
@@ -44,7 +49,11 @@ static const char *train_usage =
     "                      bytes, vocabulary 256)\n"
     "  --dropout P         gpt: dropout probability (default 0)\n"
     "  --clip X            clip gradients to global norm X inside the step (default off)\n"
-    "  --classes N         resnet, efficientnet: classes of the head and the labels (default 1000)\n"
+    "  --classes N         resnet, efficientnet: classes of the head and the labels (default\n"
+    "                      1000; 10 with a digits file as --data, which refuses fewer)\n"
+    "  --recompute         drop each GPT block's, ResNet stage's or EfficientNet stage's\n"
+    "                      activations after the forward and compute them again in the\n"
+    "                      backward: less memory, one more forward per step\n"
     "  --precision P       fp32 (default) or bf16 (gpt, resnet, efficientnet): bf16 activations,\n"
     "                      matmuls, convolutions and gradients, fp32 master weights,\n"
     "                      optimizer state and batch-norm statistics, dynamic loss scaling on\n"
@@ -56,7 +65,8 @@ static const char *train_usage =
     "                      symlink is followed and the file it names replaced, the link kept\n"
     "  --save-every N      also write --save every N steps (a multiple of --steps-per-graph)\n"
     "  --metrics FILE      one JSON line per logged step: step, loss, lr, loss_scale,\n"
-    "                      ms_per_step, samples_per_s (mlp) or tokens_per_s (gpt), val_loss\n"
+    "                      ms_per_step, samples_per_s (mlp, images) or tokens_per_s (gpt),\n"
+    "                      val_loss\n"
     "                      where measured; the first line describes the run (bench/plot.py\n"
     "                      loss draws it)\n"
     "  --resume PATH       continue from a checkpoint: the same loss curve as an uninterrupted\n"
@@ -258,6 +268,8 @@ static int parse(int argc, char **argv, train_opts *o)
             o->mo.vocab = n;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("train", v, &o->mo.precision);
+        } else if (!strcmp(argv[i], "--recompute")) {
+            o->mo.recompute = 1, i++;
         } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
             long long n = 0;
             bad = bad || !sg_cli_int("train", "--classes", v, 1, 1 << 20, &n);
@@ -652,8 +664,13 @@ int sg_cmd_train(int argc, char **argv)
         }
         printf("stepgraph train: resumed from %s at step %lld\n", o.resume, start);
     }
+    /* The held-out loss before and after: 4 batches of a gpt's windows, or every image of a
+     * digits file's validation split once (none without a validation split). */
+    int64_t n_val = sg_model_split_size(m, 1);
+    int64_t rows = sg_tensor_dim(sg_model_input(m), 0) * (dist ? sg_dist_world(dist) : 1);
+    int val_batches = n_val <= 0 ? 0 : strncmp(o.model, "gpt", 3) == 0 ? 4 : (int)((n_val + rows - 1) / rows);
     float val0 = -1;
-    if (strncmp(o.model, "gpt", 3) == 0 && sg_trainer_eval(tr, 1, 4, &val0) != SG_OK) {
+    if (val_batches && sg_trainer_eval(tr, 1, val_batches, &val0) != SG_OK) {
         rc = fail(ctx, "validation");
         goto out;
     }
@@ -667,7 +684,7 @@ int sg_cmd_train(int argc, char **argv)
     run r = {.o = &o, .ctx = ctx, .m = m, .tr = tr, .metrics = metrics, .lr = hp.lr, .start = start,
              .rb = rb, .rb_scale = rb_scale, .tty = isatty(fileno(stderr)) && !o.quiet, .t_start = sg_cli_now_ms()};
     r.t_log = r.t_start;
-    r.rows = sg_tensor_dim(sg_model_input(m), 0) * (dist ? sg_dist_world(dist) : 1);
+    r.rows = rows;
     r.tokens = strncmp(o.model, "gpt", 3) == 0 ? sg_tensor_dim(sg_model_input(m), 1) : 0;
     if (metrics) metrics_run(&r, val0);
     long long pending = -1; /* step whose loss is being read back */
@@ -740,7 +757,7 @@ int sg_cmd_train(int argc, char **argv)
     }
     if (first_loss < 0) first_loss = loss;
     float val1 = -1;
-    if (val0 >= 0 && !stop_signal && sg_trainer_eval(tr, 1, 4, &val1) != SG_OK) {
+    if (val0 >= 0 && !stop_signal && sg_trainer_eval(tr, 1, val_batches, &val1) != SG_OK) {
         rc = fail(ctx, "validation");
         goto out;
     }
@@ -780,7 +797,7 @@ int sg_cmd_train(int argc, char **argv)
         }
         printf("loss scale %g, %.0f steps skipped (non-finite gradients)\n", sc.scale, sc.skipped);
     }
-    if (val0 >= 0) printf("validation loss (4 held-out batches): %.4f -> %.4f\n", val0, val1);
+    if (val0 >= 0) printf("validation loss (%d held-out batches): %.4f -> %.4f\n", val_batches, val0, val1);
     if (o.save && (!dist || sg_dist_rank(dist) == 0) && (rc = save(&r, start + o.steps, "saved")) != 0)
         goto out; /* every rank holds the same state */
     sg_trainer_stats ts;

@@ -24,12 +24,19 @@ static const char *verify_usage =
     "  --graph-modules L   layer scope: modules to capture (default all)\n"
     "  --warmup N          eager steps before capture (default 3)\n"
     "  --lr-schedule       apply a warm-up + cosine lr schedule (lr set on the device each step)\n"
-    "  --classes N         resnet, efficientnet: classes of the head and the labels (default 1000)\n"
+    "  --classes N         resnet, efficientnet: classes of the head and the labels (default\n"
+    "                      1000; 10 with a digits file as --data, which refuses fewer)\n"
+    "  --recompute         drop each GPT block's, ResNet stage's or EfficientNet stage's\n"
+    "                      activations after the forward and compute them again in the\n"
+    "                      backward: less memory, one more forward per step\n"
     "  --precision P       fp32 (default) or bf16 (mixed precision, not mlp; the loss scaler's\n"
     "                      state is compared too)\n"
     "  --dropout P         gpt: dropout probability (default 0)\n"
     "  --clip X            clip gradients to global norm X inside the step (default off)\n"
-    "  --data PATH         gpt: the text to train on (a regular file)\n"
+    "  --data PATH         gpt: the text to train on (a regular file);\n"
+    "                      resnet, efficientnet: a digits file (scikit-learn's 8 x 8\n"
+    "                      digits.csv, scripts/fetch-digits.sh DIR) instead of synthetic\n"
+    "                      images: scaled up to R x R, the last fifth held out (docs/data.md)\n"
     "  --atol X --rtol X   accept |a - b| <= atol + rtol |eager| instead of bit-exact\n"
     "  --seed S            (default 1)\n"
     "  -h, --help          this text\n"
@@ -122,6 +129,8 @@ int sg_cmd_verify(int argc, char **argv)
             bad = bad || !sg_cli_int("verify", "--steps", v, 1, 1000000, &steps);
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("verify", v, &mo.precision);
+        } else if (!strcmp(argv[i], "--recompute")) {
+            mo.recompute = 1, i++;
         } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
             long long n = 0;
             bad = bad || !sg_cli_int("verify", "--classes", v, 1, 1 << 20, &n);

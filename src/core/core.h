@@ -297,6 +297,13 @@ static inline void sg_st(sg_tensor *t, int64_t i, double v)
     }
 }
 
+/* A tensor with a shape and no storage (data NULL; sg_tensor_destroy frees the struct), and
+ * binding one into base at byte_offset once base exists: activation recompute (nn/recompute.c)
+ * places the buffers of every region in one arena sized when the model is built. */
+sg_status sg_tensor_unbound(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, const char *name,
+                            sg_tensor **out);
+void sg_tensor_bind(sg_tensor *t, const sg_tensor *base, size_t byte_offset);
+
 /* ---- numbers a user writes in names and metadata (file.c) ---- */
 
 /* The n characters at s as a whole number: decimal digits only (no sign, space, fraction or

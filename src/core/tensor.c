@@ -122,6 +122,30 @@ sg_status sg_tensor_view(sg_tensor *base, int64_t elem_offset, int ndim, const i
     return SG_OK;
 }
 
+sg_status sg_tensor_unbound(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, const char *name,
+                            sg_tensor **out)
+{
+    if (!ctx) return SG_ERR_NULL;
+    *out = NULL;
+    sg_tensor *t = calloc(1, sizeof *t);
+    if (!t) return sg_fail(ctx, SG_ERR_OOM, "sg_tensor_unbound: out of host memory");
+    t->ctx = ctx;
+    snprintf(t->name, sizeof t->name, "%s", name ? name : "");
+    sg_status st = set_shape(ctx, "sg_tensor_create", t, dt, ndim, shape);
+    if (st != SG_OK) {
+        free(t);
+        return st;
+    }
+    *out = t;
+    return SG_OK;
+}
+
+void sg_tensor_bind(sg_tensor *t, const sg_tensor *base, size_t byte_offset)
+{
+    t->base = base;
+    t->data = (char *)base->data + byte_offset;
+}
+
 /* Freed during capture, a block of another pool may still be read by the graph being
  * recorded: it is handed to the capture, and the graph frees it when it is destroyed. */
 static void defer_free(sg_ctx *ctx, sg_pool *pool, sg_block *b)

@@ -12,7 +12,8 @@
  * `dropout` stays a gpt option) and draw from the dropout generator, reproducibly under every
  * scope. Initialisation is the library's (PyTorch's layer defaults, U(+-1/sqrt(fan_in))), not
  * torchvision's kaiming_normal(fan_out) convolutions and U(+-1/sqrt(out)) classifier. Trained
- * on sg_image_data's synthetic images. Made from the public builder and modules only. */
+ * on sg_image_data's synthetic images, or on a digits file (data_path: digits.c). Made from the
+ * public builder and modules only. */
 #include "models/model.h"
 
 #include <stdbool.h>
@@ -47,7 +48,9 @@ void sg_efficientnet_estimate(const sg_kind_spec *s, int64_t classes, sg_model_s
     double P = 0, A = 0, B = (double)s->batch;
     int64_t H = out_size(s->width, 3, 2);
     P += EFFNET_STEM * 27.0 + 2 * EFFNET_STEM, A += 5 * B * H * H * EFFNET_STEM;
-    for (int st = 0; st < EFFNET_STAGES; st++)
+    double most = 0; /* recompute: the largest stage's buffers (the arena) */
+    for (int st = 0; st < EFFNET_STAGES; st++) {
+        double A0 = A, xin = B * (double)H * H * b0[st].in;
         for (int i = 0; i < b0[st].blocks; i++) {
             const stage *g = &b0[st];
             int64_t in = i ? g->out : g->in, ex = in * g->expand, sq = in / 4 > 1 ? in / 4 : 1;
@@ -60,6 +63,12 @@ void sg_efficientnet_estimate(const sg_kind_spec *s, int64_t classes, sg_model_s
             if (OH == H && in == g->out) A += 5 * B * ohw * g->out; /* stochastic depth, the add */
             H = OH;
         }
+        if (s->recompute) { /* the stage in the arena; its output and an input gradient out of it */
+            if (A - A0 > most) most = A - A0;
+            A = A0 + B * (double)H * H * b0[st].out + xin;
+        }
+    }
+    A += most;
     P += (double)b0[EFFNET_STAGES - 1].out * EFFNET_HEAD + 2.0 * EFFNET_HEAD;
     A += B * (double)H * H * (b0[EFFNET_STAGES - 1].out + 6.0 * EFFNET_HEAD);
     P += (double)EFFNET_HEAD * classes + classes, A += 4 * B * EFFNET_HEAD + 2 * B * classes;
@@ -140,7 +149,7 @@ static sg_status mbconv(sg_builder *b, const stage *g, int id, const int64_t in[
 sg_status sg_efficientnet_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, const sg_model_options *o,
                                 uint64_t seed, sg_model **out)
 {
-    int64_t R = s->width, B = s->batch, classes = o && o->classes ? o->classes : 1000;
+    int64_t R = s->width, B = s->batch, classes = sg_image_classes(o);
     sg_builder_options bo = sg_builder_options_default();
     bo.batch = B;
     bo.precision = o ? o->precision : SG_DTYPE_F32;
@@ -154,13 +163,23 @@ sg_status sg_efficientnet_build(sg_ctx *ctx, const char *name, const sg_kind_spe
     sg_status st = SG_OK;
     IN_SCOPE(st, b, "features", conv_bn(b, 0, shape, EFFNET_STEM, 3, 2, 1, SG_ACT_SILU, next, &mods[n]));
     if (st == SG_OK) n += 2, memcpy(shape, next, sizeof next);
-    for (int g = 0; g < EFFNET_STAGES && st == SG_OK; g++)
+    /* With recompute, each stage is a region: its blocks in a Sequential "features.S", wrapped. */
+    int rc = o && o->recompute;
+    for (int g = 0; g < EFFNET_STAGES && st == SG_OK; g++) {
+        int first = n;
+        if (rc) st = sg_builder_begin_recompute(b);
         for (int i = 0; i < b0[g].blocks && st == SG_OK; i++, id++) {
             char scope[32];
             snprintf(scope, sizeof scope, "features.%d.%d", g + 1, i);
             IN_SCOPE(st, b, scope, mbconv(b, &b0[g], id, shape, i ? 1 : b0[g].stride, next, &mods[n]));
             if (st == SG_OK) n++, memcpy(shape, next, sizeof next);
         }
+        if (st == SG_OK && rc) {
+            char stage_name[16];
+            snprintf(stage_name, sizeof stage_name, "features.%d", g + 1);
+            st = sg_stage_recompute(b, stage_name, mods, first, &n);
+        }
+    }
     IN_SCOPE(st, b, "features",
              conv_bn(b, EFFNET_STAGES + 1, shape, EFFNET_HEAD, 1, 1, 1, SG_ACT_SILU, next, &mods[n]));
     if (st == SG_OK) n += 2, memcpy(shape, next, sizeof next);
@@ -172,7 +191,7 @@ sg_status sg_efficientnet_build(sg_ctx *ctx, const char *name, const sg_kind_spe
     sg_module *net = NULL;
     if (st == SG_OK) st = sg_module_sequential(b, "efficientnet", mods, n, &net);
     sg_dataset *d = NULL;
-    if (st == SG_OK) st = sg_image_data(ctx, EFFNET_BATCHES * B, R, classes, seed ^ 0x5eedda7aull, &d);
+    if (st == SG_OK) st = sg_image_set(ctx, o, EFFNET_BATCHES * B, R, seed ^ 0x5eedda7aull, &d);
     if (st != SG_OK) {
         sg_builder_destroy(b);
         return st;

@@ -31,7 +31,10 @@ void sg_gpt_estimate(const sg_kind_spec *s, sg_dtype precision, float dropout, i
     double shared = (4 * M * C + B * H * T * T) * 4 + (7 + 4 + 3 + 2 * drop) * M * C * a;
     double block = (18 + 2 * drop) * M * C * a + 4 * M * 4 + B * H * T * T * a;
     double tail = 2 * M * C * a + 2 * M * 4 + M * V * a + M * C * a + M * V * a;
-    out->activation_bytes = (size_t)(embed + shared + L * block + tail);
+    /* Recompute: one block's buffers in the arena, each block's output copied out of it, and
+     * the two input-gradient buffers the wrappers share. */
+    double blocks = s->recompute ? block + L * M * C * a + 2 * M * C * a : L * block;
+    out->activation_bytes = (size_t)(embed + shared + blocks + tail);
     out->data_bytes = (size_t)(2 * M * 4);
 }
 
@@ -73,7 +76,10 @@ sg_status sg_gpt_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, con
     for (int l = 0; l < L && st == SG_OK; l++) {
         char n[32];
         snprintf(n, sizeof n, "blocks.%d", l);
-        st = sg_module_gpt_block(b, n, C, (int)H, &mods[k]);
+        int rc = o && o->recompute;
+        if (rc) st = sg_builder_begin_recompute(b);
+        if (st == SG_OK) st = sg_module_gpt_block(b, n, C, (int)H, &mods[k]);
+        if (st == SG_OK && rc) st = sg_module_recompute(b, n, mods[k], &mods[k]);
         if (st == SG_OK) k++;
     }
     if (st == SG_OK) st = sg_module_layernorm(b, "ln_f", C, 1e-5f, &mods[k]);

@@ -1,7 +1,8 @@
 /* images.c: the built-ins' synthetic data: the image kinds' set (resnet, efficientnet): N(0,1)
  * images, NHWC, each labelled by a fixed random linear teacher of its 4 x 4 average-pooled
- * thumbnail, so a network can learn the labels from the pixels; and what the MLP's teacher data
- * share with it (the teacher's label, host arrays into a data set). Public API only. */
+ * thumbnail, so a network can learn the labels from the pixels; which set an image kind trains
+ * on (these, or a digits file: digits.c); and what the MLP's teacher data and the digits share
+ * with it (the teacher's label, host arrays into tensors and a data set). Public API only. */
 #include "models/model.h"
 
 #include <stdlib.h>
@@ -47,17 +48,45 @@ int sg_teacher_label(const double *teacher, int64_t classes, const double *f, in
     return best;
 }
 
-sg_status sg_host_dataset(sg_ctx *ctx, const float *x, int ndim, const int64_t *x_shape, const int32_t *y,
-                          sg_dataset **out)
+sg_status sg_host_tensors(sg_ctx *ctx, const float *x, int ndim, const int64_t *x_shape, const int32_t *y,
+                          sg_tensor **tx, sg_tensor **ty)
 {
     int64_t n = x_shape[0], numel = 1;
     for (int i = 0; i < ndim; i++) numel *= x_shape[i];
-    sg_tensor *tx = NULL, *ty = NULL;
-    sg_status st = sg_tensor_create(ctx, SG_DTYPE_F32, ndim, x_shape, "data.x", &tx);
-    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, "data.y", &ty);
-    if (st == SG_OK) st = sg_tensor_copy_from_host(tx, x, (size_t)numel * sizeof *x);
-    if (st == SG_OK) st = sg_tensor_copy_from_host(ty, y, (size_t)n * sizeof *y);
-    if (st == SG_OK) st = sg_dataset_create(ctx, tx, ty, out);
-    else sg_tensor_destroy(tx), sg_tensor_destroy(ty);
+    *tx = *ty = NULL;
+    sg_status st = sg_tensor_create(ctx, SG_DTYPE_F32, ndim, x_shape, "data.x", tx);
+    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_I32, 1, &n, "data.y", ty);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(*tx, x, (size_t)numel * sizeof *x);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(*ty, y, (size_t)n * sizeof *y);
+    if (st != SG_OK) sg_tensor_destroy(*tx), sg_tensor_destroy(*ty), *tx = *ty = NULL;
     return st;
+}
+
+sg_status sg_host_dataset(sg_ctx *ctx, const float *x, int ndim, const int64_t *x_shape, const int32_t *y,
+                          sg_dataset **out)
+{
+    sg_tensor *tx, *ty;
+    SG_KIND_TRY(sg_host_tensors(ctx, x, ndim, x_shape, y, &tx, &ty));
+    return sg_dataset_create(ctx, tx, ty, out);
+}
+
+int64_t sg_image_classes(const sg_model_options *o)
+{
+    if (o && o->classes) return o->classes;
+    return o && o->data_path && o->data_path[0] ? SG_DIGITS_CLASSES : 1000;
+}
+
+sg_status sg_image_set(sg_ctx *ctx, const sg_model_options *o, int64_t n, int64_t R, uint64_t seed, sg_dataset **out)
+{
+    int64_t classes = sg_image_classes(o);
+    if (o && o->data_path && o->data_path[0]) return sg_digits_data(ctx, o->data_path, R, classes, seed, out);
+    return sg_image_data(ctx, n, R, classes, seed, out);
+}
+
+sg_status sg_stage_recompute(sg_builder *b, const char *name, sg_module **mods, int first, int *n)
+{
+    sg_module *seq = NULL;
+    SG_KIND_TRY(sg_module_sequential(b, name, mods + first, *n - first, &seq));
+    *n = first + 1; /* the blocks belong to seq now, whatever follows */
+    return sg_module_recompute(b, name, seq, &mods[first]);
 }

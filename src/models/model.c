@@ -97,11 +97,14 @@ sg_status sg_model_estimate(const char *name, const sg_model_options *opts, sg_m
     float dropout = opts ? opts->dropout : 0.f;
     int shards = opts && opts->shards > 1 && spec.batch % opts->shards == 0 ? opts->shards : 1;
     spec.batch /= shards;
+    spec.recompute = opts && opts->recompute;
     if (k->build == sg_gpt_build) sg_gpt_estimate(&spec, precision, dropout, opts ? opts->vocab : 0, out);
-    else if (k->build == sg_efficientnet_build)
-        sg_efficientnet_estimate(&spec, opts && opts->classes ? opts->classes : 1000, out);
-    else if (k->images) sg_resnet_estimate(&spec, opts && opts->classes ? opts->classes : 1000, out);
+    else if (k->build == sg_efficientnet_build) sg_efficientnet_estimate(&spec, sg_image_classes(opts), out);
+    else if (k->images) sg_resnet_estimate(&spec, sg_image_classes(opts), out);
     else sg_mlp_estimate(&spec, shards, out);
+    /* A digits file replaces the synthetic images: each line an R x R x 3 image and a label. */
+    if (k->images && opts && opts->data_path && opts->data_path[0])
+        out->data_bytes = (size_t)sg_digits_count(opts->data_path) * (size_t)(spec.width * spec.width * 3 + 1) * 4;
     /* Image models estimate f32; under bf16 their activations take half, and the parameters'
      * and gradients' bf16 copies 4 bytes per parameter more. */
     if (k->images && precision == SG_DTYPE_BF16)
@@ -136,10 +139,11 @@ static sg_status check_options(sg_ctx *ctx, const char *name, const kind *k, con
     if (o->precision != SG_DTYPE_F32 && o->precision != SG_DTYPE_BF16)
         return sg_ctx_fail(ctx, SG_ERR_DTYPE, "sg_model_create: precision %s: expected f32 or bf16",
                            sg_dtype_name(o->precision));
-    bool text = (o->data_path && o->data_path[0]) || (o->val_data_path && o->val_data_path[0]) || o->vocab;
-    if ((text || o->dropout > 0) && !k->traits.sequence)
-        return sg_ctx_fail(ctx, SG_ERR_INVALID, "sg_model_create: data paths, vocab and dropout are for gpt "
-                           "models, not '%s'", name);
+    bool text = (o->val_data_path && o->val_data_path[0]) || o->vocab;
+    bool data = o->data_path && o->data_path[0];
+    if ((text || o->dropout > 0 || (data && !k->images)) && !k->traits.sequence)
+        return sg_ctx_fail(ctx, SG_ERR_INVALID, "sg_model_create: a validation file, vocab and dropout are for gpt "
+                           "models, a data path for gpt and image models (a digits file), not '%s'", name);
     if (o->classes && !k->images)
         return sg_ctx_fail(ctx, SG_ERR_INVALID, "sg_model_create: classes are for image models (resnet, efficientnet), "
                            "not '%s'", name);

@@ -6,7 +6,8 @@
  * [3,4,6,3], expansion 4, the stride on the 3x3 as torchvision v1.5), each stage after the
  * first halving the size; global average pool; fc to the classes. Trained on synthetic
  * images (N(0,1) pixels) labelled by a fixed random linear teacher of their 4 x 4 average-pooled
- * thumbnails (sg_image_data, images.c). Made from the public builder and modules only. */
+ * thumbnails (sg_image_data, images.c), or on a digits file (data_path: digits.c). Made from
+ * the public builder and modules only. */
 #include "models/model.h"
 
 #include <stdio.h>
@@ -39,7 +40,9 @@ void sg_resnet_estimate(const sg_kind_spec *s, int64_t classes, sg_model_size *o
     H = out_size(H, 3, 2, 1);
     A += 2 * B * H * H * 64;
     int64_t C = 64;
+    double most = 0; /* recompute: the largest stage's buffers (the arena) */
     for (int st = 0; st < 4; st++) {
+        double A0 = A, xin = B * (double)H * H * C;
         int64_t width = 64 << st, outc = a.bottleneck ? width * 4 : width;
         for (int i = 0; i < a.blocks[st]; i++) {
             int stride = st > 0 && i == 0 ? 2 : 1;
@@ -54,7 +57,12 @@ void sg_resnet_estimate(const sg_kind_spec *s, int64_t classes, sg_model_size *o
             A += 2 * B * (double)OH * OH * outc; /* the block's own y and dx */
             H = OH, C = outc;
         }
+        if (s->recompute) { /* the stage in the arena; its output and an input gradient out of it */
+            if (A - A0 > most) most = A - A0;
+            A = A0 + B * (double)H * H * C + xin;
+        }
     }
+    A += most;
     P += (double)C * classes + classes;
     A += 2 * B * (double)C + 2 * B * classes;
     out->params = (int64_t)P;
@@ -108,7 +116,7 @@ sg_status sg_resnet_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, 
                           uint64_t seed, sg_model **out)
 {
     arch a = arch_of(s->depth);
-    int64_t R = s->width, B = s->batch, classes = o && o->classes ? o->classes : 1000;
+    int64_t R = s->width, B = s->batch, classes = sg_image_classes(o);
     if (out_size(out_size(R, 7, 2, 3), 3, 2, 1) < 8)
         return sg_ctx_fail(ctx, SG_ERR_SHAPE, "sg_model_create: '%s': images of %lld pixels shrink below 1 pixel "
                            "through the stem and three stride-2 stages: expected R >= 29", name, (long long)R);
@@ -129,7 +137,11 @@ sg_status sg_resnet_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, 
         st = sg_module_maxpool2d(b, "maxpool", shape[0], shape[1], shape[2], 3, 2, 1, &mods[n++]);
         memcpy(shape, next, sizeof next);
     }
-    for (int stage = 0; stage < 4 && st == SG_OK; stage++)
+    /* With recompute, each stage is a region: its blocks in a Sequential "layerS", wrapped. */
+    int rc = o && o->recompute;
+    for (int stage = 0; stage < 4 && st == SG_OK; stage++) {
+        int first = n;
+        if (rc) st = sg_builder_begin_recompute(b);
         for (int i = 0; i < a.blocks[stage] && st == SG_OK; i++) {
             char scope[32];
             snprintf(scope, sizeof scope, "layer%d.%d", stage + 1, i);
@@ -140,12 +152,18 @@ sg_status sg_resnet_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, 
             }
             if (st == SG_OK) n++, memcpy(shape, next, sizeof next);
         }
+        if (st == SG_OK && rc) {
+            char layer[16];
+            snprintf(layer, sizeof layer, "layer%d", stage + 1);
+            st = sg_stage_recompute(b, layer, mods, first, &n);
+        }
+    }
     if (st == SG_OK) st = sg_module_avgpool(b, "avgpool", shape[0], shape[1], shape[2], &mods[n++]);
     if (st == SG_OK) st = sg_module_linear(b, "fc", shape[2], classes, 1, SG_ACT_NONE, &mods[n++]);
     sg_module *net = NULL;
     if (st == SG_OK) st = sg_module_sequential(b, "resnet", mods, n, &net);
     sg_dataset *d = NULL;
-    if (st == SG_OK) st = sg_image_data(ctx, RESNET_BATCHES * B, R, classes, seed ^ 0x5eedda7aull, &d);
+    if (st == SG_OK) st = sg_image_set(ctx, o, RESNET_BATCHES * B, R, seed ^ 0x5eedda7aull, &d);
     if (st != SG_OK) {
         sg_builder_destroy(b);
         return st;

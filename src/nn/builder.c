@@ -51,6 +51,7 @@ sg_status sg_builder_create(sg_ctx *ctx, const char *name, const sg_builder_opti
     b->rows = b->batch * (o.seq > 0 ? o.seq : 1);
     b->params.ctx = ctx;
     b->bufs.ctx = ctx;
+    b->rc_open = -1;
     sg_alloc_stats a;
     sg_ctx_alloc_stats(ctx, &a);
     b->bytes0 = a.bytes_in_use; /* the model's bytes: what its modules, data and buffers take */
@@ -64,6 +65,9 @@ void sg_builder_release(sg_builder *b)
     for (int i = 0; i < b->n_shared; i++) sg_tensor_destroy(b->shared[i].t);
     free(b->shared);
     sg_tensor_destroy(b->rng);
+    sg_tensor_destroy(b->arena);
+    free(b->rc_bytes);
+    free(b->rc);
     sg_params_release(&b->params);
     sg_params_release(&b->bufs);
     free(b->made);
@@ -196,6 +200,7 @@ sg_status sg_module_init(sg_builder *b, sg_module *mod, const sg_module_i *vt, c
     mod->ctx = b->ctx;
     mod->b = b;
     mod->first_param = -1;
+    mod->region = b->rc_open;
     snprintf(mod->name, sizeof mod->name, "%s%s%s", b->scope, b->scope[0] && n[0] ? "." : "", n);
     if (!made_add(b, mod)) {
         free(mod);
@@ -293,19 +298,32 @@ sg_status sg_module_adopt(sg_module *parent, sg_module **children, int n)
     return SG_OK;
 }
 
-sg_status sg_module_buffer(sg_module *mod, sg_dtype dt, const char *what, int ndim, const int64_t *shape,
-                           sg_tensor **out)
+sg_status sg_module_buffer_kept(sg_module *mod, sg_dtype dt, const char *what, int ndim, const int64_t *shape,
+                                sg_tensor **out)
 {
     char n[SG_MODULE_NAME_MAX + 32];
     snprintf(n, sizeof n, "%s%s%s", mod->name, mod->name[0] ? "." : "", what);
     return sg_tensor_create(mod->ctx, dt, ndim, shape, n, out);
 }
 
+/* A module made in a recompute region keeps its buffers in the region's part of the arena. */
+sg_status sg_module_buffer(sg_module *mod, sg_dtype dt, const char *what, int ndim, const int64_t *shape,
+                           sg_tensor **out)
+{
+    if (mod->region < 0 || !mod->b) return sg_module_buffer_kept(mod, dt, what, ndim, shape, out);
+    char n[SG_MODULE_NAME_MAX + 32];
+    snprintf(n, sizeof n, "%s%s%s", mod->name, mod->name[0] ? "." : "", what);
+    return sg_recompute_buffer(mod, dt, n, ndim, shape, out);
+}
+
 /* Public: only a module nobody owns (a container or a model frees its own). */
 void sg_module_destroy(sg_module *m)
 {
     if (!m || m->owned) return;
-    if (m->b && !m->b->finished) made_remove(m->b, m);
+    if (m->b && !m->b->finished) {
+        made_remove(m->b, m);
+        if (m->region >= 0) m->b->rc_broken = true; /* its buffers were to be placed: the build fails */
+    }
     m->vt->destroy(m);
 }
 

@@ -60,6 +60,42 @@ sg_status sg_dataset_create(sg_ctx *ctx, sg_tensor *x, sg_tensor *y, sg_dataset 
     return dataset_new(ctx, SG_DATASET_SAMPLES, x, y, out);
 }
 
+/* x and y hold samples shaped as d's (every dim but the first) and typed as d's. */
+static bool same_samples(const sg_dataset *d, const sg_tensor *x, const sg_tensor *y)
+{
+    if (x->ndim != d->x->ndim || y->ndim != d->y->ndim || x->dtype != d->x->dtype || y->dtype != d->y->dtype)
+        return false;
+    for (int i = 1; i < x->ndim; i++)
+        if (x->shape[i] != d->x->shape[i]) return false;
+    for (int i = 1; i < y->ndim; i++)
+        if (y->shape[i] != d->y->shape[i]) return false;
+    return true;
+}
+
+sg_status sg_dataset_set_validation(sg_dataset *d, sg_tensor *x, sg_tensor *y)
+{
+    const char *fn = "sg_dataset_set_validation";
+    sg_status st = d ? check_pair(d->ctx, fn, x, y) : SG_ERR_NULL;
+    if (st == SG_OK && (d->kind != SG_DATASET_SAMPLES || d->owned))
+        st = sg_fail(d->ctx, SG_ERR_INVALID, "%s: %s", fn, d->owned ? "the data set belongs to a model"
+                     : "a validation split is for data sets of samples (sg_dataset_create, sg_dataset_from_npy)");
+    if (st == SG_OK && !same_samples(d, x, y))
+        st = sg_fail(d->ctx, SG_ERR_SHAPE, "%s: validation samples x %s of %lld elements, y %s of %lld: expected "
+                     "the training samples' shape and dtype (x %s of %lld elements, y %s of %lld)", fn,
+                     sg_dtype_name(x->dtype), (long long)row_elems(x), sg_dtype_name(y->dtype), (long long)row_elems(y),
+                     sg_dtype_name(d->x->dtype), (long long)d->x_row, sg_dtype_name(d->y->dtype), (long long)d->y_row);
+    if (st != SG_OK) {
+        if (x != y) sg_tensor_destroy(y);
+        sg_tensor_destroy(x);
+        return st;
+    }
+    sg_dataset *v = NULL;
+    SG_TRY(dataset_new(d->ctx, SG_DATASET_SAMPLES, x, y, &v)); /* (takes x and y either way) */
+    sg_dataset_destroy(d->val);
+    d->val = v;
+    return SG_OK;
+}
+
 /* One .npy file into a new device tensor. */
 static sg_status npy_tensor(sg_ctx *ctx, const char *path, const char *what, sg_tensor **out)
 {
@@ -201,6 +237,7 @@ void sg_dataset_destroy(sg_dataset *d)
     if (d->feed) sg_feed_cuda_destroy(d->ctx, d->feed);
 #endif
     if (d->text && d->text_close) d->text_close(d->text);
+    sg_dataset_destroy(d->val);
     sg_tensor_destroy(d->x);
     sg_tensor_destroy(d->y);
     free(d);

@@ -23,6 +23,7 @@ struct sg_dataset {
     sg_tensor *x, *y;            /* (n, ...): samples (fed: 2 batches of B) */
     int64_t n;                   /* samples */
     int64_t x_row, y_row;        /* elements a sample */
+    struct sg_dataset *val;      /* samples: the validation split (sg_dataset_set_validation; NULL: none) */
     /* fed */
     int64_t batch;               /* rows a slot (a fed batch) */
     int64_t slot_batch[2];       /* the batch index each slot holds (-1: none yet) */

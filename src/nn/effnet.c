@@ -242,10 +242,11 @@ sg_status sg_module_stochastic_depth(sg_builder *b, const char *name, int64_t H,
     }
     SG_TRY(sg_builder_rng(b, 1, &d->rng, &d->site));
     const int64_t R = b->rows, img[4] = {R, H, W, C};
-    SG_TRY(sg_module_buffer(&d->base, b->opts.precision, "ones", 2, (int64_t[]){R, 1}, &d->ones));
+    /* ones and ones4 hold constants and s4 has a view made now: never in a recompute arena */
+    SG_TRY(sg_module_buffer_kept(&d->base, b->opts.precision, "ones", 2, (int64_t[]){R, 1}, &d->ones));
     SG_TRY(sg_module_buffer(&d->base, b->opts.precision, "keep", 2, (int64_t[]){R, 1}, &d->keep));
-    SG_TRY(sg_module_buffer(&d->base, b->opts.precision, "ones4", 4, (int64_t[]){R, C, 1, 1}, &d->ones4));
-    SG_TRY(sg_module_buffer(&d->base, b->opts.precision, "s4", 4, (int64_t[]){R, C, 1, 1}, &d->s4));
+    SG_TRY(sg_module_buffer_kept(&d->base, b->opts.precision, "ones4", 4, (int64_t[]){R, C, 1, 1}, &d->ones4));
+    SG_TRY(sg_module_buffer_kept(&d->base, b->opts.precision, "s4", 4, (int64_t[]){R, C, 1, 1}, &d->s4));
     char vn[SG_MODULE_NAME_MAX + 8];
     snprintf(vn, sizeof vn, "%s.s", sg_module_label(&d->base));
     SG_TRY(sg_tensor_view(d->s4, 0, 2, (int64_t[]){R, C}, vn, &d->s));

@@ -97,6 +97,7 @@ struct sg_module {
     int first_param;                 /* the first parameter it or its children declared (-1) */
     bool no_input_grad;              /* the model's first module: dx is not needed */
     bool owned;                      /* handed to a container or a model */
+    int region;                      /* the recompute region it was made in (-1: none) */
 };
 
 /* What the modules of one model share, from sg_builder_create to the model's end: the
@@ -125,6 +126,17 @@ struct sg_builder {
     unsigned short scope_at[80]; /* where each pushed scope begins in `scope` (a pop ends it there) */
     int scope_depth;
     int blocks;                      /* GPT blocks made so far (their dx buffers alternate) */
+    /* Activation recompute (recompute.c): the region being made (-1: none) and where in
+     * `made` it began; each region's buffer bytes; the buffers to place (bound when the model
+     * is built, in one arena every region shares); a module of a region destroyed before then. */
+    int rc_open, rc_first_made;
+    int n_regions;
+    size_t *rc_bytes;
+    struct sg_rc_buffer *rc;
+    int n_rc, cap_rc;
+    bool rc_broken;
+    sg_tensor *arena;                /* (bytes of the largest region) U8-like: F32 elements */
+    bool recomputing;                /* a recompute wrapper is running its region's forward again */
     size_t bytes0;                   /* the context's bytes in use when the builder was made */
     bool finished;
 };
@@ -160,6 +172,17 @@ static inline sg_tensor *sg_module_g(const sg_module *m, int p)
 /* A buffer of the module's own, (dims) in dt, named "<module>.<what>". */
 sg_status sg_module_buffer(sg_module *mod, sg_dtype dt, const char *what, int ndim, const int64_t *shape,
                            sg_tensor **out);
+/* A buffer never placed in a recompute region's arena: its contents are set when the module
+ * is made (constants), or it must outlive the region's passes. */
+sg_status sg_module_buffer_kept(sg_module *mod, sg_dtype dt, const char *what, int ndim, const int64_t *shape,
+                                sg_tensor **out);
+/* recompute.c: inside an open region, the buffer sg_module_buffer makes for mod (no storage
+ * until sg_builder_bind_recompute); the arena's placement at sg_builder_finish (after the
+ * modules' finish, before any pass): refuses a region left open or one whose module was
+ * destroyed. */
+sg_status sg_recompute_buffer(sg_module *mod, sg_dtype dt, const char *name, int ndim, const int64_t *shape,
+                              sg_tensor **out);
+sg_status sg_builder_bind_recompute(sg_builder *b);
 /* Checks the vision modules share (vision.c, effnet.c). The builder's precision is one the
  * vision modules run (f32 or bf16); fn and name go in the message. */
 sg_status sg_vision_precision(sg_builder *b, const char *fn, const char *name);

@@ -194,6 +194,7 @@ static sg_status bn_forward(sg_module *m, const sg_tensor *x, const sg_tensor **
     if (!rm || !rv) return SG_ERR_INVALID; /* not finished: the message is set */
     int training = sg_module_training(m);
     n->x = x;
+    if (training && m->b->recomputing) rm = rv = NULL; /* recompute: the statistics moved once already */
     SG_TRY(sg_batchnorm_forward(m->ctx, x, master(m, n->iw), master(m, n->ib), rm, rv, SG_BN_MOMENTUM,
                                 SG_BN_EPS, training, n->z ? n->z : n->y, n->mean, n->rstd));
     if (n->act == SG_ACT_RELU) SG_TRY(sg_relu_forward(m->ctx, n->y, n->y));

@@ -141,6 +141,7 @@ static sg_status finish(sg_builder *b, sg_model *m, sg_module *root, uint64_t se
     if (b->bufs.count) SG_TRY(sg_params_allocate(&b->bufs, seed)); /* zeros and ones: no draws */
     b->finished = true;
     SG_TRY(sg_module_finish(root));
+    SG_TRY(sg_builder_bind_recompute(b)); /* the regions' buffers into their arena, before any pass */
     if (b->rng) { /* dropout: seed and offset on the device; each shard draws its own masks */
         uint64_t ds = seed + (uint64_t)m->shard * 0x9e3779b97f4a7c15ull;
         int32_t rs[4] = {(int32_t)(ds & 0x7fffffff), (int32_t)(ds >> 32), 0, 0};
@@ -281,6 +282,16 @@ sg_tensor *sg_model_input(sg_model *m) { return m ? m->x : NULL; }
 
 static sg_status set_rows(sg_model *m, int64_t rows);
 
+/* The samples a pass reads: the validation split's while evaluating split 1. */
+static sg_dataset *split_data(const sg_model *m) { return m->split == 1 && m->data->val ? m->data->val : m->data; }
+
+int64_t sg_model_split_size(const sg_model *m, int split)
+{
+    if (!m || (split != 0 && split != 1)) return 0;
+    if (m->text) return sg_text_size(m->text, split);
+    return split == 0 ? m->data->n : m->data->val ? m->data->val->n : 0;
+}
+
 /* Eager steps point the input views at the batch when its rows lie back to back: no copy, no
  * launch. Otherwise (rows that wrap, captured steps that need fixed addresses) the batch is
  * gathered into the static inputs on the device. */
@@ -294,7 +305,7 @@ sg_status sg_model_load_batch(sg_model *m, int64_t index)
         return sg_text_batch_host(m->text, m->split, m->data_seed, index, m->x_static, m->t_view);
     }
     if (!m->building) SG_TRY(sg_model_step_begin(m, index));
-    sg_dataset *d = m->data;
+    sg_dataset *d = split_data(m);
     int64_t B = m->spec.batch, stride = d->kind == SG_DATASET_FED ? B : m->global_batch;
     int64_t offset = d->kind == SG_DATASET_FED ? 0 : (int64_t)m->shard * B;
     if (!m->x_static) {
@@ -318,14 +329,15 @@ sg_status sg_model_step_begin(sg_model *m, int64_t index)
 
 sg_status sg_model_set_batch_index(sg_model *m, int64_t index)
 {
-    int32_t i = (int32_t)(m->text ? index : index % (m->data->n > 0 ? m->data->n : 1));
+    const sg_dataset *d = split_data(m);
+    int32_t i = (int32_t)(m->text ? index : index % (d->n > 0 ? d->n : 1));
     return sg_tensor_write_small(m->batch_idx, 0, &i, sizeof i);
 }
 
 sg_status sg_model_gather_batch(sg_model *m)
 {
     if (m->text) return sg_text_batch_device(m->text, 0, m->data_seed, m->batch_idx, m->x_static, m->t_view);
-    sg_dataset *d = m->data;
+    sg_dataset *d = split_data(m);
     int64_t B = m->spec.batch;
     bool fed = d->kind == SG_DATASET_FED;
     return sg_dataset_gather(d, m->batch_idx, fed ? B : m->global_batch, fed ? 0 : (int64_t)m->shard * B,

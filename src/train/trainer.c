@@ -694,7 +694,7 @@ sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out)
 {
     if (!t || !out) return SG_ERR_NULL;
     sg_model *m = t->m;
-    if (n_batches < 1 || (split != 0 && split != 1) || (split == 1 && !m->text))
+    if (n_batches < 1 || (split != 0 && split != 1) || (split == 1 && sg_model_split_size(m, 1) <= 0))
         return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_eval: split %d, %d batches: expected split 0, or 1 "
                        "for models with a validation split, and at least one batch", split, n_batches);
     /* Eagerly (graphed modules would replay their training graphs), dropout off. */
@@ -716,6 +716,7 @@ sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out)
     sg_model_set_eval(m, false);
     m->split = 0;
     t->armed = armed;
+    t->next_index = -1; /* the loads moved the step graph's batch counter: the next step resets it */
     double mean = sum / n_batches;
     if (st == SG_OK && t->dist) st = sg_dist_average_host(t->dist, &mean, 1); /* each rank saw its rows */
     if (st == SG_OK) *out = (float)mean;
