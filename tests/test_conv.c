@@ -582,6 +582,7 @@ static void close_mag(const char *what, const sg_tensor *got, const sg_tensor *r
  * GPU plan must run on our kernels, or -1 (auto: any). */
 static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, const cshape *s, const char *kind, int want_own)
 {
+    if (tu_racecheck() && want_own != SG_CONV_OWN_ALL) return; /* cuDNN's and cuBLASLt's: see tu_racecheck */
     int64_t xs[4], ws[4], ys[4];
     x_shape(s, xs), w_shape(s, ws), y_shape(s, ys);
     const int64_t nx = xs[0] * xs[1] * xs[2] * xs[3], nw = ws[0] * ws[1] * ws[2] * ws[3];
