@@ -579,6 +579,29 @@ def profile_steps(step, first, n):
     return kernels / n, busy_us / 1000.0 / n
 
 
+def timed_blocks(step, it, steps, repeats):
+    """Runs step(it), step(it + 1), ... in `repeats` blocks of steps // repeats (at least 1):
+    per block, device ms per step (CUDA events) and host ms per step (queuing). Returns both
+    lists, the block size and the next iteration."""
+    block = max(1, steps // repeats)
+    dev_ms, host_ms = [], []
+    for _ in range(repeats):
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        e0.record()
+        t0 = time.perf_counter()
+        for _ in range(block):
+            step(it)
+            it += 1
+        t1 = time.perf_counter()
+        e1.record()
+        e1.synchronize()
+        dev_ms.append(e0.elapsed_time(e1) / block)
+        host_ms.append((t1 - t0) * 1e3 / block)
+    return dev_ms, host_ms, block, it
+
+
 def run_one(name, mode, precision, args):
     w = Workload(name, mode, precision, args)
     it = 0
@@ -597,22 +620,7 @@ def run_one(name, mode, precision, args):
               f"not fall over the set-up and {args.warmup + 1} warm-up steps "
               f"({w.probe_before:.4f} -> {probe_after:.4f})", file=sys.stderr)
 
-    block = max(1, args.steps // args.repeats)
-    dev_ms, host_ms = [], []
-    for _ in range(args.repeats):
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        e0.record()
-        t0 = time.perf_counter()
-        for _ in range(block):
-            w.step(it)
-            it += 1
-        t1 = time.perf_counter()
-        e1.record()
-        e1.synchronize()
-        dev_ms.append(e0.elapsed_time(e1) / block)
-        host_ms.append((t1 - t0) * 1e3 / block)
+    dev_ms, host_ms, block, it = timed_blocks(w.step, it, args.steps, args.repeats)
     loss_last = float(w.step(it))
     it += 1
 

@@ -72,12 +72,10 @@ A mode that fails (compile unavailable, say) gives a row with an "error" key; th
 import argparse
 import collections
 import contextlib
-import gc
 import math
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_ref  # noqa: E402  (its helpers: list flags, TF32, Adam's name, the profiler)
@@ -274,24 +272,9 @@ def run_one(name, mode, precision, args):
     if skips is not None and w.skips_start is not None:
         skips -= w.skips_start
 
-    block = max(1, args.steps // args.repeats)
-    dev_ms, host_ms = [], []
     torch.cuda.synchronize()
     mallocs_timed = cudamalloc_count()
-    for _ in range(args.repeats):
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        e0.record()
-        t0 = time.perf_counter()
-        for _ in range(block):
-            w.step(it)
-            it += 1
-        t1 = time.perf_counter()
-        e1.record()
-        e1.synchronize()
-        dev_ms.append(e0.elapsed_time(e1) / block)
-        host_ms.append((t1 - t0) * 1e3 / block)
+    dev_ms, host_ms, block, it = torch_ref.timed_blocks(w.step, it, args.steps, args.repeats)
     mallocs_end = cudamalloc_count()
     peak_reserved_mib = torch.cuda.max_memory_reserved() / 2**20
     peak_allocated_mib = torch.cuda.max_memory_allocated() / 2**20
@@ -359,14 +342,7 @@ def run_one(name, mode, precision, args):
     return row
 
 
-def cleanup(mode):
-    """Frees one workload's graphs, pools and compiled code before the next one starts."""
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    if mode == "compile":
-        import importlib  # not "import torch._dynamo": that would make torch a local name here
-        importlib.import_module("torch._dynamo").reset()
+cleanup = torch_ref.cleanup  # frees one workload's graphs, pools and compiled code
 
 
 def print_table(rows):

@@ -777,6 +777,10 @@ sg_tensor *sg_module_buffer_tensor(const sg_module *m, int b);
 /* 1 in training passes, 0 in evaluation passes (sg_trainer_eval: no dropout, and BatchNorm
  * reads its running statistics instead of updating them). */
 int sg_module_training(const sg_module *m);
+/* 1 when a pass may update m's buffers: a training pass that is not a recompute region's
+ * second forward (sg_module_recompute), which must leave them as the first one did. A module
+ * of your own with buffers updates them only when this says so. */
+int sg_module_updates_buffers(const sg_module *m);
 /* A module not (yet) handed to a container or a model. */
 void sg_module_destroy(sg_module *m);
 
@@ -871,7 +875,8 @@ sg_status sg_module_sequential(sg_builder *b, const char *name, sg_module **chil
  * the same as without recompute, bit for bit where the kernels are deterministic: dropout and
  * stochastic depth draw the same masks again (counter-based generator), batch norm moves its
  * running statistics once. A module of your own inside a region must give the same output
- * when its forward runs twice; tensors it makes itself (sg_tensor_create) stay its own.
+ * when its forward runs twice and update its buffers only when sg_module_updates_buffers(m)
+ * says so; tensors it makes itself (sg_tensor_create) stay its own.
  * Regions do not nest; one left open fails sg_builder_finish. Works under every scope (under
  * layer scope, m is the module captured) and with data parallelism. */
 sg_status sg_builder_begin_recompute(sg_builder *b);

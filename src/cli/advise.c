@@ -23,11 +23,7 @@ static const char *advise_usage =
     "\n"
     "options:\n"
     "  --model NAME        e.g. mlp-512-6-32 or gpt-256-4-8-128 (required)\n"
-    "  --classes N         resnet, efficientnet: classes of the head and the labels (default\n"
-    "                      1000; 10 with a digits file as --data, which refuses fewer)\n"
-    "  --recompute         drop each GPT block's, ResNet stage's or EfficientNet stage's\n"
-    "                      activations after the forward and compute them again in the\n"
-    "                      backward: less memory, one more forward per step\n"
+    SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (mixed precision; not mlp)\n"
     "  --no-measure        predict only: do not train under each scope\n"
     "  --steps N           steps per timed block (default 50)\n"
@@ -364,11 +360,8 @@ static int parse(int argc, char **argv, advise_opts *o)
             o->model = v;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("advise", v, &o->mo.precision);
-        } else if (!strcmp(argv[i], "--recompute")) {
-            o->mo.recompute = 1, i++;
-        } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
-            bad = bad || !sg_cli_int("advise", "--classes", v, 1, 1 << 20, &n);
-            o->mo.classes = n;
+        } else if (sg_cli_model_opt("advise", argc, argv, &i, &o->mo, &bad)) {
+            /* --classes, --recompute */
         } else if (sg_cli_opt(argc, argv, &i, "--steps", &v, &bad)) {
             bad = bad || !sg_cli_int("advise", "--steps", v, 1, 1000000, &n);
             o->ao.steps = (int)n;

@@ -35,11 +35,7 @@ static const char *bench_usage =
     "  --backend B         cpu, cuda or auto (default auto)\n"
     "  --steps-per-graph K optimizer steps per trainer call: under step scope, one graph launch\n"
     "                      runs K steps (default 1); --steps is rounded up to a multiple of K\n"
-    "  --classes N         resnet, efficientnet: classes of the head and the labels (default\n"
-    "                      1000; 10 with a digits file as --data, which refuses fewer)\n"
-    "  --recompute         drop each GPT block's, ResNet stage's or EfficientNet stage's\n"
-    "                      activations after the forward and compute them again in the\n"
-    "                      backward: less memory, one more forward per step\n"
+    SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (mixed precision with loss scaling; not mlp)\n"
     "  --data PATH         gpt: the text to train on, as stepgraph train --data (default: a\n"
     "                      licence text); with --vocab, a token file;\n"
@@ -99,8 +95,7 @@ static int steps_per_call = 1;
 static sg_dtype precision = SG_DTYPE_F32;
 static const char *data_path;   /* gpt: --data (NULL: the default text) */
 static int64_t vocab;           /* gpt: --vocab (0: bytes) */
-static int64_t classes;         /* resnet: --classes (0: 1000) */
-static int recompute;           /* --recompute */
+static sg_model_options model_opts; /* --classes, --recompute */
 
 /* n optimizer steps from batch `from` (n a multiple of steps_per_call). */
 static sg_status steps(sg_trainer *t, long long from, long long n)
@@ -162,8 +157,8 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     r->scope = scope;
     snprintf(r->device, sizeof r->device, "%s", sg_ctx_device_name(ctx));
     double l0 = 0, l1 = 0;
-    sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = classes,
-                                   .recompute = recompute};
+    sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = model_opts.classes,
+                                   .recompute = model_opts.recompute};
     if (sg_model_create_ex(ctx, name, 1, &mo, &m) != SG_OK || sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o) != SG_OK ||
         sg_trainer_create(m, o, &to, &t) != SG_OK)
         goto fail;
@@ -294,7 +289,7 @@ static bool print_json_row(const bench_row *r, bool memory, const char *commit)
     sg_cli_kv_int(w, "graphs", r->ts.graphs);
     sg_cli_kv_int(w, "graph_nodes", r->ts.nodes);
     sg_cli_kv_int(w, "steps_per_graph", steps_per_call);
-    sg_cli_kv_int(w, "recompute", recompute);
+    sg_cli_kv_int(w, "recompute", model_opts.recompute);
     json_num(w, "capture_ms", r->ts.capture_ms, 3);
     json_num(w, "instantiate_ms", r->ts.instantiate_ms, 3);
     json_num(w, "graph_exec_mib", r->ts.exec_bytes / 1048576.0, 2);
@@ -381,12 +376,8 @@ int sg_cmd_bench(int argc, char **argv)
             bad = bad || !sg_cli_precision("bench", v, &precision);
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             data_path = v;
-        } else if (!strcmp(argv[i], "--recompute")) {
-            recompute = 1, i++;
-        } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
-            long long n = 0;
-            bad = bad || !sg_cli_int("bench", "--classes", v, 1, 1 << 20, &n);
-            classes = n;
+        } else if (sg_cli_model_opt("bench", argc, argv, &i, &model_opts, &bad)) {
+            /* --classes, --recompute */
         } else if (sg_cli_opt(argc, argv, &i, "--vocab", &v, &bad)) {
             long long n = 0;
             bad = bad || !sg_cli_int("bench", "--vocab", v, 1, INT32_MAX, &n);
@@ -425,8 +416,8 @@ int sg_cmd_bench(int argc, char **argv)
         int n = 0;
         for (char *name = strtok_r(names, ",", &save); name && !bad; name = strtok_r(NULL, ",", &save), n++) {
             sg_model_size z;
-            sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = classes,
-                                   .recompute = recompute};
+            sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = model_opts.classes,
+                                   .recompute = model_opts.recompute};
             if (sg_model_estimate(name, &mo, &z) != SG_OK) {
                 fprintf(stderr, "stepgraph bench: --model: %s\n", sg_ctx_last_error(NULL));
                 bad = true;

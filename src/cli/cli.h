@@ -20,6 +20,16 @@ bool sg_cli_opt(int argc, char **argv, int *i, const char *name, const char **va
 bool sg_cli_int(const char *cmd, const char *opt, const char *s, long long lo, long long hi, long long *out);
 bool sg_cli_float(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out);
 bool sg_cli_backend(const char *cmd, const char *s, sg_backend *out);
+/* The model options every model-building command takes alike: --classes N and --recompute
+ * (into mo), and their help lines. Returns true when argv[*i] is one of them (advanced past
+ * it; a bad value prints a usage error and sets *bad). */
+bool sg_cli_model_opt(const char *cmd, int argc, char **argv, int *i, sg_model_options *mo, bool *bad);
+#define SG_CLI_MODEL_OPTS_HELP                                                                   \
+    "  --classes N         resnet, efficientnet: classes of the head and the labels (default\n"  \
+    "                      1000; 10 with a digits file as --data, which refuses fewer)\n"        \
+    "  --recompute         drop each GPT block's, ResNet stage's or EfficientNet stage's\n"      \
+    "                      activations after the forward and compute them again in the\n"        \
+    "                      backward: less memory, one more forward per step\n"
 /* --precision: fp32 (or f32) or bf16 (mixed precision). */
 bool sg_cli_precision(const char *cmd, const char *s, sg_dtype *out);
 /* "8,16,32", the value of option opt -> sorted increasing sizes (at most max of them); false

@@ -115,6 +115,20 @@ bool sg_cli_backend(const char *cmd, const char *s, sg_backend *out)
     return true;
 }
 
+bool sg_cli_model_opt(const char *cmd, int argc, char **argv, int *i, sg_model_options *mo, bool *bad)
+{
+    const char *v = NULL;
+    if (!strcmp(argv[*i], "--recompute")) {
+        mo->recompute = 1, (*i)++;
+        return true;
+    }
+    if (!sg_cli_opt(argc, argv, i, "--classes", &v, bad)) return false;
+    long long n = 0;
+    *bad = *bad || !sg_cli_int(cmd, "--classes", v, 1, 1 << 20, &n);
+    mo->classes = n;
+    return true;
+}
+
 bool sg_cli_precision(const char *cmd, const char *s, sg_dtype *out)
 {
     if (!strcmp(s, "fp32") || !strcmp(s, "f32")) *out = SG_DTYPE_F32;

@@ -27,11 +27,7 @@ static const char *trace_usage =
     "  --out FILE          the trace to write, e.g. trace.json (required)\n"
     "  --steps N           steps to trace (default 5)\n"
     "  --warmup W          eager steps before capture, not traced (default 3)\n"
-    "  --classes N         resnet, efficientnet: classes of the head and the labels (default\n"
-    "                      1000; 10 with a digits file as --data, which refuses fewer)\n"
-    "  --recompute         drop each GPT block's, ResNet stage's or EfficientNet stage's\n"
-    "                      activations after the forward and compute them again in the\n"
-    "                      backward: less memory, one more forward per step\n"
+    SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (mixed precision; not mlp)\n"
     "  --data PATH         gpt: the text to train on (a regular file);\n"
     "                      resnet, efficientnet: a digits file (scikit-learn's 8 x 8\n"
@@ -78,12 +74,8 @@ static int parse(int argc, char **argv, trace_opts *o)
             o->tr.warmup = (int)w;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("trace", v, &o->mo.precision);
-        } else if (!strcmp(argv[i], "--recompute")) {
-            o->mo.recompute = 1, i++;
-        } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
-            long long n = 0;
-            bad = bad || !sg_cli_int("trace", "--classes", v, 1, 1 << 20, &n);
-            o->mo.classes = n;
+        } else if (sg_cli_model_opt("trace", argc, argv, &i, &o->mo, &bad)) {
+            /* --classes, --recompute */
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             o->mo.data_path = v;
         } else if (sg_cli_opt(argc, argv, &i, "--backend", &v, &bad)) {

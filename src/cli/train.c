@@ -49,11 +49,7 @@ static const char *train_usage =
     "                      bytes, vocabulary 256)\n"
     "  --dropout P         gpt: dropout probability (default 0)\n"
     "  --clip X            clip gradients to global norm X inside the step (default off)\n"
-    "  --classes N         resnet, efficientnet: classes of the head and the labels (default\n"
-    "                      1000; 10 with a digits file as --data, which refuses fewer)\n"
-    "  --recompute         drop each GPT block's, ResNet stage's or EfficientNet stage's\n"
-    "                      activations after the forward and compute them again in the\n"
-    "                      backward: less memory, one more forward per step\n"
+    SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (gpt, resnet, efficientnet): bf16 activations,\n"
     "                      matmuls, convolutions and gradients, fp32 master weights,\n"
     "                      optimizer state and batch-norm statistics, dynamic loss scaling on\n"
@@ -268,12 +264,8 @@ static int parse(int argc, char **argv, train_opts *o)
             o->mo.vocab = n;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("train", v, &o->mo.precision);
-        } else if (!strcmp(argv[i], "--recompute")) {
-            o->mo.recompute = 1, i++;
-        } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
-            long long n = 0;
-            bad = bad || !sg_cli_int("train", "--classes", v, 1, 1 << 20, &n);
-            o->mo.classes = n;
+        } else if (sg_cli_model_opt("train", argc, argv, &i, &o->mo, &bad)) {
+            /* --classes, --recompute */
         } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
             double p = 0;
             bad = bad || !sg_cli_float("train", "--dropout", v, 0, 0.99, &p);

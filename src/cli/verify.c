@@ -24,11 +24,7 @@ static const char *verify_usage =
     "  --graph-modules L   layer scope: modules to capture (default all)\n"
     "  --warmup N          eager steps before capture (default 3)\n"
     "  --lr-schedule       apply a warm-up + cosine lr schedule (lr set on the device each step)\n"
-    "  --classes N         resnet, efficientnet: classes of the head and the labels (default\n"
-    "                      1000; 10 with a digits file as --data, which refuses fewer)\n"
-    "  --recompute         drop each GPT block's, ResNet stage's or EfficientNet stage's\n"
-    "                      activations after the forward and compute them again in the\n"
-    "                      backward: less memory, one more forward per step\n"
+    SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (mixed precision, not mlp; the loss scaler's\n"
     "                      state is compared too)\n"
     "  --dropout P         gpt: dropout probability (default 0)\n"
@@ -129,12 +125,8 @@ int sg_cmd_verify(int argc, char **argv)
             bad = bad || !sg_cli_int("verify", "--steps", v, 1, 1000000, &steps);
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("verify", v, &mo.precision);
-        } else if (!strcmp(argv[i], "--recompute")) {
-            mo.recompute = 1, i++;
-        } else if (sg_cli_opt(argc, argv, &i, "--classes", &v, &bad)) {
-            long long n = 0;
-            bad = bad || !sg_cli_int("verify", "--classes", v, 1, 1 << 20, &n);
-            mo.classes = n;
+        } else if (sg_cli_model_opt("verify", argc, argv, &i, &mo, &bad)) {
+            /* --classes, --recompute */
         } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
             double p = 0;
             bad = bad || !sg_cli_float("verify", "--dropout", v, 0, 0.99, &p);

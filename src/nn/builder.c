@@ -271,6 +271,7 @@ sg_tensor *sg_module_buffer_tensor(const sg_module *m, int i)
 }
 
 int sg_module_training(const sg_module *m) { return m && m->b && !m->b->eval; }
+int sg_module_updates_buffers(const sg_module *m) { return sg_module_training(m) && !m->b->recomputing; }
 
 sg_status sg_module_adopt(sg_module *parent, sg_module **children, int n)
 {

@@ -112,9 +112,10 @@ sg_status sg_module_squeeze_excitation(sg_builder *b, const char *name, int64_t 
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
     SG_TRY(sg_vision_precision(b, fn, name));
-    if (H < 1 || W < 1 || C < 1 || Csq < 1)
-        return sg_fail(b->ctx, SG_ERR_SHAPE, "%s: '%s': (H, W, C) = (%lld, %lld, %lld), Csq %lld: expected every "
-                       "size >= 1", fn, name ? name : "", (long long)H, (long long)W, (long long)C, (long long)Csq);
+    SG_TRY(sg_vision_check_hwc(b, fn, name, "input", H, W, C));
+    if (Csq < 1)
+        return sg_fail(b->ctx, SG_ERR_SHAPE, "%s: '%s': Csq %lld: expected at least 1", fn, name ? name : "",
+                       (long long)Csq);
     se_module *e = calloc(1, sizeof *e);
     if (!e) return sg_fail(b->ctx, SG_ERR_OOM, "%s: out of host memory", fn);
     SG_TRY(sg_module_init(b, &e->base, &se_i, name));
@@ -219,9 +220,7 @@ sg_status sg_module_stochastic_depth(sg_builder *b, const char *name, int64_t H,
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
     SG_TRY(sg_vision_precision(b, fn, name));
-    if (H < 1 || W < 1 || C < 1)
-        return sg_fail(b->ctx, SG_ERR_SHAPE, "%s: '%s': (H, W, C) = (%lld, %lld, %lld): expected every size >= 1",
-                       fn, name ? name : "", (long long)H, (long long)W, (long long)C);
+    SG_TRY(sg_vision_check_hwc(b, fn, name, "input", H, W, C));
     if (!(p >= 0.f && p < 1.f))
         return sg_fail(b->ctx, SG_ERR_INVALID, "%s: '%s': p %g: expected 0 <= p < 1", fn, name ? name : "",
                        (double)p);

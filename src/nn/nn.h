@@ -136,7 +136,8 @@ struct sg_builder {
     int n_rc, cap_rc;
     bool rc_broken;
     sg_tensor *arena;                /* (bytes of the largest region) U8-like: F32 elements */
-    bool recomputing;                /* a recompute wrapper is running its region's forward again */
+    bool recomputing;                /* a recompute wrapper is running its region's forward again
+                                      * (sg_module_updates_buffers is 0) */
     size_t bytes0;                   /* the context's bytes in use when the builder was made */
     bool finished;
 };
@@ -186,6 +187,9 @@ sg_status sg_builder_bind_recompute(sg_builder *b);
 /* Checks the vision modules share (vision.c, effnet.c). The builder's precision is one the
  * vision modules run (f32 or bf16); fn and name go in the message. */
 sg_status sg_vision_precision(sg_builder *b, const char *fn, const char *name);
+/* Every size of an image shape (H, W, C) is at least 1; `what` names the shape in the message. */
+sg_status sg_vision_check_hwc(sg_builder *b, const char *fn, const char *name, const char *what, int64_t H,
+                              int64_t W, int64_t C);
 /* t is (rows, hwc[0], hwc[1], hwc[2]) in the model's precision (f32 too when f32_ok: a bf16
  * model's first convolution): the image batch m was made for (`what`: "input", or a branch's
  * output in a residual block). */

@@ -138,7 +138,7 @@ static sg_status rc_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
     rc_module *r = (rc_module *)m;
     if (!r->x) return sg_module_no_forward(m);
     const sg_tensor *h = NULL;
-    m->b->recomputing = true; /* batch norm: the running statistics moved in the first forward */
+    m->b->recomputing = true; /* sg_module_updates_buffers: the buffers moved in the first forward */
     sg_status st = sg_module_forward(r->inner, r->x, &h);
     m->b->recomputing = false;
     SG_TRY(st);

@@ -23,8 +23,8 @@ sg_status sg_vision_precision(sg_builder *b, const char *fn, const char *name)
 }
 
 /* Image sizes (H, W, C) of a module's input or output: every one at least 1. */
-static sg_status check_hwc(sg_builder *b, const char *fn, const char *name, const char *what, int64_t H,
-                           int64_t W, int64_t C)
+sg_status sg_vision_check_hwc(sg_builder *b, const char *fn, const char *name, const char *what, int64_t H,
+                              int64_t W, int64_t C)
 {
     if (H >= 1 && W >= 1 && C >= 1) return SG_OK;
     return sg_fail(b->ctx, SG_ERR_SHAPE, "%s: '%s': %s (H, W, C) = (%lld, %lld, %lld): expected every size >= 1",
@@ -137,7 +137,7 @@ sg_status sg_module_conv2d(sg_builder *b, const char *name, int64_t H, int64_t W
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
     SG_TRY(sg_vision_precision(b, fn, name));
-    SG_TRY(check_hwc(b, fn, name, "input", H, W, Cin));
+    SG_TRY(sg_vision_check_hwc(b, fn, name, "input", H, W, Cin));
     if (Cout < 1 || k < 1 || stride < 1 || pad < 0 || groups < 1 || Cin % groups || Cout % groups)
         return sg_fail(b->ctx, SG_ERR_INVALID, "%s: '%s': Cin %lld, Cout %lld, k %d, stride %d, pad %d, groups %d: "
                        "expected Cout, k, stride, groups >= 1, pad >= 0, and groups dividing Cin and Cout", fn,
@@ -194,7 +194,7 @@ static sg_status bn_forward(sg_module *m, const sg_tensor *x, const sg_tensor **
     if (!rm || !rv) return SG_ERR_INVALID; /* not finished: the message is set */
     int training = sg_module_training(m);
     n->x = x;
-    if (training && m->b->recomputing) rm = rv = NULL; /* recompute: the statistics moved once already */
+    if (training && !sg_module_updates_buffers(m)) rm = rv = NULL; /* batch statistics, running ones kept */
     SG_TRY(sg_batchnorm_forward(m->ctx, x, master(m, n->iw), master(m, n->ib), rm, rv, SG_BN_MOMENTUM,
                                 SG_BN_EPS, training, n->z ? n->z : n->y, n->mean, n->rstd));
     if (n->act == SG_ACT_RELU) SG_TRY(sg_relu_forward(m->ctx, n->y, n->y));
@@ -256,7 +256,7 @@ sg_status sg_module_batchnorm2d(sg_builder *b, const char *name, int64_t H, int6
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
     SG_TRY(sg_vision_precision(b, fn, name));
-    SG_TRY(check_hwc(b, fn, name, "input", H, W, C));
+    SG_TRY(sg_vision_check_hwc(b, fn, name, "input", H, W, C));
     if (act != SG_ACT_NONE && act != SG_ACT_RELU && act != SG_ACT_SILU)
         return sg_fail(b->ctx, SG_ERR_INVALID, "%s: '%s': activation %d: expected SG_ACT_NONE, SG_ACT_RELU or "
                        "SG_ACT_SILU", fn, name ? name : "", (int)act);
@@ -362,7 +362,7 @@ sg_status sg_module_maxpool2d(sg_builder *b, const char *name, int64_t H, int64_
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
     SG_TRY(sg_vision_precision(b, fn, name));
-    SG_TRY(check_hwc(b, fn, name, "input", H, W, C));
+    SG_TRY(sg_vision_check_hwc(b, fn, name, "input", H, W, C));
     if (k < 1 || stride < 1 || pad < 0 || pad > k / 2)
         return sg_fail(b->ctx, SG_ERR_INVALID, "%s: '%s': k %d, stride %d, pad %d: expected k >= 1, stride >= 1 "
                        "and 0 <= pad <= k / 2", fn, name ? name : "", k, stride, pad);
@@ -389,7 +389,7 @@ sg_status sg_module_avgpool(sg_builder *b, const char *name, int64_t H, int64_t 
     if (!m) return sg_fail(b->ctx, SG_ERR_NULL, "%s: '%s': m is NULL", fn, name ? name : "");
     *m = NULL;
     SG_TRY(sg_vision_precision(b, fn, name));
-    SG_TRY(check_hwc(b, fn, name, "input", H, W, C));
+    SG_TRY(sg_vision_check_hwc(b, fn, name, "input", H, W, C));
     pool_module *p = calloc(1, sizeof *p);
     if (!p) return sg_fail(b->ctx, SG_ERR_OOM, "%s: out of host memory", fn);
     SG_TRY(sg_module_init(b, &p->base, &avgpool_i, name));
@@ -502,8 +502,8 @@ sg_status sg_module_residual_block(sg_builder *b, const char *name, sg_module *m
                        name ? name : "");
     *m = NULL;
     SG_TRY(sg_vision_precision(b, fn, name));
-    SG_TRY(check_hwc(b, fn, name, "in_shape", in_shape[0], in_shape[1], in_shape[2]));
-    SG_TRY(check_hwc(b, fn, name, "out_shape", out_shape[0], out_shape[1], out_shape[2]));
+    SG_TRY(sg_vision_check_hwc(b, fn, name, "in_shape", in_shape[0], in_shape[1], in_shape[2]));
+    SG_TRY(sg_vision_check_hwc(b, fn, name, "out_shape", out_shape[0], out_shape[1], out_shape[2]));
     if (!shortcut && memcmp(in_shape, out_shape, 3 * sizeof *in_shape))
         return sg_fail(b->ctx, SG_ERR_SHAPE, "%s: '%s': an identity shortcut needs main to keep x's shape; in "
                        "(%lld, %lld, %lld), out (%lld, %lld, %lld): give a shortcut (a strided 1x1 conv and a batch "
