@@ -384,6 +384,14 @@ void sg_prof_destroy(sg_prof *p)
     if (!p) return;
     if (p->running) (void)sg_prof_stop(p, NULL); /* teardown: its status cannot be acted on */
     prof_lock();
+    const bool was_active = g_active == p;
+    prof_unlock();
+    /* Detach CUPTI from the process: attached, it stays subscribed to every runtime and driver
+     * call after its activity kinds are disabled, and slowed later eager launches 2-3x on an
+     * H100 (cuDNN's calls most: the advisor's eager steps after its calibration). The next
+     * sg_prof_create attaches it again, callbacks registered anew. */
+    if (was_active && cuptiFinalize() == CUPTI_SUCCESS) g_callbacks_registered = false;
+    prof_lock();
     if (g_active == p) g_active = NULL;
     prof_unlock();
     free(p->rec);
