@@ -389,6 +389,24 @@ sg_status sg_batchnorm_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor 
 sg_status sg_batchnorm_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
                                 const sg_tensor *mean, const sg_tensor *rstd, const sg_tensor *dy,
                                 sg_tensor *dx, sg_tensor *dgamma, sg_tensor *dbeta);
+/* Batch norm fused with what follows it in a ResNet block, in one pass over the activations:
+ * y = act(bn(x) + residual), act SG_ACT_NONE or SG_ACT_RELU, residual (M, C) in x's dtype or
+ * NULL (none); the rest as sg_batchnorm_forward, which is this call with NULL, SG_ACT_NONE.
+ * bn(x) is rounded to x's dtype only once, with the sum (not before it). */
+sg_status sg_batchnorm_act_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
+                                   const sg_tensor *beta, const sg_tensor *residual,
+                                   sg_activation act, sg_tensor *running_mean,
+                                   sg_tensor *running_var, float momentum, float eps, int training,
+                                   sg_tensor *y, sg_tensor *mean, sg_tensor *rstd);
+/* Its backward, given dy of y: g = dy where y > 0 (RELU; y: the forward's output, which gives
+ * the mask as PyTorch's ReLU does; NULL with SG_ACT_NONE), else dy; dx, dgamma, dbeta the batch
+ * norm backward of g, and dresidual = g (the residual's gradient; NULL: not wanted). dy is read
+ * only. sg_batchnorm_backward is this call with SG_ACT_NONE, y and dresidual NULL. */
+sg_status sg_batchnorm_act_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
+                                    const sg_tensor *mean, const sg_tensor *rstd,
+                                    sg_activation act, const sg_tensor *y, const sg_tensor *dy,
+                                    sg_tensor *dx, sg_tensor *dresidual, sg_tensor *dgamma,
+                                    sg_tensor *dbeta);
 
 /* Max pooling of x (N, H, W, C) with a k x k window, stride and padding pad (padded positions
  * never win: they read as -inf; pad <= k / 2, as PyTorch, so every window holds an input),
@@ -828,8 +846,8 @@ sg_status sg_module_gpt_block(sg_builder *b, const char *name, int64_t C, int he
 sg_status sg_module_conv2d(sg_builder *b, const char *name, int64_t H, int64_t W, int64_t Cin,
                            int64_t Cout, int k, int stride, int pad, int groups, int bias,
                            sg_module **m);
-/* Batch norm over the channels of (rows, H, W, C), then act (SG_ACT_NONE, SG_ACT_RELU in place,
- * or SG_ACT_SILU, which keeps the normalised values for its backward): "<name>.weight" (C) ones and "<name>.bias" (C) zeros, no weight decay; buffers
+/* Batch norm over the channels of (rows, H, W, C), then act (SG_ACT_NONE, SG_ACT_RELU fused
+ * into the op, or SG_ACT_SILU, which keeps the normalised values for its backward): "<name>.weight" (C) ones and "<name>.bias" (C) zeros, no weight decay; buffers
  * "<name>.running_mean" (zeros) and "<name>.running_var" (ones); momentum 0.1, eps 1e-5
  * (PyTorch's). Training passes normalise with the batch's statistics and update the running
  * ones; evaluation passes normalise with the running ones. */
@@ -842,7 +860,10 @@ sg_status sg_module_maxpool2d(sg_builder *b, const char *name, int64_t H, int64_
 sg_status sg_module_avgpool(sg_builder *b, const char *name, int64_t H, int64_t W, int64_t C,
                             sg_module **m);
 /* ResNet's block: y = act(main(x) + shortcut(x)), shortcut NULL for the identity (then main
- * keeps x's shape); takes main and shortcut. out_shape: (OH, OW, C) of y, main's output. */
+ * keeps x's shape); takes main and shortcut. out_shape: (OH, OW, C) of y, main's output. When
+ * main ends in a batch norm made with SG_ACT_NONE (main itself, or the last module of nested
+ * sequentials), that batch norm adds the shortcut and applies act in its own pass
+ * (sg_batchnorm_act_forward) and its output is the block's; the shortcut runs first. */
 sg_status sg_module_residual_block(sg_builder *b, const char *name, sg_module *main,
                                    sg_module *shortcut, const int64_t in_shape[3],
                                    const int64_t out_shape[3], sg_activation act, sg_module **m);

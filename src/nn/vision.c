@@ -1,6 +1,7 @@
 /* vision.c: the vision modules, made from a builder: 2-D convolution (one plan, made for the
- * builder's rows), batch norm with its activation fused in place and running statistics in
- * buffers, max and global average pooling, and ResNet's residual block. Images are NHWC,
+ * builder's rows), batch norm with its activation (ReLU fused into the op) and running
+ * statistics in buffers, max and global average pooling, and ResNet's residual block (which
+ * hands its sum and ReLU to main's last batch norm when it has one). Images are NHWC,
  * (rows, H, W, C). Each module allocates its outputs when it is made and its input gradient by
  * sg_builder_finish (none where the model does not need it), so a step allocates nothing.
  * Activations in the builder's precision: f32, or bf16 under mixed precision (convolutions on
@@ -172,7 +173,15 @@ sg_status sg_module_conv2d(sg_builder *b, const char *name, int64_t H, int64_t W
 typedef struct bn_module {
     sg_module base;
     int iw, ib, irm, irv;         /* parameters weight, bias; buffers running_mean, running_var */
-    sg_activation act;            /* NONE, RELU (on y in place) or SILU (z -> y) */
+    sg_activation act;            /* NONE, RELU (fused into the op) or SILU (z -> y) */
+    /* The last module of a residual block's main branch (act NONE) takes the block's sum and
+     * activation (block_fuse): y = out_act(bn(x) + res), res the shortcut's output, set by the
+     * block before each forward; the backward writes the sum's gradient into dres (the
+     * block's). out_act is act when not fused. */
+    bool fused;
+    sg_activation out_act;
+    const sg_tensor *res;
+    sg_tensor *dres;
     int64_t hwc[3], rows;
     const sg_tensor *x;
     sg_tensor *y, *dx, *mean, *rstd; /* mean, rstd (C) F32: the last forward's, for the backward */
@@ -195,9 +204,10 @@ static sg_status bn_forward(sg_module *m, const sg_tensor *x, const sg_tensor **
     int training = sg_module_training(m);
     n->x = x;
     if (training && !sg_module_updates_buffers(m)) rm = rv = NULL; /* batch statistics, running ones kept */
-    SG_TRY(sg_batchnorm_forward(m->ctx, x, master(m, n->iw), master(m, n->ib), rm, rv, SG_BN_MOMENTUM,
-                                SG_BN_EPS, training, n->z ? n->z : n->y, n->mean, n->rstd));
-    if (n->act == SG_ACT_RELU) SG_TRY(sg_relu_forward(m->ctx, n->y, n->y));
+    const sg_activation act = n->out_act == SG_ACT_RELU ? SG_ACT_RELU : SG_ACT_NONE;
+    SG_TRY(sg_batchnorm_act_forward(m->ctx, x, master(m, n->iw), master(m, n->ib), n->fused ? n->res : NULL, act,
+                                    rm, rv, SG_BN_MOMENTUM, SG_BN_EPS, training, n->z ? n->z : n->y, n->mean,
+                                    n->rstd));
     if (n->act == SG_ACT_SILU) SG_TRY(sg_silu_forward(m->ctx, n->z, n->y));
     *y = n->y;
     return SG_OK;
@@ -207,15 +217,16 @@ static sg_status bn_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
     bn_module *n = (bn_module *)m;
     if (!n->x) return sg_module_no_forward(m);
-    /* relu(y) > 0 exactly where its input was: the mask from the output, dy overwritten. */
-    if (n->act == SG_ACT_RELU) SG_TRY(sg_relu_backward(m->ctx, n->y, dy, dy));
     if (n->act == SG_ACT_SILU) {
         SG_TRY(sg_silu_backward(m->ctx, n->z, dy, n->dz));
         dy = n->dz;
     }
-    /* The op writes dx whether or not it is needed (the model's first module rarely is one). */
-    SG_TRY(sg_batchnorm_backward(m->ctx, n->x, master(m, n->iw), n->mean, n->rstd, dy, n->dx,
-                                 n->dw ? n->dw : sg_module_g(m, n->iw), n->db ? n->db : sg_module_g(m, n->ib)));
+    /* ReLU's mask from the output, as the op documents; dy is read only. The op writes dx whether
+     * or not it is needed (the model's first module rarely is one). */
+    const sg_activation act = n->out_act == SG_ACT_RELU ? SG_ACT_RELU : SG_ACT_NONE;
+    SG_TRY(sg_batchnorm_act_backward(m->ctx, n->x, master(m, n->iw), n->mean, n->rstd, act,
+                                     act == SG_ACT_RELU ? n->y : NULL, dy, n->dx, n->fused ? n->dres : NULL,
+                                     n->dw ? n->dw : sg_module_g(m, n->iw), n->db ? n->db : sg_module_g(m, n->ib)));
     if (n->dw) {
         SG_TRY(sg_tensor_convert(sg_module_g(m, n->iw), n->dw));
         SG_TRY(sg_tensor_convert(sg_module_g(m, n->ib), n->db));
@@ -263,7 +274,7 @@ sg_status sg_module_batchnorm2d(sg_builder *b, const char *name, int64_t H, int6
     bn_module *n = calloc(1, sizeof *n);
     if (!n) return sg_fail(b->ctx, SG_ERR_OOM, "%s: out of host memory", fn);
     SG_TRY(sg_module_init(b, &n->base, &bn_i, name));
-    n->act = act;
+    n->act = n->out_act = act;
     n->hwc[0] = H, n->hwc[1] = W, n->hwc[2] = C;
     n->rows = b->rows;
     n->iw = sg_module_declare(&n->base, "weight", 1, &C, SG_INIT_ONES, C, 0);
@@ -407,10 +418,23 @@ typedef struct block_module {
     sg_module base;
     sg_module *main, *shortcut;   /* shortcut NULL: the identity */
     sg_activation act;
+    bn_module *tail;              /* main's last batch norm when it does the sum and act, or NULL */
     int64_t in[3], out[3], rows;
     const sg_tensor *x;
-    sg_tensor *y, *g, *dx;        /* g: d(sum)'s copy for main's backward, which may overwrite it */
+    sg_tensor *y, *g, *dx;        /* y: NULL when fused (tail's y is the output); g: d(sum) */
 } block_module;
+
+/* Main's last module when it is a batch norm without an activation of its own (the ResNets'
+ * bn2 and bn3): the block hands it the sum and the activation, one pass where an add, a ReLU
+ * and their backward would take five. NULL: the block adds and activates itself. */
+static bn_module *fusable_tail(sg_module *main)
+{
+    sg_module *t = main;
+    while (sg_sequential_count(t) > 0) t = sg_sequential_child(t, sg_sequential_count(t) - 1);
+    if (!t || t->vt != &bn_i) return NULL;
+    bn_module *n = (bn_module *)t;
+    return n->act == SG_ACT_NONE && !n->fused ? n : NULL;
+}
 
 static sg_status block_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
 {
@@ -418,6 +442,17 @@ static sg_status block_forward(sg_module *m, const sg_tensor *x, const sg_tensor
     SG_TRY(check_image(m, "input", x, r->rows, r->in));
     r->x = x;
     const sg_tensor *hm = NULL, *hs = x;
+    if (r->tail) { /* the shortcut first: main's last batch norm adds its output */
+        if (r->shortcut) {
+            SG_TRY(sg_module_forward(r->shortcut, x, &hs));
+            SG_TRY(check_image(m, "shortcut's output", hs, r->rows, r->out));
+        }
+        r->tail->res = hs;
+        SG_TRY(sg_module_forward(r->main, x, &hm));
+        SG_TRY(check_image(m, "main branch's output", hm, r->rows, r->out));
+        *y = hm;
+        return SG_OK;
+    }
     SG_TRY(sg_module_forward(r->main, x, &hm));
     SG_TRY(check_image(m, "main branch's output", hm, r->rows, r->out));
     if (r->shortcut) {
@@ -430,17 +465,24 @@ static sg_status block_forward(sg_module *m, const sg_tensor *x, const sg_tensor
     return SG_OK;
 }
 
-/* d(sum) = act'(y) dy (in dy's place) goes to both branches: main gets a copy it may overwrite,
- * the shortcut (or the identity) dy itself; their input gradients add up into dx. */
+/* d(sum) = act'(y) dy goes to both branches; their input gradients add up into dx. Fused: main's
+ * last batch norm writes d(sum) into g from dy; else it is made in dy's place and main gets a
+ * copy it may overwrite, the shortcut (or the identity) dy itself. */
 static sg_status block_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
 {
     block_module *r = (block_module *)m;
     if (!r->x) return sg_module_no_forward(m);
-    if (r->act == SG_ACT_RELU) SG_TRY(sg_relu_backward(m->ctx, r->y, dy, dy));
-    SG_TRY(sg_tensor_copy(r->g, dy));
     sg_tensor *dm = NULL, *ds = dy;
-    SG_TRY(sg_module_backward(r->main, r->g, &dm));
-    if (r->shortcut) SG_TRY(sg_module_backward(r->shortcut, dy, &ds));
+    if (r->tail) {
+        SG_TRY(sg_module_backward(r->main, dy, &dm));
+        ds = r->g;
+        if (r->shortcut) SG_TRY(sg_module_backward(r->shortcut, r->g, &ds));
+    } else {
+        if (r->act == SG_ACT_RELU) SG_TRY(sg_relu_backward(m->ctx, r->y, dy, dy));
+        SG_TRY(sg_tensor_copy(r->g, dy));
+        SG_TRY(sg_module_backward(r->main, r->g, &dm));
+        if (r->shortcut) SG_TRY(sg_module_backward(r->shortcut, dy, &ds));
+    }
     *dx = NULL;
     if (m->no_input_grad) return SG_OK; /* the model's first module: the branches skipped theirs too */
     if (!dm || !ds || !r->dx)
@@ -466,7 +508,7 @@ static sg_status block_set_rows(sg_module *m, int64_t rows)
     block_module *r = (block_module *)m;
     SG_TRY(sg_module_set_rows(r->main, rows));
     if (r->shortcut) SG_TRY(sg_module_set_rows(r->shortcut, rows));
-    SG_TRY(sg_tensor_set_rows(r->y, rows));
+    if (r->y) SG_TRY(sg_tensor_set_rows(r->y, rows));
     SG_TRY(sg_tensor_set_rows(r->g, rows));
     if (r->dx) SG_TRY(sg_tensor_set_rows(r->dx, rows));
     r->rows = rows;
@@ -521,8 +563,14 @@ sg_status sg_module_residual_block(sg_builder *b, const char *name, sg_module *m
     r->main = main, r->shortcut = shortcut, r->act = act, r->rows = b->rows;
     memcpy(r->in, in_shape, sizeof r->in);
     memcpy(r->out, out_shape, sizeof r->out);
-    SG_TRY(image_buffer(&r->base, "y", b->rows, r->out, &r->y));
+    r->tail = fusable_tail(main);
+    if (!r->tail) SG_TRY(image_buffer(&r->base, "y", b->rows, r->out, &r->y));
     SG_TRY(image_buffer(&r->base, "dy", b->rows, r->out, &r->g));
+    if (r->tail) {
+        r->tail->fused = true;
+        r->tail->out_act = act;
+        r->tail->dres = r->g;
+    }
     *m = &r->base;
     return SG_OK;
 }

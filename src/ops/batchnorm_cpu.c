@@ -14,9 +14,9 @@
 /* Per chunk of channels: the mean, then the biased variance of x - mean (two passes, so a large
  * common offset does not cancel), then y. */
 void sg_batchnorm_forward_cpu(const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *beta,
-                              sg_tensor *running_mean, sg_tensor *running_var, double momentum,
-                              double eps, int training, sg_tensor *y, sg_tensor *mean,
-                              sg_tensor *rstd)
+                              const sg_tensor *res, int relu, sg_tensor *running_mean,
+                              sg_tensor *running_var, double momentum, double eps, int training,
+                              sg_tensor *y, sg_tensor *mean, sg_tensor *rstd)
 {
     const int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
     double m[BN_CPU_CHUNK], rs[BN_CPU_CHUNK];
@@ -59,17 +59,26 @@ void sg_batchnorm_forward_cpu(const sg_tensor *x, const sg_tensor *gamma, const 
         for (int64_t r = 0; r < M; r++)
             for (int j = 0; j < n; j++) {
                 const int64_t c = c0 + j, i = r * C + c;
-                sg_st(y, i, (sg_ld(x, i) - m[j]) * rs[j] * sg_ld(gamma, c) + sg_ld(beta, c));
+                double v = (sg_ld(x, i) - m[j]) * rs[j] * sg_ld(gamma, c) + sg_ld(beta, c);
+                if (res) v += sg_ld(res, i);
+                sg_st(y, i, relu && !(v > 0) ? 0.0 : v); /* as sg_relu_forward: NaN -> 0 */
             }
     }
 }
 
-/* With xhat = (x - mean) rstd, per channel over the M rows: dbeta = sum dy,
- * dgamma = sum dy xhat, and dx = gamma rstd (dy - dbeta / M - xhat dgamma / M) (the batch
- * statistics depend on every row). The saved statistics are used, as the CUDA kernels do. */
+/* g = dy where y > 0 (y given: the ReLU's output), else dy. */
+static double grad_at(const sg_tensor *y, const sg_tensor *dy, int64_t i)
+{
+    return y && !(sg_ld(y, i) > 0) ? 0.0 : sg_ld(dy, i);
+}
+
+/* With xhat = (x - mean) rstd, per channel over the M rows: dbeta = sum g, dgamma = sum g xhat,
+ * and dx = gamma rstd (g - dbeta / M - xhat dgamma / M) (the batch statistics depend on every
+ * row); dres = g. The saved statistics are used, as the CUDA kernels do. */
 void sg_batchnorm_backward_cpu(const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *mean,
-                               const sg_tensor *rstd, const sg_tensor *dy, sg_tensor *dx,
-                               sg_tensor *dgamma, sg_tensor *dbeta)
+                               const sg_tensor *rstd, const sg_tensor *y, const sg_tensor *dy,
+                               sg_tensor *dx, sg_tensor *dres, sg_tensor *dgamma,
+                               sg_tensor *dbeta)
 {
     const int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
     double m[BN_CPU_CHUNK], rs[BN_CPU_CHUNK], dg[BN_CPU_CHUNK], db[BN_CPU_CHUNK];
@@ -83,17 +92,16 @@ void sg_batchnorm_backward_cpu(const sg_tensor *x, const sg_tensor *gamma, const
         for (int64_t r = 0; r < M; r++)
             for (int j = 0; j < n; j++) {
                 const int64_t i = r * C + c0 + j;
-                double d = sg_ld(dy, i);
+                double d = grad_at(y, dy, i);
                 db[j] += d;
                 dg[j] += d * (sg_ld(x, i) - m[j]) * rs[j];
             }
         for (int64_t r = 0; r < M; r++)
             for (int j = 0; j < n; j++) {
                 const int64_t c = c0 + j, i = r * C + c;
-                double xhat = (sg_ld(x, i) - m[j]) * rs[j];
-                sg_st(dx, i,
-                      sg_ld(gamma, c) * rs[j] *
-                          (sg_ld(dy, i) - db[j] / (double)M - xhat * dg[j] / (double)M));
+                double xhat = (sg_ld(x, i) - m[j]) * rs[j], g = grad_at(y, dy, i);
+                sg_st(dx, i, sg_ld(gamma, c) * rs[j] * (g - db[j] / (double)M - xhat * dg[j] / (double)M));
+                if (dres) sg_st(dres, i, g);
             }
         for (int j = 0; j < n; j++) {
             sg_st(dgamma, c0 + j, dg[j]);

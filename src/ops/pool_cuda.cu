@@ -23,26 +23,27 @@
 
 /* ---- max pooling ---- */
 
-/* x (N, H, W, C) -> y, argmax (N, OH, OW, C). The scan starts at the window's first position
+/* x (N, H, W, C) -> y, argmax (N, OH, OW, C); index type I: int when every index fits (32-bit
+ * division is several times cheaper than 64-bit), else int64_t. The scan starts at the window's first position
  * inside the image; a later one wins when strictly greater, or NaN (the first NaN stays), as
  * the CPU reference. */
-template <typename T>
+template <typename T, typename I>
 __global__ void maxpool_forward_kernel(const T *__restrict__ x, T *__restrict__ y,
-                                       int *__restrict__ argmax, int64_t n_out, int64_t H,
-                                       int64_t W, int64_t C, int64_t OH, int64_t OW, int k,
+                                       int *__restrict__ argmax, I n_out, I H,
+                                       I W, I C, I OH, I OW, int k,
                                        int stride, int pad)
 {
-    const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_out; i += step) {
-        const int64_t c = i % C, t = i / C, ow = t % OW, t2 = t / OW, oh = t2 % OH, n = t2 / OH;
-        const int64_t h0 = oh * stride - pad, w0 = ow * stride - pad;
-        const int64_t hs = h0 < 0 ? 0 : h0, he = h0 + k < H ? h0 + k : H;
-        const int64_t ws = w0 < 0 ? 0 : w0, we = w0 + k < W ? w0 + k : W;
+    const I step = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n_out; i += step) {
+        const I c = i % C, t = i / C, ow = t % OW, t2 = t / OW, oh = t2 % OH, n = t2 / OH;
+        const I h0 = oh * stride - pad, w0 = ow * stride - pad;
+        const I hs = h0 < 0 ? 0 : h0, he = h0 + k < H ? h0 + k : H;
+        const I ws = w0 < 0 ? 0 : w0, we = w0 + k < W ? w0 + k : W;
         const T *xn = x + n * H * W * C + c;
         float best = to_f(xn[(hs * W + ws) * C]);
-        int64_t arg = hs * W + ws;
-        for (int64_t h = hs; h < he; h++)
-            for (int64_t w = ws; w < we; w++) {
+        I arg = hs * W + ws;
+        for (I h = hs; h < he; h++)
+            for (I w = ws; w < we; w++) {
                 const float v = to_f(xn[(h * W + w) * C]);
                 if (!isnan(best) && (v > best || isnan(v))) {
                     best = v;
@@ -55,10 +56,10 @@ __global__ void maxpool_forward_kernel(const T *__restrict__ x, T *__restrict__ 
 }
 
 /* The outputs o in [*lo, *hi] whose window (o*stride - pad .. + k - 1) contains position i. */
-__device__ __forceinline__ void windows_of(int64_t i, int k, int stride, int pad, int64_t out,
-                                           int64_t *lo, int64_t *hi)
+template <typename I>
+__device__ __forceinline__ void windows_of(I i, int k, int stride, int pad, I out, I *lo, I *hi)
 {
-    const int64_t t = i + pad - k + 1;
+    const I t = i + pad - k + 1;
     *lo = t <= 0 ? 0 : (t + stride - 1) / stride;
     *hi = (i + pad) / stride;
     if (*hi > out - 1) *hi = out - 1;
@@ -66,23 +67,23 @@ __device__ __forceinline__ void windows_of(int64_t i, int k, int stride, int pad
 
 /* dx (N, H, W, C), every element written: the sum over the windows containing it, row-major,
  * of dy where argmax names it. */
-template <typename T>
+template <typename T, typename I>
 __global__ void maxpool_backward_kernel(const T *__restrict__ dy, const int *__restrict__ argmax,
-                                        T *__restrict__ dx, int64_t n_in, int64_t H, int64_t W,
-                                        int64_t C, int64_t OH, int64_t OW, int k, int stride,
+                                        T *__restrict__ dx, I n_in, I H, I W,
+                                        I C, I OH, I OW, int k, int stride,
                                         int pad)
 {
-    const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_in; i += step) {
-        const int64_t c = i % C, t = i / C, w = t % W, t2 = t / W, h = t2 % H, n = t2 / H;
-        int64_t oh0, oh1, ow0, ow1;
+    const I step = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n_in; i += step) {
+        const I c = i % C, t = i / C, w = t % W, t2 = t / W, h = t2 % H, n = t2 / H;
+        I oh0, oh1, ow0, ow1;
         windows_of(h, k, stride, pad, OH, &oh0, &oh1);
         windows_of(w, k, stride, pad, OW, &ow0, &ow1);
         const int me = (int)(h * W + w);
         float s = 0.f;
-        for (int64_t oh = oh0; oh <= oh1; oh++)
-            for (int64_t ow = ow0; ow <= ow1; ow++) {
-                const int64_t o = ((n * OH + oh) * OW + ow) * C + c;
+        for (I oh = oh0; oh <= oh1; oh++)
+            for (I ow = ow0; ow <= ow1; ow++) {
+                const I o = ((n * OH + oh) * OW + ow) * C + c;
                 if (argmax[o] == me) s += to_f(dy[o]);
             }
         dx[i] = from_f<T>(s);
@@ -146,6 +147,12 @@ __global__ void nc_eltwise_kernel(const T *__restrict__ x, const T *__restrict__
 
 /* ---- launchers ---- */
 
+/* Every index of t (and of the grid-stride loop past its end) fits an int. */
+static bool fits_int(const sg_tensor *t)
+{
+    return t->numel < ((int64_t)1 << 30);
+}
+
 static int elt_blocks(sg_ctx *ctx, int64_t n)
 {
     int64_t want = (n + POOL_THREADS - 1) / POOL_THREADS;
@@ -158,8 +165,13 @@ static sg_status maxpool_forward_t(sg_ctx *ctx, const sg_tensor *x, int k, int s
                                    sg_tensor *y, sg_tensor *argmax)
 {
     const int64_t H = x->shape[1], W = x->shape[2], C = x->shape[3];
-    maxpool_forward_kernel<T>
-        <<<elt_blocks(ctx, y->numel), POOL_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
+    cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
+    if (fits_int(x) && fits_int(y))
+        maxpool_forward_kernel<T, int><<<elt_blocks(ctx, y->numel), POOL_THREADS, 0, st>>>(
+            (const T *)x->data, (T *)y->data, (int *)argmax->data, (int)y->numel, (int)H, (int)W,
+            (int)C, (int)y->shape[1], (int)y->shape[2], k, stride, pad);
+    else
+        maxpool_forward_kernel<T, int64_t><<<elt_blocks(ctx, y->numel), POOL_THREADS, 0, st>>>(
             (const T *)x->data, (T *)y->data, (int *)argmax->data, y->numel, H, W, C, y->shape[1],
             y->shape[2], k, stride, pad);
     SG_CUDA_CHECK_LAUNCH(ctx, "maxpool_forward_kernel");
@@ -172,8 +184,13 @@ static sg_status maxpool_backward_t(sg_ctx *ctx, const sg_tensor *dy, const sg_t
                                     int k, int stride, int pad, sg_tensor *dx)
 {
     const int64_t H = dx->shape[1], W = dx->shape[2], C = dx->shape[3];
-    maxpool_backward_kernel<T>
-        <<<elt_blocks(ctx, dx->numel), POOL_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
+    cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
+    if (fits_int(dx) && fits_int(dy))
+        maxpool_backward_kernel<T, int><<<elt_blocks(ctx, dx->numel), POOL_THREADS, 0, st>>>(
+            (const T *)dy->data, (const int *)argmax->data, (T *)dx->data, (int)dx->numel, (int)H,
+            (int)W, (int)C, (int)dy->shape[1], (int)dy->shape[2], k, stride, pad);
+    else
+        maxpool_backward_kernel<T, int64_t><<<elt_blocks(ctx, dx->numel), POOL_THREADS, 0, st>>>(
             (const T *)dy->data, (const int *)argmax->data, (T *)dx->data, dx->numel, H, W, C,
             dy->shape[1], dy->shape[2], k, stride, pad);
     SG_CUDA_CHECK_LAUNCH(ctx, "maxpool_backward_kernel");
