@@ -40,7 +40,11 @@
 # space-separated, kept out of the sanitizers; empty for none; default "prof advise dist cli":
 # CUPTI and compute-sanitizer both hook the driver, and test_prof's and test_advise's only own
 # kernels are fills that the other tests check; test_dist needs two GPUs and NCCL's own
-# processes; cli_gpu trains whole models through the command, which the op tests cover).
+# processes; cli_gpu trains whole models through the command, which the op tests cover),
+# GPU_CHECK_CPU (the core every benchmark, stepgraph's and PyTorch's, runs on through taskset:
+# a host-bound step's time depends on the core, 3.7 to 5.8 ms by core for resnet18-32-32 bf16's
+# eager step on the H100 machine, so both sides of a comparison get the same one; default 2;
+# empty to leave them to the scheduler).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -283,10 +287,12 @@ fi
 
 # bench_to_jsonl CMD...: runs a benchmark; stdout's JSON lines go to bench.jsonl, the rest of
 # its output to the stage log.
+PIN=()
+if [ -n "${GPU_CHECK_CPU-2}" ] && command -v taskset >/dev/null; then PIN=(taskset -c "${GPU_CHECK_CPU-2}"); fi
 bench_to_jsonl() {
     local rc
     set +e
-    "$@" >"$TMP/bench.stdout"
+    ${PIN[@]+"${PIN[@]}"} "$@" >"$TMP/bench.stdout"
     rc=$?
     set -e
     cat "$TMP/bench.stdout"

@@ -7,12 +7,23 @@
  * end on mlp-64-2-32 built by a factory of the test's own (profile, finite predictions, every
  * scope measured beside its prediction, the progress stages in order), then again by name,
  * predicting only with the calibration reused. */
+#define _GNU_SOURCE /* sched_getcpu, pthread_getaffinity_np */
 #include "testutil.h"
+
+#include <pthread.h>
+#include <sched.h>
 
 /* Relative closeness for hand-computed values (the model is double arithmetic throughout). */
 static void check_close(const char *what, double got, double want)
 {
     TU_CHECK(fabs(got - want) <= 1e-9 * (1 + fabs(want)), "%s: got %.12g, expected %.12g", what, got, want);
+}
+
+/* The cores the calling thread may run on (-1: unknown). */
+static int allowed_cpus(void)
+{
+    cpu_set_t m;
+    return pthread_getaffinity_np(pthread_self(), sizeof m, &m) ? -1 : CPU_COUNT(&m);
 }
 
 /* ---- synthetic inputs ---- */
@@ -332,7 +343,7 @@ static void cpu_errors(void)
     int built = 0;
     sg_advise_options o = sg_advise_options_default();
     TU_CHECK(o.warmup == 20 && o.steps == 50 && o.repeats == 5 && o.busy_steps == 20 && o.measure == 1 &&
-             !o.calib && !o.progress, "sg_advise_options_default");
+             !o.calib && !o.progress && o.hold_cpu == 1, "sg_advise_options_default");
     TU_CHECK(sg_advise(NULL, count_factory, &built, NULL, r) == SG_ERR_NULL, "sg_advise NULL ctx");
     TU_FAILS(ctx, sg_advise(ctx, NULL, &built, NULL, r), SG_ERR_NULL, "factory or out is NULL");
     TU_FAILS(ctx, sg_advise(ctx, count_factory, &built, NULL, NULL), SG_ERR_NULL, "factory or out is NULL");
@@ -342,7 +353,19 @@ static void cpu_errors(void)
     o = sg_advise_options_default();
     o.repeats = 1001;
     TU_FAILS(ctx, sg_advise_name(ctx, "mlp-64-2-32", NULL, &o, r), SG_ERR_INVALID, "up to 1000");
+    /* The refusal comes after the thread was held (calibration says it): its affinity is given
+     * back on failure too; hold_cpu 0 leaves it alone. */
+    int cpus0 = allowed_cpus();
     TU_FAILS(ctx, sg_advise(ctx, count_factory, &built, NULL, r), SG_ERR_UNSUPPORTED, "profiles a CUDA device");
+    TU_CHECK(allowed_cpus() == cpus0 && cpus0 >= 1, "affinity after a failed sg_advise: %d cores, %d before",
+             allowed_cpus(), cpus0);
+    TU_CHECK(r->cpu >= 0 ? !!strstr(r->cpu_note, "held on core") : !!strstr(r->cpu_note, "not held"),
+             "cpu %d: '%s'", r->cpu, r->cpu_note);
+    o = sg_advise_options_default();
+    o.hold_cpu = 0;
+    TU_FAILS(ctx, sg_advise(ctx, count_factory, &built, &o, r), SG_ERR_UNSUPPORTED, "profiles a CUDA device");
+    TU_CHECK(r->cpu == -1 && strstr(r->cpu_note, "hold_cpu is 0"), "hold_cpu 0: cpu %d, '%s'", r->cpu,
+             r->cpu_note);
     TU_FAILS(ctx, sg_advise_name(ctx, "mlp-64-2-32", NULL, NULL, r), SG_ERR_UNSUPPORTED, "profiles a CUDA device");
     /* With a calibration given, the profile refuses the CPU backend, still before building. */
     sg_advise_calib given = calib_synthetic();
@@ -410,13 +433,15 @@ typedef struct stages {
     int n;
     sg_advise_stage stage[8];
     sg_scope scope[8];
+    int cpus[8], on[8];  /* cores the thread may run on, and the one it ran on, at each stage */
 } stages;
 
 static void record_stage(void *user, const sg_advise_result *r, sg_advise_stage stage, sg_scope scope)
 {
     stages *s = user;
     (void)r;
-    if (s->n < 8) s->stage[s->n] = stage, s->scope[s->n] = scope;
+    if (s->n < 8)
+        s->stage[s->n] = stage, s->scope[s->n] = scope, s->cpus[s->n] = allowed_cpus(), s->on[s->n] = sched_getcpu();
     s->n++;
 }
 
@@ -431,7 +456,16 @@ static void gpu_flow(void)
     sg_advise_options o = sg_advise_options_default();
     o.warmup = 5, o.steps = 10, o.repeats = 3, o.busy_steps = 5;
     o.progress = record_stage, o.progress_user = &seen;
+    int cpus0 = allowed_cpus();
     sg_status st = sg_advise(ctx, count_factory, &built, &o, r);
+    /* Held on one core throughout (where the machine lets a thread set its affinity), then
+     * given its affinity back. */
+    TU_CHECK(allowed_cpus() == cpus0, "the thread may run on %d cores after sg_advise, %d before", allowed_cpus(),
+             cpus0);
+    TU_CHECK(r->cpu >= 0 || strstr(r->cpu_note, "not held"), "cpu %d: '%s'", r->cpu, r->cpu_note);
+    for (int i = 0; i < seen.n && i < 8 && r->cpu >= 0; i++)
+        TU_CHECK(seen.cpus[i] == 1 && seen.on[i] == r->cpu, "stage %d ran on core %d of %d allowed, held on %d", i,
+                 seen.on[i], seen.cpus[i], r->cpu);
     if (st == SG_ERR_UNSUPPORTED && !r->summary.verdict[0]) { /* no CUPTI: said, nothing else to check */
         printf("no prediction: %s\n", sg_ctx_last_error(ctx));
         free(r);

@@ -2,14 +2,51 @@
  * path (or take the caller's calibration), profile the factory's model, predict every scope and
  * summarize (prof/predict.c), then train and time each scope that can be captured, eager first,
  * and set each measurement beside its prediction. `stepgraph advise` prints what it returns. */
+#define _GNU_SOURCE /* sched_getcpu, pthread_{get,set}affinity_np */
 #include "advise/advise.h"
 
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
+#include <string.h>
 
 sg_advise_options sg_advise_options_default(void)
 {
-    return (sg_advise_options){.warmup = 20, .steps = 50, .repeats = 5, .busy_steps = 20, .measure = 1};
+    return (sg_advise_options){.warmup = 20, .steps = 50, .repeats = 5, .busy_steps = 20, .measure = 1,
+                               .hold_cpu = 1};
+}
+
+/* Holds the calling thread on the core it runs on (r->cpu), keeping its mask in *saved for
+ * give_cpu_back. Best effort: a failure leaves the thread where it was and says so in
+ * r->cpu_note; the advice is still given. */
+static bool hold_cpu(sg_advise_result *r, cpu_set_t *saved)
+{
+    r->cpu = -1;
+    int err = pthread_getaffinity_np(pthread_self(), sizeof *saved, saved);
+    int c = err ? -1 : sched_getcpu();
+    if (c < 0) {
+        snprintf(r->cpu_note, sizeof r->cpu_note, "not held on one core: %s",
+                 err ? strerror(err) : "sched_getcpu failed");
+        return false;
+    }
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(c, &one);
+    err = pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+    if (err) {
+        snprintf(r->cpu_note, sizeof r->cpu_note, "not held on core %d: %s", c, strerror(err));
+        return false;
+    }
+    r->cpu = c;
+    snprintf(r->cpu_note, sizeof r->cpu_note, "held on core %d", c);
+    return true;
+}
+
+static void give_cpu_back(const cpu_set_t *saved)
+{
+    (void)pthread_setaffinity_np(pthread_self(), sizeof *saved, saved);
 }
 
 static void report(const sg_advise_options *o, const sg_advise_result *r, sg_advise_stage stage, sg_scope s)
@@ -110,6 +147,30 @@ static void verdict_measured(sg_advise_result *r)
         snprintf(r->verdict, sizeof r->verdict, "%s (measured %.2fx)", v, r->best_measured_speedup);
 }
 
+/* sg_advise once the thread is where it stays. */
+static sg_status advise_held(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_advise_options *o,
+                             const sg_advise_timing *tm, sg_advise_result *out)
+{
+    if (o->calib) out->calib = *o->calib;
+    else SG_TRY(sg_advise_calibrate(ctx, &out->calib));
+    SG_TRY(sg_advise_profile_model(ctx, factory, user, tm, &out->profile));
+    snprintf(out->model, sizeof out->model, "%s", out->profile.model);
+    out->precision = out->profile.precision;
+    report(o, out, SG_ADVISE_STAGE_PROFILED, SG_SCOPE_EAGER);
+    SG_TRY(predict_all(ctx, out));
+    snprintf(out->verdict, sizeof out->verdict, "%s", out->summary.verdict);
+    report(o, out, SG_ADVISE_STAGE_PREDICTED, out->summary.best);
+    if (!o->measure) {
+        for (int s = 0; s < SG_ADVISE_SCOPES; s++)
+            snprintf(out->scopes[s].measure_note, sizeof out->scopes[s].measure_note,
+                     "not measured: measure is 0 (predict only)");
+        return SG_OK;
+    }
+    sg_status st = measure_all(ctx, factory, user, tm, o, out);
+    verdict_measured(out);
+    return st;
+}
+
 sg_status sg_advise(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_advise_options *opts,
                     sg_advise_result *out)
 {
@@ -129,23 +190,13 @@ sg_status sg_advise(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_
     sg_advise_timing tm = {o.warmup, o.steps, o.repeats, o.busy_steps};
     SG_TRY(sg_advise_check_timing(ctx, "sg_advise", &tm)); /* before a second of calibration */
 
-    if (o.calib) out->calib = *o.calib;
-    else SG_TRY(sg_advise_calibrate(ctx, &out->calib));
-    SG_TRY(sg_advise_profile_model(ctx, factory, user, &tm, &out->profile));
-    snprintf(out->model, sizeof out->model, "%s", out->profile.model);
-    out->precision = out->profile.precision;
-    report(&o, out, SG_ADVISE_STAGE_PROFILED, SG_SCOPE_EAGER);
-    SG_TRY(predict_all(ctx, out));
-    snprintf(out->verdict, sizeof out->verdict, "%s", out->summary.verdict);
-    report(&o, out, SG_ADVISE_STAGE_PREDICTED, out->summary.best);
-    if (!o.measure) {
-        for (int s = 0; s < SG_ADVISE_SCOPES; s++)
-            snprintf(out->scopes[s].measure_note, sizeof out->scopes[s].measure_note,
-                     "not measured: measure is 0 (predict only)");
-        return SG_OK;
-    }
-    sg_status st = measure_all(ctx, factory, user, &tm, &o, out);
-    verdict_measured(out);
+    cpu_set_t saved;
+    bool held = false;
+    out->cpu = -1;
+    if (o.hold_cpu) held = hold_cpu(out, &saved);
+    else snprintf(out->cpu_note, sizeof out->cpu_note, "not held: hold_cpu is 0");
+    sg_status st = advise_held(ctx, factory, user, &o, &tm, out);
+    if (held) give_cpu_back(&saved);
     return st;
 }
 

@@ -29,6 +29,10 @@ static const char *advise_usage =
     "  --steps N           steps per timed block (default 50)\n"
     "  --repeats R         timed blocks; the median is reported (default 5)\n"
     "  --warmup W          untimed steps before timing, capture included (default 20, at least 5)\n"
+    "  --any-cpu           let the scheduler move the advisor's thread between CPU cores; by\n"
+    "                      default it stays on the core it starts on while it times, because a\n"
+    "                      host-bound step's time depends on the core (pin the whole process\n"
+    "                      with taskset -c N to choose one)\n"
     "  --data PATH         gpt: the text to train on (a regular file);\n"
     "                      resnet, efficientnet: a digits file (scikit-learn's 8 x 8\n"
     "                      digits.csv, scripts/fetch-digits.sh DIR) instead of synthetic\n"
@@ -132,7 +136,7 @@ static void progress(void *user, const sg_advise_result *r, sg_advise_stage stag
     bool json = *(const bool *)user;
     switch (stage) {
     case SG_ADVISE_STAGE_PROFILED:
-        if (!json) print_calib(&r->calib), print_profile(&r->profile, &r->options);
+        if (!json) printf("CPU: %s\n", r->cpu_note), print_calib(&r->calib), print_profile(&r->profile, &r->options);
         break;
     case SG_ADVISE_STAGE_PREDICTED:
         if (json) break;
@@ -291,6 +295,10 @@ static bool print_json(const sg_advise_result *r)
     sg_cli_kv_str(w, "precision", r->precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
     sg_cli_kv_str(w, "device", r->device);
     sg_cli_kv_str(w, "commit", sg_cli_commit());
+    sg_json_key(w, "cpu");
+    if (r->cpu >= 0) sg_json_int(w, r->cpu);
+    else sg_json_null(w);
+    sg_cli_kv_str(w, "cpu_note", r->cpu_note);
     json_calib(w, &r->calib);
     json_profile(w, &r->profile);
     sg_json_key(w, "checklist");
@@ -354,6 +362,8 @@ static int parse(int argc, char **argv, advise_opts *o)
             return 0;
         } else if (!strcmp(argv[i], "--json")) {
             o->json = true, i++;
+        } else if (!strcmp(argv[i], "--any-cpu")) {
+            o->ao.hold_cpu = 0, i++;
         } else if (!strcmp(argv[i], "--no-measure")) {
             o->ao.measure = 0, i++;
         } else if (sg_cli_opt(argc, argv, &i, "--model", &v, &bad)) {
