@@ -168,6 +168,10 @@ sg_status sg_tensor_copy_to_host(const sg_tensor *t, void *dst, size_t nbytes);
 sg_status sg_tensor_copy(sg_tensor *dst, const sg_tensor *src);
 /* Sets every element to value (converted to the dtype), queued on the stream. */
 sg_status sg_tensor_fill(sg_tensor *t, double value);
+/* Adds value (converted to the dtype; an int32 tensor takes whole int32 values only) to every
+ * element, queued on the stream: a device counter a conditional region tests (sg_graph_while)
+ * can be counted down in the graph. */
+sg_status sg_tensor_add_scalar(sg_tensor *t, double value);
 /* Converts between f32 and bf16 (or equal dtypes) element by element. */
 sg_status sg_tensor_convert(sg_tensor *dst, const sg_tensor *src);
 
@@ -490,6 +494,39 @@ typedef struct sg_graph_stats {
 } sg_graph_stats;
 
 sg_status sg_graph_get_stats(const sg_graph *g, sg_graph_stats *out);
+
+/* ---- conditional regions: control flow decided on the device, inside a graph ---- *
+ * A region of work that runs or repeats according to a device value the user's kernels (or
+ * stepgraph's ops) write: an SG_DTYPE_I32 tensor of one element on ctx. Called eagerly, the
+ * value is read to the host (a sync) and the body run as C would run it. Called during
+ * sg_graph_capture, nothing is read: on CUDA the region becomes a conditional graph node (IF,
+ * WHILE: CUDA 12.4, SWITCH: 12.8), its bodies captured from the functions, a one-thread
+ * kernel before the node (and, for WHILE, at the end of the body) copying the value into the
+ * node's condition; on the CPU a plan entry that reads the value at replay. So one captured
+ * graph takes a different path on each replay without the host.
+ *
+ * In a body, CUDA allows kernels, memsets, copies and further conditional regions only:
+ * collectives (data parallelism), events (sg_readback_start) and graph captures are refused
+ * (SG_ERR_CAPTURE naming the call and the region) on every backend, eagerly too, so what runs
+ * eagerly also captures; host reads, syncs and allocations are refused during capture, as
+ * anywhere in a capture. Bodies of one region never run at once and may share buffers. A body must queue the same work on every call, as any captured step.
+ * sg_graph_conditionals(ctx) says whether capture can make the nodes; where it cannot (a
+ * driver or toolkit older than the versions above) the calls fail during capture with
+ * SG_ERR_UNSUPPORTED, naming the versions, and work eagerly. */
+
+/* Runs body(user) when *cond != 0. */
+sg_status sg_graph_if(sg_ctx *ctx, const sg_tensor *cond, sg_step_fn body, void *user);
+/* Runs body(user) while *cond != 0, the value read before each run: the body must update it
+ * (a body that never clears it loops forever, on the device as on the host). */
+sg_status sg_graph_while(sg_ctx *ctx, const sg_tensor *cond, sg_step_fn body, void *user);
+/* Runs branches[*index](users[i]) when 0 <= *index < n (n 1..64), nothing otherwise. users
+ * may be NULL (every branch gets NULL). */
+sg_status sg_graph_switch(sg_ctx *ctx, const sg_tensor *index, int n, const sg_step_fn *branches,
+                          void *const *users);
+/* Bit i set: capture on ctx makes kind i's node (1 << SG_COND_IF ...); the CPU backend: all. */
+typedef enum sg_cond_kind { SG_COND_IF = 0, SG_COND_WHILE, SG_COND_SWITCH } sg_cond_kind;
+int sg_graph_conditionals(const sg_ctx *ctx);
+
 /* True when STEPGRAPH_DISABLE_GRAPHS=1: every scope runs eagerly. */
 int sg_graphs_disabled(void);
 /* True while ctx is capturing. */

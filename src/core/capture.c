@@ -32,6 +32,25 @@ sg_status sg_capture_forbid(sg_ctx *ctx, const char *call, const char *what, con
     return SG_ERR_CAPTURE;
 }
 
+sg_status sg_cond_forbid(sg_ctx *ctx, const char *call, const char *what)
+{
+    if (!ctx || ctx->cond_depth == 0) return SG_OK;
+    static const char *const region[] = {"sg_graph_if", "sg_graph_while", "sg_graph_switch"};
+    char where[96];
+    if (ctx->module) snprintf(where, sizeof where, "module '%s'", ctx->module);
+    else snprintf(where, sizeof where, "the step");
+    sg_fail(ctx, SG_ERR_CAPTURE,
+            "%s: %s %s inside a conditional region (%s): a CUDA conditional node's body holds kernels, "
+            "memsets, copies and conditional nodes only; move it out of the region",
+            call, where, what, region[ctx->cond_kind]);
+    if (ctx->cap.active && !ctx->cap.failed) {
+        ctx->cap.failed = true;
+        ctx->cap.fail_status = SG_ERR_CAPTURE;
+        snprintf(ctx->cap.fail_msg, sizeof ctx->cap.fail_msg, "%s", ctx->msg);
+    }
+    return SG_ERR_CAPTURE;
+}
+
 /* ---- the CPU plan ---- */
 
 typedef struct plan_entry {
@@ -44,6 +63,8 @@ struct sg_plan {
     int n, cap;
     unsigned char *args;
     size_t used, cap_bytes;
+    sg_plan **kids;            /* conditional bodies, freed with the plan */
+    int n_kids;
 };
 
 sg_plan *sg_plan_create(void) { return calloc(1, sizeof(sg_plan)); }
@@ -51,13 +72,34 @@ sg_plan *sg_plan_create(void) { return calloc(1, sizeof(sg_plan)); }
 void sg_plan_destroy(sg_plan *p)
 {
     if (!p) return;
+    for (int i = 0; i < p->n_kids; i++) sg_plan_destroy(p->kids[i]);
+    free(p->kids);
     free(p->e);
     free(p->args);
     free(p);
 }
 
+sg_status sg_plan_adopt(sg_ctx *ctx, sg_plan *parent, sg_plan *child)
+{
+    sg_plan **k = realloc(parent->kids, (size_t)(parent->n_kids + 1) * sizeof *k);
+    if (!k) {
+        sg_plan_destroy(child);
+        return sg_fail(ctx, SG_ERR_OOM, "sg_graph_capture: out of host memory for the plan");
+    }
+    parent->kids = k;
+    k[parent->n_kids++] = child;
+    return SG_OK;
+}
+
 int sg_plan_length(const sg_plan *p) { return p ? p->n : 0; }
-size_t sg_plan_bytes(const sg_plan *p) { return p ? p->cap_bytes + (size_t)p->cap * sizeof(plan_entry) : 0; }
+
+size_t sg_plan_bytes(const sg_plan *p)
+{
+    if (!p) return 0;
+    size_t b = p->cap_bytes + (size_t)p->cap * sizeof(plan_entry);
+    for (int i = 0; i < p->n_kids; i++) b += sg_plan_bytes(p->kids[i]);
+    return b;
+}
 
 static sg_status plan_append(sg_ctx *ctx, sg_plan *p, sg_cpu_thunk fn, const void *args, size_t size)
 {

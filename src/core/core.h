@@ -170,6 +170,8 @@ struct sg_ctx {
     void *ext[SG_EXT_COUNT];             /* per-context caches of the ops, by sg_ext_slot */
     void (*ext_free[SG_EXT_COUNT])(sg_ctx *ctx, void *ext);
     sg_capture cap;
+    int cond_depth;          /* conditional bodies running or recording (graph/cond.c) */
+    sg_cond_kind cond_kind;  /* the innermost one's kind, for messages */
     const char *module;      /* the module whose work is being queued, for messages */
     /* Destroyed tensors (sg_ctx_set_tensor_hook): an observer (graph/) sees each one. */
     sg_tensor_hook_fn tensor_hook;
@@ -183,6 +185,10 @@ struct sg_ctx {
  * and marks the capture void, so it fails even if the caller ignores the status. Outside
  * capture, SG_OK. */
 sg_status sg_capture_forbid(sg_ctx *ctx, const char *call, const char *what, const char *hint);
+/* SG_ERR_CAPTURE when a conditional body runs or records (ctx->cond_depth, eagerly too, so
+ * that what runs eagerly also captures) and call does what CUDA forbids in one (what: "ran a
+ * collective"); marks a capture in progress void. SG_OK otherwise. */
+sg_status sg_cond_forbid(sg_ctx *ctx, const char *call, const char *what);
 /* Runs fn(args) now, or during a CPU capture appends it (args copied) to the plan. */
 sg_status sg_cpu_run(sg_ctx *ctx, sg_cpu_thunk fn, const void *args, size_t size);
 sg_plan *sg_plan_create(void);
@@ -190,6 +196,8 @@ sg_status sg_plan_run(sg_ctx *ctx, const sg_plan *p);
 int sg_plan_length(const sg_plan *p);
 size_t sg_plan_bytes(const sg_plan *p);
 void sg_plan_destroy(sg_plan *p);
+/* parent frees child with itself (a conditional entry's bodies); on failure child is freed. */
+sg_status sg_plan_adopt(sg_ctx *ctx, sg_plan *parent, sg_plan *child);
 /* One observer of destroyed tensors: sg_tensor_destroy calls fn(user, t) first, while t's
  * fields are still valid. graph/ installs it while graphs are alive, so that replay refuses a
  * static input that was destroyed (core knows nothing of graphs). NULL fn: none. */
@@ -366,6 +374,7 @@ sg_status sg_tensor_write_small(sg_tensor *t, size_t off, const void *src, size_
 #ifdef SG_HAVE_CUDA
 /* core/tensor_cuda.cu launchers. */
 sg_status sg_fill_cuda(sg_ctx *ctx, sg_tensor *t, double value);
+sg_status sg_add_scalar_cuda(sg_ctx *ctx, sg_tensor *t, double value);
 sg_status sg_convert_cuda(sg_ctx *ctx, sg_tensor *dst, const sg_tensor *src);
 sg_status sg_write_small_cuda(sg_ctx *ctx, void *dst, const void *src, size_t nbytes);
 #endif

@@ -44,6 +44,7 @@ sg_status sg_readback_start(sg_readback *rb, const sg_tensor *t)
 {
     if (!rb || !t) return SG_ERR_NULL;
     sg_ctx *ctx = rb->ctx;
+    SG_TRY(sg_cond_forbid(ctx, "sg_readback_start", "started a read-back (a device-to-host copy and an event)"));
     SG_TRY(sg_capture_forbid(ctx, "sg_readback_start", "started a read-back",
                              "start the read-back after replay"));
     size_t n = sg_tensor_nbytes(t);

@@ -424,6 +424,44 @@ sg_status sg_tensor_fill(sg_tensor *t, double value)
     return SG_CUDA_DISPATCH(t->ctx, sg_fill_cuda(t->ctx, t, value));
 }
 
+/* t += value: value in t's dtype first, the sum in float (f32, bf16), double (f64) or int32
+ * (wrapping), rounded to the dtype: what the CUDA kernel computes. */
+static sg_status add_scalar_cpu(sg_ctx *ctx, const void *a)
+{
+    (void)ctx;
+    const fill_args *f = a;
+    sg_tensor *t = f->t;
+    for (int64_t i = 0; i < t->numel; i++) {
+        switch (t->dtype) {
+        case SG_DTYPE_F32: ((float *)t->data)[i] += (float)f->value; break;
+        case SG_DTYPE_F64: ((double *)t->data)[i] += f->value; break;
+        case SG_DTYPE_BF16: {
+            float v = (float)sg_bf16_to_double(sg_double_to_bf16(f->value));
+            sg_st(t, i, (float)sg_ld(t, i) + v);
+            break;
+        }
+        case SG_DTYPE_I32: {
+            int32_t *p = (int32_t *)t->data + i;
+            *p = (int32_t)(uint32_t)((uint32_t)*p + (uint32_t)(int32_t)f->value);
+            break;
+        }
+        }
+    }
+    return SG_OK;
+}
+
+sg_status sg_tensor_add_scalar(sg_tensor *t, double value)
+{
+    if (!t) return SG_ERR_NULL;
+    SG_TRY(sg_check_tensor(t->ctx, "sg_tensor_add_scalar", "t", t));
+    if (t->dtype == SG_DTYPE_I32 && (value != (double)(int32_t)value))
+        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_tensor_add_scalar: %g added to int32 tensor '%s': expected an "
+                       "int32 value", value, t->name);
+    if (t->ctx->backend == SG_BACKEND_CPU)
+        return sg_cpu_run(t->ctx, add_scalar_cpu, &(fill_args){t, value}, sizeof(fill_args));
+    return SG_CUDA_DISPATCH(t->ctx, sg_add_scalar_cuda(t->ctx, t, value));
+}
+
 typedef struct convert_args {
     sg_tensor *dst;
     const sg_tensor *src;

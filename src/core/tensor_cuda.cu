@@ -41,6 +41,38 @@ extern "C" sg_status sg_fill_cuda(sg_ctx *ctx, sg_tensor *t, double value)
     return SG_OK;
 }
 
+template <typename T> __device__ T add_to(T x, T v) { return x + v; }
+template <> __device__ __nv_bfloat16 add_to<__nv_bfloat16>(__nv_bfloat16 x, __nv_bfloat16 v)
+{
+    return __float2bfloat16(__bfloat162float(x) + __bfloat162float(v));
+}
+template <> __device__ int32_t add_to<int32_t>(int32_t x, int32_t v) { return (int32_t)((uint32_t)x + (uint32_t)v); }
+
+template <typename T> __global__ void add_scalar_kernel(T *p, int64_t n, double v)
+{
+    T x = from_double<T>(v);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        p[i] = add_to<T>(p[i], x);
+}
+
+extern "C" sg_status sg_add_scalar_cuda(sg_ctx *ctx, sg_tensor *t, double value)
+{
+    int g = blocks_for(t->numel, 256);
+    switch (t->dtype) {
+    case SG_DTYPE_F32: add_scalar_kernel<float><<<g, 256, 0, stream_of(ctx)>>>((float *)t->data, t->numel, value); break;
+    case SG_DTYPE_BF16:
+        add_scalar_kernel<__nv_bfloat16><<<g, 256, 0, stream_of(ctx)>>>((__nv_bfloat16 *)t->data, t->numel, value);
+        break;
+    case SG_DTYPE_I32: add_scalar_kernel<int32_t><<<g, 256, 0, stream_of(ctx)>>>((int32_t *)t->data, t->numel, value); break;
+    default:
+        return sg_fail(ctx, SG_ERR_DTYPE, "sg_tensor_add_scalar: %s is not supported on CUDA", sg_dtype_name(t->dtype));
+    }
+    SG_CUDA_CHECK_LAUNCH(ctx, "add_scalar_kernel");
+    sg_ctx_count_launches(ctx, 1);
+    return SG_OK;
+}
+
 __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;

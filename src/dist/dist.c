@@ -227,6 +227,7 @@ static sg_status all_reduce(sg_dist *d, sg_tensor *t, int64_t off, int64_t count
 static sg_status send_bucket(sg_dist *d, int64_t lo, int64_t hi)
 {
     if (hi <= lo) return SG_OK;
+    SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_backward_hook", "averaged gradients over the ranks (an NCCL collective)"));
     SG_TRY(d->vt->fork(d));
     /* Test hook: rank SG_DIST_INJECT_SEQ captures its first bucket as two all-reduces (the same
      * numbers, another sequence), which the check must catch before any replay. */
@@ -242,6 +243,7 @@ static sg_status send_bucket(sg_dist *d, int64_t lo, int64_t hi)
 sg_status sg_dist_backward_begin(sg_dist *d)
 {
     SG_TRY(sg_dist_check_failed(d));
+    SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_backward_begin", "began a data-parallel backward (NCCL collectives)"));
     if (!d->grads)
         return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_backward_begin: no gradients attached (sg_dist_attach)");
     d->in_backward = true;
@@ -268,6 +270,7 @@ sg_status sg_dist_backward_end(sg_dist *d)
     if (!d->in_backward)
         return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_backward_end: no sg_dist_backward_begin before it");
     d->in_backward = false;
+    SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_backward_end", "averaged gradients over the ranks (an NCCL collective)"));
     SG_TRY(send_bucket(d, 0, d->sent_lo)); /* what no child's hook sent (alignment padding too) */
     d->sent_lo = 0;
     if (d->buckets == 0) SG_TRY(d->vt->fork(d));

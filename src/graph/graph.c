@@ -38,7 +38,7 @@ sg_status sg_graph_get_stats(const sg_graph *g, sg_graph_stats *out)
     return SG_OK;
 }
 
-static const sg_graph_backend_i *backend_of(const sg_ctx *ctx)
+const sg_graph_backend_i *sg_graph_backend_of(const sg_ctx *ctx)
 {
 #ifdef SG_HAVE_CUDA
     if (ctx->backend == SG_BACKEND_CUDA) return &sg_graph_cuda;
@@ -157,6 +157,7 @@ static sg_status record(sg_graph *g, void **rec)
     sg_status end = g->be->end(ctx, rec);
     g->st.capture_ms = now_ms() - t0;
     bool failed = ctx->cap.failed;
+    sg_status why = ctx->cap.fail_status;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", failed ? ctx->cap.fail_msg : ctx->msg);
     end_capture_state(ctx, g, prev_pool);
@@ -164,7 +165,7 @@ static sg_status record(sg_graph *g, void **rec)
     /* Nothing of a failed recording is kept. */
     if (*rec) g->be->discard(*rec);
     *rec = NULL;
-    if (failed) return sg_fail(ctx, SG_ERR_CAPTURE, "%s", msg);
+    if (failed) return sg_fail(ctx, why ? why : SG_ERR_CAPTURE, "%s", msg);
     if (st != SG_OK)
         return sg_fail(ctx, st == SG_ERR_CUDA ? SG_ERR_CAPTURE : st,
                        "sg_graph_capture: graph '%s': the step failed during capture: %s", g->name, msg);
@@ -177,6 +178,7 @@ sg_status sg_graph_capture(sg_ctx *ctx, sg_step_fn fn, void *user, const sg_grap
     if (!ctx) return SG_ERR_NULL;
     if (!out || !fn) return sg_fail(ctx, SG_ERR_NULL, "sg_graph_capture: fn or out is NULL");
     *out = NULL;
+    SG_TRY(sg_cond_forbid(ctx, "sg_graph_capture", "started a capture"));
     if (ctx->cap.active)
         return sg_capture_forbid(ctx, "sg_graph_capture", "started a nested capture",
                                  "capture graphs one at a time");
@@ -191,7 +193,7 @@ sg_status sg_graph_capture(sg_ctx *ctx, sg_step_fn fn, void *user, const sg_grap
                        o.pool->name);
     sg_graph *g = calloc(1, sizeof *g);
     if (!g) return sg_fail(ctx, SG_ERR_OOM, "sg_graph_capture: out of host memory");
-    g->ctx = ctx, g->fn = fn, g->user = user, g->be = backend_of(ctx);
+    g->ctx = ctx, g->fn = fn, g->user = user, g->be = sg_graph_backend_of(ctx);
     snprintf(g->name, sizeof g->name, "%s", o.name ? o.name : "graph");
     for (int i = 0; i < o.n_static_inputs; i++) {
         const sg_tensor *t = o.static_inputs[i];
@@ -265,6 +267,7 @@ sg_status sg_graph_replay(sg_graph *g)
 {
     if (!g) return SG_ERR_NULL;
     sg_ctx *ctx = g->ctx;
+    SG_TRY(sg_cond_forbid(ctx, "sg_graph_replay", "replayed a graph"));
     SG_TRY(sg_capture_forbid(ctx, "sg_graph_replay", "replayed a graph", "replay outside capture"));
     SG_TRY(check_inputs(g));
     sg_status st;
@@ -278,6 +281,7 @@ sg_status sg_graph_recapture(sg_graph *g)
 {
     if (!g) return SG_ERR_NULL;
     sg_ctx *ctx = g->ctx;
+    SG_TRY(sg_cond_forbid(ctx, "sg_graph_recapture", "started a capture"));
     if (ctx->cap.active)
         return sg_capture_forbid(ctx, "sg_graph_recapture", "started a nested capture",
                                  "capture graphs one at a time");

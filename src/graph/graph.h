@@ -67,7 +67,22 @@ typedef struct sg_graph_backend_i {
     sg_status (*set_args)(sg_graph *g, const void *func, int occurrence, void **args);
     /* Frees g's recording and executable form (safe when capture never finished). */
     void (*release)(sg_graph *g);
+    /* Records a conditional region during capture (cond.c checked the arguments): fns[0..n)
+     * are the bodies (IF and WHILE: one), v the int32 device value that picks. CPU: a plan
+     * entry holding a sub-plan per body; CUDA: a conditional node whose bodies are captured
+     * from fns. With ctx->cap.cond_depth raised while a body records. */
+    sg_status (*cond)(sg_ctx *ctx, sg_cond_kind kind, const sg_tensor *v, int n, const sg_step_fn *fns,
+                      void *const *users);
+    /* The kinds cond can record here: bit (1 << kind). */
+    int (*cond_kinds)(const sg_ctx *ctx);
 } sg_graph_backend_i;
+
+/* The table of ctx's backend. */
+const sg_graph_backend_i *sg_graph_backend_of(const sg_ctx *ctx);
+/* The call's name for messages: "sg_graph_if", "sg_graph_while", "sg_graph_switch". */
+const char *sg_cond_call(sg_cond_kind kind);
+/* Runs (or records) one body: ctx->cond_depth raised and ctx->cond_kind set around fn. */
+sg_status sg_cond_body(sg_ctx *ctx, sg_cond_kind kind, sg_step_fn fn, void *user);
 
 extern const sg_graph_backend_i sg_graph_cpu;   /* graph_cpu.c */
 #ifdef SG_HAVE_CUDA

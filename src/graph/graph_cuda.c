@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 #include <stdlib.h>
+#include <string.h>
 
 static cudaStream_t stream_of(sg_ctx *ctx) { return (cudaStream_t)sg_ctx_stream(ctx); }
 
@@ -164,6 +165,126 @@ static void cuda_release(sg_graph *g)
     g->cuda_exec = g->cuda_graph = NULL;
 }
 
+/* ---- conditional nodes ----
+ * The capture is cut around the node: the set kernel is captured, the stream's capture ended
+ * (the graph so far is ours), the node added after the capture's last node, each body captured
+ * into the node's body graph on the same stream, and the outer capture resumed after the node.
+ * One stream, so the context's handles (cuDNN, cuBLAS) need no rebinding. */
+
+sg_status sg_cond_set_cuda(sg_ctx *ctx, unsigned long long handle, const sg_tensor *v, int kind); /* cond_cuda.cu */
+
+static int cuda_cond_kinds(const sg_ctx *ctx)
+{
+    (void)ctx;
+    int rt = 0, drv = 0;
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess || cudaDriverGetVersion(&drv) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    int v = rt < drv ? rt : drv, k = 0;
+    if (v >= 12040) k |= 1 << SG_COND_IF | 1 << SG_COND_WHILE;
+#if CUDART_VERSION >= 12080
+    if (v >= 12080) k |= 1 << SG_COND_SWITCH;
+#endif
+    return k;
+}
+
+static enum cudaGraphConditionalNodeType node_type(sg_cond_kind kind)
+{
+#if CUDART_VERSION >= 12080
+    if (kind == SG_COND_SWITCH) return cudaGraphCondTypeSwitch;
+#endif
+    return kind == SG_COND_WHILE ? cudaGraphCondTypeWhile : cudaGraphCondTypeIf;
+}
+
+/* Captures body i into gr; the stream is back to not capturing on return, whatever failed. */
+static sg_status capture_body(sg_ctx *ctx, sg_cond_kind kind, cudaGraph_t gr, unsigned long long h,
+                              const sg_tensor *v, sg_step_fn fn, void *user)
+{
+    cudaStream_t s = stream_of(ctx);
+    SG_CUDA_CHECK(ctx, cudaStreamBeginCaptureToGraph(s, gr, NULL, NULL, 0, cudaStreamCaptureModeThreadLocal));
+    sg_status st = sg_cond_body(ctx, kind, fn, user);
+    if (st == SG_OK && kind == SG_COND_WHILE) st = sg_cond_set_cuda(ctx, h, v, kind); /* test again */
+    cudaGraph_t got = NULL;
+    cudaError_t e = cudaStreamEndCapture(s, &got);
+    if (st != SG_OK) {
+        cudaGetLastError();
+        return st;
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return sg_fail(ctx, SG_ERR_CAPTURE,
+                       "%s: CUDA invalidated the capture of the body (%s: %s): work went to another stream, "
+                       "or a call that a conditional body may not hold was made%s%s", sg_cond_call(kind),
+                       cudaGetErrorName(e), cudaGetErrorString(e), ctx->module ? " in module " : "",
+                       ctx->module ? ctx->module : "");
+    }
+    size_t n = 0;
+    SG_CUDA_CHECK(ctx, cudaGraphGetNodes(gr, NULL, &n));
+    if (n == 0) { /* an empty body: CUDA wants a node */
+        cudaGraphNode_t empty;
+        SG_CUDA_CHECK(ctx, cudaGraphAddEmptyNode(&empty, gr, NULL, 0));
+    }
+    return SG_OK;
+}
+
+static sg_status cuda_cond(sg_ctx *ctx, sg_cond_kind kind, const sg_tensor *v, int n, const sg_step_fn *fns,
+                           void *const *users)
+{
+    cudaStream_t s = stream_of(ctx);
+    enum cudaStreamCaptureStatus cs;
+    cudaGraph_t gr = NULL;
+    SG_CUDA_CHECK(ctx, cudaStreamGetCaptureInfo(s, &cs, NULL, &gr, NULL, NULL, NULL));
+    if (cs != cudaStreamCaptureStatusActive || !gr)
+        return sg_fail(ctx, SG_ERR_CAPTURE, "%s: the context's stream is not capturing (CUDA invalidated the "
+                       "capture before the region)", sg_cond_call(kind));
+    cudaGraphConditionalHandle h;
+    SG_CUDA_CHECK(ctx, cudaGraphConditionalHandleCreate(&h, gr, 0, 0));
+    SG_TRY(sg_cond_set_cuda(ctx, h, v, kind));
+    const cudaGraphNode_t *deps = NULL;
+    size_t nd = 0;
+    SG_CUDA_CHECK(ctx, cudaStreamGetCaptureInfo(s, &cs, NULL, &gr, &deps, NULL, &nd));
+    cudaGraphNode_t *after = malloc((nd ? nd : 1) * sizeof *after);
+    if (!after) return sg_fail(ctx, SG_ERR_OOM, "%s: out of host memory", sg_cond_call(kind));
+    memcpy(after, deps, nd * sizeof *after);
+    cudaGraph_t outer = NULL;
+    cudaError_t e = cudaStreamEndCapture(s, &outer);
+    if (e != cudaSuccess || outer != gr) {
+        cudaGetLastError();
+        free(after);
+        if (outer) cudaGraphDestroy(outer);
+        return sg_fail(ctx, SG_ERR_CAPTURE, "%s: cannot cut the capture at the region (%s): work forked to "
+                       "another stream must join the context's stream before a conditional region",
+                       sg_cond_call(kind), cudaGetErrorString(e));
+    }
+    /* From here the outer capture is resumed whatever happens. */
+    struct cudaGraphNodeParams p;
+    memset(&p, 0, sizeof p);
+    p.type = cudaGraphNodeTypeConditional;
+    p.conditional.handle = h;
+    p.conditional.type = node_type(kind);
+    p.conditional.size = (unsigned)n;
+    cudaGraphNode_t node = NULL;
+    sg_status st = SG_OK;
+    e = cudaGraphAddNode(&node, outer, after, NULL, nd, &p);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        st = sg_cuda_status(ctx, e, "cudaGraphAddNode(conditional)", __FILE__, __LINE__);
+        node = NULL;
+    }
+    for (int i = 0; i < n && st == SG_OK; i++)
+        st = capture_body(ctx, kind, p.conditional.phGraph_out[i], h, v, fns[i], users[i]);
+    e = node ? cudaStreamBeginCaptureToGraph(s, outer, &node, NULL, 1, cudaStreamCaptureModeThreadLocal)
+             : cudaStreamBeginCaptureToGraph(s, outer, after, NULL, nd, cudaStreamCaptureModeThreadLocal);
+    free(after);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaGraphDestroy(outer);
+        if (st == SG_OK) st = sg_cuda_status(ctx, e, "cudaStreamBeginCaptureToGraph(resume)", __FILE__, __LINE__);
+    }
+    return st;
+}
+
 const sg_graph_backend_i sg_graph_cuda = {
     .name = "CUDA",
     .begin = cuda_begin,
@@ -174,4 +295,6 @@ const sg_graph_backend_i sg_graph_cuda = {
     .launch = cuda_launch,
     .set_args = cuda_set_args,
     .release = cuda_release,
+    .cond = cuda_cond,
+    .cond_kinds = cuda_cond_kinds,
 };
