@@ -268,7 +268,7 @@ sg_status sg_attention_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tens
 /* Dropout with a counter-based generator (Philox-4x32-10): the keep mask of element i at call
  * site `site` is a pure function of (seed, offset, site, i), where seed and offset live in rng
  * (4 I32 on the device: seed lo, seed hi, offset lo, offset hi). The backward at the same site
- * regenerates the same mask; sg_rng_advance adds one to the offset (once per step), so replays
+ * regenerates the same mask; sg_rng_advance adds one to the offset (the trainer: once per micro-batch), so replays
  * of a captured step draw fresh masks, and eager and captured runs with the same seed draw the
  * same ones. y = x * keep / (1 - p); p = 0 copies. */
 sg_status sg_dropout_forward(sg_ctx *ctx, const sg_tensor *x, float p, const sg_tensor *rng,
@@ -1029,6 +1029,23 @@ typedef struct sg_trainer_options {
      * that many consecutive steps, so one launch serves them all and the host cost per step
      * falls by that factor; the loss read afterwards is the last step's. */
     int steps_per_call;
+    /* Gradient accumulation: micro-batches per optimizer step, 1 (the default) to 1024; 0 and
+     * others are refused (SG_ERR_INVALID). Optimizer step i trains on batches i*accum ..
+     * i*accum + accum-1 of the model's batch size B, each a forward, loss and backward whose
+     * loss gradient is scaled by 1/accum; their gradients are summed in f32 in micro-batch
+     * order (mixed precision: the scaled bf16 gradients summed into the f32 ones, unscaled
+     * once; a step is skipped when the sum is not finite, that is when any micro-batch's
+     * gradients were not; the loss scale moves once per step), so the step's gradient is that
+     * of one batch of accum*B rows with the mean loss, within f32 rounding. Clipping, the
+     * optimizer and (with dist) the all-reduce of the sum run once, after the last
+     * micro-batch. Dropout draws fresh masks each micro-batch. The loss the model holds after
+     * a step (sg_model_loss) is the mean of its micro-batches' losses, summed on the device
+     * (no host sync). Under step scope the graph holds every micro-batch, unrolled (steps_per_call
+     * steps of accum micro-batches each); under model scope the forward and backward graphs
+     * replay accum times a step. fp32 models get one more gradient-sized f32 buffer. Not with
+     * batch or sequence buckets, nor with a fed data set. Checkpoints record accum (when not 1),
+     * and sg_trainer_load resumes at the saving run's next batch (see there). */
+    int accum;
     /* Clip gradients to this global norm inside the step (0: no clipping). */
     float clip;
     /* Data parallelism (NULL: none): gradients are averaged over the ranks of dist inside the
@@ -1051,7 +1068,8 @@ typedef struct sg_trainer_stats {
     /* Memory, in bytes of whole allocator blocks (as sg_alloc_stats counts them). The static
      * buffers, allocated when the model, optimizer and trainer were built, and never again: */
     size_t param_bytes;         /* parameters: f32 masters (+ bf16 copies), segment tables */
-    size_t grad_bytes;          /* gradients: f32 (+ bf16 in mixed precision) */
+    size_t grad_bytes;          /* gradients: f32 (+ bf16 in mixed precision; + accum > 1's
+                                 * f32 sum in fp32) */
     size_t optim_bytes;         /* optimizer state: moments and device hyperparameters */
     size_t data_bytes;          /* the data set held on the device */
     size_t activation_bytes;    /* the rest of the model: activations and their gradients,
@@ -1069,8 +1087,11 @@ sg_status sg_scope_parse(const char *s, sg_scope *out);
 sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *opts,
                             sg_trainer **out);
 void sg_trainer_destroy(sg_trainer *t);
-/* One training step on batch `index` (steps_per_call steps: batches index, index+1, ...): the
- * first `warmup` calls run eagerly, the next captures, later ones replay. */
+/* One optimizer step, number `index` (steps_per_call steps: index, index+1, ...), on batches
+ * index*accum .. index*accum + accum-1 (accum 1: batch `index`): the first `warmup` calls run
+ * eagerly, the next captures, later ones replay. `index` counts optimizer steps, as
+ * checkpoints do: resuming at step s trains on batch s*accum next. SG_ERR_INVALID for a
+ * negative index, or one whose batches overflow int64. */
 sg_status sg_trainer_step(sg_trainer *t, int64_t index);
 /* The same with only the first `rows` rows of the batch (variable batch: needs buckets). */
 sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows);
@@ -1111,7 +1132,11 @@ sg_status sg_checkpoint_check_path(sg_ctx *ctx, const char *path);
  * renamed, as sg_checkpoint_check_path describes. A tensor holding NaN or Inf is refused
  * (SG_ERR_INVALID, naming it) and nothing is written: a non-finite checkpoint never is. */
 sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path);
-/* Loads such a checkpoint into the trainer's model and optimizer; *step: the next step.
+/* Loads such a checkpoint into the trainer's model and optimizer; *step: the next step, in this
+ * trainer's optimizer steps: a checkpoint saved at step s by a trainer of accum a (metadata
+ * "accum", written when not 1; absent: 1) was to train on batch s*a next, and *step is
+ * s*a / accum, the step that starts there (SG_ERR_INVALID, naming both, when accum does not
+ * divide s*a).
  * Everything is validated before anything changes: names, shapes and dtypes; every floating
  * value finite (NaN or Inf refused naming the tensor and the element); the metadata "format"
  * exactly "stepgraph-1", "model" this model's name, "precision" "f32" or "bf16" (either
@@ -1545,6 +1570,11 @@ typedef struct sg_advise_profile {
     char capture_error[512];     /* why the capture was refused */
     int shapes_static;           /* no shape buckets: one graph serves every step */
     char note[256];              /* why CUPTI numbers are missing */
+    /* Micro-batches per step (0 or 1: one). With K > 1 the regions above are a whole optimizer
+     * step's: load K loads (K times the first micro-batch's), forward, backward and each
+     * module's the sums over the K micro-batches, load_static K static loads; under layer
+     * and model scope every graph replays K times a step. */
+    int accum;
 } sg_advise_profile;
 
 /* One scope's prediction. */
@@ -1652,6 +1682,10 @@ typedef struct sg_advise_options {
                                   * 3.7 to 5.8 ms by core, within 4% on any one), and a prediction
                                   * must see the core its measurement sees; 0: leave the thread to
                                   * the scheduler */
+    int accum;                   /* micro-batches per optimizer step (sg_trainer_options.accum,
+                                  * default 1): the profile, the trial capture and every
+                                  * measurement train accumulated steps, and every figure is per
+                                  * optimizer step */
 } sg_advise_options;
 
 sg_advise_options sg_advise_options_default(void);
@@ -1730,6 +1764,9 @@ typedef struct sg_verify_options {
     const char *graph_modules;   /* layer scope: as sg_trainer_options */
     double atol, rtol;           /* 0, 0 (default): bit for bit */
     sg_optim_kind optim;         /* both sides (default AdamW) */
+    int accum;                   /* both sides: micro-batches per optimizer step, as
+                                  * sg_trainer_options.accum (default 1); steps count optimizer
+                                  * steps, compared after each */
     /* Optional hooks, with user: before_step may change both optimizers alike (a learning-rate
      * schedule); after_step sees both models after the step, before the comparison; on_step
      * gets each step's comparison. A hook's failure stops the run with its status. */

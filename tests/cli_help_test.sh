@@ -41,6 +41,10 @@ for cmd in bench advise trace; do
     expect 0 'resnet, efficientnet: a digits file' -- $cmd --help
     expect 0 '1000; 10 with a digits file as --data' -- $cmd --help
 done
+# --accum, gradient accumulation, on every command that trains.
+for cmd in bench advise trace; do
+    expect 0 '--accum K +gradient accumulation' -- $cmd --help
+done
 expect 0 'version' -- --help
 
 # --version and version: "stepgraph VERSION (commit HASH)", VERSION CMake's own.
@@ -92,7 +96,7 @@ assert len(rows) == 2, f"{len(rows)} rows, want 2 (eager, step)"
 for r in rows:
     assert "mode" not in r, "key mode (the column is scope)"
     for k in ("model", "scope", "ms_per_step", "host_ms_per_step", "kernels_per_step",
-              "gpu_busy_ms_per_step", "graph_nodes", "allocs_per_100_steps", "peak_mib", "commit"):
+              "gpu_busy_ms_per_step", "graph_nodes", "allocs_per_100_steps", "peak_mib", "commit", "accum"):
         assert k in r, f"no key {k}: {sorted(r)}"
     got = r["commit"]
     assert got == want_commit, f"commit {got!r}, want {want_commit!r}"

@@ -91,20 +91,39 @@ fi
 # on, the resumed half under step scope); sample generates from the checkpoint.
 tmp=$(mktemp -d)
 g="--model gpt-64-1-2-16 --backend cpu --log-every 5 --dropout 0.1 --clip 1"
-full=$("$bin" train $g --steps 20 2>&1 | grep -E '^step ')
-"$bin" train $g --steps 10 --save "$tmp/ck.safetensors" >/dev/null 2>&1
-half=$("$bin" train $g --steps 10 --resume "$tmp/ck.safetensors" --scope step 2>&1 | grep -E '^step ')
-if [ -z "$half" ] || [ "$(tail -n 2 <<<"$full")" != "$(tail -n 2 <<<"$half")" ]; then
-    echo "FAIL: resume: uninterrupted tail:"; tail -n 2 <<<"$full"; echo "resumed:"; echo "$half"; fails=$((fails + 1))
-else
-    pass "resume continues the uninterrupted loss curve: $(tail -n 1 <<<"$half")"
-fi
+# check_resume WHAT CKPT ARGS...: 20 steps against 10, saved to CKPT, then 10 resumed under step
+# scope; the last two logged steps must agree.
+check_resume() {
+    local what=$1 ck=$2 full half
+    shift 2
+    full=$("$bin" train "$@" --steps 20 2>&1 | grep -E '^step ')
+    "$bin" train "$@" --steps 10 --save "$ck" >/dev/null 2>&1
+    half=$("$bin" train "$@" --steps 10 --resume "$ck" --scope step 2>&1 | grep -E '^step ')
+    if [ -z "$half" ] || [ "$(tail -n 2 <<<"$full")" != "$(tail -n 2 <<<"$half")" ]; then
+        echo "FAIL: $what: uninterrupted tail:"; tail -n 2 <<<"$full"; echo "resumed:"; echo "$half"; fails=$((fails + 1))
+    else
+        pass "$what continues the uninterrupted loss curve: $(tail -n 1 <<<"$half")"
+    fi
+}
+# shellcheck disable=SC2086
+check_resume resume "$tmp/ck.safetensors" $g
 out=$("$bin" sample --model gpt-64-1-2-16 --resume "$tmp/ck.safetensors" --prompt "GNU" --length 30 --backend cpu 2>&1); rc=$?
 if [ "$rc" != 0 ] || [ "$(printf '%s' "$out" | head -c 3)" != "GNU" ] || [ "$(printf '%s' "$out" | wc -c)" -lt 33 ]; then
     echo "FAIL: sample: exit $rc: $out"; fails=$((fails + 1))
 else
     pass "sample generated $(printf '%s' "$out" | wc -c) bytes"
 fi
+# --accum: usage errors; verify bit-exact under step scope; resume of accumulated steps continues
+# the uninterrupted curve; another K resumes at the saving run's next batch or is refused.
+expect 2 "--accum '0' is not a whole number from 1 to 1024" -- train --model mlp-32-2-8 --backend cpu --accum 0
+expect 2 "--accum 2 does not combine with --batch-sizes" -- train --model mlp-32-2-8 --backend cpu --accum 2 --batch-sizes 4,8
+expect 0 "OK: 6 steps match \(bit-exact\), 3 of them replayed" -- verify --model mlp-32-2-8 --scope model --steps 6 --accum 3 --backend cpu
+expect 0 "3 micro-batches a step \(24 rows\)" -- train --model mlp-32-2-8 --backend cpu --steps 3 --accum 3 --quiet
+ga="$g --accum 2"
+# shellcheck disable=SC2086
+check_resume "resume --accum 2" "$tmp/acc.safetensors" $ga
+expect 0 "resumed from .* at step 5 \(batch 20\)" -- train $g --accum 4 --steps 1 --resume "$tmp/acc.safetensors"
+expect 1 "its next batch, 20, starts no step of this trainer's 3 batches" -- train $g --accum 3 --steps 1 --resume "$tmp/acc.safetensors"
 head -c 100 "$tmp/ck.safetensors" > "$tmp/cut.safetensors"
 expect 1 "cut.safetensors" -- train $g --steps 2 --resume "$tmp/cut.safetensors"
 expect 1 "/nonexistent/file.txt" -- train --model gpt-64-1-2-16 --backend cpu --steps 1 --data /nonexistent/file.txt

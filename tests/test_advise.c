@@ -273,6 +273,42 @@ static void cpu_host_sync(void)
              "verdict '%s'", s.verdict);
 }
 
+/* Gradient accumulation: the launch-bound profile read as a whole step of 3 micro-batches.
+ * Step scope's graph holds all of them: nothing changes. Layer and model scope replay their
+ * graphs once a micro-batch: 3 times the graph launches a step (host: 2 us each, device: a graph
+ * gap instead of a node gap each); capture, instantiation and memory are one micro-batch's: a
+ * third of the nodes and of the captured host work, the graphs once. */
+static void cpu_accum(void)
+{
+    sg_advise_calib c = calib_synthetic();
+    sg_advise_profile p = profile_launch_bound();
+    sg_advise_prediction one[SG_ADVISE_SCOPES], pr[SG_ADVISE_SCOPES];
+    predict_all(&c, &p, one);
+    p.accum = 3;
+    predict_all(&c, &p, pr);
+    check_close("accum: step step_ms", pr[SG_SCOPE_STEP].step_ms, one[SG_SCOPE_STEP].step_ms);
+    check_close("accum: step capture_ms", pr[SG_SCOPE_STEP].capture_ms, one[SG_SCOPE_STEP].capture_ms);
+    double N = 4.0 / 3.0 * 28, E = 4.0 / 3.0 * 2 + 2;
+    const sg_advise_prediction *q = &pr[SG_SCOPE_MODEL];
+    check_close("accum: model graphs", q->graphs, 6);
+    check_close("accum: model nodes", q->nodes, N);
+    check_close("accum: model host_ms", q->host_ms, (27 + 6 * 2 + N * 0.5) / 1e3);
+    check_close("accum: model device_ms", q->device_ms, (140 + E + (N - 6) * 0.3 + 6 * 2) / 1e3);
+    check_close("accum: model launches", q->launches, 30 - 28 + 2 + 6);
+    check_close("accum: model capture_ms", q->capture_ms, (200 + (270 + 28 * (2 - 4)) / 3.0) / 1e3);
+    check_close("accum: model instantiate_ms", q->instantiate_ms, (100 + N / 3 * 5) / 1e3);
+    check_close("accum: model extra_bytes", q->extra_bytes, 4096 + N / 3 * 1024);
+    q = &pr[SG_SCOPE_LAYER];
+    check_close("accum: layer graphs", q->graphs, 12);
+    check_close("accum: layer host_ms", q->host_ms, (27 + 12 * 2 + N * 0.5) / 1e3);
+    check_close("accum: layer capture_ms", q->capture_ms, (400 + (270 + 28 * (2 - 4)) / 3.0) / 1e3);
+    check_close("accum: layer instantiate_ms", q->instantiate_ms, (200 + N / 3 * 5) / 1e3);
+    p.accum = -1;
+    sg_advise_prediction bad;
+    TU_CHECK(sg_advise_predict(&c, &p, SG_SCOPE_MODEL, &bad) == SG_ERR_INVALID && strstr(bad.note, "accum"),
+             "accum -1: %s", bad.note);
+}
+
 /* A factory of the test's own: counts its calls and builds mlp-64-2-32. */
 static sg_status count_factory(sg_ctx *ctx, void *user, sg_model **out)
 {
@@ -553,6 +589,33 @@ static void gpu_flow(void)
                  sg_scope_name((sg_scope)s), r2->scopes[s].measure_note);
     TU_CHECK(!strcmp(r2->verdict, r2->summary.verdict) && isnan(r2->best_measured_speedup),
              "predict-only verdict '%s'", r2->verdict);
+
+    /* Accumulated steps of 2 micro-batches, predicted only: the regions are a whole step's,
+     * twice one micro-batch's (launches are counts: the same each time), the trial capture
+     * holds both micro-batches. */
+    const sg_advise_profile *p1 = &r2->profile;
+    sg_advise_result *r3 = malloc(sizeof *r3);
+    TU_CHECK(r3 != NULL, "out of memory");
+    if (!r3) exit(1);
+    o.accum = 2;
+    TU_OK(ctx, sg_advise_name(ctx, "mlp-64-2-32", NULL, &o, r3));
+    const sg_advise_profile *p2 = &r3->profile;
+    TU_CHECK(p2->accum == 2 && r3->options.accum == 2, "profile accum %d, options %d", p2->accum, r3->options.accum);
+    TU_CHECK(fabs(p2->forward.launches - 2 * p1->forward.launches) < 0.5 &&
+             fabs(p2->backward.launches - 2 * p1->backward.launches) < 0.5 &&
+             fabs(p2->load_static.launches - 2 * p1->load_static.launches) < 0.5,
+             "accum 2: forward %g, backward %g, static load %g launches; one micro-batch: %g, %g, %g",
+             p2->forward.launches, p2->backward.launches, p2->load_static.launches, p1->forward.launches,
+             p1->backward.launches, p1->load_static.launches);
+    TU_CHECK(p2->step.launches > 2 * (p1->forward.launches + p1->backward.launches) &&
+             p2->step_captured && p2->step_nodes > p1->step_nodes,
+             "accum 2: %g launches a step, step graph %d nodes (one micro-batch: %d)", p2->step.launches,
+             p2->step_nodes, p1->step_nodes);
+    TU_CHECK(r3->scopes[SG_SCOPE_MODEL].predicted.graphs == 4, "accum 2: model scope replays %g graphs a step",
+             r3->scopes[SG_SCOPE_MODEL].predicted.graphs);
+    printf("accum 2: %.0f launches a step (forward %.0f, backward %.0f), step graph %d nodes; %s\n",
+           p2->step.launches, p2->forward.launches, p2->backward.launches, p2->step_nodes, r3->verdict);
+    free(r3);
     free(r2);
     free(r);
     sg_ctx_destroy(ctx);
@@ -568,6 +631,7 @@ int main(int argc, char **argv)
         cpu_no_saving();
         cpu_monotonic();
         cpu_host_sync();
+        cpu_accum();
         cpu_errors();
     } else if (strcmp(mode, "gpu") == 0) {
         gpu_calibration();

@@ -6,7 +6,8 @@
  * loopback, where a failure on one stops the other; SIGTERM or SIGINT to a launcher stops its
  * workers and is reported as such, a second signal kills them at once, the caller's handlers
  * come back, and workers end when their launcher is killed outright); then training over the CPU transport: 2
- * ranks with global batch B match 1 rank with batch B over 20 steps under every scope, the
+ * ranks with global batch B match 1 rank with batch B over 20 steps under every scope (and
+ * with gradient accumulation: the step's sum averaged once, after its last micro-batch), the
  * check catches a rank that captured other collectives, and a rank that dies makes the other
  * fail within the timeout instead of hanging. `gpu` (2 GPUs and NCCL, else skipped): the same
  * training checks over NCCL, eager and step scope, for mlp-64-2-32 and a small gpt.
@@ -530,22 +531,27 @@ typedef struct tcase {
     sg_optim_kind optim;
     float lr;
     bool gpu;
+    int accum;                 /* micro-batches a step (0: 1): the sum averaged once, after the last */
 } tcase;
 
 /* SGD: a sum where an average belongs would change its steps (AdamW's barely: it is scale-free),
  * and its differences stay proportional to the gradients' (AdamW normalises the update of a
  * gradient that cancels to near zero, so rounding there moves a parameter by up to lr). */
 static const tcase cases[] = {
-    {"mlp-eager", "mlp-32-2-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, false},
-    {"mlp-layer", "mlp-32-2-16", SG_SCOPE_LAYER, SG_OPTIM_SGD, 0.05f, false},
-    {"mlp-model", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false},
-    {"mlp-step", "mlp-32-2-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, false},
-    {"gpt-eager", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, false},
-    {"gpt-step", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false},
-    {"mlp64-eager", "mlp-64-2-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, true},
-    {"mlp64-step", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true},
-    {"gpt-eager-gpu", "gpt-128-2-4-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, true},
-    {"gpt-step-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true},
+    {"mlp-eager", "mlp-32-2-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, false, 0},
+    {"mlp-layer", "mlp-32-2-16", SG_SCOPE_LAYER, SG_OPTIM_SGD, 0.05f, false, 0},
+    {"mlp-model", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 0},
+    {"mlp-step", "mlp-32-2-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, false, 0},
+    {"gpt-eager", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, false, 0},
+    {"gpt-step", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0},
+    {"mlp64-eager", "mlp-64-2-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, true, 0},
+    {"mlp64-step", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 0},
+    {"gpt-eager-gpu", "gpt-128-2-4-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, true, 0},
+    {"gpt-step-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 0},
+    {"mlp-model-accum", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 3},
+    {"gpt-step-accum", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 2},
+    {"mlp64-step-accum", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 2},
+    {"gpt-step-accum-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 3},
 };
 
 static const tcase *find_case(const char *name)
@@ -571,6 +577,7 @@ static trainee make(sg_ctx *ctx, const tcase *c, uint64_t seed, int shard, int s
     TU_OK(ctx, sg_optim_set_lr(r.o, c->lr));
     sg_trainer_options to = sg_trainer_options_default();
     to.scope = c->scope;
+    to.accum = c->accum > 0 ? c->accum : 1;
     to.warmup = SG_DIST_MIN_WARMUP;
     to.dist = d;
     TU_OK(ctx, sg_trainer_create(r.m, r.o, &to, &r.t));
@@ -681,7 +688,11 @@ static int worker(int argc, char **argv)
         TU_CHECK(avg == sum, "%s: the ranks' parameters differ (checksum %.17g, average %.17g)", tag, sum, avg);
         sg_dist_stats ds;
         TU_OK(ctx, sg_dist_get_stats(d, &ds));
-        TU_CHECK(ds.buckets_per_step >= 2, "%s: %d gradient buckets a step with 1 KiB buckets", tag, ds.buckets_per_step);
+        /* Accumulated steps average their sum once, after the backward: one all-reduce. */
+        if (c->accum > 1) TU_CHECK(ds.buckets_per_step == 1, "%s: %d gradient all-reduces a step of %d micro-batches",
+                                   tag, ds.buckets_per_step, c->accum);
+        else TU_CHECK(ds.buckets_per_step >= 2, "%s: %d gradient buckets a step with 1 KiB buckets", tag,
+                      ds.buckets_per_step);
         TU_CHECK(c->scope == SG_SCOPE_EAGER || ds.checks >= 1, "%s: no capture was checked", tag);
         free(p);
         free(ref_p);

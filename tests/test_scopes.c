@@ -174,8 +174,7 @@ static void bad_options(sg_backend be)
     sg_model *m;
     sg_optim *o;
     sg_trainer *t = NULL;
-    TU_OK(ctx, sg_model_create(ctx, "mlp-16-2-4", 1, &m));
-    TU_OK(ctx, sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o));
+    tu_model_optim(ctx, "mlp-16-2-4", &m, &o);
     sg_trainer_options to = sg_trainer_options_default();
     to.scope = SG_SCOPE_LAYER;
     to.graph_modules = "layers.9";

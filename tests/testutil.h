@@ -128,6 +128,13 @@ static inline sg_ctx *tu_ctx(sg_backend b)
     return ctx;
 }
 
+/* A built-in model by name (seed 1) and an AdamW optimizer for it. */
+static inline void tu_model_optim(sg_ctx *ctx, const char *name, sg_model **m, sg_optim **o)
+{
+    TU_OK(ctx, sg_model_create(ctx, name, 1, m));
+    TU_OK(ctx, sg_optim_create(ctx, *m, SG_OPTIM_ADAMW, o));
+}
+
 /* ---- tensors: host staging in double, so tests read every dtype the same way ---- */
 
 static inline sg_tensor *tu_tensor(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape,

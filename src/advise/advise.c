@@ -15,7 +15,7 @@
 sg_advise_options sg_advise_options_default(void)
 {
     return (sg_advise_options){.warmup = 20, .steps = 50, .repeats = 5, .busy_steps = 20, .measure = 1,
-                               .hold_cpu = 1};
+                               .hold_cpu = 1, .accum = 1};
 }
 
 /* Holds the calling thread on the core it runs on (r->cpu), keeping its mask in *saved for
@@ -187,7 +187,7 @@ sg_status sg_advise(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_
     out->options = o;
     out->options.calib = NULL, out->options.progress = NULL, out->options.progress_user = NULL;
     snprintf(out->device, sizeof out->device, "%s", sg_ctx_device_name(ctx));
-    sg_advise_timing tm = {o.warmup, o.steps, o.repeats, o.busy_steps};
+    sg_advise_timing tm = {o.warmup, o.steps, o.repeats, o.busy_steps, o.accum};
     SG_TRY(sg_advise_check_timing(ctx, "sg_advise", &tm)); /* before a second of calibration */
 
     cpu_set_t saved;

@@ -18,6 +18,8 @@ typedef struct sg_advise_timing {
     int steps;                   /* steps per timed block */
     int repeats;                 /* blocks; the median is taken */
     int busy_steps;              /* steps in the CUPTI window */
+    int accum;                   /* micro-batches per optimizer step (1 to 1024): a "step" above
+                                  * is an optimizer step of that many */
 } sg_advise_timing;
 
 /* SG_ERR_INVALID (message on ctx, naming fn) unless the timing is one the advisor can run. */

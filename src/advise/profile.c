@@ -54,7 +54,19 @@ sg_status sg_advise_check_timing(sg_ctx *ctx, const char *fn, const sg_advise_ti
         return sg_fail(ctx, SG_ERR_INVALID, "%s: warm-up %d, %d steps, %d repeats, %d busy steps: expected a "
                        "warm-up of at least 5 steps (the trainer captures after 3) and at least one step, block "
                        "(up to 1000) and busy step", fn, tm->warmup, tm->steps, tm->repeats, tm->busy_steps);
+    if (tm->accum < 1 || tm->accum > 1024)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: accum %d: expected 1 to 1024 micro-batches per optimizer step "
+                       "(sg_advise_options.accum)", fn, tm->accum);
     return SG_OK;
+}
+
+/* The trainer options of the advisor's runs: scope, and the timing's micro-batches a step. */
+static sg_trainer_options trainer_options(sg_scope scope, const sg_advise_timing *tm)
+{
+    sg_trainer_options to = sg_trainer_options_default();
+    to.scope = scope;
+    to.accum = tm->accum;
+    return to;
 }
 
 static sg_status run_steps(sg_trainer *t, int64_t *s, int n)
@@ -173,8 +185,10 @@ static sg_advise_region span(const range_event *a, const range_event *b)
 }
 
 /* Pairs the log's pushes and pops and files each range under its region: "step", the net's
- * "<net>.forward"/".backward", its children's. The load is the stretch from the step's push to
- * the net's forward push. */
+ * "<net>.forward"/".backward" (summed over a step's micro-batches), its children's (summed).
+ * The load is the stretch from the step's push to the net's first forward push, times the
+ * micro-batches (each loads a batch alike; the later loads sit between a backward and the
+ * next forward, beside the sums, and are not told apart from them). */
 static sg_status split_step(sg_ctx *ctx, const range_log *l, const sg_advise_profile *p, const char *net,
                             step_split *out)
 {
@@ -199,9 +213,9 @@ static sg_status split_step(sg_ctx *ctx, const range_log *l, const sg_advise_pro
         if (depth == 0 || strcmp(l->ev[stack[depth - 1]].name, e->name))
             return sg_fail(ctx, SG_ERR_INVALID, "sg_advise_profile_model: range '%s' popped out of order", e->name);
         sg_advise_region r = span(&l->ev[stack[--depth]], e);
+        sg_advise_region *sum = !strcmp(e->name, fwd) ? &out->forward : !strcmp(e->name, bwd) ? &out->backward : NULL;
         if (!strcmp(e->name, "step")) out->step = r;
-        else if (!strcmp(e->name, fwd)) out->forward = r;
-        else if (!strcmp(e->name, bwd)) out->backward = r;
+        else if (sum) sum->launches += r.launches, sum->host_us += r.host_us;
         else
             for (int k = 0; k < p->n_modules; k++) {
                 size_t n = strlen(p->modules[k].name);
@@ -216,6 +230,8 @@ static sg_status split_step(sg_ctx *ctx, const range_log *l, const sg_advise_pro
         return sg_fail(ctx, SG_ERR_INVALID, "sg_advise_profile_model: the step's ranges ('step', '%s') were not "
                        "all seen", fwd);
     out->load = span(&l->ev[step_push], &l->ev[fwd_push]);
+    int K = p->accum > 1 ? p->accum : 1;
+    out->load.launches *= K, out->load.host_us *= K;
     return SG_OK;
 }
 
@@ -296,21 +312,22 @@ static sg_status probe_static_load(sg_ctx *ctx, sg_model *m, int64_t *s, sg_advi
         l = (double)(sg_ctx_launch_count(ctx) - k0);
     }
     SG_TRY(sg_ctx_sync(ctx));
-    out->load_static = (sg_advise_region){l, sg_advise_median(h, PROBE_STEPS)};
+    int K = out->accum > 1 ? out->accum : 1; /* a step loads K batches */
+    out->load_static = (sg_advise_region){K * l, K * sg_advise_median(h, PROBE_STEPS)};
     return SG_OK;
 }
 
 /* Tries to capture the step as the trainer's step scope does: a host sync or another call
  * forbidden during capture (data-dependent control flow reads device values) is refused with
  * SG_ERR_CAPTURE, which is reported, not returned. */
-static sg_status trial_capture(sg_model *m, sg_optim *o, int64_t *s, sg_advise_profile *out)
+static sg_status trial_capture(sg_model *m, sg_optim *o, const sg_advise_timing *tm, int64_t *s,
+                               sg_advise_profile *out)
 {
     if (sg_graphs_disabled()) {
         snprintf(out->capture_error, sizeof out->capture_error, "not tried: STEPGRAPH_DISABLE_GRAPHS=1");
         return SG_OK;
     }
-    sg_trainer_options to = sg_trainer_options_default();
-    to.scope = SG_SCOPE_STEP;
+    sg_trainer_options to = trainer_options(SG_SCOPE_STEP, tm);
     to.warmup = 1;
     sg_trainer *t = NULL;
     SG_TRY(sg_trainer_create(m, o, &to, &t));
@@ -346,6 +363,8 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
     sg_advise_timing t = *tm;
     SG_TRY(sg_advise_check_timing(ctx, "sg_advise_profile_model", &t));
     out->shapes_static = true; /* fixed batch and length: the advisor does not vary shapes */
+    out->accum = t.accum;
+    sg_trainer_options eager = trainer_options(SG_SCOPE_EAGER, &t);
     sg_model *m = NULL;
     sg_optim *o = NULL;
     sg_trainer *tr = NULL;
@@ -356,7 +375,7 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
         out->precision = sg_model_precision(m);
         st = sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o);
     }
-    if (st == SG_OK) st = sg_trainer_create(m, o, NULL, &tr);
+    if (st == SG_OK) st = sg_trainer_create(m, o, &eager, &tr);
     if (st == SG_OK) st = run_steps(tr, &s, t.warmup);
     if (st == SG_OK) st = time_blocks(ctx, tr, &t, &s, &out->wall_ms, &out->block_host_ms, &out->launches);
     if (st == SG_OK) st = probe_regions(ctx, m, tr, &s, out);
@@ -365,7 +384,7 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
                           sizeof out->note);
     sg_trainer_destroy(tr);
     if (st == SG_OK) st = probe_static_load(ctx, m, &s, out);
-    if (st == SG_OK) st = trial_capture(m, o, &s, out);
+    if (st == SG_OK) st = trial_capture(m, o, &t, &s, out);
     sg_optim_destroy(o);
     sg_model_destroy(m);
     return st;
@@ -395,8 +414,7 @@ sg_status sg_advise_measure(sg_ctx *ctx, sg_model_factory factory, void *user, s
     sg_model *m = NULL;
     sg_optim *o = NULL;
     sg_trainer *tr = NULL;
-    sg_trainer_options to = sg_trainer_options_default();
-    to.scope = scope;
+    sg_trainer_options to = trainer_options(scope, &t);
     int64_t s = 0;
     sg_status st = build_model(ctx, factory, user, "sg_advise_measure", &m);
     if (st == SG_OK) st = sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o);

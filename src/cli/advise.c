@@ -25,6 +25,9 @@ static const char *advise_usage =
     "  --model NAME        e.g. mlp-512-6-32 or gpt-256-4-8-128 (required)\n"
     SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (mixed precision; not mlp)\n"
+    SG_CLI_ACCUM_HELP
+    "                      The profile, the predictions and the measurements are then of\n"
+    "                      whole accumulated steps (layer and model graphs replay K times)\n"
     "  --no-measure        predict only: do not train under each scope\n"
     "  --steps N           steps per timed block (default 50)\n"
     "  --repeats R         timed blocks; the median is reported (default 5)\n"
@@ -293,6 +296,7 @@ static bool print_json(const sg_advise_result *r)
     sg_json_object_begin(w);
     sg_cli_kv_str(w, "model", r->model);
     sg_cli_kv_str(w, "precision", r->precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
+    sg_cli_kv_int(w, "accum", r->options.accum);
     sg_cli_kv_str(w, "device", r->device);
     sg_cli_kv_str(w, "commit", sg_cli_commit());
     sg_json_key(w, "cpu");
@@ -372,6 +376,8 @@ static int parse(int argc, char **argv, advise_opts *o)
             bad = bad || !sg_cli_precision("advise", v, &o->mo.precision);
         } else if (sg_cli_model_opt("advise", argc, argv, &i, &o->mo, &bad)) {
             /* --classes, --recompute */
+        } else if (sg_cli_accum_opt("advise", argc, argv, &i, &o->ao.accum, &bad)) {
+            /* --accum */
         } else if (sg_cli_opt(argc, argv, &i, "--steps", &v, &bad)) {
             bad = bad || !sg_cli_int("advise", "--steps", v, 1, 1000000, &n);
             o->ao.steps = (int)n;
@@ -424,8 +430,10 @@ int sg_cmd_advise(int argc, char **argv)
         return SG_EXIT_FAIL;
     }
     if (!o.json) {
-        printf("stepgraph advise: %s (%s) on %s\n\n", o.model, o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32",
-               sg_ctx_device_name(ctx));
+        char accum[64] = "";
+        if (o.ao.accum > 1) snprintf(accum, sizeof accum, ", %d micro-batches per optimizer step", o.ao.accum);
+        printf("stepgraph advise: %s (%s%s) on %s\n\n", o.model, o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32",
+               accum, sg_ctx_device_name(ctx));
         fflush(stdout);
     }
     o.ao.progress = progress;

@@ -35,6 +35,7 @@ static const char *bench_usage =
     "  --backend B         cpu, cuda or auto (default auto)\n"
     "  --steps-per-graph K optimizer steps per trainer call: under step scope, one graph launch\n"
     "                      runs K steps (default 1); --steps is rounded up to a multiple of K\n"
+    SG_CLI_ACCUM_HELP
     SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (mixed precision with loss scaling; not mlp)\n"
     "  --data PATH         gpt: the text to train on, as stepgraph train --data (default: a\n"
@@ -55,7 +56,7 @@ static const char *bench_usage =
     "                      framework, model, scope, precision, ms_per_step, host_ms_per_step,\n"
     "                      kernels_per_step, gpu_busy_ms_per_step (null where not measured),\n"
     "                      kernels_per_step_cupti, graphs, graph_nodes, steps_per_graph,\n"
-    "                      recompute (0 or 1),\n"
+    "                      accum (micro-batches a step), recompute (0 or 1),\n"
     "                      capture_ms, instantiate_ms, graph_exec_mib, fell_back,\n"
     "                      allocs_per_100_steps, peak_mib, loss_first, loss_after_warmup,\n"
     "                      vocab and data (gpt), device, commit\n"
@@ -92,6 +93,7 @@ static int cmp_double(const void *a, const void *b)
     } while (0)
 
 static int steps_per_call = 1;
+static int accum = 1;           /* --accum: micro-batches per optimizer step */
 static sg_dtype precision = SG_DTYPE_F32;
 static const char *data_path;   /* gpt: --data (NULL: the default text) */
 static int64_t vocab;           /* gpt: --vocab (0: bytes) */
@@ -150,6 +152,7 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     sg_trainer_options to = sg_trainer_options_default();
     to.scope = scope;
     to.steps_per_call = steps_per_call;
+    to.accum = accum;
     int rc = SG_EXIT_FAIL;
     double *ms = calloc((size_t)repeats, sizeof *ms), *host = calloc((size_t)repeats, sizeof *host);
     memset(r, 0, sizeof *r);
@@ -289,6 +292,7 @@ static bool print_json_row(const bench_row *r, bool memory, const char *commit)
     sg_cli_kv_int(w, "graphs", r->ts.graphs);
     sg_cli_kv_int(w, "graph_nodes", r->ts.nodes);
     sg_cli_kv_int(w, "steps_per_graph", steps_per_call);
+    sg_cli_kv_int(w, "accum", accum);
     sg_cli_kv_int(w, "recompute", model_opts.recompute);
     json_num(w, "capture_ms", r->ts.capture_ms, 3);
     json_num(w, "instantiate_ms", r->ts.instantiate_ms, 3);
@@ -378,6 +382,8 @@ int sg_cmd_bench(int argc, char **argv)
             data_path = v;
         } else if (sg_cli_model_opt("bench", argc, argv, &i, &model_opts, &bad)) {
             /* --classes, --recompute */
+        } else if (sg_cli_accum_opt("bench", argc, argv, &i, &accum, &bad)) {
+            /* --accum */
         } else if (sg_cli_opt(argc, argv, &i, "--vocab", &v, &bad)) {
             long long n = 0;
             bad = bad || !sg_cli_int("bench", "--vocab", v, 1, INT32_MAX, &n);

@@ -30,6 +30,17 @@ bool sg_cli_model_opt(const char *cmd, int argc, char **argv, int *i, sg_model_o
     "  --recompute         drop each GPT block's, ResNet stage's or EfficientNet stage's\n"      \
     "                      activations after the forward and compute them again in the\n"        \
     "                      backward: less memory, one more forward per step\n"
+/* --accum K, the trainer option every training command takes alike (train, verify, bench,
+ * advise, trace): K micro-batches per optimizer step (sg_trainer_options.accum), 1 to 1024.
+ * Returns true when argv[*i] is it (advanced past it; a bad value prints a usage error and
+ * sets *bad). */
+bool sg_cli_accum_opt(const char *cmd, int argc, char **argv, int *i, int *accum, bool *bad);
+#define SG_CLI_ACCUM_HELP                                                                        \
+    "  --accum K           gradient accumulation: each optimizer step trains on K micro-batches\n" \
+    "                      (consecutive batches of the model's batch size), their gradients\n"     \
+    "                      summed in f32 before one update: the step of a K x larger batch.\n"    \
+    "                      Steps and step times are optimizer steps; a step's loss is the\n"      \
+    "                      mean over its micro-batches (default 1; 1 to 1024)\n"
 /* --precision: fp32 (or f32) or bf16 (mixed precision). */
 bool sg_cli_precision(const char *cmd, const char *s, sg_dtype *out);
 /* "8,16,32", the value of option opt -> sorted increasing sizes (at most max of them); false

@@ -129,6 +129,16 @@ bool sg_cli_model_opt(const char *cmd, int argc, char **argv, int *i, sg_model_o
     return true;
 }
 
+bool sg_cli_accum_opt(const char *cmd, int argc, char **argv, int *i, int *accum, bool *bad)
+{
+    const char *v = NULL;
+    if (!sg_cli_opt(argc, argv, i, "--accum", &v, bad)) return false;
+    long long k = 1;
+    *bad = *bad || !sg_cli_int(cmd, "--accum", v, 1, 1024, &k);
+    *accum = (int)k;
+    return true;
+}
+
 bool sg_cli_precision(const char *cmd, const char *s, sg_dtype *out)
 {
     if (!strcmp(s, "fp32") || !strcmp(s, "f32")) *out = SG_DTYPE_F32;

@@ -27,6 +27,8 @@ static const char *trace_usage =
     "  --out FILE          the trace to write, e.g. trace.json (required)\n"
     "  --steps N           steps to trace (default 5)\n"
     "  --warmup W          eager steps before capture, not traced (default 3)\n"
+    SG_CLI_ACCUM_HELP
+    "                      A traced step is an optimizer step: K forwards and backwards\n"
     SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (mixed precision; not mlp)\n"
     "  --data PATH         gpt: the text to train on (a regular file);\n"
@@ -76,6 +78,8 @@ static int parse(int argc, char **argv, trace_opts *o)
             bad = bad || !sg_cli_precision("trace", v, &o->mo.precision);
         } else if (sg_cli_model_opt("trace", argc, argv, &i, &o->mo, &bad)) {
             /* --classes, --recompute */
+        } else if (sg_cli_accum_opt("trace", argc, argv, &i, &o->tr.accum, &bad)) {
+            /* --accum */
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             o->mo.data_path = v;
         } else if (sg_cli_opt(argc, argv, &i, "--backend", &v, &bad)) {
@@ -171,8 +175,10 @@ int sg_cmd_trace(int argc, char **argv)
      * shows steady-state steps. */
     long long untraced = o.tr.warmup + (o.tr.scope != SG_SCOPE_EAGER ? 1 : 0);
     if (untraced < 1) untraced = 1;
-    printf("stepgraph trace: %s (%s) on %s, scope %s%s: %lld untraced step%s, then %lld traced\n",
-           sg_model_name(m), o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32", sg_ctx_device_name(ctx),
+    char accum[48] = "";
+    if (o.tr.accum > 1) snprintf(accum, sizeof accum, ", %d micro-batches a step", o.tr.accum);
+    printf("stepgraph trace: %s (%s%s) on %s, scope %s%s: %lld untraced step%s, then %lld traced\n",
+           sg_model_name(m), o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32", accum, sg_ctx_device_name(ctx),
            sg_scope_name(o.tr.scope),
            sg_graphs_disabled() && o.tr.scope != SG_SCOPE_EAGER ? " (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" : "",
            untraced, untraced == 1 ? "" : "s", o.steps);

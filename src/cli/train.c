@@ -67,7 +67,7 @@ static const char *train_usage =
     "                      loss draws it)\n"
     "  --resume PATH       continue from a checkpoint: the same loss curve as an uninterrupted\n"
     "                      run (--steps counts the steps of this run)\n"
-    "  --steps N           training steps (default 200)\n"
+    "  --steps N           training steps (optimizer steps; default 200)\n"
     "  --backend B         cpu, cuda or auto (default auto: CUDA if a GPU is usable)\n"
     "  --optim O           adamw or sgd (default adamw)\n"
     "  --lr X              learning rate (default 1e-3 for adamw, 1e-2 for sgd)\n"
@@ -94,6 +94,10 @@ static const char *train_usage =
     "  --steps-per-graph K step scope: one graph holds K consecutive steps, so one launch runs\n"
     "                      K steps (default 1; K must divide --steps); the loss is read every\n"
     "                      K steps at most\n"
+    SG_CLI_ACCUM_HELP
+    "                      Not with --batch-sizes or --seq-lens. A checkpoint records K;\n"
+    "                      --resume with another K' resumes at the step of K' batches that\n"
+    "                      starts at its next batch (refused when there is none)\n"
     "  --gpus N            data parallelism: N processes on this host, one per GPU, each\n"
     "                      training on 1/N of every batch (the model's batch is the global\n"
     "                      batch), gradients averaged over NCCL inside the step; rank 0\n"
@@ -266,6 +270,8 @@ static int parse(int argc, char **argv, train_opts *o)
             bad = bad || !sg_cli_precision("train", v, &o->mo.precision);
         } else if (sg_cli_model_opt("train", argc, argv, &i, &o->mo, &bad)) {
             /* --classes, --recompute */
+        } else if (sg_cli_accum_opt("train", argc, argv, &i, &o->tr.accum, &bad)) {
+            /* --accum */
         } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
             double p = 0;
             bad = bad || !sg_cli_float("train", "--dropout", v, 0, 0.99, &p);
@@ -333,6 +339,11 @@ static int parse(int argc, char **argv, train_opts *o)
     }
     if (!bad && o->vary_seq && !o->tr.n_seq_buckets) {
         fprintf(stderr, "stepgraph train: --vary-seq needs --seq-lens\n");
+        bad = true;
+    }
+    if (!bad && o->tr.accum > 1 && (o->tr.n_buckets || o->tr.n_seq_buckets)) {
+        fprintf(stderr, "stepgraph train: --accum %d does not combine with --batch-sizes or --seq-lens: a padded "
+                "step is one batch\n", o->tr.accum);
         bad = true;
     }
     if (!bad && o->tr.n_buckets && o->tr.n_seq_buckets) {
@@ -507,7 +518,8 @@ static void metrics_run(run *r, float val0)
             sg_scope_name(r->o->tr.scope), r->o->mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32",
             sg_backend_name(sg_ctx_backend(r->ctx)));
     sg_json_write_string(f, sg_ctx_device_name(r->ctx));
-    fprintf(f, ", \"steps\": %lld, \"start_step\": %lld, \"seed\": %lld}}\n", r->o->steps, r->start, r->o->seed);
+    fprintf(f, ", \"steps\": %lld, \"start_step\": %lld, \"seed\": %lld, \"accum\": %d}}\n", r->o->steps, r->start,
+            r->o->seed, r->o->tr.accum);
     if (val0 >= 0) fprintf(f, "{\"step\": %lld, \"val_loss\": %.6g}\n", r->start, val0);
     fflush(f);
 }
@@ -654,7 +666,9 @@ int sg_cmd_train(int argc, char **argv)
             rc = SG_EXIT_USAGE;
             goto out;
         }
-        printf("stepgraph train: resumed from %s at step %lld\n", o.resume, start);
+        if (o.tr.accum > 1) printf("stepgraph train: resumed from %s at step %lld (batch %lld)\n", o.resume, start,
+                                   start * o.tr.accum);
+        else printf("stepgraph train: resumed from %s at step %lld\n", o.resume, start);
     }
     /* The held-out loss before and after: 4 batches of a gpt's windows, or every image of a
      * digits file's validation split once (none without a validation split). */
@@ -666,17 +680,20 @@ int sg_cmd_train(int argc, char **argv)
         rc = fail(ctx, "validation");
         goto out;
     }
-    printf("stepgraph train: %s (%s) on %s [%s], %lld parameters, %s lr %g wd %g, seed %lld, scope %s%s\n",
+    char accum[96] = "";
+    if (o.tr.accum > 1)
+        snprintf(accum, sizeof accum, ", %d micro-batches a step (%lld rows)", o.tr.accum, (long long)rows * o.tr.accum);
+    printf("stepgraph train: %s (%s) on %s [%s], %lld parameters, %s lr %g wd %g, seed %lld, scope %s%s%s\n",
            sg_model_name(m), o.mo.precision == SG_DTYPE_BF16 ? "bf16 mixed precision" : "fp32",
            sg_ctx_device_name(ctx), sg_backend_name(sg_ctx_backend(ctx)),
            (long long)sg_model_param_count(m), o.optim == SG_OPTIM_ADAMW ? "AdamW" : "SGD",
-           hp.lr, hp.weight_decay, o.seed, sg_scope_name(o.tr.scope),
+           hp.lr, hp.weight_decay, o.seed, sg_scope_name(o.tr.scope), accum,
            sg_graphs_disabled() && o.tr.scope != SG_SCOPE_EAGER ? " (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" : "");
 
     run r = {.o = &o, .ctx = ctx, .m = m, .tr = tr, .metrics = metrics, .lr = hp.lr, .start = start,
              .rb = rb, .rb_scale = rb_scale, .tty = isatty(fileno(stderr)) && !o.quiet, .t_start = sg_cli_now_ms()};
     r.t_log = r.t_start;
-    r.rows = rows;
+    r.rows = rows * o.tr.accum; /* rows an optimizer step trains on */
     r.tokens = strncmp(o.model, "gpt", 3) == 0 ? sg_tensor_dim(sg_model_input(m), 1) : 0;
     if (metrics) metrics_run(&r, val0);
     long long pending = -1; /* step whose loss is being read back */

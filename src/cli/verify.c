@@ -29,6 +29,7 @@ static const char *verify_usage =
     "                      state is compared too)\n"
     "  --dropout P         gpt: dropout probability (default 0)\n"
     "  --clip X            clip gradients to global norm X inside the step (default off)\n"
+    SG_CLI_ACCUM_HELP
     "  --data PATH         gpt: the text to train on (a regular file);\n"
     "                      resnet, efficientnet: a digits file (scikit-learn's 8 x 8\n"
     "                      digits.csv, scripts/fetch-digits.sh DIR) instead of synthetic\n"
@@ -127,6 +128,8 @@ int sg_cmd_verify(int argc, char **argv)
             bad = bad || !sg_cli_precision("verify", v, &mo.precision);
         } else if (sg_cli_model_opt("verify", argc, argv, &i, &mo, &bad)) {
             /* --classes, --recompute */
+        } else if (sg_cli_accum_opt("verify", argc, argv, &i, &vo.accum, &bad)) {
+            /* --accum */
         } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
             double p = 0;
             bad = bad || !sg_cli_float("verify", "--dropout", v, 0, 0.99, &p);
@@ -182,9 +185,11 @@ int sg_cmd_verify(int argc, char **argv)
     const char *inj = getenv("SG_VERIFY_INJECT");
     hooks h = {.schedule = schedule, .steps = steps, .inject = inj ? atoll(inj) : 0};
     vo.steps = steps, vo.user = &h, vo.before_step = before_step, vo.after_step = after_step, vo.on_step = print_row;
-    printf("stepgraph verify: %s (%s%s%s), eager vs %s scope, %lld steps on %s, %s\n", model,
+    char accum[48] = "";
+    if (vo.accum > 1) snprintf(accum, sizeof accum, ", %d micro-batches a step", vo.accum);
+    printf("stepgraph verify: %s (%s%s%s%s), eager vs %s scope, %lld steps on %s, %s\n", model,
            mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32", mo.dropout > 0 ? ", dropout" : "",
-           vo.clip > 0 ? ", clipping" : "", sg_scope_name(vo.scope), steps, sg_ctx_device_name(ctx),
+           vo.clip > 0 ? ", clipping" : "", accum, sg_scope_name(vo.scope), steps, sg_ctx_device_name(ctx),
            vo.atol == 0 && vo.rtol == 0 ? "bit-exact" : "within tolerance");
     printf("%6s %12s %12s %14s %14s %14s\n", "step", "loss eager", "loss graph", "max |dloss|",
            "max |dgrad|", "max |dparam|");

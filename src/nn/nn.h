@@ -276,6 +276,11 @@ sg_status sg_optim_set_mixed(sg_optim *o, const sg_tensor *grad_lo, sg_tensor *s
  * no-op without mixed precision), then the fused update. */
 sg_status sg_optim_unscale(sg_optim *o);
 sg_status sg_optim_update(sg_optim *o);
+/* Gradient accumulation under mixed precision: the f32 gradients hold the sum of the
+ * micro-batches' bf16 gradients, still scaled (all by the same scale): unscaled in place,
+ * found set when the sum is not finite (some micro-batch's gradients were not, or the sum
+ * overflowed), the scale updated: once per optimizer step. A no-op without mixed precision. */
+sg_status sg_optim_unscale_sum(sg_optim *o);
 
 #ifdef __cplusplus
 }

@@ -131,6 +131,13 @@ sg_status sg_optim_unscale(sg_optim *o)
     return sg_amp_unscale(o->ctx, o->grad_lo, o->ps->grad_flat, o->scaler, o->skip);
 }
 
+sg_status sg_optim_unscale_sum(sg_optim *o)
+{
+    if (!o) return SG_ERR_NULL;
+    if (!o->grad_lo) return SG_OK;
+    return sg_amp_unscale(o->ctx, o->ps->grad_flat, o->ps->grad_flat, o->scaler, o->skip);
+}
+
 sg_status sg_optim_step(sg_optim *o)
 {
     SG_TRY(sg_optim_unscale(o));

@@ -60,6 +60,8 @@ static sg_status check_inputs(const sg_advise_calib *c, const sg_advise_profile 
     if (!(p->step.launches > 0) || !region_ok(p->step))
         return refuse(out, SG_ERR_INVALID, "profile.step is %g launches, %g us: expected a step with launches",
                       p->step.launches, p->step.host_us);
+    if (p->accum < 0 || p->accum > 1024)
+        return refuse(out, SG_ERR_INVALID, "profile.accum is %d: expected 0 to 1024 micro-batches a step", p->accum);
     if (p->n_modules < 0 || p->n_modules > SG_ADVISE_MAX_MODULES)
         return refuse(out, SG_ERR_INVALID, "profile.n_modules is %d: expected 0 to %d", p->n_modules,
                       SG_ADVISE_MAX_MODULES);
@@ -95,15 +97,19 @@ static sg_status check_inputs(const sg_advise_calib *c, const sg_advise_profile 
 }
 
 /* What a scope takes over from the eager step: launches C and their host time Hc (us), graph
- * launches G and nodes N per step; load: the batch load is swapped for the static one. */
+ * launches G and nodes N per step; load: the batch load is swapped for the static one; R: the
+ * replays of each graph a step (the micro-batches under layer and model scope, else 1), so that
+ * capture, instantiation and memory count each graph once. */
 typedef struct takeover {
-    double C, Hc, G, N;
+    double C, Hc, G, N, R;
     bool load;
 } takeover;
 
 static takeover takeover_of(const sg_advise_profile *p, sg_scope scope, double nu)
 {
     takeover t = {0};
+    double K = p->accum > 1 ? p->accum : 1; /* micro-batches a step: each replays the graphs */
+    t.R = scope == SG_SCOPE_LAYER || scope == SG_SCOPE_MODEL ? K : 1;
     switch (scope) {
     case SG_SCOPE_EAGER: break;
     case SG_SCOPE_LAYER:
@@ -111,14 +117,14 @@ static takeover takeover_of(const sg_advise_profile *p, sg_scope scope, double n
             t.C += p->modules[i].forward.launches + p->modules[i].backward.launches;
             t.Hc += p->modules[i].forward.host_us + p->modules[i].backward.host_us;
         }
-        t.G = 2.0 * p->n_modules;
+        t.G = 2.0 * p->n_modules * K;
         t.N = nu * t.C;
         t.load = true;
         break;
     case SG_SCOPE_MODEL:
         t.C = p->forward.launches + p->backward.launches;
         t.Hc = p->forward.host_us + p->backward.host_us;
-        t.G = 2;
+        t.G = 2 * K;
         t.N = nu * t.C;
         t.load = true;
         break;
@@ -183,11 +189,13 @@ sg_status sg_advise_predict(const sg_advise_calib *c, const sg_advise_profile *p
     out->nodes = t.N;
     out->eager_kernels = E;
     if (scope != SG_SCOPE_EAGER) {
-        /* Capture re-runs the region's host code, each launch recorded instead of launched. */
-        double cap = t.G * c->capture_base_us + t.Hc + t.C * (c->capture_node_us - c->launch_host_us);
-        out->capture_ms = (cap > t.G * c->capture_base_us ? cap : t.G * c->capture_base_us) / 1e3;
-        out->instantiate_ms = (t.G * c->instantiate_base_us + t.N * c->instantiate_node_us) / 1e3;
-        out->extra_bytes = p->static_bytes + t.G * c->exec_base_bytes + t.N * c->exec_node_bytes;
+        /* Capture re-runs the region's host code, each launch recorded instead of launched; one
+         * micro-batch's worth of graphs is captured, instantiated and held. */
+        double G = t.G / t.R, N = t.N / t.R;
+        double cap = G * c->capture_base_us + (t.Hc + t.C * (c->capture_node_us - c->launch_host_us)) / t.R;
+        out->capture_ms = (cap > G * c->capture_base_us ? cap : G * c->capture_base_us) / 1e3;
+        out->instantiate_ms = (G * c->instantiate_base_us + N * c->instantiate_node_us) / 1e3;
+        out->extra_bytes = p->static_bytes + G * c->exec_base_bytes + N * c->exec_node_bytes;
     }
     out->setup_ms = out->capture_ms + out->instantiate_ms;
     out->saving_ms = W - out->step_ms;

@@ -468,15 +468,15 @@ sg_status sg_model_full_shape(sg_model *m)
 
 /* ---- passes ---- */
 
-sg_status sg_model_loss_pass(sg_model *m)
+sg_status sg_model_loss_pass(sg_model *m, float grad_scale)
 {
     const char *prev = sg_ctx_set_module(m->ctx, "loss");
     sg_status st;
     const sg_tensor *t = m->targets;
-    if (m->loss_kind == SG_LOSS_MSE) st = sg_mse(m->ctx, m->logits, t, 1.0f, m->loss, m->dlogits);
+    if (m->loss_kind == SG_LOSS_MSE) st = sg_mse(m->ctx, m->logits, t, grad_scale, m->loss, m->dlogits);
     else
-        st = sg_softmax_xent_scaled(m->ctx, m->logits, t, 1.0f, m->precision == SG_DTYPE_BF16 ? m->scaler : NULL,
-                                    m->loss, m->dlogits);
+        st = sg_softmax_xent_scaled(m->ctx, m->logits, t, grad_scale,
+                                    m->precision == SG_DTYPE_BF16 ? m->scaler : NULL, m->loss, m->dlogits);
     sg_ctx_set_module(m->ctx, prev);
     return st;
 }
@@ -485,7 +485,7 @@ sg_status sg_model_forward(sg_model *m)
 {
     if (!m) return SG_ERR_NULL;
     SG_TRY(sg_module_forward(m->net, m->x, &m->logits));
-    return sg_model_loss_pass(m);
+    return sg_model_loss_pass(m, 1.0f);
 }
 
 sg_status sg_model_backward(sg_model *m)

@@ -59,8 +59,10 @@ struct sg_model {
 
 /* Evaluation passes (no dropout) when on. */
 static inline void sg_model_set_eval(sg_model *m, bool on) { m->b->eval = on; }
-/* The loss of the last forward and its gradient, as the model's loss kind computes them. */
-sg_status sg_model_loss_pass(sg_model *m);
+/* The loss of the last forward and its gradient, as the model's loss kind computes them; the
+ * gradient times grad_scale (1, or 1/K for each of K accumulated micro-batches; the loss
+ * itself is never scaled). */
+sg_status sg_model_loss_pass(sg_model *m, float grad_scale);
 /* From now on the net reads static input tensors and each batch is copied into them (as
  * captured graphs need fixed addresses). */
 sg_status sg_model_use_static_inputs(sg_model *m);

@@ -6,11 +6,14 @@
  * copy-in stays outside. The first `warmup` steps run eagerly (lazy set-up happens there), the
  * next step captures, later steps replay. Variable shapes (batch rows of an mlp, sequence
  * lengths of a gpt) run padded up to a bucket, with a step graph per bucket under step scope.
- * (train/ sits above graph/ and dist/: it captures and replays through them.) */
+ * Gradient accumulation: an optimizer step of `accum` micro-batches (forward, loss, backward
+ * each, their gradients summed in f32), then one update; under step scope the graph holds them
+ * all, unrolled. (train/ sits above graph/ and dist/: it captures and replays through them.) */
 #include "train/model.h"
 #include "dist/dist.h"
 #include "nn/text.h"
 #include "nn/checkpoint.h"
+#include "ops/accum.h"
 
 #include <stdlib.h>
 
@@ -37,6 +40,10 @@ struct sg_trainer {
     sg_graph_cache *cache;       /* buckets under step scope: a graph per bucket */
     int64_t next_index;          /* step scope: the batch index the graph's counter holds */
     sg_dist *dist;               /* data parallelism: gradients averaged over its ranks */
+    /* gradient accumulation (opts.accum > 1) */
+    float grad_scale;            /* 1 / accum: each micro-batch's share of the mean loss */
+    sg_tensor *grad_sum;         /* (P) F32, fp32 models: the micro-batches' gradients so far */
+    sg_tensor *loss_sum;         /* (1) F32: their losses / accum so far */
 };
 
 sg_trainer_options sg_trainer_options_default(void)
@@ -46,6 +53,7 @@ sg_trainer_options sg_trainer_options_default(void)
     o.scope = SG_SCOPE_EAGER;
     o.warmup = 3;
     o.steps_per_call = 1;
+    o.accum = 1;
     return o;
 }
 
@@ -298,46 +306,103 @@ static sg_status run_forward(void *u)
     return sg_module_forward(m->net, m->x, &m->logits);
 }
 
-static sg_status run_loss(sg_model *m) { return sg_model_loss_pass(m); }
+/* The loss and its gradient, scaled by 1/accum: the micro-batches' gradients then sum to the
+ * gradient of the mean loss over all their rows. */
+static sg_status run_loss(sg_trainer *t) { return sg_model_loss_pass(t->m, t->grad_scale); }
 
-/* With data parallelism, buckets of final gradients are averaged over the ranks while the
- * backward goes on (the Sequential's hook after each child), the rest and the loss at its end,
- * and the context's stream waits for them before the optimizer. */
+/* With data parallelism and one micro-batch a step, buckets of final gradients are averaged
+ * over the ranks while the backward goes on (the Sequential's hook after each child), the rest
+ * and the loss at its end, and the context's stream waits for them before the optimizer. With
+ * several, the backward runs alone (the hook does nothing outside sg_dist_backward_begin/end)
+ * and run_update averages the step's sum after the last micro-batch. */
 static sg_status run_backward(void *u)
 {
     sg_trainer *t = u;
     sg_model *m = t->m;
     sg_tensor *dx = NULL;
-    if (!t->dist) return sg_module_backward(m->net, m->dlogits, &dx);
+    if (!t->dist || t->opts.accum > 1) return sg_module_backward(m->net, m->dlogits, &dx);
     SG_TRY(sg_dist_backward_begin(t->dist));
     SG_TRY(sg_module_backward(m->net, m->dlogits, &dx));
     return sg_dist_backward_end(t->dist);
 }
 
-/* Unscaling (mixed precision: the bf16 gradients, divided by the loss scale, into the f32
- * ones, the skip flag set when they are not finite, the scale updated), clipping, the
- * optimizer (which does nothing on a skip), and the end of the step: the dropout offset moves
- * on, so the next step (or replay) draws fresh masks. All device work: no host sync. */
-static sg_status run_optim(sg_trainer *t)
+/* Micro-batch j of accum > 1: its gradients and loss into the step's sums, in f32 and in
+ * micro-batch order, (((g0 + g1) + g2) + ...), under every scope alike. fp32: the backward
+ * wrote grad_flat; micro-batch 0 copies it into grad_sum, the next ones add it there, the last
+ * adds grad_sum into grad_flat, where clipping and the optimizer read the step's gradients.
+ * bf16: the backward wrote the scaled bf16 gradients; micro-batch 0 widens them into the f32
+ * grad_flat, the next ones add them; run_optim unscales the sum in place (the scale is a power
+ * of two, so unscaling the sum is unscaling each term, bit for bit). The loss: loss_sum holds
+ * l0/K + l1/K + ..., the last micro-batch writes the mean into the model's loss. */
+static sg_status accumulate(sg_trainer *t, int j)
 {
     sg_model *m = t->m;
-    const char *prev = sg_ctx_set_module(t->ctx, "optimizer");
-    sg_status st = sg_optim_unscale(t->o);
-    if (st == SG_OK && t->opts.clip > 0)
-        st = sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
-    if (st == SG_OK) st = sg_optim_update(t->o);
+    sg_param_set *ps = m->params;
+    float inv = t->grad_scale, keep = j == 0 ? 0.f : 1.f;
+    bool last = j == t->opts.accum - 1;
+    if (ps->grad_flat_lo) SG_TRY(sg_accumulate(t->ctx, ps->grad_flat, keep, ps->grad_flat_lo, 1.f));
+    else if (!last) SG_TRY(sg_accumulate(t->ctx, t->grad_sum, keep, ps->grad_flat, 1.f));
+    else SG_TRY(sg_accumulate(t->ctx, ps->grad_flat, 1.f, t->grad_sum, 1.f));
+    if (last) return sg_accumulate(t->ctx, m->loss, inv, t->loss_sum, 1.f);
+    return sg_accumulate(t->ctx, t->loss_sum, keep, m->loss, inv);
+}
+
+/* The end of micro-batch j: the sums (with accum > 1), and the dropout offset moves on, so the
+ * next micro-batch (or step, or replay) draws fresh masks. */
+static sg_status micro_end(sg_trainer *t, int j)
+{
+    sg_model *m = t->m;
+    const char *prev = sg_ctx_set_module(t->ctx, "accumulate");
+    sg_status st = t->opts.accum > 1 ? accumulate(t, j) : SG_OK;
     if (st == SG_OK && m->rng && m->dropout > 0) st = sg_rng_advance(t->ctx, m->rng);
     sg_ctx_set_module(t->ctx, prev);
     return st;
 }
 
+/* Micro-batch j on the batch in the model's inputs, every part launched from the host (under
+ * layer scope the wrapped modules replay their graphs). */
+static sg_status run_micro(sg_trainer *t, int j)
+{
+    SG_TRY(run_forward(t->m));
+    SG_TRY(run_loss(t));
+    SG_TRY(run_backward(t));
+    return micro_end(t, j);
+}
+
+/* Unscaling (mixed precision: the bf16 gradients, or with accum > 1 their f32 sum, divided by
+ * the loss scale into the f32 ones, the skip flag set when they are not finite, the scale
+ * updated), clipping and the optimizer (which does nothing on a skip). All device work: no
+ * host sync. */
+static sg_status run_optim(sg_trainer *t)
+{
+    sg_model *m = t->m;
+    const char *prev = sg_ctx_set_module(t->ctx, "optimizer");
+    sg_status st = t->opts.accum > 1 ? sg_optim_unscale_sum(t->o) : sg_optim_unscale(t->o);
+    if (st == SG_OK && t->opts.clip > 0)
+        st = sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
+    if (st == SG_OK) st = sg_optim_update(t->o);
+    sg_ctx_set_module(t->ctx, prev);
+    return st;
+}
+
+/* After the last micro-batch: with data parallelism and accum > 1, the step's f32 gradient sum
+ * and mean loss averaged over the ranks (one all-reduce: no backward is left to overlap), then
+ * the optimizer. */
+static sg_status run_update(sg_trainer *t)
+{
+    if (t->dist && t->opts.accum > 1) {
+        SG_TRY(sg_dist_backward_begin(t->dist));
+        SG_TRY(sg_dist_backward_end(t->dist));
+    }
+    return run_optim(t);
+}
+
+/* A step of one micro-batch on the batch in the inputs (buckets: accum is 1 there). */
 static sg_status run_step(void *u)
 {
     sg_trainer *t = u;
-    SG_TRY(run_forward(t->m));
-    SG_TRY(run_loss(t->m));
-    SG_TRY(run_backward(t));
-    return run_optim(t);
+    SG_TRY(run_micro(t, 0));
+    return run_update(t);
 }
 
 /* Variable shapes (eager and step scopes): the sorted bucket sizes (batch rows of an mlp, or
@@ -386,11 +451,24 @@ static sg_status attach_dist(sg_trainer *t)
         return sg_fail(t->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: batch or sequence buckets with data "
                        "parallelism are not implemented; train at the model's full shape");
     if (t->opts.scope != SG_SCOPE_EAGER && t->opts.warmup < SG_DIST_MIN_WARMUP) t->opts.warmup = SG_DIST_MIN_WARMUP;
-    sg_tensor *g = m->params->grad_flat_lo ? m->params->grad_flat_lo : m->params->grad_flat;
+    /* What the backward wrote (bf16 under mixed precision), or with accum > 1 the step's f32
+     * sum, averaged once after the last micro-batch (run_update). */
+    sg_tensor *g = m->params->grad_flat_lo && t->opts.accum == 1 ? m->params->grad_flat_lo : m->params->grad_flat;
     SG_TRY(sg_dist_attach(d, g, m->loss, m->grad_ready, m->n_grad_ready));
     sg_sequential_set_backward_hook(m->net, sg_dist_backward_hook, d);
     t->dist = d;
     return SG_OK;
+}
+
+/* Gradient accumulation's sums, allocated now so that steps (and captures) allocate nothing:
+ * the loss's, and for fp32 models the gradients' (bf16 models sum into their f32 gradients,
+ * which the backward does not write). */
+static sg_status make_sums(sg_trainer *t)
+{
+    sg_param_set *ps = t->m->params;
+    SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, (int64_t[]){1}, "loss.sum", &t->loss_sum));
+    if (ps->grad_flat_lo) return SG_OK;
+    return sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &ps->grad_flat->numel, "grad.sum", &t->grad_sum);
 }
 
 sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *opts,
@@ -406,9 +484,16 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
         return sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: scope %d, warmup %d, %d steps per "
                        "call: expected a scope of sg_scope, warmup >= 0 and 1 to 1024 steps per call "
                        "(1 with batch or sequence buckets)", (int)op.scope, op.warmup, op.steps_per_call);
+    if (op.accum < 1 || op.accum > 1024 || (op.accum > 1 && (op.n_buckets || op.n_seq_buckets)))
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: sg_trainer_options.accum %d: expected 1 to 1024 "
+                       "micro-batches per optimizer step%s", op.accum,
+                       op.accum > 1 && (op.n_buckets || op.n_seq_buckets)
+                           ? ", and 1 with batch or sequence buckets (a step of padded rows or tokens is one batch)"
+                           : "");
     sg_trainer *t = calloc(1, sizeof *t);
     if (!t) return sg_fail(m->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
     t->ctx = m->ctx, t->m = m, t->o = o, t->opts = op;
+    t->grad_scale = 1.0f / (float)op.accum;
     snprintf(t->modules, sizeof t->modules, "%s", op.graph_modules ? op.graph_modules : "");
     t->opts.graph_modules = t->modules;
     sg_status st = SG_OK;
@@ -421,15 +506,16 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     else if (op.n_buckets && m->text)
         st = sg_fail(m->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: batch buckets are for models of samples; '%s' "
                      "reads token text: vary its sequence length (seq_buckets)", m->name);
-    else if (op.steps_per_call > 1 && m->data && m->data->kind == SG_DATASET_FED)
+    else if ((op.steps_per_call > 1 || op.accum > 1) && m->data && m->data->kind == SG_DATASET_FED)
         st = sg_fail(m->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: '%s' is fed from the host, a batch a step: "
-                     "steps_per_call must be 1", m->name);
+                     "steps_per_call and accum must be 1", m->name);
     else if (op.n_seq_buckets && !m->text)
         st = sg_fail(m->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: sequence buckets are for gpt models; '%s' "
                      "has no sequence length", m->name);
     else if (op.n_buckets || op.n_seq_buckets)
         st = set_buckets(t, &op);
     if (st == SG_OK && op.scope != SG_SCOPE_EAGER) st = sg_model_use_static_inputs(m);
+    if (st == SG_OK && op.accum > 1) st = make_sums(t);
     if (st == SG_OK && op.scope == SG_SCOPE_LAYER) st = wrap_modules(t);
     if (st == SG_OK && op.dist) st = attach_dist(t);
     if (st != SG_OK) {
@@ -452,20 +538,26 @@ void sg_trainer_destroy(sg_trainer *t)
     sg_graph_destroy(t->g_fwd);
     sg_graph_destroy(t->g_bwd);
     sg_graph_cache_destroy(t->cache);
+    sg_tensor_destroy(t->grad_sum);
+    sg_tensor_destroy(t->loss_sum);
     free(t);
 }
 
 static sg_status eager_step(sg_trainer *t) { return run_step(t); }
 
-/* The step graph loads its own batch: gather (index from device memory), the step, and an
- * advance of the index, so consecutive steps need nothing from the host but the launch. */
+/* The step graph loads its own batches: per micro-batch a gather (the index from device
+ * memory), the micro-batch and an advance of the index, then the update; steps_per_call such
+ * steps, unrolled, so consecutive steps need nothing from the host but the launch. */
 static sg_status run_indexed_step(void *u)
 {
     sg_trainer *t = u;
     for (int k = 0; k < t->opts.steps_per_call; k++) {
-        SG_TRY(sg_model_gather_batch(t->m));
-        SG_TRY(run_step(t));
-        SG_TRY(sg_model_advance_batch(t->m));
+        for (int j = 0; j < t->opts.accum; j++) {
+            SG_TRY(sg_model_gather_batch(t->m));
+            SG_TRY(run_micro(t, j));
+            SG_TRY(sg_model_advance_batch(t->m));
+        }
+        SG_TRY(run_update(t));
     }
     return SG_OK;
 }
@@ -485,14 +577,17 @@ static sg_status step_scope(sg_trainer *t, int64_t index)
         }
         t->next_index = -1;
     }
-    if (index != t->next_index) SG_TRY(sg_model_set_batch_index(t->m, index));
-    SG_TRY(sg_model_step_begin(t->m, index)); /* a fed batch: the stream waits for its copy */
+    int64_t batch = index * t->opts.accum; /* the step's first micro-batch */
+    if (batch != t->next_index) SG_TRY(sg_model_set_batch_index(t->m, batch));
+    SG_TRY(sg_model_step_begin(t->m, batch)); /* a fed batch: the stream waits for its copy */
     SG_TRY(sg_graph_replay(t->g_step));
-    t->next_index = index + t->opts.steps_per_call;
+    t->next_index = batch + (int64_t)t->opts.steps_per_call * t->opts.accum;
     return SG_OK;
 }
 
-static sg_status model_scope(sg_trainer *t)
+/* Micro-batch j under model scope: the net's forward and backward replay their graphs (the
+ * first armed micro-batch captures them), the loss and the sums stay eager. */
+static sg_status model_micro(sg_trainer *t, int j)
 {
     sg_model *m = t->m;
     if (!t->g_fwd) {
@@ -500,31 +595,37 @@ static sg_status model_scope(sg_trainer *t)
         sg_status st = capture(t, "model.forward", run_forward, m, in, 1, &t->g_fwd);
         if (st != SG_OK) {
             SG_TRY(capture_failed(t, st, "model.forward", true));
-            return eager_step(t);
+            return run_micro(t, j);
         }
     }
     SG_TRY(sg_graph_replay(t->g_fwd));
-    SG_TRY(run_loss(m));
+    SG_TRY(run_loss(t));
     if (!t->g_bwd) {
         const sg_tensor *in[] = {m->dlogits};
         sg_status st = capture(t, "model.backward", run_backward, t, in, 1, &t->g_bwd);
         if (st != SG_OK) {
             SG_TRY(capture_failed(t, st, "model.backward", true));
             SG_TRY(run_backward(t));
-            return run_optim(t);
+            return micro_end(t, j);
         }
     }
     SG_TRY(sg_graph_replay(t->g_bwd));
-    return run_optim(t);
+    return micro_end(t, j);
 }
 
-/* One optimizer step (of a call of several, outside a step graph). */
+/* One optimizer step (of a call of several, outside a step graph): its accum micro-batches on
+ * batches index*accum .. index*accum + accum-1, each loaded, then the update. Layer scope runs
+ * them eagerly with the wrapped modules replaying their graphs; step scope gets here only when
+ * it fell back (or before it is armed). */
 static sg_status one_step(sg_trainer *t, int64_t index)
 {
-    SG_TRY(sg_model_load_batch(t->m, index));
-    if (!t->armed) return eager_step(t);
-    if (t->opts.scope == SG_SCOPE_MODEL) return model_scope(t);
-    return eager_step(t); /* layer: the wrapped modules replay their graphs; step: fell back */
+    int K = t->opts.accum;
+    for (int j = 0; j < K; j++) {
+        SG_TRY(sg_model_load_batch(t->m, index * K + j));
+        if (t->armed && !t->fallback && t->opts.scope == SG_SCOPE_MODEL) SG_TRY(model_micro(t, j));
+        else SG_TRY(run_micro(t, j));
+    }
+    return run_update(t);
 }
 
 static sg_status trainer_step(sg_trainer *t, int64_t index);
@@ -533,6 +634,11 @@ static sg_status trainer_step(sg_trainer *t, int64_t index);
 sg_status sg_trainer_step(sg_trainer *t, int64_t index)
 {
     if (!t) return SG_ERR_NULL;
+    int64_t per = t->opts.accum, max = INT64_MAX / per - t->opts.steps_per_call;
+    if (index < 0 || index > max)
+        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_step: step %lld: expected 0 to %lld (optimizer steps; "
+                       "step i trains on batches i*accum .. i*accum + accum-1, accum %d)", (long long)index,
+                       (long long)max, t->opts.accum);
     sg_range_push(t->ctx, "step");
     sg_status st = trainer_step(t, index);
     sg_range_pop(t->ctx, "step");
@@ -654,7 +760,8 @@ static void add_memory(const sg_trainer *t, sg_trainer_stats *s)
     const sg_param_set *ps = m->params;
     s->param_bytes = block_bytes(ps->flat) + block_bytes(ps->flat_lo) + block_bytes(ps->seg_start) +
                      block_bytes(ps->seg_decay);
-    s->grad_bytes = block_bytes(ps->grad_flat) + block_bytes(ps->grad_flat_lo);
+    s->grad_bytes = block_bytes(ps->grad_flat) + block_bytes(ps->grad_flat_lo) + block_bytes(t->grad_sum) +
+                    block_bytes(t->loss_sum);
     sg_tensor *om, *ov, *hp;
     sg_optim_state(t->o, &om, &ov, &hp);
     s->optim_bytes = block_bytes(om) + block_bytes(ov) + block_bytes(hp);
@@ -751,10 +858,13 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     sg_ckpt_entry *e = malloc((size_t)cap * sizeof *e);
     if (!e) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: out of host memory");
     int n = ckpt_entries(t, e, cap);
-    char steps[32];
+    char steps[32], accum[16];
     snprintf(steps, sizeof steps, "%lld", (long long)step);
+    snprintf(accum, sizeof accum, "%d", t->opts.accum);
+    /* "accum" only when it is not 1: checkpoints of unaccumulated runs stay as they were. */
     const char *meta[] = {"format", "stepgraph-1", "model", t->m->name, "step", steps,
-                          "precision", sg_dtype_name(t->m->precision), NULL};
+                          "precision", sg_dtype_name(t->m->precision),
+                          t->opts.accum > 1 ? "accum" : NULL, accum, NULL};
     sg_status st = sg_checkpoint_save(t->ctx, path, e, n, meta);
     free(e);
     return st;
@@ -799,6 +909,20 @@ static sg_status ckpt_meta_check(sg_ctx *ctx, const char *path, const char *meta
         return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_load: '%s': metadata step '%s' is not a "
                        "whole number from 0 to %lld (decimal digits, no sign or leading zero)",
                        path, v, (long long)SG_TRAINER_MAX_STEP);
+    /* Steps count optimizer steps of accum batches (absent: 1): the saving run's next batch is
+     * step * accum, and this trainer resumes at the step that starts there, when one does. */
+    int64_t accum = 1, mine = cm->t->opts.accum;
+    if (sg_checkpoint_meta_get(meta, "accum", v, sizeof v) == SG_OK &&
+        (!sg_parse_decimal(v, strlen(v), 1024, &accum) || accum < 1))
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_load: '%s': metadata accum '%s' is not a whole number "
+                       "from 1 to 1024", path, v);
+    int64_t batch = cm->step <= INT64_MAX / accum ? cm->step * accum : -1;
+    if (batch < 0 || batch % mine || batch / mine > SG_TRAINER_MAX_STEP)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_load: '%s' was saved at step %lld of %lld batch%s each "
+                       "(accum %lld): its next batch, %lld, starts no step of this trainer's %lld batches; resume "
+                       "with an accum that divides %lld", path, (long long)cm->step, (long long)accum,
+                       accum == 1 ? "" : "es", (long long)accum, (long long)batch, (long long)mine, (long long)batch);
+    cm->step = batch / mine;
     return SG_OK;
 }
 

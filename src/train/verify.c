@@ -13,7 +13,8 @@
 sg_verify_options sg_verify_options_default(void)
 {
     sg_trainer_options t = sg_trainer_options_default();
-    return (sg_verify_options){.scope = SG_SCOPE_STEP, .steps = 20, .warmup = t.warmup, .optim = SG_OPTIM_ADAMW};
+    return (sg_verify_options){.scope = SG_SCOPE_STEP, .steps = 20, .warmup = t.warmup, .optim = SG_OPTIM_ADAMW,
+                               .accum = t.accum};
 }
 
 typedef struct side {
@@ -139,6 +140,7 @@ sg_status sg_verify(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_
     for (int k = 0; k < 2 && st == SG_OK; k++) {
         sg_trainer_options to = sg_trainer_options_default();
         to.clip = o.clip;
+        to.accum = o.accum;
         if (k) to.scope = o.scope, to.warmup = o.warmup, to.graph_modules = o.graph_modules;
         st = factory(ctx, user, &s[k].m);
         if (st == SG_OK && !s[k].m) st = sg_ctx_fail(ctx, SG_ERR_NULL, "sg_verify: the factory returned no model");
