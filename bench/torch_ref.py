@@ -384,6 +384,7 @@ class Workload:
             raise ValueError(f"{name}: precision {precision} is defined for gpt models only")
         self.name, self.mode, self.spec, self.kind = name, mode, spec, spec.kind
         self.precision, self.clip, self.lr = precision, args.clip, LR[spec.kind]
+        self.accum = args.accum  # micro-batches per optimizer step, as stepgraph's --accum
         seed = args.seed
         torch.manual_seed(seed)
         if self.kind == "mlp":
@@ -458,13 +459,26 @@ class Workload:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)  # foreach, no host sync
         opt.step()
 
+    def _micro_batches(self, fwd, batches):
+        """Forward and backward of each micro-batch, its loss scaled by 1/accum so that the
+        gradients sum to the mean loss's (PyTorch's accumulation recipe); returns the step's
+        mean loss (a tensor: no host sync)."""
+        total = None
+        for xb, yb in batches:
+            with self._autocast():
+                loss = self._loss(fwd(xb), yb) / self.accum
+            loss.backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        return total
+
+    def _step_batches(self, i):
+        """Optimizer step i's micro-batches: batches i*accum .. i*accum + accum-1."""
+        return [self._batch(i * self.accum + j) for j in range(self.accum)]
+
     def _eager_step(self, fwd, opt):
         def step(i):
-            xb, yb = self._batch(i)
             opt.zero_grad(set_to_none=True)
-            with self._autocast():
-                loss = self._loss(fwd(xb), yb)
-            loss.backward()
+            loss = self._micro_batches(fwd, self._step_batches(i))
             self._clip_and_step(opt)
             return loss
         return step
@@ -474,33 +488,29 @@ class Workload:
 
     def _setup_graph(self):
         opt = self._adam(capturable=True)
-        static_x, static_y = (t.clone() for t in self._batch(0))
+        # One static input pair per micro-batch: the whole step, all of them, is one graph.
+        static = [tuple(t.clone() for t in self._batch(j)) for j in range(self.accum)]
         # Warm up on a side stream (the documented recipe): optimizer state and cuBLAS
-        # handles are created here, not during capture. These steps train on batch 0.
+        # handles are created here, not during capture. These steps train on the first batches.
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(3):
                 opt.zero_grad(set_to_none=True)
-                with self._autocast():
-                    loss = self._loss(self.model(static_x), static_y)
-                loss.backward()
+                self._micro_batches(self.model, static)
                 self._clip_and_step(opt)
         torch.cuda.current_stream().wait_stream(s)
-        del loss
         graph = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)  # grads are allocated inside the graph's pool
-        with torch.cuda.graph(graph):
-            with self._autocast():  # bf16: the autocast region lies inside the capture
-                static_loss = self._loss(self.model(static_x), static_y)
-            static_loss.backward()
+        with torch.cuda.graph(graph):  # bf16: the autocast regions lie inside the capture
+            static_loss = self._micro_batches(self.model, static)
             self._clip_and_step(opt)
         self.graph = graph  # keeps the graph (and its pool) alive
 
         def step(i):
-            xb, yb = self._batch(i)
-            static_x.copy_(xb)
-            static_y.copy_(yb)
+            for (sx, sy), (xb, yb) in zip(static, self._step_batches(i)):
+                sx.copy_(xb)
+                sy.copy_(yb)
             graph.replay()
             return static_loss
         return step
@@ -640,6 +650,7 @@ def run_one(name, mode, precision, args):
         "framework": "pytorch",
         "model": name,
         "mode": mode,
+        "accum": w.accum,
         "precision": precision,
         "ms_per_step": round(statistics.median(dev_ms), 5),
         "host_ms_per_step": round(statistics.median(host_ms), 5),
@@ -748,6 +759,10 @@ def main(argv=None):
     ap.add_argument("--sdpa", action="store_true",
                     help="gpt: attention through F.scaled_dot_product_attention instead of the "
                          "explicit math (matmul, masked_fill, softmax, matmul)")
+    ap.add_argument("--accum", type=int, default=1, metavar="K",
+                    help="micro-batches per optimizer step, their losses scaled by 1/K and "
+                         "their gradients summed before one clip and update, as stepgraph's "
+                         "--accum (default 1); graph mode captures all K in the step's graph")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
     args = ap.parse_args(argv)
@@ -755,6 +770,8 @@ def main(argv=None):
         ap.error("--steps and --repeats must be >= 1; --warmup and --profile-steps >= 0")
     if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
         ap.error("--clip must be a positive number")
+    if not 1 <= args.accum <= 1024:
+        ap.error("--accum must be from 1 to 1024")
     if not 0.0 <= args.dropout < 1.0:
         ap.error("--dropout must be in [0, 1)")
     if args.data is not None and not os.path.isfile(args.data):

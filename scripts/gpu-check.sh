@@ -41,10 +41,11 @@
 # CUPTI and compute-sanitizer both hook the driver, and test_prof's and test_advise's only own
 # kernels are fills that the other tests check; test_dist needs two GPUs and NCCL's own
 # processes; cli_gpu trains whole models through the command, which the op tests cover),
-# GPU_CHECK_CPU (the core every benchmark, stepgraph's and PyTorch's, runs on through taskset:
+# GPU_CHECK_CPU (a core to run every benchmark on through taskset, stepgraph's and PyTorch's:
 # a host-bound step's time depends on the core, 3.7 to 5.8 ms by core for resnet18-32-32 bf16's
-# eager step on the H100 machine, so both sides of a comparison get the same one; default 2;
-# empty to leave them to the scheduler).
+# eager step on the H100 machine; default empty: the scheduler's choice. One core handicaps
+# PyTorch's eager and compile modes, whose autograd engine runs the backward on a thread of its
+# own: gpt-256-4-8-128 bf16 --accum 4 eager took 43 ms pinned).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -288,7 +289,7 @@ fi
 # bench_to_jsonl CMD...: runs a benchmark; stdout's JSON lines go to bench.jsonl, the rest of
 # its output to the stage log.
 PIN=()
-if [ -n "${GPU_CHECK_CPU-2}" ] && command -v taskset >/dev/null; then PIN=(taskset -c "${GPU_CHECK_CPU-2}"); fi
+if [ -n "${GPU_CHECK_CPU:-}" ] && command -v taskset >/dev/null; then PIN=(taskset -c "$GPU_CHECK_CPU"); fi
 bench_to_jsonl() {
     local rc
     set +e
