@@ -16,38 +16,48 @@ const char *sg_ctx_set_module(sg_ctx *ctx, const char *name)
 
 int sg_ctx_capturing(const sg_ctx *ctx) { return ctx && ctx->cap.active; }
 
+void sg_capture_void(sg_ctx *ctx, sg_status why)
+{
+    if (!ctx->cap.active || ctx->cap.failed) return;
+    ctx->cap.failed = true;
+    ctx->cap.fail_status = why;
+    snprintf(ctx->cap.fail_msg, sizeof ctx->cap.fail_msg, "%s", ctx->msg);
+}
+
+/* "module 'm'", or `outside` when no module is queuing work. */
+static void where_str(const sg_ctx *ctx, const char *outside, char *out, size_t n)
+{
+    if (ctx->module) snprintf(out, n, "module '%s'", ctx->module);
+    else snprintf(out, n, "%s", outside);
+}
+
 sg_status sg_capture_forbid(sg_ctx *ctx, const char *call, const char *what, const char *hint)
 {
     if (!ctx || !ctx->cap.active) return SG_OK;
     char where[96];
-    if (ctx->module) snprintf(where, sizeof where, "module '%s'", ctx->module);
-    else snprintf(where, sizeof where, "the captured step (outside any module)");
+    where_str(ctx, "the captured step (outside any module)", where, sizeof where);
     sg_fail(ctx, SG_ERR_CAPTURE, "sg_graph_capture: %s %s during capture (%s); %s", where, what,
             call, hint);
-    if (!ctx->cap.failed) {
-        ctx->cap.failed = true;
-        ctx->cap.fail_status = SG_ERR_CAPTURE;
-        snprintf(ctx->cap.fail_msg, sizeof ctx->cap.fail_msg, "%s", ctx->msg);
-    }
+    sg_capture_void(ctx, SG_ERR_CAPTURE);
     return SG_ERR_CAPTURE;
+}
+
+const char *sg_cond_call(sg_cond_kind kind)
+{
+    static const char *const call[] = {"sg_graph_if", "sg_graph_while", "sg_graph_switch"};
+    return kind >= SG_COND_IF && kind <= SG_COND_SWITCH ? call[kind] : "sg_graph_cond";
 }
 
 sg_status sg_cond_forbid(sg_ctx *ctx, const char *call, const char *what)
 {
     if (!ctx || ctx->cond_depth == 0) return SG_OK;
-    static const char *const region[] = {"sg_graph_if", "sg_graph_while", "sg_graph_switch"};
     char where[96];
-    if (ctx->module) snprintf(where, sizeof where, "module '%s'", ctx->module);
-    else snprintf(where, sizeof where, "the step");
+    where_str(ctx, "the step", where, sizeof where);
     sg_fail(ctx, SG_ERR_CAPTURE,
             "%s: %s %s inside a conditional region (%s): a CUDA conditional node's body holds kernels, "
             "memsets, copies and conditional nodes only; move it out of the region",
-            call, where, what, region[ctx->cond_kind]);
-    if (ctx->cap.active && !ctx->cap.failed) {
-        ctx->cap.failed = true;
-        ctx->cap.fail_status = SG_ERR_CAPTURE;
-        snprintf(ctx->cap.fail_msg, sizeof ctx->cap.fail_msg, "%s", ctx->msg);
-    }
+            call, where, what, sg_cond_call(ctx->cond_kind));
+    sg_capture_void(ctx, SG_ERR_CAPTURE);
     return SG_ERR_CAPTURE;
 }
 

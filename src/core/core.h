@@ -189,6 +189,11 @@ sg_status sg_capture_forbid(sg_ctx *ctx, const char *call, const char *what, con
  * that what runs eagerly also captures) and call does what CUDA forbids in one (what: "ran a
  * collective"); marks a capture in progress void. SG_OK otherwise. */
 sg_status sg_cond_forbid(sg_ctx *ctx, const char *call, const char *what);
+/* Marks a capture in progress void, its reason the message on ctx (the first reason stays):
+ * the capture then fails whatever the step returns. Outside capture, nothing. */
+void sg_capture_void(sg_ctx *ctx, sg_status why);
+/* The call's name for messages: "sg_graph_if", "sg_graph_while", "sg_graph_switch". */
+const char *sg_cond_call(sg_cond_kind kind);
 /* Runs fn(args) now, or during a CPU capture appends it (args copied) to the plan. */
 sg_status sg_cpu_run(sg_ctx *ctx, sg_cpu_thunk fn, const void *args, size_t size);
 sg_plan *sg_plan_create(void);

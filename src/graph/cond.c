@@ -9,17 +9,15 @@
 
 #define SG_COND_MAX_BRANCHES 64
 
-const char *sg_cond_call(sg_cond_kind kind)
+static bool disabled(void)
 {
-    static const char *const call[] = {"sg_graph_if", "sg_graph_while", "sg_graph_switch"};
-    return kind >= SG_COND_IF && kind <= SG_COND_SWITCH ? call[kind] : "sg_graph_cond";
+    const char *e = getenv("STEPGRAPH_DISABLE_CONDITIONALS");
+    return e && *e && strcmp(e, "0") != 0;
 }
 
 int sg_graph_conditionals(const sg_ctx *ctx)
 {
-    if (!ctx) return 0;
-    const char *e = getenv("STEPGRAPH_DISABLE_CONDITIONALS");
-    if (e && *e && strcmp(e, "0") != 0) return 0;
+    if (!ctx || disabled()) return 0;
     return sg_graph_backend_of(ctx)->cond_kinds(ctx);
 }
 
@@ -84,14 +82,9 @@ static sg_status cond(sg_ctx *ctx, sg_cond_kind kind, const sg_tensor *v, int n,
                 "%s: this %s capture cannot make %s conditional nodes (%s); run the region eagerly or "
                 "without it", sg_cond_call(kind), sg_graph_backend_of(ctx)->name,
                 kind == SG_COND_IF ? "IF" : kind == SG_COND_WHILE ? "WHILE" : "SWITCH",
-                getenv("STEPGRAPH_DISABLE_CONDITIONALS") && sg_graph_backend_of(ctx)->cond_kinds(ctx)
-                    ? "STEPGRAPH_DISABLE_CONDITIONALS is set"
-                    : "IF and WHILE need CUDA 12.4, SWITCH 12.8, in both the driver and the runtime");
-        if (!ctx->cap.failed) {
-            ctx->cap.failed = true;
-            ctx->cap.fail_status = SG_ERR_UNSUPPORTED;
-            snprintf(ctx->cap.fail_msg, sizeof ctx->cap.fail_msg, "%s", ctx->msg);
-        }
+                disabled() ? "STEPGRAPH_DISABLE_CONDITIONALS is set"
+                           : "IF and WHILE need CUDA 12.4, SWITCH 12.8, in both the driver and the runtime");
+        sg_capture_void(ctx, SG_ERR_UNSUPPORTED);
         return SG_ERR_UNSUPPORTED;
     }
     return sg_graph_backend_of(ctx)->cond(ctx, kind, v, n, fns, users);

@@ -79,8 +79,6 @@ typedef struct sg_graph_backend_i {
 
 /* The table of ctx's backend. */
 const sg_graph_backend_i *sg_graph_backend_of(const sg_ctx *ctx);
-/* The call's name for messages: "sg_graph_if", "sg_graph_while", "sg_graph_switch". */
-const char *sg_cond_call(sg_cond_kind kind);
 /* Runs (or records) one body: ctx->cond_depth raised and ctx->cond_kind set around fn. */
 sg_status sg_cond_body(sg_ctx *ctx, sg_cond_kind kind, sg_step_fn fn, void *user);
 
