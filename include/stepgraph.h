@@ -1048,6 +1048,35 @@ typedef struct sg_trainer_options {
     int accum;
     /* Clip gradients to this global norm inside the step (0: no clipping). */
     float clip;
+    /* ---- control flow on the device (conditional graph nodes; see sg_graph_if). Each form
+     * computes what the eager step computes, bit for bit; it changes only how a captured
+     * graph is built. Where capture cannot make conditional nodes (sg_graph_conditionals, or
+     * STEPGRAPH_DISABLE_CONDITIONALS=1) the trainer builds the graph without them and says so
+     * in sg_trainer_stats.cond_note. ---- */
+    /* Under step scope, repeated work as a WHILE node with a device counter instead of
+     * unrolled copies: the accum micro-batches (the first and last unrolled, the accum - 2
+     * between them one loop body) and the steps_per_call steps (one loop body). 0: unrolled. */
+    int loop;
+    /* Mixed precision under step scope: the optimizer's update inside an IF node that runs it
+     * only when the step's gradients were finite (the unscale's flag), instead of update
+     * kernels that launch and return on the flag. Clipping stays outside, as eagerly. */
+    int skip_if;
+    /* With seq_buckets: sg_trainer_step draws each step's length on its own, sg_vary_len(step,
+     * the largest bucket), as sg_trainer_step_seq(t, step, that length) would run it, and
+     * steps_per_call may exceed 1. Under step scope the data gather draws the length on the
+     * device and one step graph holds every bucket as a branch of a SWITCH node on it: one
+     * launch runs steps_per_call steps of different lengths (branches share their buffers).
+     * Buckets whose graph has not run get one forward and backward, their results dropped,
+     * before the capture (their lazy set-up; the training is unchanged). */
+    int vary_seq;
+    /* Early stop (with steps_per_call steps a call): stop when a step's loss was not finite
+     * for stop_nonfinite steps in a row (0: never), or when it is <= stop_loss (stop_on_loss
+     * nonzero). Under step scope the call's steps are a WHILE node whose condition a kernel
+     * after each step writes; other scopes read the flag after each step (a host sync). Once
+     * stopped, later calls run no step. sg_trainer_get_stop says how many steps ran. */
+    int stop_nonfinite;
+    int stop_on_loss;
+    float stop_loss;
     /* Data parallelism (NULL: none): gradients are averaged over the ranks of dist inside the
      * step, in buckets overlapping the backward pass; the model must be built with shard =
      * its rank and shards = its world size. Captured scopes run at least SG_DIST_MIN_WARMUP
@@ -1065,6 +1094,9 @@ typedef struct sg_trainer_stats {
     int fell_back;              /* on_capture_fail = eager took over */
     sg_graph_cache_stats cache; /* variable batch or sequence length under step scope */
     char fallback_reason[512];
+    /* A form of sg_trainer_options (loop, skip_if, vary_seq, early stop) that was asked for
+     * but built without conditional nodes, and why ("" when none). */
+    char cond_note[512];
     /* Memory, in bytes of whole allocator blocks (as sg_alloc_stats counts them). The static
      * buffers, allocated when the model, optimizer and trainer were built, and never again: */
     size_t param_bytes;         /* parameters: f32 masters (+ bf16 copies), segment tables */
@@ -1102,10 +1134,29 @@ sg_status sg_trainer_step_rows(sg_trainer *t, int64_t index, int64_t rows);
  * its second captures the bucket's graph, later ones replay it. SG_ERR_SHAPE for a len outside
  * 1..the largest bucket, SG_ERR_INVALID without seq_buckets. */
 sg_status sg_trainer_step_seq(sg_trainer *t, int64_t index, int64_t len);
+/* The sequence length (or row count) of step `step` of a varying run: 1 + a splitmix64 hash of
+ * step, modulo max; uniform over 1..max (max >= 1; 0 for max < 1). The CLI's --vary-seq and
+ * --vary-batch draw their lengths with it, and sg_trainer_options.vary_seq draws them on the
+ * device the same way. */
+int64_t sg_vary_len(int64_t step, int64_t max);
 sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out);
+/* Early stop (sg_trainer_options.stop_nonfinite, stop_on_loss): what the device counted. */
+typedef enum sg_stop_reason { SG_STOPPED_NO = 0, SG_STOPPED_NONFINITE, SG_STOPPED_LOSS } sg_stop_reason;
+typedef struct sg_trainer_stop {
+    int64_t steps_run;          /* optimizer steps run since the trainer was made */
+    int last_call_steps;        /* steps the last sg_trainer_step call ran */
+    sg_stop_reason stopped;     /* why the run stopped, if it did */
+} sg_trainer_stop;
+/* A host sync. Without an early-stop rule: the steps counted on the host, never stopped. */
+sg_status sg_trainer_get_stop(sg_trainer *t, sg_trainer_stop *out);
 /* The loss scaler's state (scale, steps skipped for non-finite gradients...): a host sync.
  * fp32 models hold one too, unused (scale 65536, nothing skipped). */
 sg_status sg_trainer_get_scaler(sg_trainer *t, sg_loss_scaler *out);
+/* Sets the loss scaler's state (queued on the stream; the host struct may be reused at once):
+ * scale > 0 (+inf included: the next step's gradients overflow, it is skipped and the scale
+ * backs off to SG_LOSS_SCALE_MAX: tests and benchmarks of the skip force an overflow so),
+ * growth_interval >= 1, good_steps and skipped >= 0. SG_ERR_INVALID naming the field else. */
+sg_status sg_trainer_set_scaler(sg_trainer *t, const sg_loss_scaler *in);
 /* Mean loss over n_batches batches of a split (0 train, 1 validation: gpt models hold one out,
  * image models trained on a digits file too), forward only, eagerly, dropout off; a host sync. */
 sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out);
@@ -1686,6 +1737,11 @@ typedef struct sg_advise_options {
                                   * default 1): the profile, the trial capture and every
                                   * measurement train accumulated steps, and every figure is per
                                   * optimizer step */
+    /* The other trainer options the profile and the measurements train with (NULL: defaults):
+     * the control-flow forms and steps_per_call (the step scope's graph holds that many steps;
+     * the other scopes run them one by one). Every figure stays per optimizer step. scope,
+     * warmup and accum are the advisor's. */
+    const sg_trainer_options *trainer;
 } sg_advise_options;
 
 sg_advise_options sg_advise_options_default(void);
@@ -1767,6 +1823,13 @@ typedef struct sg_verify_options {
     int accum;                   /* both sides: micro-batches per optimizer step, as
                                   * sg_trainer_options.accum (default 1); steps count optimizer
                                   * steps, compared after each */
+    /* Both sides' other trainer options (NULL: sg_trainer_options_default()): the control-flow
+     * forms (loop, skip_if, vary_seq with seq_buckets, early stop) and steps_per_call. The
+     * fields above override scope, warmup, graph_modules (the graph side's; the eager side is
+     * eager), clip and accum. With steps_per_call K a compared step is a call of K steps
+     * (trainer step index step * K); with an early-stop rule both sides' step counts and
+     * reasons must agree too. */
+    const sg_trainer_options *trainer;
     /* Optional hooks, with user: before_step may change both optimizers alike (a learning-rate
      * schedule); after_step sees both models after the step, before the comparison; on_step
      * gets each step's comparison. A hook's failure stops the run with its status. */

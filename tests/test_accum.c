@@ -71,28 +71,9 @@ static void op(sg_backend be)
 
 /* ---- training ---- */
 
-typedef struct side {
-    sg_model *m;
-    sg_optim *o;
-    sg_trainer *t;
-} side;
+typedef tu_side side;
 
-static side make(sg_ctx *ctx, const char *name, uint64_t seed, const sg_model_options *mo,
-                 const sg_trainer_options *to, sg_optim_kind kind)
-{
-    side s = {0};
-    TU_OK(ctx, sg_model_create_ex(ctx, name, seed, mo, &s.m));
-    TU_OK(ctx, sg_optim_create(ctx, s.m, kind, &s.o));
-    TU_OK(ctx, sg_trainer_create(s.m, s.o, to, &s.t));
-    return s;
-}
-
-static void drop(side *s)
-{
-    sg_trainer_destroy(s->t);
-    sg_optim_destroy(s->o);
-    sg_model_destroy(s->m);
-}
+static void drop(side *s) { tu_side_drop(s); }
 
 static float *host_floats(const sg_tensor *t)
 {
@@ -139,8 +120,8 @@ static void matches_big_batch(int K)
     sg_model_options mo = {0};
     sg_trainer_options ta = sg_trainer_options_default(), tb = sg_trainer_options_default();
     ta.accum = K;
-    side a = make(ctx, small, seed, &mo, &ta, SG_OPTIM_ADAMW), b = make(ctx, big, seed, &mo, &tb, SG_OPTIM_ADAMW);
-    side r = make(ctx, small, seed, &mo, &tb, SG_OPTIM_ADAMW);
+    side a = tu_side_make(ctx, small, seed, &mo, &ta), b = tu_side_make(ctx, big, seed, &mo, &tb);
+    side r = tu_side_make(ctx, small, seed, &mo, &tb);
     TU_OK(ctx, sg_optim_set_lr(r.o, 0.f));
     TU_CHECK(tu_same_bits(sg_model_params(a.m), sg_model_params(b.m), "initial parameters", 0), "%s and %s", small, big);
     int64_t P = sg_tensor_numel(sg_model_grads(a.m));
@@ -196,7 +177,7 @@ static void scope_bit_exact(sg_backend be, const char *name, sg_dtype prec, floa
     eo.clip = go.clip = clip;
     go.scope = scope;
     go.steps_per_call = per_call;
-    side e = make(ctx, name, seed, &mo, &eo, SG_OPTIM_ADAMW), g = make(ctx, name, seed, &mo, &go, SG_OPTIM_ADAMW);
+    side e = tu_side_make(ctx, name, seed, &mo, &eo), g = tu_side_make(ctx, name, seed, &mo, &go);
     bool ok = true;
     for (int s = 0; s < steps && ok; s += per_call) {
         for (int k = 0; k < per_call; k++) TU_OK(ctx, sg_trainer_step(e.t, s + k));
@@ -252,7 +233,7 @@ static void by_hand(sg_backend be, sg_dtype prec)
     sg_model_options mo = {.dropout = 0.2f, .precision = prec};
     sg_trainer_options to = sg_trainer_options_default();
     to.accum = 2;
-    side a = make(ctx, name, seed, &mo, &to, SG_OPTIM_ADAMW);
+    side a = tu_side_make(ctx, name, seed, &mo, &to);
     sg_model *h;
     TU_OK(ctx, sg_model_create_ex(ctx, name, seed, &mo, &h));
     TU_CHECK(tu_same_bits(a.m->rng, h->rng, "generator", 0), "the two models start from other generators");
@@ -332,25 +313,25 @@ static void checkpoint_resume(sg_backend be)
     sg_trainer_options to = sg_trainer_options_default(), t1 = sg_trainer_options_default(),
                        t3 = sg_trainer_options_default();
     to.accum = K, to.scope = SG_SCOPE_STEP, t3.accum = 3;
-    side whole = make(ctx, name, seed, &mo, &to, SG_OPTIM_ADAMW), first = make(ctx, name, seed, &mo, &to, SG_OPTIM_ADAMW);
+    side whole = tu_side_make(ctx, name, seed, &mo, &to), first = tu_side_make(ctx, name, seed, &mo, &to);
     for (int s = 0; s < 6; s++) TU_OK(ctx, sg_trainer_step(whole.t, s));
     for (int s = 0; s < 3; s++) TU_OK(ctx, sg_trainer_step(first.t, s));
     TU_OK(ctx, sg_trainer_save(first.t, 3, path));
-    side again = make(ctx, name, seed, &mo, &to, SG_OPTIM_ADAMW); /* the seed makes the data set too */
+    side again = tu_side_make(ctx, name, seed, &mo, &to); /* the seed makes the data set too */
     TU_OK(ctx, sg_trainer_step(again.t, 5));                        /* state the load must replace */
     int64_t at = -1;
     TU_OK(ctx, sg_trainer_load(again.t, path, &at));
     TU_CHECK(at == 3, "resumed at step %lld, expected 3", (long long)at);
     for (int64_t s = at; s < 6; s++) TU_OK(ctx, sg_trainer_step(again.t, s));
     tu_same_bits(sg_model_params(whole.m), sg_model_params(again.m), "parameters after a resume", 6);
-    side other = make(ctx, name, seed, &mo, &t3, SG_OPTIM_ADAMW), one = make(ctx, name, seed, &mo, &t1, SG_OPTIM_ADAMW);
+    side other = tu_side_make(ctx, name, seed, &mo, &t3), one = tu_side_make(ctx, name, seed, &mo, &t1);
     TU_OK(ctx, sg_trainer_load(other.t, path, &at));
     TU_CHECK(at == 2, "a trainer of 3 batches a step resumed at step %lld, expected 2 (batch 6)", (long long)at);
     TU_OK(ctx, sg_trainer_load(one.t, path, &at));
     TU_CHECK(at == 6, "a trainer of 1 batch a step resumed at step %lld, expected 6", (long long)at);
     TU_CHECK(tu_same_bits(sg_model_params(one.m), sg_model_params(first.m), "loaded parameters", 3), "accum 1");
     t3.accum = 4;
-    side four = make(ctx, name, seed, &mo, &t3, SG_OPTIM_ADAMW);
+    side four = tu_side_make(ctx, name, seed, &mo, &t3);
     TU_FAILS(ctx, sg_trainer_load(four.t, path, &at), SG_ERR_INVALID, "its next batch, 6, starts no step of this "
              "trainer's 4 batches");
     TU_OK(ctx, sg_trainer_save(one.t, 5, path1));

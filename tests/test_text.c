@@ -2,7 +2,9 @@
  * right split; targets are the tokens shifted by one; batches are a pure function of (seed,
  * step), differ between steps and spread over the whole split; a captured step gathers the
  * batch of the step held in device memory; windows of len tokens padded to T are the windows
- * of an unpadded batch of length len, then padding; errors name the file. Files are sized before
+ * of an unpadded batch of length len, then padding; a varying batch draws its length and
+ * shape bucket from the step on the device (sg_vary_len: the CLI's draw) and is the padded
+ * batch of that length at the bucket's T; errors name the file. Files are sized before
  * they are read: streams, devices, FIFOs, directories and sockets are refused at once, files too
  * large for memory before reading, and a large file loads with host memory O(chunk) and every
  * byte in place. `cpu` runs on the CPU backend; `gpu` runs the same checks on CUDA, and compares CUDA windows with the CPU's. */
@@ -521,6 +523,363 @@ static void check_padded(sg_ctx *ctx, const char *path)
     sg_text_close(txt);
 }
 
+/* ---- a varying batch: its length and shape bucket drawn from the step on the device ---- */
+
+/* The CLI's --vary-seq / --vary-batch draw as it was written in src/cli/main.c (sg_cli_vary_rows),
+ * spelt out again here: splitmix64 of the step, 1 + it modulo max. */
+static int64_t vary_len_ref(int64_t step, int64_t max)
+{
+    uint64_t z = (uint64_t)step * 0x9e3779b97f4a7c15ull + 0x243f6a8885a308d3ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return 1 + (int64_t)((z ^ (z >> 31)) % (uint64_t)max);
+}
+
+/* sg_vary_len is the old CLI formula for every step and max, 0 for max < 1, and covers 1..max
+ * over a run (each of 1..7 about 2000 / 7 times; none outside). */
+static void check_vary_len(void)
+{
+    static const int64_t maxes[] = {1, 2, 3, 7, 64, 128, 1000, 1 << 20, INT64_MAX};
+    int64_t bad = 0;
+    for (size_t m = 0; m < sizeof maxes / sizeof maxes[0] + 4; m++) {
+        int64_t max = m < sizeof maxes / sizeof maxes[0] ? maxes[m] : tu_randint(1, 1 << 30);
+        for (int64_t i = 0; i < 3000; i++) {
+            /* steps 0.., negative steps, and any 64-bit step */
+            int64_t step = i < 1000 ? i : i < 2000 ? -i : (int64_t)tu_next();
+            int64_t got = sg_vary_len(step, max), want = vary_len_ref(step, max);
+            if (got != want && bad++ < 5)
+                fprintf(stderr, "sg_vary_len(%lld, %lld) = %lld, expected %lld\n",
+                        (long long)step, (long long)max, (long long)got, (long long)want);
+        }
+    }
+    TU_CHECK(bad == 0, "sg_vary_len differs from the CLI's formula %lld times", (long long)bad);
+    TU_CHECK(sg_vary_len(5, 0) == 0 && sg_vary_len(5, -3) == 0 && sg_vary_len(0, 1) == 1,
+             "sg_vary_len(5, 0) = %lld, (5, -3) = %lld, (0, 1) = %lld; expected 0, 0, 1",
+             (long long)sg_vary_len(5, 0), (long long)sg_vary_len(5, -3),
+             (long long)sg_vary_len(0, 1));
+    int64_t seen[8] = {0}, outside = 0;
+    for (int64_t s = 0; s < 2000; s++) {
+        int64_t v = sg_vary_len(s, 7);
+        if (v < 1 || v > 7) outside++;
+        else seen[v]++;
+    }
+    TU_CHECK(outside == 0, "%lld lengths outside 1..7", (long long)outside);
+    for (int v = 1; v <= 7; v++)
+        TU_CHECK(seen[v] > 2000 / 7 / 2, "length %d drawn %lld times in 2000 steps, expected about "
+                 "%d", v, (long long)seen[v], 2000 / 7);
+}
+
+/* A value no gather writes (tokens 0..255, targets -1..255, buckets 0..31), written exactly
+ * on every backend. */
+#define VARY_POISON 0x7fffabcd
+
+static void poison_i32(sg_tensor *t)
+{
+    int32_t *v = malloc(sg_tensor_nbytes(t));
+    for (int64_t i = 0; i < t->numel; i++) v[i] = VARY_POISON;
+    TU_OK(t->ctx, sg_tensor_copy_from_host(t, v, sg_tensor_nbytes(t)));
+    TU_OK(t->ctx, sg_ctx_sync(t->ctx)); /* the copy may read v after the call on CUDA */
+    free(v);
+}
+
+/* n random increasing sizes from 1..T (a random subset of them, sorted); the largest forced to
+ * T when top is 1, kept below T when top is -1 (T > 1). */
+static int random_buckets(int64_t *out, int n, int64_t T, int top)
+{
+    int64_t *all = malloc((size_t)T * sizeof *all);
+    for (int64_t i = 0; i < T; i++) all[i] = i + 1;
+    int64_t hi = top < 0 ? T - 1 : T; /* draw from 1..hi */
+    if (n > hi) n = (int)hi;
+    for (int i = 0; i < n; i++) { /* partial Fisher-Yates */
+        int64_t j = i + (int64_t)(tu_next() % (uint64_t)(hi - i)), tmp = all[i];
+        all[i] = all[j], all[j] = tmp;
+    }
+    for (int i = 1; i < n; i++) /* insertion sort: n <= 32 */
+        for (int j = i; j > 0 && all[j - 1] > all[j]; j--) {
+            int64_t tmp = all[j];
+            all[j] = all[j - 1], all[j - 1] = tmp;
+        }
+    if (top > 0 && all[n - 1] != T) all[n - 1] = T;
+    memcpy(out, all, (size_t)n * sizeof *out);
+    free(all);
+    return n;
+}
+
+/* What sg_text_batch_vary must have written for `step`, checked from its output (a, b: B*T
+ * each, read back; bucket: *bucket_out) against a padded gather into (B, Tb) (ref_a, ref_b)
+ * bit for bit, against the file's bytes (split: the split's n bytes) at the hash's windows of
+ * rows row0 + b, and the elements after B*Tb still poisoned. Returns the number of bad ones. */
+static int64_t check_vary_out(const char *what, const int32_t *a, const int32_t *b, int32_t bucket,
+                              const int32_t *ref_a, const int32_t *ref_b, int64_t B, int64_t T,
+                              const int64_t *buckets, int nb, const unsigned char *split,
+                              int64_t n, uint64_t seed, int64_t step, int64_t row0)
+{
+    int64_t len = vary_len_ref(step, buckets[nb - 1]);
+    int k = 0;
+    while (buckets[k] < len) k++;
+    int64_t Tb = buckets[k], bad = 0, first = -1;
+    TU_CHECK(bucket == k, "%s: bucket_out %d, expected %d (len %lld of buckets up to %lld)", what,
+             bucket, k, (long long)len, (long long)buckets[nb - 1]);
+    for (int64_t i = 0; i < B * T; i++) {
+        int ok;
+        if (i < B * Tb) {
+            int64_t r = i / Tb, t = i % Tb;
+            int64_t s = sg_text_window_start(seed, step, row0 + r, n - len);
+            int32_t want_a = t < len ? split[s + t] : 0, want_b = t < len ? split[s + t + 1] : -1;
+            ok = a[i] == ref_a[i] && b[i] == ref_b[i] && a[i] == want_a && b[i] == want_b;
+        } else {
+            ok = a[i] == VARY_POISON && b[i] == VARY_POISON;
+        }
+        if (!ok && !bad++) first = i;
+    }
+    TU_CHECK(bad == 0, "%s: step %lld, len %lld, bucket %d (Tb %lld), B %lld, T %lld: %lld of "
+             "%lld elements wrong, the first %lld (%s): tokens %d, targets %d",
+             what, (long long)step, (long long)len, k, (long long)Tb, (long long)B, (long long)T,
+             (long long)bad, (long long)(B * T), (long long)first,
+             first < B * Tb ? "against the padded gather and the file" : "expected untouched",
+             first >= 0 ? a[first] : 0, first >= 0 ? b[first] : 0);
+    return bad;
+}
+
+/* One sg_text_batch_vary of `step` into poisoned tok (B, T) / tgt / bucket_out, checked. */
+static void vary_once(sg_ctx *ctx, sg_text *txt, int split, const unsigned char *base,
+                      uint64_t seed, int64_t step, const int64_t *buckets, int nb,
+                      sg_tensor *step_t, sg_tensor *tok, sg_tensor *tgt, sg_tensor *bucket_t,
+                      int64_t row0, const char *what)
+{
+    int64_t B = tok->shape[0], T = tok->shape[1], n = sg_text_size(txt, split);
+    int64_t len = vary_len_ref(step, buckets[nb - 1]), k = 0;
+    while (buckets[k] < len) k++;
+    poison_i32(tok), poison_i32(tgt), poison_i32(bucket_t);
+    set_step(step_t, (int32_t)step);
+    TU_OK(ctx, sg_text_batch_vary(txt, split, seed, step_t, buckets, nb, tok, tgt, bucket_t));
+    sg_tensor *rt = tu_tensor2(ctx, SG_DTYPE_I32, B, buckets[k], "ref_tokens"),
+              *ry = tu_tensor2(ctx, SG_DTYPE_I32, B, buckets[k], "ref_targets");
+    TU_OK(ctx, sg_text_batch_padded(txt, split, seed, step, len, rt, ry));
+    int32_t *a = get_i32(tok), *b = get_i32(tgt), *ra = get_i32(rt), *rb = get_i32(ry),
+            *kb = get_i32(bucket_t);
+    check_vary_out(what, a, b, kb[0], ra, rb, B, T, buckets, nb, base, n, seed, step, row0);
+    free(a), free(b), free(ra), free(rb), free(kb);
+    sg_tensor_destroy(rt), sg_tensor_destroy(ry);
+}
+
+/* sg_text_batch_vary against sg_text_batch_padded of the drawn length, for random B, T, bucket
+ * lists (one bucket, 32, the largest = T or below it), steps and row0; on CUDA the kernel's
+ * result is held to the CPU's semantics through the file's bytes as well. */
+static void check_vary(sg_ctx *ctx, const char *path)
+{
+    size_t nbytes;
+    unsigned char *bytes = tu_file_read(path, &nbytes);
+    sg_text *txt;
+    TU_OK(ctx, sg_text_open(ctx, path, 0.1, &txt));
+    int64_t n_train = sg_text_size(txt, 0);
+    sg_tensor *step_t = tu_tensor1(ctx, SG_DTYPE_I32, 1, "step"),
+              *bucket_t = tu_tensor1(ctx, SG_DTYPE_I32, 1, "bucket");
+    uint64_t seed = tu_next();
+    char what[96];
+    for (int c = 0; c < 24; c++) {
+        int64_t B = tu_randint(1, 6), T = c == 1 ? tu_randint(32, 96) : tu_randint(1, 96);
+        int64_t buckets[SG_TEXT_MAX_BUCKETS];
+        /* cases 0, 2: one bucket (T; below T); 1: 32 of them; then 1..8; the largest T, or
+         * (T > 1) below it, or either */
+        int want = c == 0 || c == 2 ? 1 : c == 1 ? SG_TEXT_MAX_BUCKETS : tu_randint(1, 8);
+        int nb = random_buckets(buckets, want, T, T > 1 && c % 3 == 2 ? -1 : c % 3 == 0 ? 1 : 0);
+        int split = c % 2;
+        int64_t row0 = c % 4 == 3 ? tu_randint(1, 100) : 0;
+        sg_text_set_row0(txt, row0);
+        const unsigned char *base = bytes + (split ? n_train : 0);
+        sg_tensor *tok = tu_tensor2(ctx, SG_DTYPE_I32, B, T, "tokens"),
+                  *tgt = tu_tensor1(ctx, SG_DTYPE_I32, B * T, "targets");
+        for (int s = 0; s < 4; s++) {
+            int64_t step = s == 3 ? -tu_randint(1, 1000) : tu_randint(0, 1 << 24);
+            snprintf(what, sizeof what, "case %d (%d buckets, split %d, row0 %lld)", c, nb, split,
+                     (long long)row0);
+            vary_once(ctx, txt, split, base, seed, step, buckets, nb, step_t, tok, tgt, bucket_t,
+                      row0, what);
+        }
+        sg_tensor_destroy(tok), sg_tensor_destroy(tgt);
+    }
+    sg_text_set_row0(txt, 0);
+
+    /* The step is read when the work runs: two gathers queued back to back, the step tensor
+     * rewritten between them by a stream-ordered device write (no sync), gather the batches of
+     * two steps whose buckets differ. */
+    int64_t B = 3, T = 40, buckets[3] = {8, 20, 40};
+    int64_t s1 = 0, s2 = 1;
+    while (vary_len_ref(s1, 40) > 8) s1++;
+    while (vary_len_ref(s2, 40) <= 20) s2++;
+    sg_tensor *tok = tu_tensor2(ctx, SG_DTYPE_I32, B, T, "tokens"),
+              *tgt = tu_tensor2(ctx, SG_DTYPE_I32, B, T, "targets");
+    sg_tensor *tok2 = tu_tensor2(ctx, SG_DTYPE_I32, B, T, "tokens2"),
+              *tgt2 = tu_tensor2(ctx, SG_DTYPE_I32, B, T, "targets2"),
+              *bucket2 = tu_tensor1(ctx, SG_DTYPE_I32, 1, "bucket2");
+    poison_i32(tok), poison_i32(tgt), poison_i32(bucket_t);
+    poison_i32(tok2), poison_i32(tgt2), poison_i32(bucket2);
+    int32_t v1 = (int32_t)s1, v2 = (int32_t)s2;
+    TU_OK(ctx, sg_tensor_write_small(step_t, 0, &v1, sizeof v1));
+    TU_OK(ctx, sg_text_batch_vary(txt, 0, seed, step_t, buckets, 3, tok, tgt, bucket_t));
+    TU_OK(ctx, sg_tensor_write_small(step_t, 0, &v2, sizeof v2));
+    TU_OK(ctx, sg_text_batch_vary(txt, 0, seed, step_t, buckets, 3, tok2, tgt2, bucket2));
+    for (int i = 0; i < 2; i++) {
+        int64_t step = i ? s2 : s1, len = vary_len_ref(step, 40);
+        int64_t Tb = len <= 8 ? 8 : len <= 20 ? 20 : 40;
+        sg_tensor *rt = tu_tensor2(ctx, SG_DTYPE_I32, B, Tb, "ref_tokens"),
+                  *ry = tu_tensor2(ctx, SG_DTYPE_I32, B, Tb, "ref_targets");
+        TU_OK(ctx, sg_text_batch_padded(txt, 0, seed, step, len, rt, ry));
+        int32_t *a = get_i32(i ? tok2 : tok), *b = get_i32(i ? tgt2 : tgt), *ra = get_i32(rt),
+                *rb = get_i32(ry), *kb = get_i32(i ? bucket2 : bucket_t);
+        snprintf(what, sizeof what, "step rewritten between gathers, gather %d", i + 1);
+        check_vary_out(what, a, b, kb[0], ra, rb, B, T, buckets, 3, bytes, n_train, seed, step, 0);
+        free(a), free(b), free(ra), free(rb), free(kb);
+        sg_tensor_destroy(rt), sg_tensor_destroy(ry);
+    }
+    sg_tensor_destroy(tok), sg_tensor_destroy(tgt), sg_tensor_destroy(tok2),
+        sg_tensor_destroy(tgt2), sg_tensor_destroy(bucket2);
+    sg_tensor_destroy(step_t), sg_tensor_destroy(bucket_t);
+    sg_text_close(txt);
+    free(bytes);
+}
+
+/* A captured varying gather: each replay gathers the batch of the step in device memory at its
+ * length and writes its bucket. The caller's bucket list is overwritten after capture: the
+ * gather holds a copy. */
+typedef struct vary_user {
+    sg_text *txt;
+    uint64_t seed;
+    int64_t buckets[4];
+    sg_tensor *step_t, *tok, *tgt, *bucket_t;
+} vary_user;
+
+static sg_status gather_vary(void *p)
+{
+    vary_user *u = p;
+    return sg_text_batch_vary(u->txt, 0, u->seed, u->step_t, u->buckets, 4, u->tok, u->tgt,
+                              u->bucket_t);
+}
+
+static void check_vary_captured(sg_ctx *ctx, const char *path)
+{
+    size_t nbytes;
+    unsigned char *bytes = tu_file_read(path, &nbytes);
+    sg_text *txt;
+    TU_OK(ctx, sg_text_open(ctx, path, 0.1, &txt));
+    int64_t B = 4, T = 48, buckets[4] = {6, 16, 30, 48};
+    vary_user u = {txt, tu_next(), {6, 16, 30, 48}, tu_tensor1(ctx, SG_DTYPE_I32, 1, "step"),
+                   tu_tensor2(ctx, SG_DTYPE_I32, B, T, "tokens"),
+                   tu_tensor2(ctx, SG_DTYPE_I32, B, T, "targets"),
+                   tu_tensor1(ctx, SG_DTYPE_I32, 1, "bucket")};
+    set_step(u.step_t, 0);
+    const sg_tensor *statics[1] = {u.step_t};
+    sg_graph_options o = sg_graph_options_default();
+    o.name = "text-vary-gather";
+    o.warmup = 1;
+    o.static_inputs = statics;
+    o.n_static_inputs = 1;
+    sg_graph *g;
+    TU_OK(ctx, sg_graph_capture(ctx, gather_vary, &u, &o, &g));
+    for (int i = 0; i < 4; i++) u.buckets[i] = 1000 + i; /* a capture must not read them */
+    int seen[4] = {0};
+    for (int k = 0; k < 12; k++) {
+        int32_t step = tu_randint(0, 1 << 24);
+        set_step(u.step_t, step);
+        poison_i32(u.tok), poison_i32(u.tgt), poison_i32(u.bucket_t);
+        TU_OK(ctx, sg_graph_replay(g));
+        int64_t len = vary_len_ref(step, 48), j = 0;
+        while (buckets[j] < len) j++;
+        seen[j]++;
+        sg_tensor *rt = tu_tensor2(ctx, SG_DTYPE_I32, B, buckets[j], "ref_tokens"),
+                  *ry = tu_tensor2(ctx, SG_DTYPE_I32, B, buckets[j], "ref_targets");
+        TU_OK(ctx, sg_text_batch_padded(txt, 0, u.seed, step, len, rt, ry));
+        int32_t *a = get_i32(u.tok), *b = get_i32(u.tgt), *ra = get_i32(rt), *rb = get_i32(ry),
+                *kb = get_i32(u.bucket_t);
+        char what[64];
+        snprintf(what, sizeof what, "replay %d", k);
+        check_vary_out(what, a, b, kb[0], ra, rb, B, T, buckets, 4, bytes, sg_text_size(txt, 0),
+                       u.seed, step, 0);
+        free(a), free(b), free(ra), free(rb), free(kb);
+        sg_tensor_destroy(rt), sg_tensor_destroy(ry);
+    }
+    printf("captured varying gather: 12 replays took buckets %d, %d, %d, %d times\n", seen[0],
+           seen[1], seen[2], seen[3]);
+    sg_graph_destroy(g);
+    sg_tensor_destroy(u.step_t), sg_tensor_destroy(u.tok), sg_tensor_destroy(u.tgt),
+        sg_tensor_destroy(u.bucket_t);
+    sg_text_close(txt);
+    free(bytes);
+}
+
+/* Every bad argument of sg_text_batch_vary is refused with its own message before anything
+ * is written (tokens, targets and the bucket stay poisoned), and the context still gathers. */
+static void check_vary_errors(sg_ctx *ctx)
+{
+    sg_text *txt, *tiny;
+    TU_OK(ctx, sg_text_open(ctx, tmp_random, 0.1, &txt));
+    TU_OK(ctx, sg_text_open(ctx, tmp_short, 0.0, &tiny)); /* 10 bytes: T = 9 at most */
+    int64_t B = 2, T = 16;
+    sg_tensor *tok = tu_tensor2(ctx, SG_DTYPE_I32, B, T, "tokens"),
+              *tgt = tu_tensor2(ctx, SG_DTYPE_I32, B, T, "targets"),
+              *step_t = tu_tensor1(ctx, SG_DTYPE_I32, 1, "step"),
+              *bucket_t = tu_tensor1(ctx, SG_DTYPE_I32, 1, "bucket"),
+              *f_step = tu_tensor1(ctx, SG_DTYPE_F32, 1, "float_step"),
+              *two = tu_tensor1(ctx, SG_DTYPE_I32, 2, "two_values"),
+              *f_tok = tu_tensor2(ctx, SG_DTYPE_F32, B, T, "float_tokens");
+    set_step(step_t, 7);
+    int64_t ok[3] = {4, 8, 16}, big[2] = {4, 17}, same[2] = {4, 4}, down[3] = {2, 8, 5},
+            zero[2] = {0, 4}, neg[1] = {-3}, many[SG_TEXT_MAX_BUCKETS + 1];
+    for (int i = 0; i <= SG_TEXT_MAX_BUCKETS; i++) many[i] = i + 1;
+    uint64_t seed = tu_next();
+    poison_i32(tok), poison_i32(tgt), poison_i32(bucket_t);
+#define VARY(t_, split_, st_, bk_, nb_, tok_, tgt_, out_)                                        \
+    sg_text_batch_vary((t_), (split_), seed, (st_), (bk_), (nb_), (tok_), (tgt_), (out_))
+    TU_FAILS(ctx, VARY(txt, 0, step_t, NULL, 3, tok, tgt, bucket_t), SG_ERR_NULL,
+             "buckets is NULL");
+    TU_FAILS(ctx, VARY(txt, 0, step_t, ok, 0, tok, tgt, bucket_t), SG_ERR_INVALID,
+             "0 buckets, expected 1 to 32");
+    TU_FAILS(ctx, VARY(txt, 0, step_t, many, SG_TEXT_MAX_BUCKETS + 1, tok, tgt, bucket_t),
+             SG_ERR_INVALID, "33 buckets, expected 1 to 32");
+    TU_FAILS(ctx, VARY(txt, 0, step_t, same, 2, tok, tgt, bucket_t), SG_ERR_INVALID,
+             "buckets[1] is 4, not above buckets[0] = 4");
+    TU_FAILS(ctx, VARY(txt, 0, step_t, down, 3, tok, tgt, bucket_t), SG_ERR_INVALID,
+             "buckets[2] is 5, not above buckets[1] = 8");
+    TU_FAILS(ctx, VARY(txt, 0, step_t, zero, 2, tok, tgt, bucket_t), SG_ERR_INVALID,
+             "buckets[0] is 0, expected >= 1");
+    TU_FAILS(ctx, VARY(txt, 0, step_t, neg, 1, tok, tgt, bucket_t), SG_ERR_INVALID,
+             "buckets[0] is -3");
+    TU_FAILS(ctx, VARY(txt, 0, step_t, big, 2, tok, tgt, bucket_t), SG_ERR_SHAPE,
+             "the largest bucket 17 exceeds the T of tokens 'tokens' (16)");
+    TU_FAILS(ctx, VARY(txt, 0, NULL, ok, 3, tok, tgt, bucket_t), SG_ERR_NULL, "step_tensor");
+    TU_FAILS(ctx, VARY(txt, 0, f_step, ok, 3, tok, tgt, bucket_t), SG_ERR_DTYPE, "step_tensor");
+    TU_FAILS(ctx, VARY(txt, 0, two, ok, 3, tok, tgt, bucket_t), SG_ERR_SHAPE,
+             "step_tensor 'two_values' has 2 elements, expected 1");
+    TU_FAILS(ctx, VARY(txt, 0, step_t, ok, 3, tok, tgt, NULL), SG_ERR_NULL, "bucket_out");
+    TU_FAILS(ctx, VARY(txt, 0, step_t, ok, 3, tok, tgt, f_step), SG_ERR_DTYPE, "bucket_out");
+    TU_FAILS(ctx, VARY(txt, 0, step_t, ok, 3, tok, tgt, two), SG_ERR_SHAPE,
+             "bucket_out 'two_values' has 2 elements, expected 1");
+    TU_FAILS(ctx, VARY(txt, 2, step_t, ok, 3, tok, tgt, bucket_t), SG_ERR_INVALID,
+             "sg_text_batch_vary: split 2, expected 0 (train) or 1 (validation)");
+    TU_FAILS(ctx, VARY(txt, -1, step_t, ok, 3, tok, tgt, bucket_t), SG_ERR_INVALID, "split -1");
+    TU_FAILS(ctx, VARY(txt, 0, step_t, ok, 3, f_tok, tgt, bucket_t), SG_ERR_DTYPE, "tokens");
+    TU_FAILS(ctx, VARY(txt, 0, step_t, ok, 3, tok, two, bucket_t), SG_ERR_SHAPE, "targets");
+    /* the split must hold a window of T + 1: 10 bytes do not hold 17 */
+    TU_FAILS(ctx, VARY(tiny, 0, step_t, ok, 3, tok, tgt, bucket_t), SG_ERR_INVALID, tmp_short);
+    int32_t *a = get_i32(tok), *b = get_i32(tgt), *kb = get_i32(bucket_t);
+    int64_t written = kb[0] != VARY_POISON;
+    for (int64_t i = 0; i < B * T; i++) written += a[i] != VARY_POISON || b[i] != VARY_POISON;
+    TU_CHECK(written == 0, "%lld elements written by refused calls", (long long)written);
+    free(a), free(b), free(kb);
+#undef VARY
+    /* still usable: a correct call gathers */
+    size_t nbytes;
+    unsigned char *bytes = tu_file_read(tmp_random, &nbytes);
+    vary_once(ctx, txt, 0, bytes, seed, 7, ok, 3, step_t, tok, tgt, bucket_t, 0,
+              "after the refusals");
+    free(bytes);
+    sg_tensor_destroy(tok), sg_tensor_destroy(tgt), sg_tensor_destroy(step_t);
+    sg_tensor_destroy(bucket_t), sg_tensor_destroy(f_step), sg_tensor_destroy(two);
+    sg_tensor_destroy(f_tok);
+    sg_text_close(txt), sg_text_close(tiny);
+}
+
 /* ---- errors ---- */
 
 static void check_errors(sg_ctx *ctx)
@@ -600,7 +959,11 @@ int main(int argc, char **argv)
     check_spread(ctx, tmp_random);
     check_captured(ctx, tmp_random);
     check_padded(ctx, tmp_random);
+    check_vary_len();
+    check_vary(ctx, tmp_random);
+    check_vary_captured(ctx, tmp_random);
     check_errors(ctx);
+    check_vary_errors(ctx);
 
     /* The default corpus, where this machine has one. */
     const char *def = sg_text_default_path();

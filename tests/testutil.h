@@ -135,6 +135,30 @@ static inline void tu_model_optim(sg_ctx *ctx, const char *name, sg_model **m, s
     TU_OK(ctx, sg_optim_create(ctx, *m, SG_OPTIM_ADAMW, o));
 }
 
+/* A model, its AdamW optimizer and a trainer: the side of a comparison of two trainings. */
+typedef struct tu_side {
+    sg_model *m;
+    sg_optim *o;
+    sg_trainer *t;
+} tu_side;
+
+static inline tu_side tu_side_make(sg_ctx *ctx, const char *name, uint64_t seed, const sg_model_options *mo,
+                                   const sg_trainer_options *to)
+{
+    tu_side s = {0};
+    TU_OK(ctx, sg_model_create_ex(ctx, name, seed, mo, &s.m));
+    TU_OK(ctx, sg_optim_create(ctx, s.m, SG_OPTIM_ADAMW, &s.o));
+    TU_OK(ctx, sg_trainer_create(s.m, s.o, to, &s.t));
+    return s;
+}
+
+static inline void tu_side_drop(tu_side *s)
+{
+    sg_trainer_destroy(s->t);
+    sg_optim_destroy(s->o);
+    sg_model_destroy(s->m);
+}
+
 /* ---- tensors: host staging in double, so tests read every dtype the same way ---- */
 
 static inline sg_tensor *tu_tensor(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape,

@@ -494,6 +494,10 @@ typedef struct batch_args {
     sg_tensor *tokens, *targets;
     int64_t len;                /* real tokens a row (<= T); the rest is padding */
     int64_t row0;               /* row b is the window of row row0 + b (data parallelism) */
+    /* sg_text_batch_vary (buckets.n > 0): len drawn from the step, rows of the bucket's Tb
+     * written from the start of tokens/targets, the bucket's index into bucket_out (1) I32. */
+    sg_text_buckets buckets;
+    sg_tensor *bucket_out;
 } batch_args;
 
 /* dst[i] = the token at src[i], i < n, for each storage width. */
@@ -508,13 +512,21 @@ static void widen(int32_t *dst, const void *src, int width, int64_t n)
 }
 
 /* The CPU reference: row b is the window at sg_text_window_start(seed, step, row0 + b, n - len),
- * then padding (token 0, target -1) up to T. */
+ * then padding (token 0, target -1) up to T. A varying batch draws len from the step and
+ * takes its bucket's Tb as T: rows of Tb from the start of tokens, the rest untouched. */
 static sg_status batch_cpu(sg_ctx *ctx, const void *p)
 {
     (void)ctx;
     const batch_args *a = p;
     int64_t step = a->step_t ? ((const int32_t *)a->step_t->data)[0] : a->step;
-    int64_t B = a->tokens->shape[0], T = a->tokens->shape[1], L = a->len, n_starts = a->n - L;
+    int64_t B = a->tokens->shape[0], T = a->tokens->shape[1], L = a->len;
+    if (a->buckets.n) {
+        L = sg_text_vary_len(step, a->buckets.size[a->buckets.n - 1]);
+        int k = sg_text_bucket_of(&a->buckets, L);
+        T = a->buckets.size[k];
+        ((int32_t *)a->bucket_out->data)[0] = k;
+    }
+    int64_t n_starts = a->n - L;
     const char *d = a->data;
     int32_t *tok = a->tokens->data, *tgt = a->targets->data;
     for (int64_t b = 0; b < B; b++) {
@@ -564,6 +576,13 @@ static sg_status run_batch(sg_text *t, const batch_args *a)
 {
     sg_ctx *ctx = t->ctx;
     if (ctx->backend == SG_BACKEND_CPU) return sg_cpu_run(ctx, batch_cpu, a, sizeof *a);
+    if (a->buckets.n)
+        return SG_CUDA_DISPATCH(
+            ctx, sg_text_batch_vary_cuda(ctx, a->data, a->width, a->n, a->seed,
+                                         (const int32_t *)a->step_t->data, a->buckets,
+                                         (int32_t *)a->tokens->data, (int32_t *)a->targets->data,
+                                         (int32_t *)a->bucket_out->data, a->tokens->shape[0],
+                                         a->row0));
     /* tokens (B, T): shape[0] is B, shape[1] is T */
     return SG_CUDA_DISPATCH(
         ctx, sg_text_batch_cuda(ctx, a->data, a->width, a->n - a->len, a->seed, a->step,
@@ -594,17 +613,69 @@ sg_status sg_text_batch_padded(sg_text *t, int split, uint64_t seed, int64_t ste
     return run_batch(t, &a);
 }
 
+/* A one-element I32 device value: the step read at run time, or the bucket written. */
+static sg_status check_scalar(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *v)
+{
+    SG_TRY(sg_check_dtype(ctx, fn, what, v, SG_DTYPE_I32));
+    if (v->numel != 1)
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: %s '%s' has %lld elements, expected 1", fn, what,
+                       v->name, (long long)v->numel);
+    return SG_OK;
+}
+
 sg_status sg_text_batch_device(sg_text *t, int split, uint64_t seed, const sg_tensor *step_tensor,
                                sg_tensor *tokens, sg_tensor *targets)
 {
     batch_args a;
     SG_TRY(check_batch(t, "sg_text_batch_device", split, tokens, targets, &a));
-    SG_TRY(
-        sg_check_dtype(t->ctx, "sg_text_batch_device", "step_tensor", step_tensor, SG_DTYPE_I32));
-    if (step_tensor->numel != 1)
-        return sg_fail(t->ctx, SG_ERR_SHAPE,
-                       "sg_text_batch_device: step_tensor '%s' has %lld elements, expected 1",
-                       step_tensor->name, (long long)step_tensor->numel);
+    SG_TRY(check_scalar(t->ctx, "sg_text_batch_device", "step_tensor", step_tensor));
     a.seed = seed, a.step_t = step_tensor;
     return run_batch(t, &a);
 }
+
+/* buckets[0..n) into *out: 1..SG_TEXT_MAX_BUCKETS sizes, increasing from 1 up to the T of
+ * tokens (its capacity: Tb rows of every bucket fit). */
+static sg_status check_buckets(sg_ctx *ctx, const char *fn, const int64_t *buckets, int n,
+                               const sg_tensor *tokens, sg_text_buckets *out)
+{
+    if (!buckets) return sg_fail(ctx, SG_ERR_NULL, "%s: buckets is NULL", fn);
+    if (n < 1 || n > SG_TEXT_MAX_BUCKETS)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: %d buckets, expected 1 to %d sequence lengths",
+                       fn, n, SG_TEXT_MAX_BUCKETS);
+    for (int i = 0; i < n; i++) {
+        if (buckets[i] < 1)
+            return sg_fail(ctx, SG_ERR_INVALID, "%s: buckets[%d] is %lld, expected >= 1", fn, i,
+                           (long long)buckets[i]);
+        if (i && buckets[i] <= buckets[i - 1])
+            return sg_fail(ctx, SG_ERR_INVALID,
+                           "%s: buckets[%d] is %lld, not above buckets[%d] = %lld: expected "
+                           "increasing sizes",
+                           fn, i, (long long)buckets[i], i - 1, (long long)buckets[i - 1]);
+    }
+    int64_t T = tokens->shape[1];
+    if (buckets[n - 1] > T)
+        return sg_fail(ctx, SG_ERR_SHAPE,
+                       "%s: the largest bucket %lld exceeds the T of tokens '%s' (%lld), which "
+                       "must hold B rows of every bucket",
+                       fn, (long long)buckets[n - 1], tokens->name, (long long)T);
+    *out = (sg_text_buckets){.n = n};
+    memcpy(out->size, buckets, (size_t)n * sizeof *buckets);
+    return SG_OK;
+}
+
+sg_status sg_text_batch_vary(sg_text *t, int split, uint64_t seed, const sg_tensor *step_tensor,
+                             const int64_t *buckets, int n_buckets, sg_tensor *tokens,
+                             sg_tensor *targets, sg_tensor *bucket_out)
+{
+    const char *fn = "sg_text_batch_vary";
+    batch_args a;
+    /* The split holds T + 1 tokens, so every window of len <= the largest bucket <= T fits. */
+    SG_TRY(check_batch(t, fn, split, tokens, targets, &a));
+    SG_TRY(check_scalar(t->ctx, fn, "step_tensor", step_tensor));
+    SG_TRY(check_scalar(t->ctx, fn, "bucket_out", bucket_out));
+    SG_TRY(check_buckets(t->ctx, fn, buckets, n_buckets, tokens, &a.buckets));
+    a.seed = seed, a.step_t = step_tensor, a.bucket_out = bucket_out;
+    return run_batch(t, &a);
+}
+
+int64_t sg_vary_len(int64_t step, int64_t max) { return sg_text_vary_len(step, max); }

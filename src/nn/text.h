@@ -3,7 +3,8 @@
  * header, uint16 or uint32 tokens), split into train and validation parts (the last share of
  * one file held out, or a second file) and kept on the device in its storage width (1, 2 or 4
  * bytes a token). A batch gather writes B windows of T+1 consecutive tokens as I32 tokens and
- * next-token targets (or of len+1 tokens padded up to T, for a variable sequence length).
+ * next-token targets (or of len+1 tokens padded up to T, for a variable sequence length, len
+ * given or drawn from the step on the device together with its shape bucket).
  * Window starts are a counter-based hash of (seed, step, row), the same on the CPU and on
  * CUDA, so a step's batch depends on nothing but its number, and a captured step can gather
  * its own batch by reading the step from device memory (sg_text_batch_device). text.c holds
@@ -112,6 +113,33 @@ sg_status sg_text_batch_device(sg_text *t, int split, uint64_t seed, const sg_te
 sg_status sg_text_batch_padded(sg_text *t, int split, uint64_t seed, int64_t step, int64_t len,
                                sg_tensor *tokens, sg_tensor *targets);
 
+/* At most this many sequence buckets for sg_text_batch_vary. */
+#define SG_TEXT_MAX_BUCKETS 32
+/* A bucket list held by value (in a CPU thunk's arguments, in a kernel's parameters), so that
+ * a captured gather never reads the caller's array, which need not outlive the call. */
+typedef struct sg_text_buckets {
+    int n;                                  /* 1..SG_TEXT_MAX_BUCKETS */
+    int64_t size[SG_TEXT_MAX_BUCKETS];      /* increasing, from 1; size[n - 1] the largest */
+} sg_text_buckets;
+
+/* Batch of the step read from step_tensor (one I32, read when the work runs) with its length
+ * drawn on the device: len = sg_text_vary_len(step, buckets[n_buckets - 1]), k = the first
+ * bucket with buckets[k] >= len, Tb = buckets[k]. The first B*Tb elements of tokens and
+ * targets receive what sg_text_batch_padded(seed, step, len) writes into tokens of shape
+ * (B, Tb) (row b at b*Tb: len real tokens then padding 0 / target -1); the elements after them
+ * are left as they were; *bucket_out (one I32) = k. tokens is (B, T) with T >= the largest
+ * bucket (its capacity). buckets: 1..32 increasing values from 1 to T. Device work, no host
+ * sync, capturable (one kernel on CUDA; a thunk via sg_cpu_run on the CPU): a captured step
+ * gathers its batch and learns its shape bucket without the host. The bucket list is copied,
+ * so it need not outlive the call. Before anything is written: the errors of
+ * sg_text_batch_host; SG_ERR_NULL for a NULL bucket list; SG_ERR_INVALID for an empty list,
+ * more than SG_TEXT_MAX_BUCKETS, a size below 1 or one not above the size before it;
+ * SG_ERR_SHAPE for a largest bucket above the T of tokens, or a step_tensor or bucket_out
+ * that is not one element; SG_ERR_DTYPE for either not I32. */
+sg_status sg_text_batch_vary(sg_text *t, int split, uint64_t seed, const sg_tensor *step_tensor,
+                             const int64_t *buckets, int n_buckets, sg_tensor *tokens,
+                             sg_tensor *targets, sg_tensor *bucket_out);
+
 /* ---- the window hash, shared by the CPU gather and the CUDA kernel (one definition) ---- */
 
 #ifdef __CUDACC__
@@ -139,6 +167,24 @@ static inline SG_TEXT_HD int64_t sg_text_window_start(uint64_t seed, int64_t ste
     return (int64_t)(h % (uint64_t)n_starts);
 }
 
+/* The length (or row count) of step `step` of a varying run, uniform over 1..max (0 for
+ * max < 1; the modulo's bias is below max / 2^64): splitmix64 of the step. sg_vary_len on the
+ * host, and sg_text_batch_vary on the device, so the CLI and a captured step draw alike. */
+static inline SG_TEXT_HD int64_t sg_text_vary_len(int64_t step, int64_t max)
+{
+    if (max < 1) return 0;
+    uint64_t z = sg_text_mix((uint64_t)step * 0x9e3779b97f4a7c15ull + 0x243f6a8885a308d3ull);
+    return 1 + (int64_t)(z % (uint64_t)max);
+}
+
+/* The first bucket of bk that holds len (len in 1..the largest: found). */
+static inline SG_TEXT_HD int sg_text_bucket_of(const sg_text_buckets *bk, int64_t len)
+{
+    int k = 0;
+    while (k < bk->n - 1 && bk->size[k] < len) k++;
+    return k;
+}
+
 #ifdef SG_HAVE_CUDA
 /* text_cuda.cu: tokens/targets (B*T) from data (n_starts + len tokens of `width` bytes: 1, 2
  * or 4, unsigned), len <= T real tokens a row and padding (token 0, target -1) after them; the
@@ -147,6 +193,13 @@ static inline SG_TEXT_HD int64_t sg_text_window_start(uint64_t seed, int64_t ste
 sg_status sg_text_batch_cuda(sg_ctx *ctx, const void *data, int width, int64_t n_starts,
                              uint64_t seed, int64_t step, const int32_t *step_dev, int32_t *tokens,
                              int32_t *targets, int64_t B, int64_t T, int64_t len, int64_t row0);
+/* text_cuda.cu: sg_text_batch_vary's kernel. data holds n tokens of `width` bytes; the step
+ * is *step_dev, len, the bucket k and Tb are drawn from it in the kernel, tokens/targets
+ * (B*Tb) written from their start, *bucket_out = k; row b holds the window of row row0 + b. */
+sg_status sg_text_batch_vary_cuda(sg_ctx *ctx, const void *data, int width, int64_t n,
+                                  uint64_t seed, const int32_t *step_dev, sg_text_buckets buckets,
+                                  int32_t *tokens, int32_t *targets, int32_t *bucket_out,
+                                  int64_t B, int64_t row0);
 #endif
 
 #ifdef __cplusplus

@@ -8,13 +8,19 @@
  * lengths of a gpt) run padded up to a bucket, with a step graph per bucket under step scope.
  * Gradient accumulation: an optimizer step of `accum` micro-batches (forward, loss, backward
  * each, their gradients summed in f32), then one update; under step scope the graph holds them
- * all, unrolled. (train/ sits above graph/ and dist/: it captures and replays through them.) */
+ * all, unrolled or (loop) as a WHILE node. Control flow on the device (conditional nodes): the
+ * overflow skip as a node around the update (skip_if), every sequence bucket as a branch of a
+ * SWITCH node chosen by the device's gather (vary_seq), a multi-step call as a WHILE node that
+ * stops early on a device rule. (train/ sits above graph/ and dist/: it captures and replays
+ * through them.) */
 #include "train/model.h"
 #include "dist/dist.h"
 #include "nn/text.h"
 #include "nn/checkpoint.h"
 #include "ops/accum.h"
+#include "ops/stop.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 typedef struct graphed_module graphed_module;
@@ -44,6 +50,20 @@ struct sg_trainer {
     float grad_scale;            /* 1 / accum: each micro-batch's share of the mean loss */
     sg_tensor *grad_sum;         /* (P) F32, fp32 models: the micro-batches' gradients so far */
     sg_tensor *loss_sum;         /* (1) F32: their losses / accum so far */
+    /* control flow on the device: what the step graph is built with (the options, where the
+     * context's capture makes conditional nodes) */
+    bool use_loop, use_skip_if, use_switch, use_stop;
+    bool in_step_graph;          /* the step graph is being captured (the forms apply) */
+    char cond_note[512];
+    sg_tensor *micro_left;       /* (1) I32: loop turns left, micro-batches */
+    sg_tensor *steps_left;       /* (1) I32: loop turns left, steps (no stop rule) */
+    sg_tensor *stop;             /* (SG_STOP_STATE) I32: the early-stop state */
+    sg_tensor *stop_go;          /* its element 0: the steps loop's condition */
+    sg_stop_rule rule;
+    sg_tensor *bucket;           /* (1) I32: the bucket the device's gather drew (vary_seq) */
+    struct bucket_branch { sg_trainer *t; int k; } branch[32];
+    int64_t host_steps;          /* steps run, counted on the host (no stop rule) */
+    int last_call_steps;
 };
 
 sg_trainer_options sg_trainer_options_default(void)
@@ -369,10 +389,15 @@ static sg_status run_micro(sg_trainer *t, int j)
     return micro_end(t, j);
 }
 
+static sg_status update_body(void *u) { return sg_optim_update(((sg_trainer *)u)->o); }
+
 /* Unscaling (mixed precision: the bf16 gradients, or with accum > 1 their f32 sum, divided by
  * the loss scale into the f32 ones, the skip flag set when they are not finite, the scale
  * updated), clipping and the optimizer (which does nothing on a skip). All device work: no
- * host sync. */
+ * host sync. skip_if in the step graph: the update is the one branch of a SWITCH on the skip
+ * flag, so it runs only when the flag is 0 (an IF on "finite"); its kernels still read the
+ * flag, so the node changes what launches, not what is computed. Clipping stays outside: on
+ * a skipped step it writes the gradients as eagerly (verify compares them). */
 static sg_status run_optim(sg_trainer *t)
 {
     sg_model *m = t->m;
@@ -380,7 +405,10 @@ static sg_status run_optim(sg_trainer *t)
     sg_status st = t->opts.accum > 1 ? sg_optim_unscale_sum(t->o) : sg_optim_unscale(t->o);
     if (st == SG_OK && t->opts.clip > 0)
         st = sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
-    if (st == SG_OK) st = sg_optim_update(t->o);
+    if (st == SG_OK && t->use_skip_if && t->in_step_graph)
+        st = sg_graph_switch(t->ctx, m->found, 1, (sg_step_fn[]){update_body}, (void *[]){t});
+    else if (st == SG_OK)
+        st = sg_optim_update(t->o);
     sg_ctx_set_module(t->ctx, prev);
     return st;
 }
@@ -471,6 +499,78 @@ static sg_status make_sums(sg_trainer *t)
     return sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &ps->grad_flat->numel, "grad.sum", &t->grad_sum);
 }
 
+/* The control-flow forms: their device state, made now (steps allocate nothing), and what
+ * the step graph can be built with. Where capture makes no conditional nodes of a kind a form
+ * needs, the graph is built without it (unrolled, predicated, a graph per bucket; an early
+ * stop: eager steps) and cond_note says so. */
+static sg_status setup_cond(sg_trainer *t)
+{
+    const sg_trainer_options *o = &t->opts;
+    sg_ctx *ctx = t->ctx;
+    bool stop = o->stop_nonfinite > 0 || o->stop_on_loss, step = o->scope == SG_SCOPE_STEP;
+    int32_t one = 1;
+    if (stop) {
+        SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){SG_STOP_STATE}, "stop.state", &t->stop));
+        SG_TRY(sg_tensor_fill(t->stop, 0));
+        SG_TRY(sg_tensor_view(t->stop, 0, 1, (int64_t[]){one}, "stop.go", &t->stop_go));
+        t->rule = (sg_stop_rule){o->stop_nonfinite, o->stop_on_loss, o->stop_loss};
+        t->use_stop = true;
+    }
+    if (!step) return SG_OK;
+    if (o->loop) {
+        SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "loop.micro", &t->micro_left));
+        SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "loop.steps", &t->steps_left));
+    }
+    if (o->vary_seq) {
+        SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "bucket", &t->bucket));
+        for (int k = 0; k < t->n_buckets; k++) t->branch[k] = (struct bucket_branch){t, k};
+    }
+    int have = sg_graph_conditionals(ctx), w = 1 << SG_COND_WHILE, sw = 1 << SG_COND_SWITCH;
+    t->use_loop = o->loop && (have & w);
+    t->use_skip_if = o->skip_if && (have & sw) && t->m->precision == SG_DTYPE_BF16;
+    t->use_switch = o->vary_seq && (have & sw);
+    const char *lost[4];
+    int n = 0;
+    if (o->loop && !t->use_loop) lost[n++] = "loop (unrolled instead)";
+    if (o->skip_if && !(have & sw)) lost[n++] = "skip_if (predicated instead)";
+    if (o->vary_seq && !t->use_switch) lost[n++] = "vary_seq's SWITCH (a graph per bucket instead)";
+    if (stop && !(have & w)) {
+        lost[n++] = "early stop (every step eager instead)";
+        t->fallback = true;
+    }
+    if (n)
+        snprintf(t->cond_note, sizeof t->cond_note, "%s%s%s%s%s%s%s: capture on this context makes no %s nodes "
+                 "(IF and WHILE need CUDA 12.4, SWITCH 12.8, driver and toolkit; or "
+                 "STEPGRAPH_DISABLE_CONDITIONALS=1)", lost[0], n > 1 ? ", " : "", n > 1 ? lost[1] : "",
+                 n > 2 ? ", " : "", n > 2 ? lost[2] : "", n > 3 ? ", " : "", n > 3 ? lost[3] : "",
+                 !(have & w) ? "WHILE or SWITCH" : "SWITCH");
+    if (t->fallback) snprintf(t->reason, sizeof t->reason, "early stop runs eagerly: %.480s", t->cond_note);
+    return SG_OK;
+}
+
+/* The options of the control-flow forms: flags 0 or 1, a rule that can hold. */
+static sg_status check_cond_options(sg_ctx *ctx, const sg_trainer_options *op)
+{
+    bool buckets = op->n_buckets || op->n_seq_buckets;
+    if ((op->loop | op->skip_if | op->vary_seq | op->stop_on_loss) & ~1)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_create: loop %d, skip_if %d, vary_seq %d, stop_on_loss %d: "
+                       "expected 0 or 1", op->loop, op->skip_if, op->vary_seq, op->stop_on_loss);
+    if (op->stop_nonfinite < 0 || op->stop_nonfinite > (1 << 30) || (op->stop_on_loss && !isfinite(op->stop_loss)))
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_create: stop_nonfinite %d, stop_loss %g: expected 0 to 2^30 "
+                       "steps, and a finite loss with stop_on_loss", op->stop_nonfinite, (double)op->stop_loss);
+    if (op->vary_seq && !op->n_seq_buckets)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_create: vary_seq draws a length a step from the sequence "
+                       "buckets: set seq_buckets");
+    if (op->steps_per_call > 1 && buckets && !op->vary_seq)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_create: %d steps per call: expected 1 with batch or sequence "
+                       "buckets (a call of sg_trainer_step_rows or _seq is one step; vary_seq draws the lengths "
+                       "of several)", op->steps_per_call);
+    if (op->dist && (op->stop_nonfinite > 0 || op->stop_on_loss))
+        return sg_fail(ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: early stop with data parallelism is not "
+                       "implemented (a step's all-reduce cannot sit in the loop's body)");
+    return SG_OK;
+}
+
 sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *opts,
                             sg_trainer **out)
 {
@@ -479,11 +579,11 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     sg_trainer_options op = opts ? *opts : sg_trainer_options_default();
     if (op.steps_per_call == 0) op.steps_per_call = 1;
     if (!(op.clip >= 0.f) || op.scope < SG_SCOPE_EAGER || op.scope > SG_SCOPE_STEP || op.warmup < 0 ||
-        op.steps_per_call < 1 || op.steps_per_call > 1024 ||
-        (op.steps_per_call > 1 && (op.n_buckets || op.n_seq_buckets)))
+        op.steps_per_call < 1 || op.steps_per_call > 1024)
         return sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: scope %d, warmup %d, %d steps per "
-                       "call: expected a scope of sg_scope, warmup >= 0 and 1 to 1024 steps per call "
-                       "(1 with batch or sequence buckets)", (int)op.scope, op.warmup, op.steps_per_call);
+                       "call: expected a scope of sg_scope, warmup >= 0 and 1 to 1024 steps per call",
+                       (int)op.scope, op.warmup, op.steps_per_call);
+    SG_TRY(check_cond_options(m->ctx, &op));
     if (op.accum < 1 || op.accum > 1024 || (op.accum > 1 && (op.n_buckets || op.n_seq_buckets)))
         return sg_fail(m->ctx, SG_ERR_INVALID, "sg_trainer_create: sg_trainer_options.accum %d: expected 1 to 1024 "
                        "micro-batches per optimizer step%s", op.accum,
@@ -518,6 +618,7 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     if (st == SG_OK && op.accum > 1) st = make_sums(t);
     if (st == SG_OK && op.scope == SG_SCOPE_LAYER) st = wrap_modules(t);
     if (st == SG_OK && op.dist) st = attach_dist(t);
+    if (st == SG_OK) st = setup_cond(t);
     if (st != SG_OK) {
         sg_trainer_destroy(t);
         return st;
@@ -540,40 +641,166 @@ void sg_trainer_destroy(sg_trainer *t)
     sg_graph_cache_destroy(t->cache);
     sg_tensor_destroy(t->grad_sum);
     sg_tensor_destroy(t->loss_sum);
+    sg_tensor_destroy(t->micro_left);
+    sg_tensor_destroy(t->steps_left);
+    sg_tensor_destroy(t->stop_go);
+    sg_tensor_destroy(t->stop);
+    sg_tensor_destroy(t->bucket);
     free(t);
 }
 
 static sg_status eager_step(sg_trainer *t) { return run_step(t); }
 
-/* The step graph loads its own batches: per micro-batch a gather (the index from device
- * memory), the micro-batch and an advance of the index, then the update; steps_per_call such
- * steps, unrolled, so consecutive steps need nothing from the host but the launch. */
-static sg_status run_indexed_step(void *u)
+/* ---- the step graph: it loads its own batches (the index in device memory) ---- */
+
+/* Micro-batch j: a gather, the micro-batch, an advance of the index. */
+static sg_status indexed_micro(sg_trainer *t, int j)
+{
+    SG_TRY(sg_model_gather_batch(t->m));
+    SG_TRY(run_micro(t, j));
+    return sg_model_advance_batch(t->m);
+}
+
+/* One turn of the micro-batch loop: a middle micro-batch (its sums are those of every middle
+ * one: added to the sums so far, not the last), then the count of turns left goes down. */
+static sg_status micro_turn(void *u)
 {
     sg_trainer *t = u;
-    for (int k = 0; k < t->opts.steps_per_call; k++) {
-        for (int j = 0; j < t->opts.accum; j++) {
-            SG_TRY(sg_model_gather_batch(t->m));
-            SG_TRY(run_micro(t, j));
-            SG_TRY(sg_model_advance_batch(t->m));
-        }
-        SG_TRY(run_update(t));
+    SG_TRY(indexed_micro(t, 1));
+    return sg_tensor_add_scalar(t->micro_left, -1);
+}
+
+typedef struct seq_args {
+    sg_model *m;
+    int64_t len;
+} seq_args;
+
+static sg_status seq_cpu(sg_ctx *ctx, const void *p)
+{
+    (void)ctx;
+    const seq_args *a = p;
+    return sg_model_set_seq(a->m, a->len);
+}
+
+/* The model's sequence length, now and, on the CPU, again when a plan recorded now runs: the
+ * CPU plan's ops read their tensors' shapes when they run (a CUDA kernel's are fixed at its
+ * launch), so a captured region that changes the length records the change. */
+static sg_status set_seq_recorded(sg_trainer *t, int64_t len)
+{
+    SG_TRY(sg_model_set_seq(t->m, len));
+    if (t->ctx->backend != SG_BACKEND_CPU) return SG_OK;
+    return sg_cpu_run(t->ctx, seq_cpu, &(seq_args){t->m, len}, sizeof(seq_args));
+}
+
+/* Sequence length on the device (vary_seq): branch k runs the step at bucket k's length. */
+static sg_status bucket_branch_step(void *u)
+{
+    struct bucket_branch *b = u;
+    SG_TRY(set_seq_recorded(b->t, b->t->buckets[b->k]));
+    return run_step(b->t);
+}
+
+/* The gather draws the step's length and writes the batch at its bucket's shape and the
+ * bucket's number, which picks the branch. The gather sees the full shape (its capacity). */
+static sg_status switch_step(sg_trainer *t)
+{
+    sg_model *m = t->m;
+    sg_step_fn fn[32];
+    void *user[32];
+    for (int k = 0; k < t->n_buckets; k++) fn[k] = bucket_branch_step, user[k] = &t->branch[k];
+    SG_TRY(set_seq_recorded(t, m->spec.seq));
+    SG_TRY(sg_text_batch_vary(m->text, 0, m->data_seed, m->batch_idx, t->buckets, t->n_buckets, m->x_static,
+                              m->t_view, t->bucket));
+    sg_status st = sg_graph_switch(t->ctx, t->bucket, t->n_buckets, fn, user);
+    SG_TRY(set_seq_recorded(t, m->spec.seq));
+    SG_TRY(st);
+    return sg_model_advance_batch(m);
+}
+
+/* One optimizer step: its accum micro-batches, unrolled or (loop, accum > 2) the first, a
+ * WHILE node over the accum - 2 middle ones and the last, then the update. The same kernels
+ * in the same order either way. */
+static sg_status indexed_step(sg_trainer *t)
+{
+    int K = t->opts.accum;
+    if (t->opts.vary_seq) return switch_step(t);
+    if (t->use_loop && K > 2) {
+        SG_TRY(indexed_micro(t, 0));
+        SG_TRY(sg_tensor_fill(t->micro_left, K - 2));
+        SG_TRY(sg_graph_while(t->ctx, t->micro_left, micro_turn, t));
+        SG_TRY(indexed_micro(t, K - 1));
+    } else {
+        for (int j = 0; j < K; j++) SG_TRY(indexed_micro(t, j));
     }
+    return run_update(t);
+}
+
+/* One turn of the steps loop: a step, then the early-stop rule writes the loop's condition
+ * (or, without a rule, the count of turns left goes down). */
+static sg_status step_turn(void *u)
+{
+    sg_trainer *t = u;
+    SG_TRY(indexed_step(t));
+    if (t->use_stop) return sg_stop_check(t->ctx, t->stop, t->m->loss, t->opts.steps_per_call, &t->rule);
+    return sg_tensor_add_scalar(t->steps_left, -1);
+}
+
+/* The captured step: steps_per_call steps, unrolled or as a WHILE node (loop, or an early-stop
+ * rule), so consecutive steps need nothing from the host but the launch. */
+static sg_status indexed_steps(sg_trainer *t)
+{
+    int K = t->opts.steps_per_call;
+    if (t->use_stop) {
+        SG_TRY(sg_stop_begin(t->ctx, t->stop, K));
+        return sg_graph_while(t->ctx, t->stop_go, step_turn, t);
+    }
+    if (t->use_loop && K > 1) {
+        SG_TRY(sg_tensor_fill(t->steps_left, K));
+        return sg_graph_while(t->ctx, t->steps_left, step_turn, t);
+    }
+    for (int k = 0; k < K; k++) SG_TRY(indexed_step(t));
     return SG_OK;
 }
 
-static sg_status one_step(sg_trainer *t, int64_t index);
+static sg_status run_indexed_steps(void *u)
+{
+    sg_trainer *t = u;
+    t->in_step_graph = true;
+    sg_status st = indexed_steps(t);
+    t->in_step_graph = false;
+    return st;
+}
+
+static sg_status host_steps(sg_trainer *t, int64_t index);
+
+/* Before the SWITCH graph's capture, each bucket's lazy set-up (plans, workspaces: what a
+ * capture cannot do) by a forward, loss and backward at its length on batch `index`, the
+ * results dropped: the next step writes every buffer they wrote (gradients, loss,
+ * activations), and the parameters, optimizer, scaler and generator are not touched. */
+static sg_status warm_buckets(sg_trainer *t, int64_t index)
+{
+    for (int k = 0; k < t->n_buckets; k++) {
+        if (t->bucket_warm[k]) continue;
+        int64_t b = t->buckets[k];
+        SG_TRY(sg_model_load_seq(t->m, index, b, b));
+        SG_TRY(run_forward(t->m));
+        SG_TRY(run_loss(t));
+        SG_TRY(run_backward(t));
+        t->bucket_warm[k] = true;
+    }
+    return sg_model_full_shape(t->m);
+}
 
 static sg_status step_scope(sg_trainer *t, int64_t index)
 {
     if (!t->g_step) {
         const sg_tensor *in[] = {t->m->batch_idx};
-        sg_status st = capture(t, "step", run_indexed_step, t, in, 1, &t->g_step);
+        if (t->opts.vary_seq) SG_TRY(warm_buckets(t, index));
+        sg_status st = capture(t, t->opts.vary_seq ? "step.switch" : "step", run_indexed_steps, t, in, 1, &t->g_step);
         if (st != SG_OK) {
             SG_TRY(capture_failed(t, st, "step", true));
             t->armed = false;
-            for (int k = 0; k < t->opts.steps_per_call; k++) SG_TRY(one_step(t, index + k));
-            return SG_OK;
+            return host_steps(t, index);
         }
         t->next_index = -1;
     }
@@ -628,6 +855,40 @@ static sg_status one_step(sg_trainer *t, int64_t index)
     return run_update(t);
 }
 
+static sg_status bucket_step(sg_trainer *t, int k);
+static sg_status find_bucket(sg_trainer *t, const char *fn, bool seq, int64_t n, int *k);
+
+/* One step outside a step graph: vary_seq draws its length and runs it padded to its bucket
+ * (under step scope its bucket's graph, from the cache), else one_step. */
+static sg_status host_step(sg_trainer *t, int64_t index)
+{
+    if (!t->opts.vary_seq) return one_step(t, index);
+    int k = 0;
+    int64_t len = sg_vary_len(index, t->buckets[t->n_buckets - 1]);
+    SG_TRY(find_bucket(t, "sg_trainer_step", true, len, &k));
+    SG_TRY(sg_model_load_seq(t->m, index, len, t->buckets[k]));
+    return bucket_step(t, k);
+}
+
+/* The call's steps launched from the host. With an early-stop rule the rule runs on the
+ * device after each step as in the step graph, and the host reads its flag before each step
+ * (a sync a step). */
+static sg_status host_steps(sg_trainer *t, int64_t index)
+{
+    int K = t->opts.steps_per_call;
+    if (t->use_stop) SG_TRY(sg_stop_begin(t->ctx, t->stop, K));
+    for (int k = 0; k < K; k++) {
+        if (t->use_stop) {
+            int32_t go = 0;
+            SG_TRY(sg_tensor_copy_to_host(t->stop_go, &go, sizeof go));
+            if (!go) break;
+        }
+        SG_TRY(host_step(t, index + k));
+        if (t->use_stop) SG_TRY(sg_stop_check(t->ctx, t->stop, t->m->loss, K, &t->rule));
+    }
+    return SG_OK;
+}
+
 static sg_status trainer_step(sg_trainer *t, int64_t index);
 
 /* Each call is one "step" range (NVTX, and the profiler's step boundaries). */
@@ -650,15 +911,19 @@ static sg_status trainer_step(sg_trainer *t, int64_t index)
     if (t->dist) SG_TRY(sg_dist_poll(t->dist)); /* a failed run fails every step, at once */
     t->armed = t->steps >= t->opts.warmup && !t->fallback && t->opts.scope != SG_SCOPE_EAGER;
     sg_status st = SG_OK;
-    if (t->armed && t->opts.scope == SG_SCOPE_STEP) {
+    if (t->armed && t->opts.scope == SG_SCOPE_STEP && (!t->opts.vary_seq || t->use_switch)) {
         /* The graph gathers its own batches, at the full shape (a bucket may have left less). */
         if (t->n_buckets) SG_TRY(sg_model_full_shape(t->m));
         st = step_scope(t, index);
     } else {
-        for (int k = 0; k < t->opts.steps_per_call && st == SG_OK; k++) st = one_step(t, index + k);
+        st = host_steps(t, index);
     }
     if (st == SG_OK && t->dist) st = sg_dist_step_end(t->dist); /* the watchdog's progress mark */
-    if (st == SG_OK) t->steps++;
+    if (st == SG_OK) {
+        t->steps++;
+        t->host_steps += t->opts.steps_per_call;
+        t->last_call_steps = t->opts.steps_per_call;
+    }
     return st;
 }
 
@@ -692,6 +957,7 @@ static sg_status bucket_step(sg_trainer *t, int k)
     if (!t->armed) {
         st = eager_step(t);
         if (st == SG_OK && t->steps >= t->opts.warmup) t->bucket_warm[k] = true;
+        return st;
     } else {
         const sg_tensor *in[] = {t->m->x, t->m->targets};
         sg_graph_options o = sg_graph_options_default();
@@ -710,7 +976,6 @@ static sg_status bucket_step(sg_trainer *t, int k)
             st = sg_graph_replay(g);
         }
     }
-    if (st == SG_OK) t->steps++;
     return st;
 }
 
@@ -724,6 +989,7 @@ static sg_status bucketed(sg_trainer *t, const char *fn, bool seq, int64_t index
     sg_status st = seq ? sg_model_load_seq(t->m, index, n, t->buckets[k])
                        : sg_model_load_padded(t->m, index, n, t->buckets[k]);
     if (st == SG_OK) st = bucket_step(t, k);
+    if (st == SG_OK) t->steps++, t->host_steps++, t->last_call_steps = 1;
     sg_range_pop(t->ctx, "step");
     return st;
 }
@@ -791,7 +1057,25 @@ sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out)
         out->graphs += out->cache.cached;
     }
     snprintf(out->fallback_reason, sizeof out->fallback_reason, "%s", t->reason);
+    snprintf(out->cond_note, sizeof out->cond_note, "%s", t->cond_note);
     add_memory(t, out);
+    return SG_OK;
+}
+
+sg_status sg_trainer_get_stop(sg_trainer *t, sg_trainer_stop *out)
+{
+    if (!t || !out) return SG_ERR_NULL;
+    memset(out, 0, sizeof *out);
+    if (!t->use_stop) {
+        out->steps_run = t->host_steps;
+        out->last_call_steps = t->last_call_steps;
+        return SG_OK;
+    }
+    int32_t s[SG_STOP_STATE];
+    SG_TRY(sg_tensor_copy_to_host(t->stop, s, sizeof s));
+    out->steps_run = s[SG_STOP_TOTAL];
+    out->last_call_steps = s[SG_STOP_STEPS];
+    out->stopped = (sg_stop_reason)s[SG_STOP_REASON];
     return SG_OK;
 }
 
@@ -947,4 +1231,15 @@ sg_status sg_trainer_get_scaler(sg_trainer *t, sg_loss_scaler *out)
 {
     if (!t || !out) return SG_ERR_NULL;
     return sg_tensor_copy_to_host(t->m->scaler, out, sizeof *out);
+}
+
+sg_status sg_trainer_set_scaler(sg_trainer *t, const sg_loss_scaler *in)
+{
+    if (!t || !in) return SG_ERR_NULL;
+    if (!(in->scale > 0) || !(in->growth_interval >= 1) || !(in->good_steps >= 0) || !(in->skipped >= 0) ||
+        !isfinite(in->growth_interval) || !isfinite(in->good_steps) || !isfinite(in->skipped))
+        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_set_scaler: scale %g (> 0), growth_interval %g (>= 1), "
+                       "good_steps %g, skipped %g (>= 0, finite): a field out of range", (double)in->scale,
+                       (double)in->growth_interval, (double)in->good_steps, (double)in->skipped);
+    return sg_tensor_copy_from_host(t->m->scaler, in, sizeof *in);
 }

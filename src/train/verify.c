@@ -107,6 +107,15 @@ static sg_status compare_step(sg_ctx *ctx, side s[2], const sg_verify_options *o
         free(ha), free(hb);
         SG_TRY(st2);
     }
+    /* Early stop: both sides ran the same steps and stopped for the same reason. */
+    sg_trainer_stop pa, pb;
+    SG_TRY(sg_trainer_get_stop(s[0].t, &pa));
+    SG_TRY(sg_trainer_get_stop(s[1].t, &pb));
+    if (!differ && (pa.steps_run != pb.steps_run || pa.stopped != pb.stopped)) {
+        differ = true;
+        snprintf(r->mismatch, sizeof r->mismatch, "steps run (eager %lld, stopped %d; graph %lld, stopped %d)",
+                 (long long)pa.steps_run, (int)pa.stopped, (long long)pb.steps_run, (int)pb.stopped);
+    }
     if (differ) r->mismatch_step = step;
     return SG_OK;
 }
@@ -138,7 +147,8 @@ sg_status sg_verify(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_
     float *a = NULL, *b = NULL;
     sg_status st = SG_OK;
     for (int k = 0; k < 2 && st == SG_OK; k++) {
-        sg_trainer_options to = sg_trainer_options_default();
+        sg_trainer_options to = o.trainer ? *o.trainer : sg_trainer_options_default();
+        to.scope = SG_SCOPE_EAGER;
         to.clip = o.clip;
         to.accum = o.accum;
         if (k) to.scope = o.scope, to.warmup = o.warmup, to.graph_modules = o.graph_modules;
@@ -157,10 +167,11 @@ sg_status sg_verify(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_
     }
     if (st == SG_OK && (!(a = malloc((size_t)P * sizeof *a)) || !(b = malloc((size_t)P * sizeof *b))))
         st = sg_ctx_fail(ctx, SG_ERR_OOM, "sg_verify: %lld parameters' host copies", (long long)P);
+    int64_t per_call = o.trainer && o.trainer->steps_per_call > 1 ? o.trainer->steps_per_call : 1;
     for (int64_t step = 0; st == SG_OK && step < o.steps && !out->mismatch_step; step++) {
         if (o.before_step) st = o.before_step(o.user, step, s[0].o, s[1].o);
         for (int k = 0; k < 2 && st == SG_OK; k++) {
-            st = sg_trainer_step(s[k].t, step);
+            st = sg_trainer_step(s[k].t, step * per_call);
             if (st != SG_OK)
                 st = sg_ctx_fail(ctx, st, "sg_verify: step %lld (%s): %s", (long long)step + 1, k ? "graph" : "eager",
                                  sg_ctx_last_error(ctx));
