@@ -45,6 +45,36 @@ region. (make_graphed_callables requires the autocast cache off; every mode runs
 that all modes do the same work: each weight is cast once per forward, so the cache would save
 no cast.) TF32 stays off in both precisions.
 
+Variable sequence length (gpt models, --accum 1, modes eager, graph and compile), as
+`stepgraph bench --seq-lens 32,64,128 --vary-seq`: --seq-lens L gives increasing bucket lengths
+(the largest at most the model's T) and --vary-seq draws step i's length from 1..the largest,
+exactly as stepgraph's sg_text_vary_len (vary_len below: splitmix64 of i, 1 + z % max). Every
+step draws by its global index: the first step is 0, the warm-up continues the count, then the
+timed and the profiled steps. Step i runs at Tb, the smallest bucket >= its length len: tokens
+and targets (B, Tb), the first len positions of batch i % 64's windows (a window of len + 1
+bytes), then padding (token 0, target -1, the cross-entropy's ignore_index, so the loss is the
+mean over the B * len real positions). Attention is causal and the padding comes last, so the
+real positions compute what a length-len sequence computes. The embedding adds wpe[:Tb] and the
+math attention masks with future[:Tb, :Tb] (without --vary-seq the full T: the same ops as
+before). The probe loss reads the batches' first (largest bucket) positions. Per mode:
+  eager     the padded (B, Tb) batch is built (a clone and, when len < Tb, a fill per tensor)
+            and the step runs as usual
+  graph     one torch.cuda.graph per bucket, all in one memory pool (graph_pool_handle()), each
+            with its own static (B, Tb) tokens and targets and the capturable Adam inside, as
+            the one-shape graph mode; 3 warm-up steps per bucket on a side stream first (at
+            the bucket's full length, batch 0). A step copies its batch into its bucket's
+            static tensors (and fills the padding) and replays that bucket's graph
+  compile   torch.compile(mode="reduce-overhead", dynamic=False): one specialization and one
+            CUDA graph (tree) per bucket. Before step 0 every bucket runs 3 steps (batch 0, full
+            bucket length: compile, cudagraph-tree warm-up, recording), so no compilation or
+            recording falls into the timed steps. Dynamo's recompile limit is raised to the
+            bucket count if it is lower
+JSON rows of gpt models add vary_seq, seq_lens (null without --seq-lens), tokens_per_step (the
+real tokens of an optimizer step: accum * B * T; with --vary-seq B * len averaged over the
+timed steps, as stepgraph bench) and tokens_per_s (tokens_per_step / ms_per_step); graph mode
+with --vary-seq adds graphs (one per bucket) and capture_ms (capture and instantiation of all
+of them, the warm-up excluded).
+
 Modes:
   eager               zero_grad(set_to_none=True), forward, loss, backward, [clip,] step
   graph               the whole step captured with torch.cuda.graph (Adam capturable=True);
@@ -97,6 +127,14 @@ GPT_VAL_FRACTION = 0.1  # as text.c: validation = floor(0.1 n) last bytes, train
 SYNTHETIC_BYTES = 100 * 1024
 LLMC_MAGIC, LLMC_HEADER_BYTES = 20240520, 1024
 LR = {"mlp": 1e-3, "gpt": 3e-4}
+# --vary-seq: the modes that run steps of several shapes, the padding's target (the
+# cross-entropy's ignore_index; PyTorch's default, -100, stays without --vary-seq) and token,
+# and stepgraph's limits on --seq-lens (sg_cli_buckets: at most 32 sizes of 1..2^20).
+VARY_SEQ_MODES = ("eager", "graph", "compile")
+PAD_TARGET, PAD_TOKEN = -1, 0
+MAX_SEQ_BUCKETS, MAX_SEQ_LEN = 32, 1 << 20
+VARY_WARMUP_PER_BUCKET = 3  # graph: the side-stream recipe's 3; compile: warm-up, record, replay
+MASK64 = 0xFFFFFFFFFFFFFFFF
 
 TOKEN_FILE = False  # --vocab given: --data holds tokens, not bytes
 torch = None  # imported in main(), so that --help works without PyTorch
@@ -126,6 +164,63 @@ def parse_model(name):
         raise ValueError(f"model '{name}': width {values[0]} is not a multiple of the head size "
                          f"{GPT_HEAD_DIM}")
     return ModelSpec("gpt", *values)
+
+
+def vary_len(step, max_len):
+    """Step `step`'s sequence length under --vary-seq, uniform over 1..max_len: stepgraph's
+    sg_text_vary_len (src/nn/text.h), splitmix64 of the step in 64-bit unsigned arithmetic."""
+    if max_len < 1:
+        return 0
+    z = (step * 0x9e3779b97f4a7c15 + 0x243f6a8885a308d3) & MASK64
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & MASK64
+    z ^= z >> 31
+    return 1 + z % max_len
+
+
+def bucket_of(seq_lens, length):
+    """The smallest bucket of seq_lens (increasing) that holds length (sg_text_bucket_of)."""
+    return next((b for b in seq_lens if b >= length), seq_lens[-1])
+
+
+def parse_seq_lens(text):
+    """'32,64,128' -> [32, 64, 128]: increasing lengths of 1..2^20, at most 32 of them, as
+    stepgraph's --seq-lens. Raises ValueError saying what is wrong."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit() or not 1 <= int(item) <= MAX_SEQ_LEN:
+            raise ValueError(f"--seq-lens '{text}': '{item}' is not a length from 1 to "
+                             f"{MAX_SEQ_LEN}")
+        if out and int(item) <= out[-1]:
+            raise ValueError(f"--seq-lens '{text}': expected increasing lengths")
+        out.append(int(item))
+    if len(out) > MAX_SEQ_BUCKETS:
+        raise ValueError(f"--seq-lens '{text}': more than {MAX_SEQ_BUCKETS} lengths")
+    return out
+
+
+def vary_seq_problem(name, mode, accum, seq_lens):
+    """Why --vary-seq cannot run model `name` in this mode, or None."""
+    if not seq_lens:
+        return "--vary-seq needs --seq-lens"
+    spec = parse_model(name)
+    if spec.kind != "gpt":
+        return f"--vary-seq is for gpt models, not '{name}'"
+    if mode not in VARY_SEQ_MODES:
+        return (f"--vary-seq runs in modes {', '.join(VARY_SEQ_MODES)}, not {mode} (its graphs "
+                "hold one input shape)")
+    if accum != 1:
+        return f"--accum {accum} does not combine with --vary-seq: a padded step is one batch"
+    if seq_lens[-1] > spec.seq:
+        return (f"--seq-lens: the largest length, {seq_lens[-1]}, exceeds the model's T "
+                f"({spec.seq})")
+    return None
+
+
+def mean_real_tokens(batch, seq_lens, first, n):
+    """Mean real tokens (batch * drawn length) of the steps first..first+n-1 under --vary-seq."""
+    return batch * sum(vary_len(s, seq_lens[-1]) for s in range(first, first + n)) / n
 
 
 def split_list(values, allowed=None, what="value"):
@@ -192,7 +287,8 @@ def gpt_modules():
 
 def _define_gpt_modules():
     class GPTEmbedding(nn.Module):
-        """int64 tokens (B, T) -> x (B, T, C) = wte[tokens] + wpe[0..T-1], then dropout."""
+        """int64 tokens (B, Tb) -> x (B, Tb, C) = wte[tokens] + wpe[0..Tb-1], then dropout
+        (Tb = T but under --vary-seq)."""
 
         def __init__(self, width, seq, dropout):
             super().__init__()
@@ -204,7 +300,11 @@ def _define_gpt_modules():
             return self.run(tokens, self.p if self.training else 0.0)
 
         def run(self, tokens, p):
-            x = F.embedding(tokens, self.wte) + self.wpe  # wpe (T, C) broadcast over the batch
+            # wpe (T, C) broadcast over the batch; a shorter step (--vary-seq) takes its first
+            # rows. The full length adds wpe itself: a slice would add a backward op.
+            Tb = tokens.shape[-1]
+            wpe = self.wpe if Tb == self.wpe.shape[0] else self.wpe[:Tb]
+            x = F.embedding(tokens, self.wte) + wpe
             return F.dropout(x, p) if p > 0 else x
 
     class GPTBlock(nn.Module):
@@ -229,11 +329,13 @@ def _define_gpt_modules():
             return self.run(x, self.p if self.training else 0.0)
 
         def attend(self, q, k, v):
-            """q, k, v (B, H, T, 64) -> (B, H, T, 64), causal."""
+            """q, k, v (B, H, Tb, 64) -> (B, H, Tb, 64), causal (Tb = T but under --vary-seq)."""
             if self.sdpa:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            Tb = q.shape[-2]
+            future = self.future if Tb == self.future.shape[0] else self.future[:Tb, :Tb]
             s = torch.matmul(q, k.transpose(-2, -1)) * self.scale
-            s = s.masked_fill(self.future, float("-inf"))
+            s = s.masked_fill(future, float("-inf"))
             return torch.matmul(F.softmax(s, dim=-1), v)
 
         def run(self, x, p):
@@ -385,6 +487,16 @@ class Workload:
         self.name, self.mode, self.spec, self.kind = name, mode, spec, spec.kind
         self.precision, self.clip, self.lr = precision, args.clip, LR[spec.kind]
         self.accum = args.accum  # micro-batches per optimizer step, as stepgraph's --accum
+        # --vary-seq: step i runs at the bucket of vary_len(i, the largest); getattr, for
+        # callers' argument sets (torch_ddp.py) that predate the flags.
+        self.vary_seq = bool(getattr(args, "vary_seq", False))
+        self.seq_lens = list(getattr(args, "seq_lens", None) or [])
+        if self.vary_seq:
+            problem = vary_seq_problem(name, mode, self.accum, self.seq_lens)
+            if problem:
+                raise ValueError(f"{name} {mode}: {problem}")
+        self.ignore_index = PAD_TARGET if self.vary_seq else -100  # -100: PyTorch's default
+        self.graph_count, self.capture_ms = None, None  # graph mode with --vary-seq reports them
         seed = args.seed
         torch.manual_seed(seed)
         if self.kind == "mlp":
@@ -422,10 +534,12 @@ class Workload:
         total = 0.0
         for b in range(nbatches):
             if self.kind == "gpt":
-                h = self.x[b]
+                # --vary-seq: the positions the steps train, those of the largest bucket.
+                n = self.seq_lens[-1] if self.vary_seq else self.spec.seq
+                h = self.x[b][:, :n]
                 for child in self.orig_children:
                     h = run_unwrapped(child, h)
-                total += float(self._loss(h, self.y[b]))
+                total += float(self._loss(h, self.y[b][:, :n]))
                 continue
             h = self.x[b]
             for k in range(0, len(self.params), 2):
@@ -438,9 +552,27 @@ class Workload:
     def _batch(self, i):
         return self.x[i % NUM_BATCHES], self.y[i % NUM_BATCHES]
 
+    def _vary_shape(self, i):
+        """--vary-seq: step i's length and the bucket it runs at."""
+        n = vary_len(i, self.seq_lens[-1])
+        return n, bucket_of(self.seq_lens, n)
+
+    def _padded_batch(self, i, n):
+        """--vary-seq: batch i's first n positions padded to their bucket Tb, new tensors
+        (B, Tb): tokens PAD_TOKEN and targets PAD_TARGET from n on."""
+        x, y = self._batch(i)
+        tb = bucket_of(self.seq_lens, n)
+        xb, yb = x[:, :tb].clone(), y[:, :tb].clone()
+        if n < tb:
+            xb[:, n:].fill_(PAD_TOKEN)
+            yb[:, n:].fill_(PAD_TARGET)
+        return xb, yb
+
     def _loss(self, out, target):
         if self.kind == "gpt":  # logits (B, T, 256) -> (B*T, 256) against targets (B*T)
-            return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+            # --vary-seq: padding targets are ignore_index, so the mean runs over real tokens.
+            return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1),
+                                   ignore_index=self.ignore_index)
         return F.cross_entropy(out, target)
 
     def _autocast(self):
@@ -472,21 +604,30 @@ class Workload:
         return total
 
     def _step_batches(self, i):
-        """Optimizer step i's micro-batches: batches i*accum .. i*accum + accum-1."""
+        """Optimizer step i's micro-batches: batches i*accum .. i*accum + accum-1 (--vary-seq:
+        batch i at its drawn length, padded to its bucket; accum is 1)."""
+        if self.vary_seq:
+            return [self._padded_batch(i, self._vary_shape(i)[0])]
         return [self._batch(i * self.accum + j) for j in range(self.accum)]
+
+    def _eager_batches(self, fwd, opt, batches):
+        """One optimizer step over the given micro-batches; returns its loss (a tensor)."""
+        opt.zero_grad(set_to_none=True)
+        loss = self._micro_batches(fwd, batches)
+        self._clip_and_step(opt)
+        return loss
 
     def _eager_step(self, fwd, opt):
         def step(i):
-            opt.zero_grad(set_to_none=True)
-            loss = self._micro_batches(fwd, self._step_batches(i))
-            self._clip_and_step(opt)
-            return loss
+            return self._eager_batches(fwd, opt, self._step_batches(i))
         return step
 
     def _setup_eager(self):
         return self._eager_step(self.model, self._adam())
 
     def _setup_graph(self):
+        if self.vary_seq:
+            return self._setup_graph_vary()
         opt = self._adam(capturable=True)
         # One static input pair per micro-batch: the whole step, all of them, is one graph.
         static = [tuple(t.clone() for t in self._batch(j)) for j in range(self.accum)]
@@ -515,6 +656,54 @@ class Workload:
             return static_loss
         return step
 
+    def _setup_graph_vary(self):
+        """--vary-seq: a graph per bucket, as _setup_graph's for one shape, all in one pool."""
+        opt = self._adam(capturable=True)
+        # Static tokens and targets (B, Tb) per bucket, outside the pool; batch 0 at the full
+        # bucket length for the warm-up.
+        static = {tb: self._padded_batch(0, tb) for tb in self.seq_lens}
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # the side-stream warm-up, every shape (cuBLAS, Adam state)
+            for tb in self.seq_lens:
+                for _ in range(VARY_WARMUP_PER_BUCKET):
+                    self._eager_batches(self.model, opt, [static[tb]])
+        torch.cuda.current_stream().wait_stream(s)
+        # One pool: a graph's temporaries and gradients are dead once its replay ends (each
+        # capture starts from grads set to None, so its backward writes them afresh), and the
+        # replays run one at a time on one stream, so the graphs may reuse each other's memory.
+        # Only the static inputs and each graph's loss stay live across replays.
+        pool = torch.cuda.graph_pool_handle()
+        graphs = {}
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for tb in self.seq_lens:
+            graph = torch.cuda.CUDAGraph()
+            opt.zero_grad(set_to_none=True)  # this graph's grads are allocated in its capture
+            with torch.cuda.graph(graph, pool=pool):  # bf16: autocast inside the capture
+                loss = self._micro_batches(self.model, [static[tb]])
+                self._clip_and_step(opt)
+            graphs[tb] = (graph, loss)
+        torch.cuda.synchronize()
+        # torch.cuda.graph instantiates at the end of each capture: both are in here.
+        self.capture_ms = (time.perf_counter() - t0) * 1e3
+        self.graph_count = len(graphs)
+        self.graphs = graphs  # keeps the graphs (and the pool) alive
+
+        def step(i):
+            n, tb = self._vary_shape(i)
+            x, y = self._batch(i)
+            sx, sy = static[tb]
+            sx.copy_(x[:, :tb])
+            sy.copy_(y[:, :tb])
+            if n < tb:
+                sx[:, n:].fill_(PAD_TOKEN)
+                sy[:, n:].fill_(PAD_TARGET)
+            graph, loss = graphs[tb]
+            graph.replay()
+            return loss
+        return step
+
     def _setup_graphed_callables(self):
         sample = self._batch(0)[0].clone()  # requires_grad False, as the real inputs
         with self._autocast():  # bf16: warm-up and capture run under the step's autocast
@@ -535,12 +724,34 @@ class Workload:
         return self._eager_step(self.model, self._adam())
 
     def _setup_compile(self):
-        compiled = torch.compile(self.model, mode="reduce-overhead")
-        inner = self._eager_step(compiled, self._adam())
+        if not self.vary_seq:
+            compiled = torch.compile(self.model, mode="reduce-overhead")
+        else:
+            # A specialization (and CUDA graphs) per bucket, none with dynamic shapes; Dynamo
+            # stops recompiling a frame past its limit (8 by default), so raise it to the bucket
+            # count. Raising it changes nothing for the one-shape runs that may follow.
+            compiled = torch.compile(self.model, mode="reduce-overhead", dynamic=False)
+            import importlib  # not "import torch._dynamo": see cleanup()
+            cfg = importlib.import_module("torch._dynamo").config
+            limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+            if getattr(cfg, limit) < len(self.seq_lens):
+                setattr(cfg, limit, len(self.seq_lens))
+        opt = self._adam()
+        inner = self._eager_step(compiled, opt)
 
         def step(i):
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration for cudagraph trees
             return inner(i)
+
+        if self.vary_seq:
+            # Every bucket compiled, warmed and recorded before step 0: batch 0 at the full
+            # bucket length, VARY_WARMUP_PER_BUCKET steps each (compile + cudagraph-tree
+            # warm-up, recording, a replay).
+            for tb in self.seq_lens:
+                batch = self._padded_batch(0, tb)
+                for _ in range(VARY_WARMUP_PER_BUCKET):
+                    torch.compiler.cudagraph_mark_step_begin()
+                    self._eager_batches(compiled, opt, [batch])
         return step
 
 
@@ -630,6 +841,7 @@ def run_one(name, mode, precision, args):
               f"not fall over the set-up and {args.warmup + 1} warm-up steps "
               f"({w.probe_before:.4f} -> {probe_after:.4f})", file=sys.stderr)
 
+    timed_from = it
     dev_ms, host_ms, block, it = timed_blocks(w.step, it, args.steps, args.repeats)
     loss_last = float(w.step(it))
     it += 1
@@ -679,6 +891,13 @@ def run_one(name, mode, precision, args):
         "loss_fell": loss_fell,
     }
     if w.kind == "gpt":
+        # Real tokens per optimizer step, as stepgraph bench's tokens_per_step: --vary-seq
+        # averages B * len over the timed steps (timed_from .. it - 1).
+        if w.vary_seq:
+            tokens = mean_real_tokens(w.spec.batch, w.seq_lens, timed_from, it - timed_from)
+        else:
+            tokens = w.accum * w.spec.batch * w.spec.seq
+        ms = row["ms_per_step"]
         row.update({
             "seq": w.spec.seq,
             "heads": w.spec.width // GPT_HEAD_DIM,
@@ -686,7 +905,13 @@ def run_one(name, mode, precision, args):
             "dropout": args.dropout,
             "attention": "sdpa" if args.sdpa else "math",
             "data": w.data_source,
+            "vary_seq": w.vary_seq,
+            "seq_lens": w.seq_lens or None,
+            "tokens_per_step": round(tokens, 1),
+            "tokens_per_s": round(tokens * 1e3 / ms, 1) if ms > 0 else None,
         })
+        if w.graph_count is not None:
+            row.update({"graphs": w.graph_count, "capture_ms": round(w.capture_ms, 3)})
     del w
     return row
 
@@ -763,6 +988,14 @@ def main(argv=None):
                     help="micro-batches per optimizer step, their losses scaled by 1/K and "
                          "their gradients summed before one clip and update, as stepgraph's "
                          "--accum (default 1); graph mode captures all K in the step's graph")
+    ap.add_argument("--seq-lens", default=None, metavar="L",
+                    help="gpt, with --vary-seq: increasing sequence-length buckets, e.g. "
+                         "32,64,128 (the largest at most the model's SEQ), as stepgraph bench")
+    ap.add_argument("--vary-seq", action="store_true",
+                    help="gpt, --accum 1, modes eager, graph and compile: step i's length drawn "
+                         "from 1..the largest bucket as stepgraph's sg_vary_len, run padded to "
+                         "its bucket (graph: a graph per bucket in one pool; compile: "
+                         "dynamic=False, a specialization per bucket)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
     args = ap.parse_args(argv)
@@ -790,6 +1023,19 @@ def main(argv=None):
             kinds[m] = parse_model(m).kind
         except ValueError as e:
             ap.error(str(e))
+    if args.seq_lens is not None:
+        if not args.vary_seq:
+            ap.error("--seq-lens is for --vary-seq (it times steps of drawn lengths)")
+        try:
+            args.seq_lens = parse_seq_lens(args.seq_lens)
+        except ValueError as e:
+            ap.error(str(e))
+    if args.vary_seq:
+        for m in models:
+            for mode in modes:
+                problem = vary_seq_problem(m, mode, args.accum, args.seq_lens)
+                if problem:
+                    ap.error(problem)
     # bf16 is defined for the GPT workloads only: (mlp, bf16) pairs are left out.
     runs = [(name, prec) for name in models for prec in precisions
             if kinds[name] == "gpt" or prec == "fp32"]

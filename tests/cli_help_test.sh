@@ -45,6 +45,20 @@ done
 for cmd in bench advise trace; do
     expect 0 '--accum K +gradient accumulation' -- $cmd --help
 done
+# The control-flow options (issue 13) on every command that trains; the length and launch
+# options where they apply; bench's forced overflows.
+for cmd in bench advise trace; do
+    expect 0 '--loop +step scope: repeated work as a WHILE node' -- $cmd --help
+    expect 0 '--skip-if +bf16, step scope' -- $cmd --help
+    expect 0 '--stop-nonfinite N +stop when the loss was not finite' -- $cmd --help
+    expect 0 '--stop-loss X +stop when a step' -- $cmd --help
+done
+for cmd in bench advise; do
+    expect 0 '--vary-seq ' -- $cmd --help
+    expect 0 '--seq-lens L ' -- $cmd --help
+    expect 0 '--steps-per-graph K ' -- $cmd --help
+done
+expect 0 '--overflow-every N +bf16: force an overflow every N steps' -- bench --help
 expect 0 'version' -- --help
 
 # --version and version: "stepgraph VERSION (commit HASH)", VERSION CMake's own.
@@ -96,7 +110,9 @@ assert len(rows) == 2, f"{len(rows)} rows, want 2 (eager, step)"
 for r in rows:
     assert "mode" not in r, "key mode (the column is scope)"
     for k in ("model", "scope", "ms_per_step", "host_ms_per_step", "kernels_per_step",
-              "gpu_busy_ms_per_step", "graph_nodes", "allocs_per_100_steps", "peak_mib", "commit", "accum"):
+              "gpu_busy_ms_per_step", "graph_nodes", "allocs_per_100_steps", "peak_mib", "commit", "accum",
+              "steps_per_graph", "loop", "skip_if", "vary_seq", "stop_nonfinite", "stop_loss",
+              "overflow_every", "cond_note", "capture_ms", "instantiate_ms"):
         assert k in r, f"no key {k}: {sorted(r)}"
     got = r["commit"]
     assert got == want_commit, f"commit {got!r}, want {want_commit!r}"

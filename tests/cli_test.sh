@@ -68,12 +68,83 @@ for sc in layer model step; do
     expect 0 "OK: 12 steps match \(bit-exact\), 9 of them replayed from graphs; scope $sc" -- verify --model mlp-32-2-8 --scope $sc --steps 12 --backend cpu --lr-schedule
     expect 0 "graphs: .* replays" -- train --model mlp-32-2-8 --scope $sc --steps 20 --backend cpu --quiet
 done
-# Variable sequence length (gpt): a length bucket per graph under step scope; usage errors.
-expect 0 "bucket cache: 3 graphs held, [0-9]+ hits" -- train --model gpt-64-1-2-32 --backend cpu --seq-lens 8,16,32 --vary-seq --scope step --steps 12
+# Variable sequence length (gpt): under step scope one graph holds every length bucket as a
+# branch of a SWITCH node (--vary-seq: the device draws the length), or, with conditional nodes
+# off, a graph per bucket in the cache (said); a fixed length keeps the cache; usage errors.
+expect 0 "graphs: 1 \([0-9]+ nodes\)" -- train --model gpt-64-1-2-32 --backend cpu --seq-lens 8,16,32 --vary-seq --scope step --steps 12
+out=$(STEPGRAPH_DISABLE_CONDITIONALS=1 "$bin" train --model gpt-64-1-2-32 --backend cpu --seq-lens 8,16,32 --vary-seq --scope step --steps 12 2>&1); rc=$?
+if [ "$rc" != 0 ] || ! grep -q "bucket cache: 3 graphs held" <<<"$out" ||
+   ! grep -q "built without conditional nodes: vary_seq's SWITCH" <<<"$out"; then
+    echo "FAIL: --vary-seq without conditional nodes: exit $rc: $out"; fails=$((fails + 1))
+else
+    pass "--vary-seq without conditional nodes: a graph per bucket, and the run says why"
+fi
+expect 0 "bucket cache: 1 graphs held" -- train --model gpt-64-1-2-32 --backend cpu --seq-lens 8,16,32 --scope step --steps 6
 expect 2 "--vary-seq needs --seq-lens" -- train --model gpt-64-1-2-32 --vary-seq
 expect 2 "--seq-lens is for gpt models, not 'mlp-16-1-4'" -- train --model mlp-16-1-4 --seq-lens 2,4
 expect 2 "--seq-lens '16,8': expected increasing sizes" -- train --model gpt-64-1-2-32 --seq-lens 16,8
 expect 2 "sequence length T = 32" -- train --model gpt-64-1-2-32 --backend cpu --seq-lens 16,64 --steps 2
+# Control flow on the device (issue 13): --vary-seq with --steps-per-graph, --loop, early stop.
+# Each gives the eager run's losses (bit for bit: the printed digits agree); then usage errors.
+# last_steps ARGS...: the last three loss lines of a train run.
+last_steps() { "$bin" train "$@" 2>&1 | grep -E '^step ' | tail -n 3; }
+same_losses() { # same_losses WHAT "EAGER ARGS" "GRAPH ARGS"
+    local a b
+    a=$(last_steps $2)
+    b=$(last_steps $3)
+    if [ -z "$a" ] || [ "$a" != "$b" ]; then
+        echo "FAIL: $1: eager:"; echo "$a"; echo "graph:"; echo "$b"; fails=$((fails + 1))
+    else
+        pass "$1 gives the eager losses: $(tail -n 1 <<<"$a")"
+    fi
+}
+cm="--model gpt-64-1-2-16 --backend cpu"
+cf="$cm --log-every 4"
+same_losses "--vary-seq --steps-per-graph 4 under step scope" "$cf --seq-lens 8,16 --vary-seq --steps 16" \
+    "$cf --seq-lens 8,16 --vary-seq --steps 16 --scope step --steps-per-graph 4 --warmup 1"
+same_losses "--loop with --accum 3 under step scope" "$cf --accum 3 --steps 8" "$cf --accum 3 --steps 8 --scope step --loop --warmup 1"
+expect 0 "graphs: 1 \([0-9]+ nodes\), .* 3 replays" -- train $cf --seq-lens 8,16 --vary-seq --steps 16 --scope step --steps-per-graph 4 --warmup 1 --loop
+tmp=$(mktemp -d)
+out=$("$bin" train $cf --steps 6 --stop-loss 1e9 --save "$tmp/stop.safetensors" 2>&1); rc=$?
+if [ "$rc" != 0 ] || ! grep -q "^stepgraph train: stopped early after 1 step: the loss reached 1e+09$" <<<"$out" ||
+   ! grep -q "^saved $tmp/stop.safetensors (step 1)$" <<<"$out" || ! grep -q "^done: 1 steps" <<<"$out"; then
+    echo "FAIL: --stop-loss 1e9: exit $rc: $out"; fails=$((fails + 1))
+else
+    pass "--stop-loss 1e9 stops after the first step, exit 0, checkpoint at step 1"
+fi
+# The same rule stops eager and step scope at one step: 4 steps a launch, the rule on the device
+# ending a replayed launch midway (step 14 of this run; any step past the eager first launch does).
+stop_at() { "$bin" train $cf --steps 24 --stop-loss 4.5 --save "$tmp/$1.safetensors" "${@:2}" 2>&1 |
+            sed -nE "s/^saved .* \(step ([0-9]+)\)$/\1/p"; }
+a=$(stop_at eager)
+b=$(stop_at step --scope step --steps-per-graph 4 --warmup 1)
+if [ -z "$a" ] || [ "$a" != "$b" ] || [ "$a" -ge 24 ] || [ "$a" -le 8 ]; then
+    echo "FAIL: --stop-loss 4.5: eager saved at step '$a', step scope with 4 steps a launch at '$b'"; fails=$((fails + 1))
+else
+    pass "--stop-loss 4.5 stops eager and 4-steps-a-launch step scope at step $a, saved there"
+fi
+expect 0 "OK: 5 steps match \(bit-exact\), 4 of them replayed" -- verify $cm --stop-loss 4.5 --steps-per-graph 4 --warmup 1 --scope step --steps 5
+rm -rf "$tmp"
+expect 2 "--stop-nonfinite '0' is not a whole number from 1 to 1073741824" -- train $cf --stop-nonfinite 0
+expect 2 "--stop-loss 'nan' is not a number" -- train $cf --stop-loss nan
+expect 2 "--loop takes no value \('--loop=1'\)" -- train $cf --scope step --accum 3 --loop=1
+expect 2 "unknown option '3'" -- train $cf --scope step --accum 3 --loop 3
+expect 2 "--loop: nothing repeats in the step graph" -- train $cf --scope step --loop
+expect 2 "--loop is for --scope step" -- train $cf --accum 3 --loop
+expect 2 "--skip-if is for --precision bf16" -- train $cf --scope step --skip-if
+expect 2 "--steps-per-graph 2 does not combine with --seq-lens: .*add --vary-seq" -- train $cf --scope step --seq-lens 8,16 --steps-per-graph 2 --steps 4
+expect 2 "--gpus does not combine with --stop-nonfinite or --stop-loss" -- train --model mlp-32-2-16 --gpus 2 --stop-loss 1
+expect 2 "--vary-seq needs --seq-lens" -- verify $cm --scope step --vary-seq
+for cmd in bench advise; do
+    expect 2 "--vary-seq needs --seq-lens" -- $cmd $cm --vary-seq
+done
+expect 2 "--overflow-every is for --precision bf16" -- bench $cm --overflow-every 4
+expect 2 "--overflow-every 3 is not a multiple of --steps-per-graph 2" -- bench $cm --precision bf16 --overflow-every 3 --steps-per-graph 2
+expect 0 "OK: 5 steps match \(bit-exact\), 2 of them replayed from graphs" -- verify $cm --vary-seq --seq-lens 8,16 --steps-per-graph 2 --scope step --steps 5
+expect 0 "OK: 5 steps match \(bit-exact\), 2 of them replayed from graphs" -- verify --model mlp-32-2-8 --backend cpu --accum 3 --loop --scope step --steps 5
+expect 0 "OK: 5 steps match \(bit-exact\), 2 of them replayed from graphs" -- verify $cm --precision bf16 --skip-if --scope step --steps 5
+expect 0 '"loop": 1, "skip_if": 1, "vary_seq": 1, "seq_lens": "8,16", "stop_nonfinite": 3, "stop_loss": null, "overflow_every": 2, "cond_note": ""' -- bench $cm --precision bf16 --seq-lens 8,16 --vary-seq --steps-per-graph 2 --overflow-every 2 --skip-if --loop --stop-nonfinite 3 --scope eager,step --steps 4 --repeats 1 --warmup 4 --json
+expect 1 "advise profiles a CUDA device" -- advise $cm --precision bf16 --seq-lens 8,16 --vary-seq --steps-per-graph 4 --loop --skip-if --stop-nonfinite 3 --no-measure
 out=$(STEPGRAPH_DISABLE_GRAPHS=1 "$bin" train --model mlp-32-2-8 --scope step --steps 10 --backend cpu --quiet 2>&1); rc=$?
 if [ "$rc" != 0 ] || ! grep -q "scope step (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" <<<"$out"; then
     echo "FAIL: STEPGRAPH_DISABLE_GRAPHS=1: exit $rc: $out"; fails=$((fails + 1))
@@ -182,6 +253,11 @@ else
     echo "FAIL: python3 could not write the token files"; fails=$((fails + 1))
 fi
 expect 0 "--val-data PATH" -- train --help
+for cmd in train verify; do
+    for f in "--loop " "--skip-if " "--stop-nonfinite N" "--stop-loss X" "--vary-seq " "--steps-per-graph K"; do
+        expect 0 "^  $f" -- $cmd --help
+    done
+done
 for cmd in train verify; do
     expect 0 "resnet, efficientnet: a digits file" -- $cmd --help
 done

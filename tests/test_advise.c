@@ -2,13 +2,17 @@
  * prediction model on synthetic calibrations and profiles whose answers are worked out by hand
  * below (a launch-bound and a GPU-bound step), break-even and "never", the verdict,
  * monotonicity (capturing more launches never predicts a slower host), and argument errors,
- * including sg_advise's clear refusal on the CPU backend before the model is ever built. `gpu`:
+ * including sg_advise's clear refusal on the CPU backend before the model is ever built; steps
+ * a launch (steps_per_call, unrolled or a loop) predicted by hand, and the trainer options the
+ * advisor takes or refuses by name. `gpu`:
  * the calibration gives plausible values and leaves nothing allocated; sg_advise runs end to
  * end on mlp-64-2-32 built by a factory of the test's own (profile, finite predictions, every
  * scope measured beside its prediction, the progress stages in order), then again by name,
- * predicting only with the calibration reused. */
+ * predicting only with the calibration reused; then with 4 steps a launch in a loop, measured
+ * per optimizer step. */
 #define _GNU_SOURCE /* sched_getcpu, pthread_getaffinity_np */
 #include "testutil.h"
+#include "advise/advise.h" /* sg_advise_predict_calls */
 
 #include <pthread.h>
 #include <sched.h>
@@ -316,6 +320,112 @@ static sg_status count_factory(sg_ctx *ctx, void *user, sg_model **out)
     return sg_model_create_ex(ctx, "mlp-64-2-32", 1, NULL, out);
 }
 
+/* Steps a launch (sg_advise_predict_calls, docs/advisor.md): the launch-bound profile's step
+ * graph of N = 42 nodes, 4 steps a launch. Unrolled: the launch holds 168 nodes, host (2 + 168
+ * x 0.5) / 4 = 21.5 us a step; device 140 + 167 / 4 x 0.3 + 2 / 4 = 153.025 us; capture 100 + 4
+ * x (333 - 100) = 1032 us; instantiate 50 + 168 x 5 = 890 us. Loop: one body of 42 nodes,
+ * host (2 + 21) / 4 = 5.75 us; device 140 + 41 x 0.3 + 2 + 2 / 4 = 154.8 us (a graph launch's
+ * gap a turn); capture and instantiate the one-step graph's. One step a launch changes nothing,
+ * and neither does another scope. */
+static void cpu_calls(void)
+{
+    sg_advise_calib c = calib_synthetic();
+    sg_advise_profile p = profile_launch_bound();
+    sg_advise_prediction one, q, m, m4;
+    TU_CHECK(sg_advise_predict(&c, &p, SG_SCOPE_STEP, &one) == SG_OK, "predict step");
+    q = one;
+    TU_CHECK(sg_advise_predict_calls(&c, &p, 1, 1, &q) == SG_OK && !memcmp(&q, &one, sizeof q),
+             "one step a launch changed the prediction");
+    q = one;
+    TU_CHECK(sg_advise_predict_calls(&c, &p, 4, 0, &q) == SG_OK, "4 steps unrolled");
+    check_close("unrolled host_ms", q.host_ms, 21.5 / 1e3);
+    check_close("unrolled device_ms", q.device_ms, 153.025 / 1e3);
+    check_close("unrolled step_ms", q.step_ms, 153.025 / 1e3);
+    TU_CHECK(!q.host_bound, "unrolled: device-bound expected");
+    check_close("unrolled speedup", q.speedup, 0.300 / 0.153025);
+    check_close("unrolled launches", q.launches, 0.25);
+    check_close("unrolled graphs", q.graphs, 0.25);
+    check_close("unrolled nodes a step", q.nodes, 42);
+    check_close("unrolled capture_ms", q.capture_ms, 1.032);
+    check_close("unrolled instantiate_ms", q.instantiate_ms, 0.890);
+    check_close("unrolled extra_bytes", q.extra_bytes, 4096 + 168 * 1024);
+    check_close("unrolled break-even", q.break_even_steps, (1.032 + 0.890) / (0.300 - 0.153025));
+    q = one;
+    TU_CHECK(sg_advise_predict_calls(&c, &p, 4, 1, &q) == SG_OK, "4 steps in a loop");
+    check_close("loop host_ms", q.host_ms, 5.75 / 1e3);
+    check_close("loop device_ms", q.device_ms, 154.8 / 1e3);
+    check_close("loop step_ms", q.step_ms, 154.8 / 1e3);
+    check_close("loop capture_ms", q.capture_ms, one.capture_ms);
+    check_close("loop instantiate_ms", q.instantiate_ms, one.instantiate_ms);
+    check_close("loop extra_bytes", q.extra_bytes, one.extra_bytes);
+    check_close("loop launches", q.launches, 0.25);
+    /* Almost no GPU work: the host bounds the step, and K shares its launch. */
+    p.busy_ms = 0.001;
+    TU_CHECK(sg_advise_predict(&c, &p, SG_SCOPE_STEP, &q) == SG_OK, "predict step, tiny GPU work");
+    TU_CHECK(sg_advise_predict_calls(&c, &p, 4, 0, &q) == SG_OK, "4 steps unrolled, tiny GPU work");
+    TU_CHECK(q.host_bound, "tiny GPU work: host-bound expected (host %g, device %g ms)", q.host_ms, q.device_ms);
+    check_close("host-bound step_ms", q.step_ms, 21.5 / 1e3);
+    p = profile_launch_bound();
+    TU_CHECK(sg_advise_predict(&c, &p, SG_SCOPE_MODEL, &m) == SG_OK, "predict model");
+    m4 = m;
+    TU_CHECK(sg_advise_predict_calls(&c, &p, 4, 1, &m4) == SG_OK && !memcmp(&m, &m4, sizeof m),
+             "model scope changed by steps a launch");
+    TU_CHECK(sg_advise_predict_calls(&c, &p, 4, 0, NULL) == SG_ERR_NULL &&
+             sg_advise_predict_calls(NULL, &p, 4, 0, &q) == SG_ERR_NULL, "NULL arguments");
+}
+
+/* The trainer options sg_advise takes (then refused on the CPU backend, after the check: the
+ * CUDA refusal) and those it refuses by name before anything runs. */
+static void cpu_trainer_options(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    sg_advise_result *r = malloc(sizeof *r);
+    TU_CHECK(r != NULL, "out of memory");
+    if (!r) exit(1);
+    int built = 0;
+    int64_t lens[] = {8, 16};
+    sg_advise_options o = sg_advise_options_default();
+    sg_trainer_options to = sg_trainer_options_default();
+    o.trainer = &to;
+    to.loop = 1, to.steps_per_call = 4;
+    TU_FAILS(ctx, sg_advise(ctx, count_factory, &built, &o, r), SG_ERR_UNSUPPORTED, "profiles a CUDA device");
+    TU_CHECK(r->options.trainer == NULL, "the result keeps the caller's trainer pointer");
+    to.vary_seq = 1, to.seq_buckets = lens, to.n_seq_buckets = 2, to.skip_if = 1, to.stop_nonfinite = 3;
+    TU_FAILS(ctx, sg_advise(ctx, count_factory, &built, &o, r), SG_ERR_UNSUPPORTED, "profiles a CUDA device");
+    struct {
+        const char *what, *needle;
+        sg_trainer_options to;
+        int accum;
+    } bad[8];
+    for (int i = 0; i < 8; i++) bad[i].to = sg_trainer_options_default(), bad[i].accum = 1;
+    bad[0].what = "steps_per_call -1", bad[0].needle = "trainer.steps_per_call -1", bad[0].to.steps_per_call = -1;
+    bad[1].what = "steps_per_call 2000", bad[1].needle = "trainer.steps_per_call 2000",
+    bad[1].to.steps_per_call = 2000;
+    bad[2].what = "loop 2", bad[2].needle = "trainer.loop 2", bad[2].to.loop = 2;
+    bad[3].what = "vary_seq without buckets", bad[3].needle = "trainer.vary_seq 1 with 0 seq_buckets",
+    bad[3].to.vary_seq = 1;
+    bad[4].what = "buckets without vary_seq", bad[4].needle = "trainer.vary_seq 0 with 2 seq_buckets",
+    bad[4].to.seq_buckets = lens, bad[4].to.n_seq_buckets = 2;
+    bad[5].what = "stop_loss NaN", bad[5].needle = "trainer.stop_nonfinite 0, stop_loss nan",
+    bad[5].to.stop_on_loss = 1, bad[5].to.stop_loss = NAN;
+    bad[6].what = "batch buckets", bad[6].needle = "trainer.batch_buckets", bad[6].to.batch_buckets = lens,
+    bad[6].to.n_buckets = 2;
+    bad[7].what = "vary_seq with accum 2", bad[7].needle = "trainer.vary_seq with accum 2", bad[7].to.vary_seq = 1,
+    bad[7].to.seq_buckets = lens, bad[7].to.n_seq_buckets = 2, bad[7].accum = 2;
+    for (int i = 0; i < 8; i++) {
+        o = sg_advise_options_default();
+        o.trainer = &bad[i].to, o.accum = bad[i].accum;
+        sg_status st = sg_advise(ctx, count_factory, &built, &o, r);
+        const char *msg = sg_ctx_last_error(ctx);
+        TU_CHECK(st == SG_ERR_INVALID && strstr(msg, bad[i].needle) && strstr(msg, "sg_advise:"),
+                 "%s: %s '%s', expected SG_ERR_INVALID naming '%s'", bad[i].what, sg_status_name(st), msg,
+                 bad[i].needle);
+    }
+    TU_CHECK(built == 0, "the factory was called %d times on the CPU backend", built);
+    free(r);
+    sg_ctx_destroy(ctx);
+}
+
 static void expect_refusal(const char *what, const sg_advise_calib *c, const sg_advise_profile *p, sg_scope scope,
                            sg_status want, const char *needle)
 {
@@ -616,6 +726,33 @@ static void gpu_flow(void)
     printf("accum 2: %.0f launches a step (forward %.0f, backward %.0f), step graph %d nodes; %s\n",
            p2->step.launches, p2->forward.launches, p2->backward.launches, p2->step_nodes, r3->verdict);
     free(r3);
+
+    /* 4 steps a launch, in a WHILE loop, measured: every figure is an optimizer step's. Step
+     * scope launches one graph a call, a quarter of a launch a step, as predicted; eager scope
+     * launches what one step launches, 4 times a call. */
+    sg_trainer_options to = sg_trainer_options_default();
+    to.steps_per_call = 4, to.loop = 1;
+    o = sg_advise_options_default();
+    o.warmup = 8, o.steps = 12, o.repeats = 3, o.busy_steps = 8, o.calib = &calib, o.trainer = &to;
+    sg_advise_result *r4 = malloc(sizeof *r4);
+    TU_CHECK(r4 != NULL, "out of memory");
+    if (!r4) exit(1);
+    TU_OK(ctx, sg_advise_name(ctx, "mlp-64-2-32", NULL, &o, r4));
+    TU_CHECK(r4->options.trainer == NULL && r4->measure_failures == 0, "4 a launch: %d measurements failed",
+             r4->measure_failures);
+    const sg_advise_scope_result *e4 = &r4->scopes[SG_SCOPE_EAGER], *s4 = &r4->scopes[SG_SCOPE_STEP];
+    check_close("4 a launch: predicted launches a step", s4->predicted.launches, 0.25);
+    TU_CHECK(s4->measured && s4->measurement.graphs == 1 && fabs(s4->measurement.launches - 0.25) < 0.01 &&
+             isfinite(s4->measurement.step_ms) && s4->measurement.step_ms > 0,
+             "4 a launch, step scope: measured %d, %d graphs, %.3f launches a step, %g ms (%s)", s4->measured,
+             s4->measurement.graphs, s4->measurement.launches, s4->measurement.step_ms, s4->measure_note);
+    TU_CHECK(e4->measured && fabs(e4->measurement.launches - r->scopes[SG_SCOPE_EAGER].measurement.launches) < 0.5,
+             "4 a launch, eager: %.2f launches a step, one a launch: %.2f", e4->measurement.launches,
+             r->scopes[SG_SCOPE_EAGER].measurement.launches);
+    printf("4 steps a launch, loop: step scope predicted %.4f ms (host %.4f), measured %.4f ms (host %.4f, %+.1f%%); "
+           "one a launch measured %.4f ms\n", s4->predicted.step_ms, s4->predicted.host_ms, s4->measurement.step_ms,
+           s4->measurement.host_ms, s4->error_pct, r->scopes[SG_SCOPE_STEP].measurement.step_ms);
+    free(r4);
     free(r2);
     free(r);
     sg_ctx_destroy(ctx);
@@ -632,6 +769,8 @@ int main(int argc, char **argv)
         cpu_monotonic();
         cpu_host_sync();
         cpu_accum();
+        cpu_calls();
+        cpu_trainer_options();
         cpu_errors();
     } else if (strcmp(mode, "gpu") == 0) {
         gpu_calibration();

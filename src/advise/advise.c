@@ -65,17 +65,61 @@ static void nothing_to_wrap(const sg_advise_prediction *eager, sg_advise_predict
              "this model's net is not one");
 }
 
+/* Layer and model scope under a trainer that draws each step's length (vary_seq): the trainer
+ * runs sequence buckets under eager and step scope only. Predicted as eager, not capturable. */
+static void no_buckets(const sg_advise_prediction *eager, sg_scope scope, sg_advise_prediction *out)
+{
+    *out = *eager;
+    out->scope = scope;
+    out->capturable = 0;
+    snprintf(out->note, sizeof out->note, "%s scope does not run sequence buckets (trainer.vary_seq): the "
+             "trainer runs them under eager and step scope", sg_scope_name(scope));
+}
+
+sg_status sg_advise_predict_calls(const sg_advise_calib *c, const sg_advise_profile *p, int steps_per_call,
+                                  int loop, sg_advise_prediction *q)
+{
+    if (!c || !p || !q) return SG_ERR_NULL;
+    if (steps_per_call <= 1 || q->scope != SG_SCOPE_STEP) return SG_OK;
+    double K = steps_per_call, N = q->nodes, B = p->busy_ms * 1e3, W = p->wall_ms;
+    double Ng = loop ? N : K * N; /* the nodes one launch holds: K copies, or one loop body */
+    double host = (c->replay_base_us + Ng * c->replay_node_us) / K;
+    double dev = loop ? B + (N > 1 ? N - 1 : 0) * c->node_gap_us + c->graph_gap_us + c->graph_gap_us / K
+                      : B + (K * N > 1 ? K * N - 1 : 0) / K * c->node_gap_us + c->graph_gap_us / K;
+    double cap1 = q->capture_ms * 1e3;
+    double cap = loop ? cap1 : c->capture_base_us + K * (cap1 - c->capture_base_us);
+    q->host_ms = host / 1e3;
+    q->device_ms = dev / 1e3;
+    q->host_bound = host >= dev;
+    q->step_ms = (host > dev ? host : dev) / 1e3;
+    q->speedup = W / q->step_ms;
+    q->launches = q->graphs = 1 / K;
+    q->capture_ms = cap / 1e3;
+    q->instantiate_ms = (c->instantiate_base_us + Ng * c->instantiate_node_us) / 1e3;
+    q->extra_bytes = p->static_bytes + c->exec_base_bytes + Ng * c->exec_node_bytes;
+    q->setup_ms = q->capture_ms + q->instantiate_ms;
+    q->saving_ms = W - q->step_ms;
+    q->break_even_steps = q->saving_ms > 0 ? q->setup_ms / q->saving_ms : INFINITY;
+    return SG_OK;
+}
+
 /* Every scope's prediction, eager first, then the summary. A scope that cannot be predicted
- * (no CUPTI, a bad profile) fails the whole: the verdict compares them all. */
-static sg_status predict_all(sg_ctx *ctx, sg_advise_result *r)
+ * (no CUPTI, a bad profile) fails the whole: the verdict compares them all. tr: the caller's
+ * trainer options (NULL: defaults): steps_per_call and loop shape the step scope's. */
+static sg_status predict_all(sg_ctx *ctx, const sg_trainer_options *tr, sg_advise_result *r)
 {
     sg_advise_prediction pred[SG_ADVISE_SCOPES];
+    bool vary = tr && tr->vary_seq;
     for (int s = 0; s < SG_ADVISE_SCOPES; s++) {
         sg_advise_prediction *q = &r->scopes[s].predicted;
-        if (s == SG_SCOPE_LAYER && r->profile.n_modules == 0) {
+        if (vary && (s == SG_SCOPE_LAYER || s == SG_SCOPE_MODEL)) {
+            no_buckets(&r->scopes[SG_SCOPE_EAGER].predicted, (sg_scope)s, q);
+        } else if (s == SG_SCOPE_LAYER && r->profile.n_modules == 0) {
             nothing_to_wrap(&r->scopes[SG_SCOPE_EAGER].predicted, q);
         } else {
             sg_status st = sg_advise_predict(&r->calib, &r->profile, (sg_scope)s, q);
+            if (st == SG_OK && tr)
+                st = sg_advise_predict_calls(&r->calib, &r->profile, tr->steps_per_call, tr->loop, q);
             if (st != SG_OK)
                 return sg_fail(ctx, st, "sg_advise: cannot predict %s scope: %s", sg_scope_name((sg_scope)s),
                                q->note);
@@ -157,7 +201,7 @@ static sg_status advise_held(sg_ctx *ctx, sg_model_factory factory, void *user, 
     snprintf(out->model, sizeof out->model, "%s", out->profile.model);
     out->precision = out->profile.precision;
     report(o, out, SG_ADVISE_STAGE_PROFILED, SG_SCOPE_EAGER);
-    SG_TRY(predict_all(ctx, out));
+    SG_TRY(predict_all(ctx, o->trainer, out));
     snprintf(out->verdict, sizeof out->verdict, "%s", out->summary.verdict);
     report(o, out, SG_ADVISE_STAGE_PREDICTED, out->summary.best);
     if (!o->measure) {
@@ -186,8 +230,9 @@ sg_status sg_advise(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_
     }
     out->options = o;
     out->options.calib = NULL, out->options.progress = NULL, out->options.progress_user = NULL;
+    out->options.trainer = NULL;
     snprintf(out->device, sizeof out->device, "%s", sg_ctx_device_name(ctx));
-    sg_advise_timing tm = {o.warmup, o.steps, o.repeats, o.busy_steps, o.accum};
+    sg_advise_timing tm = {o.warmup, o.steps, o.repeats, o.busy_steps, o.accum, o.trainer};
     SG_TRY(sg_advise_check_timing(ctx, "sg_advise", &tm)); /* before a second of calibration */
 
     cpu_set_t saved;

@@ -20,14 +20,29 @@ typedef struct sg_advise_timing {
     int busy_steps;              /* steps in the CUPTI window */
     int accum;                   /* micro-batches per optimizer step (1 to 1024): a "step" above
                                   * is an optimizer step of that many */
+    /* The caller's other trainer options (NULL: defaults; sg_advise_options.trainer): the
+     * runs' trainers start from them, scope, warmup and accum the advisor's. With steps_per_call
+     * K every figure is still per optimizer step: the measured blocks, the warm-up and the
+     * CUPTI window run whole calls (their step counts rounded up to multiples of K, the warm-up
+     * at least the trainer's eager calls, the capture's and one replay's), the eager profile
+     * one step a call, and the trial capture the step's plain graph (below). */
+    const sg_trainer_options *trainer;
 } sg_advise_timing;
 
-/* SG_ERR_INVALID (message on ctx, naming fn) unless the timing is one the advisor can run. */
+/* SG_ERR_INVALID (message on ctx, naming fn) unless the timing is one the advisor can run,
+ * trainer options included: steps_per_call 0 to 1024, the control-flow flags 0 or 1, an
+ * early-stop rule that can hold, vary_seq with seq_buckets (and seq_buckets only with it,
+ * accum 1), no batch buckets and no data parallelism (the advisor runs fixed batches in one
+ * process). */
 sg_status sg_advise_check_timing(sg_ctx *ctx, const char *fn, const sg_advise_timing *tm);
 
 /* Builds the model with factory (on ctx, CUDA), times eager steps, profiles them with CUPTI,
  * instruments one step by region, measures the static-input batch load and tries to capture
- * the step. A capture that is refused is reported in out, not as an error. */
+ * the step. A capture that is refused is reported in out, not as an error. The eager trainer
+ * runs one step a call (the regions are one step's); the trial capture is of one plain step
+ * (no loop, IF, SWITCH or early stop: step_nodes is the kernels one step replays, which the
+ * prediction of steps_per_call steps a launch builds on). An early-stop rule that held during
+ * the profile fails it: the later steps ran nothing. */
 sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *user,
                                   const sg_advise_timing *tm, sg_advise_profile *out);
 
@@ -36,6 +51,21 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
  * error. */
 sg_status sg_advise_measure(sg_ctx *ctx, sg_model_factory factory, void *user, sg_scope scope,
                             const sg_advise_timing *tm, sg_advise_measurement *out);
+
+/* Step scope with steps_per_call K (> 1) steps a launch, from q, its prediction for one step a
+ * launch (sg_advise_predict of the same calibration and profile): the launch's host cost, the
+ * device's graph-launch gap, capture, instantiation and executable memory are shared by K
+ * steps. The graph holds K copies of the step's N nodes (loop 0), or one copy in a WHILE body
+ * (loop 1), each turn of which costs the device a graph launch's gap. Per step:
+ *     host   = (r_base + Ng r_node) / K             Ng = K N (unrolled), N (loop)
+ *     device = B + (K N - 1) / K g_node + g_graph / K                       (unrolled)
+ *              B + (N - 1) g_node + g_graph + g_graph / K                    (loop)
+ * capture c_base + K (q's capture - c_base) unrolled, q's with loop; instantiate i_base +
+ * Ng i_node; extra static_bytes + x_base + Ng x_node; launches and graphs 1/K a step; step ms,
+ * speedup, saving, break-even and bound follow. K <= 1 or another scope: q unchanged.
+ * SG_ERR_NULL for a NULL argument. */
+sg_status sg_advise_predict_calls(const sg_advise_calib *c, const sg_advise_profile *p, int steps_per_call,
+                                  int loop, sg_advise_prediction *q);
 
 /* Shared by the parts: the monotonic clock in microseconds, and the median of v[0..n)
  * (sorts v; NAN for n <= 0). */

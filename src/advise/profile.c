@@ -57,29 +57,84 @@ sg_status sg_advise_check_timing(sg_ctx *ctx, const char *fn, const sg_advise_ti
     if (tm->accum < 1 || tm->accum > 1024)
         return sg_fail(ctx, SG_ERR_INVALID, "%s: accum %d: expected 1 to 1024 micro-batches per optimizer step "
                        "(sg_advise_options.accum)", fn, tm->accum);
+    const sg_trainer_options *o = tm->trainer;
+    if (!o) return SG_OK;
+    if (o->steps_per_call < 0 || o->steps_per_call > 1024)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: trainer.steps_per_call %d: expected 1 to 1024 optimizer steps a "
+                       "call (0: 1)", fn, o->steps_per_call);
+    if ((o->loop | o->skip_if | o->vary_seq | o->stop_on_loss) & ~1)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: trainer.loop %d, skip_if %d, vary_seq %d, stop_on_loss %d: expected "
+                       "0 or 1", fn, o->loop, o->skip_if, o->vary_seq, o->stop_on_loss);
+    if (o->stop_nonfinite < 0 || o->stop_nonfinite > (1 << 30) || (o->stop_on_loss && !isfinite(o->stop_loss)))
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: trainer.stop_nonfinite %d, stop_loss %g: expected 0 to 2^30 steps, "
+                       "and a finite loss with stop_on_loss", fn, o->stop_nonfinite, (double)o->stop_loss);
+    if (o->vary_seq != (o->n_seq_buckets > 0) || (o->n_seq_buckets && !o->seq_buckets))
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: trainer.vary_seq %d with %d seq_buckets: the advisor varies the "
+                       "length only as vary_seq draws it, from seq_buckets (set both, or neither)", fn, o->vary_seq,
+                       o->n_seq_buckets);
+    if (o->vary_seq && tm->accum > 1)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: trainer.vary_seq with accum %d: a step of a drawn length is one "
+                       "batch (accum 1)", fn, tm->accum);
+    if (o->n_buckets || o->batch_buckets)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: trainer.batch_buckets: the advisor runs the model's fixed batch "
+                       "(its steps are sg_trainer_step calls)", fn);
+    if (o->dist)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: trainer.dist: the advisor profiles one process; advise a rank's "
+                       "model without data parallelism", fn);
     return SG_OK;
 }
 
-/* The trainer options of the advisor's runs: scope, and the timing's micro-batches a step. */
+/* Optimizer steps a call of the caller's trainer options (0 and unset: 1). */
+static int steps_per_call(const sg_advise_timing *tm)
+{
+    return tm->trainer && tm->trainer->steps_per_call > 1 ? tm->trainer->steps_per_call : 1;
+}
+
+/* n steps rounded up to whole calls of k. */
+static int whole_calls(int n, int k)
+{
+    return (n + k - 1) / k * k;
+}
+
+/* The trainer options of the advisor's runs: the caller's (or the defaults), with the scope,
+ * the trainer's own warm-up and the timing's micro-batches a step. */
 static sg_trainer_options trainer_options(sg_scope scope, const sg_advise_timing *tm)
 {
-    sg_trainer_options to = sg_trainer_options_default();
+    sg_trainer_options to = tm->trainer ? *tm->trainer : sg_trainer_options_default();
     to.scope = scope;
+    to.warmup = sg_trainer_options_default().warmup;
     to.accum = tm->accum;
+    to.steps_per_call = steps_per_call(tm);
+    to.dist = NULL;
     return to;
 }
 
-static sg_status run_steps(sg_trainer *t, int64_t *s, int n)
+/* n optimizer steps from *s, in calls of the trainer's k steps (n a multiple of k). */
+static sg_status run_steps(sg_trainer *t, int k, int64_t *s, int n)
 {
-    for (int i = 0; i < n; i++) SG_TRY(sg_trainer_step(t, (*s)++));
+    for (int i = 0; i < n; i += k, *s += k) SG_TRY(sg_trainer_step(t, *s));
     return SG_OK;
 }
 
-/* Blocks of steps, each synced at the end: wall ms per step (median), host ms per step queuing
- * a block (median), launches per step. */
-static sg_status time_blocks(sg_ctx *ctx, sg_trainer *t, const sg_advise_timing *tm, int64_t *s, double *wall,
-                             double *host, double *launches)
+/* An early-stop rule that held leaves later calls running nothing: the timings would be of
+ * steps that did not run. */
+static sg_status check_not_stopped(sg_ctx *ctx, sg_trainer *t, const sg_trainer_options *to, const char *fn)
 {
+    if (!to->stop_nonfinite && !to->stop_on_loss) return SG_OK;
+    sg_trainer_stop st;
+    SG_TRY(sg_trainer_get_stop(t, &st));
+    if (st.stopped == SG_STOPPED_NO) return SG_OK;
+    return sg_fail(ctx, SG_ERR_INVALID, "%s: the early-stop rule (%s) held after %lld steps, so later steps ran "
+                   "nothing: advise with a rule that holds later, or none", fn,
+                   st.stopped == SG_STOPPED_NONFINITE ? "stop_nonfinite" : "stop_on_loss", (long long)st.steps_run);
+}
+
+/* Blocks of steps (whole calls of k), each synced at the end: wall ms per step (median), host
+ * ms per step queuing a block (median), launches per step. */
+static sg_status time_blocks(sg_ctx *ctx, sg_trainer *t, int k, const sg_advise_timing *tm, int64_t *s,
+                             double *wall, double *host, double *launches)
+{
+    int n = whole_calls(tm->steps, k);
     double *w = calloc((size_t)tm->repeats * 2, sizeof *w);
     if (!w) return sg_fail(ctx, SG_ERR_OOM, "sg_advise: out of host memory timing steps");
     double *h = w + tm->repeats;
@@ -88,14 +143,14 @@ static sg_status time_blocks(sg_ctx *ctx, sg_trainer *t, const sg_advise_timing 
     for (int r = 0; r < tm->repeats && st == SG_OK; r++) {
         st = sg_ctx_sync(ctx);
         double t0 = sg_advise_now_us();
-        if (st == SG_OK) st = run_steps(t, s, tm->steps);
+        if (st == SG_OK) st = run_steps(t, k, s, n);
         double t1 = sg_advise_now_us();
         if (st == SG_OK) st = sg_ctx_sync(ctx);
-        w[r] = (sg_advise_now_us() - t0) / 1e3 / tm->steps;
-        h[r] = (t1 - t0) / 1e3 / tm->steps;
+        w[r] = (sg_advise_now_us() - t0) / 1e3 / n;
+        h[r] = (t1 - t0) / 1e3 / n;
     }
     if (st == SG_OK) {
-        *launches = (double)(sg_ctx_launch_count(ctx) - k0) / ((double)tm->repeats * tm->steps);
+        *launches = (double)(sg_ctx_launch_count(ctx) - k0) / ((double)tm->repeats * n);
         *wall = sg_advise_median(w, tm->repeats);
         *host = sg_advise_median(h, tm->repeats);
     }
@@ -103,11 +158,13 @@ static sg_status time_blocks(sg_ctx *ctx, sg_trainer *t, const sg_advise_timing 
     return st;
 }
 
-/* GPU-busy per step and kernels per step over busy_steps steps. A profiler that cannot run
- * (no CUPTI, another client) leaves NAN and a note; a step that fails is an error. */
-static sg_status measure_busy(sg_ctx *ctx, sg_trainer *t, const sg_advise_timing *tm, int64_t *s, double *busy_ms,
-                              double *kernels, double *short_share, char *note, size_t note_n)
+/* GPU-busy per step and kernels per step over busy_steps steps (whole calls of k). A profiler
+ * that cannot run (no CUPTI, another client) leaves NAN and a note; a step that fails is an
+ * error. */
+static sg_status measure_busy(sg_ctx *ctx, sg_trainer *t, int k, const sg_advise_timing *tm, int64_t *s,
+                              double *busy_ms, double *kernels, double *short_share, char *note, size_t note_n)
 {
+    int n = whole_calls(tm->busy_steps, k);
     *busy_ms = *kernels = *short_share = NAN;
     sg_prof *p = NULL;
     sg_prof_result r;
@@ -116,12 +173,12 @@ static sg_status measure_busy(sg_ctx *ctx, sg_trainer *t, const sg_advise_timing
     if (pst == SG_OK) pst = sg_prof_start(p);
     sg_status st = SG_OK;
     if (pst == SG_OK) {
-        st = run_steps(t, s, tm->busy_steps);
+        st = run_steps(t, k, s, n);
         pst = sg_prof_stop(p, &r);
     }
     if (st == SG_OK && pst == SG_OK) {
-        *busy_ms = r.busy_us / 1e3 / tm->busy_steps;
-        *kernels = (double)r.kernels / tm->busy_steps;
+        *busy_ms = r.busy_us / 1e3 / n;
+        *kernels = (double)r.kernels / n;
         *short_share = r.short_kernel_share;
         if (r.dropped && note)
             snprintf(note, note_n, "CUPTI dropped %llu records: GPU-busy undercounts", (unsigned long long)r.dropped);
@@ -327,8 +384,15 @@ static sg_status trial_capture(sg_model *m, sg_optim *o, const sg_advise_timing 
         snprintf(out->capture_error, sizeof out->capture_error, "not tried: STEPGRAPH_DISABLE_GRAPHS=1");
         return SG_OK;
     }
+    /* One plain step a graph: the kernels a step replays (the caller's loop, IF, SWITCH and
+     * early stop put some of them in conditional nodes' bodies, which the node count leaves
+     * out). The measurement captures the real form. */
     sg_trainer_options to = trainer_options(SG_SCOPE_STEP, tm);
     to.warmup = 1;
+    to.steps_per_call = 1;
+    to.loop = to.skip_if = to.vary_seq = 0;
+    to.seq_buckets = NULL, to.n_seq_buckets = 0;
+    to.stop_nonfinite = to.stop_on_loss = 0;
     sg_trainer *t = NULL;
     SG_TRY(sg_trainer_create(m, o, &to, &t));
     sg_status st = sg_trainer_step(t, (*s)++);
@@ -362,9 +426,11 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
     if (!tm) return sg_fail(ctx, SG_ERR_NULL, "sg_advise_profile_model: timing is NULL");
     sg_advise_timing t = *tm;
     SG_TRY(sg_advise_check_timing(ctx, "sg_advise_profile_model", &t));
-    out->shapes_static = true; /* fixed batch and length: the advisor does not vary shapes */
+    /* A fixed batch; the length fixed too unless the caller's trainer draws it (vary_seq). */
+    out->shapes_static = !(t.trainer && t.trainer->vary_seq);
     out->accum = t.accum;
     sg_trainer_options eager = trainer_options(SG_SCOPE_EAGER, &t);
+    eager.steps_per_call = 1; /* the regions below are one step's; eager calls cost K steps alike */
     sg_model *m = NULL;
     sg_optim *o = NULL;
     sg_trainer *tr = NULL;
@@ -376,12 +442,13 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
         st = sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o);
     }
     if (st == SG_OK) st = sg_trainer_create(m, o, &eager, &tr);
-    if (st == SG_OK) st = run_steps(tr, &s, t.warmup);
-    if (st == SG_OK) st = time_blocks(ctx, tr, &t, &s, &out->wall_ms, &out->block_host_ms, &out->launches);
+    if (st == SG_OK) st = run_steps(tr, 1, &s, t.warmup);
+    if (st == SG_OK) st = time_blocks(ctx, tr, 1, &t, &s, &out->wall_ms, &out->block_host_ms, &out->launches);
     if (st == SG_OK) st = probe_regions(ctx, m, tr, &s, out);
     if (st == SG_OK)
-        st = measure_busy(ctx, tr, &t, &s, &out->busy_ms, &out->kernels, &out->short_kernel_share, out->note,
+        st = measure_busy(ctx, tr, 1, &t, &s, &out->busy_ms, &out->kernels, &out->short_kernel_share, out->note,
                           sizeof out->note);
+    if (st == SG_OK) st = check_not_stopped(ctx, tr, &eager, "sg_advise_profile_model");
     sg_trainer_destroy(tr);
     if (st == SG_OK) st = probe_static_load(ctx, m, &s, out);
     if (st == SG_OK) st = trial_capture(m, o, &t, &s, out);
@@ -415,16 +482,21 @@ sg_status sg_advise_measure(sg_ctx *ctx, sg_model_factory factory, void *user, s
     sg_optim *o = NULL;
     sg_trainer *tr = NULL;
     sg_trainer_options to = trainer_options(scope, &t);
+    /* Whole calls of K steps; the warm-up at least the trainer's eager calls, the capture's and
+     * one replay's. */
+    int K = to.steps_per_call, warm = whole_calls(t.warmup, K);
+    if (scope != SG_SCOPE_EAGER && warm < (to.warmup + 2) * K) warm = (to.warmup + 2) * K;
     int64_t s = 0;
     sg_status st = build_model(ctx, factory, user, "sg_advise_measure", &m);
     if (st == SG_OK) st = sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o);
     if (st == SG_OK) st = sg_trainer_create(m, o, &to, &tr);
-    if (st == SG_OK) st = run_steps(tr, &s, t.warmup);
-    if (st == SG_OK) st = time_blocks(ctx, tr, &t, &s, &out->step_ms, &out->host_ms, &out->launches);
+    if (st == SG_OK) st = run_steps(tr, K, &s, warm);
+    if (st == SG_OK) st = time_blocks(ctx, tr, K, &t, &s, &out->step_ms, &out->host_ms, &out->launches);
     if (st == SG_OK) {
         double k, sh;
-        st = measure_busy(ctx, tr, &t, &s, &out->busy_ms, &k, &sh, NULL, 0);
+        st = measure_busy(ctx, tr, K, &t, &s, &out->busy_ms, &k, &sh, NULL, 0);
     }
+    if (st == SG_OK) st = check_not_stopped(ctx, tr, &to, "sg_advise_measure");
     if (st == SG_OK) st = sg_ctx_alloc_stats(ctx, &a1);
     if (st == SG_OK) {
         sg_trainer_stats ts;

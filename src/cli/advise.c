@@ -28,6 +28,17 @@ static const char *advise_usage =
     SG_CLI_ACCUM_HELP
     "                      The profile, the predictions and the measurements are then of\n"
     "                      whole accumulated steps (layer and model graphs replay K times)\n"
+    "  --steps-per-graph K optimizer steps per trainer call: the step scope's graph holds K\n"
+    "                      steps, so its launch's host cost is shared by K (predicted so:\n"
+    "                      docs/advisor.md); other scopes run them one by one. Every figure\n"
+    "                      stays per optimizer step (default 1)\n"
+    "  --seq-lens L        gpt, with --vary-seq: sequence-length buckets, e.g. 32,64,128\n"
+    "  --vary-seq          every run draws each step's length from 1..the largest bucket\n"
+    "                      (under step scope one graph holds every bucket as a SWITCH\n"
+    "                      branch); layer and model scope are then not measured\n"
+    SG_CLI_COND_HELP
+    "                      --loop and --skip-if shape the step scope's graph; a stop rule that\n"
+    "                      holds during a run fails it (its later steps would run nothing)\n"
     "  --no-measure        predict only: do not train under each scope\n"
     "  --steps N           steps per timed block (default 50)\n"
     "  --repeats R         timed blocks; the median is reported (default 5)\n"
@@ -91,7 +102,8 @@ static void print_checklist(const sg_advise_profile *p, const sg_advise_summary 
     printf("  small kernels             %4.0f%%  (of kernels, shorter than %.0f us)\n",
            100 * s->short_kernel_share, SG_PROF_SHORT_KERNEL_US);
     printf("  shape stability           %s\n",
-           s->shapes_static ? "static (no shape buckets: one graph serves every step)" : "varies: a graph per bucket");
+           s->shapes_static ? "static (no shape buckets: one graph serves every step)"
+                            : "varies (--vary-seq): each length bucket a branch of the step graph's SWITCH node");
     if (!p->capture_tried) printf("  host syncs in the step    unknown (%s)\n", p->capture_error);
     else if (s->host_syncs) printf("  host syncs in the step    FOUND: %s\n", p->capture_error);
     else printf("  host syncs in the step    none (a trial capture of the step took %d nodes)\n", p->step_nodes);
@@ -285,8 +297,8 @@ static void json_measurement(sg_json *w, const sg_advise_scope_result *sr)
     sg_json_object_end(w);
 }
 
-/* The whole result as one object on stdout. */
-static bool print_json(const sg_advise_result *r)
+/* The whole result as one object on stdout; tr: the trainer options it ran with. */
+static bool print_json(const sg_advise_result *r, const sg_trainer_options *tr)
 {
     sg_json *w = NULL;
     if (sg_json_create_file(stdout, SG_JSON_SPACED, &w) != SG_OK) {
@@ -297,6 +309,13 @@ static bool print_json(const sg_advise_result *r)
     sg_cli_kv_str(w, "model", r->model);
     sg_cli_kv_str(w, "precision", r->precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
     sg_cli_kv_int(w, "accum", r->options.accum);
+    sg_cli_kv_int(w, "steps_per_graph", tr->steps_per_call > 1 ? tr->steps_per_call : 1);
+    sg_cli_kv_int(w, "loop", tr->loop);
+    sg_cli_kv_int(w, "skip_if", tr->skip_if);
+    sg_cli_kv_int(w, "vary_seq", tr->vary_seq);
+    sg_cli_kv_int(w, "stop_nonfinite", tr->stop_nonfinite);
+    sg_json_key(w, "stop_loss");
+    sg_json_double(w, tr->stop_on_loss ? tr->stop_loss : NAN); /* null: no rule */
     sg_cli_kv_str(w, "device", r->device);
     sg_cli_kv_str(w, "commit", sg_cli_commit());
     sg_json_key(w, "cpu");
@@ -350,6 +369,8 @@ typedef struct advise_opts {
     const char *model;
     sg_model_options mo;
     sg_advise_options ao;
+    sg_trainer_options tr;      /* the runs' other trainer options (ao.trainer) */
+    int64_t seq_lens[32];
     sg_backend backend;
     bool json;
 } advise_opts;
@@ -378,6 +399,16 @@ static int parse(int argc, char **argv, advise_opts *o)
             /* --classes, --recompute */
         } else if (sg_cli_accum_opt("advise", argc, argv, &i, &o->ao.accum, &bad)) {
             /* --accum */
+        } else if (sg_cli_cond_opt("advise", argc, argv, &i, &o->tr, &bad)) {
+            /* --loop, --skip-if, --stop-nonfinite, --stop-loss */
+        } else if (!strcmp(argv[i], "--vary-seq")) {
+            o->tr.vary_seq = 1, i++;
+        } else if (sg_cli_opt(argc, argv, &i, "--seq-lens", &v, &bad)) {
+            bad = bad || !sg_cli_buckets("advise", "--seq-lens", v, o->seq_lens, &o->tr.n_seq_buckets, 32);
+            o->tr.seq_buckets = o->seq_lens;
+        } else if (sg_cli_opt(argc, argv, &i, "--steps-per-graph", &v, &bad)) {
+            bad = bad || !sg_cli_int("advise", "--steps-per-graph", v, 1, 1024, &n);
+            o->tr.steps_per_call = (int)n;
         } else if (sg_cli_opt(argc, argv, &i, "--steps", &v, &bad)) {
             bad = bad || !sg_cli_int("advise", "--steps", v, 1, 1000000, &n);
             o->ao.steps = (int)n;
@@ -400,12 +431,31 @@ static int parse(int argc, char **argv, advise_opts *o)
         fprintf(stderr, "stepgraph advise: --model is required (see stepgraph advise --help)\n");
         bad = true;
     }
+    if (!bad && o->tr.vary_seq != (o->tr.n_seq_buckets > 0)) {
+        fprintf(stderr, "stepgraph advise: %s\n", o->tr.vary_seq ? "--vary-seq needs --seq-lens"
+                                                                  : "--seq-lens is for --vary-seq (the advisor's "
+                                                                    "steps are otherwise full-length)");
+        bad = true;
+    }
+    if (!bad && o->tr.n_seq_buckets && strncmp(o->model, "gpt-", 4)) {
+        fprintf(stderr, "stepgraph advise: --seq-lens is for gpt models, not '%s'\n", o->model);
+        bad = true;
+    }
+    if (!bad && o->tr.n_seq_buckets && o->ao.accum > 1) {
+        fprintf(stderr, "stepgraph advise: --accum %d does not combine with --seq-lens: a padded step is one "
+                "batch\n", o->ao.accum);
+        bad = true;
+    }
+    o->tr.accum = o->ao.accum; /* what the check below sees; the advisor sets it itself */
+    if (!bad) bad = !sg_cli_cond_check("advise", &o->tr, o->mo.precision, false);
+    o->ao.trainer = &o->tr;
     return bad ? SG_EXIT_USAGE : -1;
 }
 
 int sg_cmd_advise(int argc, char **argv)
 {
-    advise_opts o = {.ao = sg_advise_options_default(), .backend = SG_BACKEND_AUTO};
+    advise_opts o = {.ao = sg_advise_options_default(), .tr = sg_trainer_options_default(),
+                     .backend = SG_BACKEND_AUTO};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
     if (o.backend == SG_BACKEND_CPU || (o.backend == SG_BACKEND_AUTO && !sg_cuda_available())) {
@@ -430,10 +480,17 @@ int sg_cmd_advise(int argc, char **argv)
         return SG_EXIT_FAIL;
     }
     if (!o.json) {
-        char accum[64] = "";
+        char accum[64] = "", forms[192] = "";
         if (o.ao.accum > 1) snprintf(accum, sizeof accum, ", %d micro-batches per optimizer step", o.ao.accum);
-        printf("stepgraph advise: %s (%s%s) on %s\n\n", o.model, o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32",
-               accum, sg_ctx_device_name(ctx));
+        snprintf(forms, sizeof forms, "%s%s%s%s%s", o.tr.loop ? ", loop" : "", o.tr.skip_if ? ", skip-if" : "",
+                 o.tr.vary_seq ? ", varying length" : "",
+                 o.tr.stop_nonfinite || o.tr.stop_on_loss ? ", early stop" : "",
+                 o.tr.steps_per_call > 1 ? ", steps per graph: " : "");
+        if (o.tr.steps_per_call > 1)
+            snprintf(forms + strlen(forms), sizeof forms - strlen(forms), "%d (figures per optimizer step)",
+                     o.tr.steps_per_call);
+        printf("stepgraph advise: %s (%s%s%s) on %s\n\n", o.model, o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32",
+               accum, forms, sg_ctx_device_name(ctx));
         fflush(stdout);
     }
     o.ao.progress = progress;
@@ -444,7 +501,7 @@ int sg_cmd_advise(int argc, char **argv)
     bool predicted = r->summary.verdict[0] != '\0';
     rc = st == SG_OK ? 0 : SG_EXIT_FAIL;
     if (!predicted) fprintf(stderr, "stepgraph advise: %s\n", sg_ctx_last_error(ctx));
-    else if (o.json && !print_json(r)) rc = SG_EXIT_FAIL;
+    else if (o.json && !print_json(r, &o.tr)) rc = SG_EXIT_FAIL;
     else if (!o.json) printf("\nverdict: %s\n", r->verdict);
     free(r);
     sg_ctx_destroy(ctx);

@@ -34,7 +34,21 @@ static const char *bench_usage =
     "                      (default eager)\n"
     "  --backend B         cpu, cuda or auto (default auto)\n"
     "  --steps-per-graph K optimizer steps per trainer call: under step scope, one graph launch\n"
-    "                      runs K steps (default 1); --steps is rounded up to a multiple of K\n"
+    "                      runs K steps (default 1); --steps is rounded up to a multiple of K.\n"
+    "                      Every figure stays per optimizer step\n"
+    "  --seq-lens L        gpt, with --vary-seq (eager and step scopes): sequence-length\n"
+    "                      buckets, e.g. 32,64,128 (at most the model's SEQ)\n"
+    "  --vary-seq          each step's length drawn from 1..the largest bucket (sg_vary_len),\n"
+    "                      run padded up to its bucket; under step scope the device draws it\n"
+    "                      and one graph holds every bucket as a branch of a SWITCH node (so\n"
+    "                      --steps-per-graph works with it)\n"
+    SG_CLI_COND_HELP
+    "                      --loop and --skip-if shape the step scope's rows only\n"
+    "  --overflow-every N  bf16: force an overflow every N steps (the loss scale set to +inf\n"
+    "                      before step i with i % N == N - 1: its gradients overflow, it is\n"
+    "                      skipped and the scale backs off), to time the skip; with\n"
+    "                      --steps-per-graph K, N is a multiple of K and the launch that holds\n"
+    "                      such a step starts with it (its first step is skipped)\n"
     SG_CLI_ACCUM_HELP
     SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (mixed precision with loss scaling; not mlp)\n"
@@ -56,10 +70,16 @@ static const char *bench_usage =
     "                      framework, model, scope, precision, ms_per_step, host_ms_per_step,\n"
     "                      kernels_per_step, gpu_busy_ms_per_step (null where not measured),\n"
     "                      kernels_per_step_cupti, graphs, graph_nodes, steps_per_graph,\n"
-    "                      accum (micro-batches a step), recompute (0 or 1),\n"
+    "                      accum (micro-batches a step), recompute (0 or 1), loop, skip_if,\n"
+    "                      vary_seq (0 or 1), seq_lens (given), stop_nonfinite, stop_loss\n"
+    "                      (null: none), overflow_every (0: none), cond_note (why a form was\n"
+    "                      built without conditional nodes; \"\": it was not),\n"
     "                      capture_ms, instantiate_ms, graph_exec_mib, fell_back,\n"
     "                      allocs_per_100_steps, peak_mib, loss_first, loss_after_warmup,\n"
-    "                      vocab and data (gpt), device, commit\n"
+    "                      vocab, data, tokens_per_step and tokens_per_s (gpt: the real\n"
+    "                      tokens of an optimizer step, accum x batch x length, with --vary-seq\n"
+    "                      the mean drawn length of the timed steps: padding not counted),\n"
+    "                      device, commit. Per step means per optimizer step throughout\n"
     "  -h, --help          this text\n"
     "\n"
     "exit status: 0 every model timed under every scope, 1 a runtime error (no usable device\n"
@@ -69,6 +89,7 @@ static const char *bench_usage =
 typedef struct bench_row {
     char model[64], device[320];
     double ms, host_ms, kernels, cupti_kernels, busy_ms, allocs100, peak_mib, loss0, loss1;
+    double tokens;              /* gpt: real tokens an optimizer step trains on (0: not gpt) */
     bool busy_ok;
     /* --memory: peaks over the whole run and over its eager steps (before any capture), and
      * allocations per 100 eager steps (NAN: none measured) and per 100 replayed ones (NAN:
@@ -94,16 +115,86 @@ static int cmp_double(const void *a, const void *b)
 
 static int steps_per_call = 1;
 static int accum = 1;           /* --accum: micro-batches per optimizer step */
+/* The control-flow forms (--loop, --skip-if, --stop-*) and --seq-lens with --vary-seq: the
+ * trainer options every row starts from. */
+static sg_trainer_options forms;
+static int64_t seq_lens[32];
+static const char *seq_lens_arg;
+static long long overflow_every; /* --overflow-every N (bf16): a forced overflow every N steps */
 static sg_dtype precision = SG_DTYPE_F32;
 static const char *data_path;   /* gpt: --data (NULL: the default text) */
 static int64_t vocab;           /* gpt: --vocab (0: bytes) */
 static sg_model_options model_opts; /* --classes, --recompute */
 
-/* n optimizer steps from batch `from` (n a multiple of steps_per_call). */
+/* The control-flow and length options against the rest, before anything runs. */
+static bool check_forms(const char *models, const char *scopes)
+{
+    char buf[160];
+    const char *err = NULL;
+    if (forms.vary_seq != (forms.n_seq_buckets > 0))
+        err = forms.vary_seq ? "--vary-seq needs --seq-lens"
+                             : "--seq-lens is for --vary-seq (bench times steps of drawn lengths)";
+    else if (forms.vary_seq && accum > 1)
+        snprintf(buf, sizeof buf, "--accum %d does not combine with --seq-lens: a padded step is one batch", accum),
+            err = buf;
+    else if (forms.vary_seq && (strstr(scopes, "layer") || strstr(scopes, "model") || !strcmp(scopes, "all")))
+        err = "--seq-lens runs under eager and step scopes only (give --scope eager,step)";
+    else if (overflow_every && precision != SG_DTYPE_BF16)
+        err = "--overflow-every is for --precision bf16: an fp32 step has no loss scale to overflow";
+    else if (overflow_every % steps_per_call)
+        snprintf(buf, sizeof buf, "--overflow-every %lld is not a multiple of --steps-per-graph %d: an overflow is "
+                 "forced before a launch", overflow_every, steps_per_call), err = buf;
+    if (!err && forms.vary_seq) { /* every model a gpt */
+        char *names = strdup(models), *save = NULL;
+        for (char *n = strtok_r(names, ",", &save); n && !err; n = strtok_r(NULL, ",", &save))
+            if (strncmp(n, "gpt-", 4))
+                snprintf(buf, sizeof buf, "--seq-lens is for gpt models, not '%s'", n), err = buf;
+        free(names);
+    }
+    if (err) fprintf(stderr, "stepgraph bench: %s\n", err);
+    return !err && sg_cli_cond_check("bench", &forms, precision, false);
+}
+
+/* n optimizer steps from batch `from` (n a multiple of steps_per_call). --overflow-every N:
+ * the call whose steps hold step i with i % N == N - 1 (N a multiple of the call's steps)
+ * starts with an infinite loss scale, so its first step overflows and is skipped. */
 static sg_status steps(sg_trainer *t, long long from, long long n)
 {
-    for (long long s = from; s < from + n; s += steps_per_call) BENCH_TRY(sg_trainer_step(t, s));
+    static const sg_loss_scaler overflow = {INFINITY, 0, 2000, 0};
+    for (long long s = from; s < from + n; s += steps_per_call) {
+        if (overflow_every && (s + steps_per_call) % overflow_every == 0)
+            BENCH_TRY(sg_trainer_set_scaler(t, &overflow));
+        BENCH_TRY(sg_trainer_step(t, s));
+    }
     return SG_OK;
+}
+
+/* An early-stop rule that held would leave later calls running nothing: refuse to time them. */
+static bool still_training(sg_trainer *t, const char *name, const char *when)
+{
+    sg_trainer_stop st;
+    if (!forms.stop_nonfinite && !forms.stop_on_loss) return true;
+    if (sg_trainer_get_stop(t, &st) != SG_OK) return false;
+    if (st.stopped == SG_STOPPED_NO) return true;
+    fprintf(stderr, "stepgraph bench: %s: the early-stop rule (%s) held after %lld step%s, %s: later steps would "
+            "not run; not timing them\n", name, st.stopped == SG_STOPPED_NONFINITE ? "--stop-nonfinite" : "--stop-loss",
+            (long long)st.steps_run, st.steps_run == 1 ? "" : "s", when);
+    return false;
+}
+
+/* gpt: the real tokens an optimizer step of the timed steps from..from+n-1 trains on: accum x
+ * batch x length (--vary-seq: each step's drawn length, averaged). 0 for other models. */
+static double tokens_per_step(const char *name, sg_model *m, long long from, long long n)
+{
+    if (strncmp(name, "gpt", 3) || n <= 0) return 0;
+    const sg_tensor *x = sg_model_input(m);
+    double rows = (double)sg_tensor_dim(x, 0) * accum, len = (double)sg_tensor_dim(x, 1);
+    if (forms.vary_seq) {
+        double sum = 0;
+        for (long long s = from; s < from + n; s++) sum += (double)sg_vary_len(s, seq_lens[forms.n_seq_buckets - 1]);
+        len = sum / (double)n;
+    }
+    return rows * len;
 }
 
 /* Device allocations per 100 optimizer steps between two snapshots. */
@@ -149,7 +240,7 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     sg_model *m = NULL;
     sg_optim *o = NULL;
     sg_trainer *t = NULL;
-    sg_trainer_options to = sg_trainer_options_default();
+    sg_trainer_options to = forms;
     to.scope = scope;
     to.steps_per_call = steps_per_call;
     to.accum = accum;
@@ -172,6 +263,13 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     if (scope == SG_SCOPE_EAGER || eager_calls < 1) eager_calls = 1;
     sg_alloc_stats w0, w1;
     if (warm_up(t, ctx, calls, eager_calls, &w0, &w1) != SG_OK || held_out_loss(m, &l1) != SG_OK) goto fail;
+    if (!still_training(t, name, "in the warm-up")) goto out;
+    /* --overflow-every: a forced overflow was skipped (the scaler counts it), or say so. */
+    sg_loss_scaler sc;
+    if (overflow_every && calls * steps_per_call >= overflow_every && sg_trainer_get_scaler(t, &sc) == SG_OK &&
+        sc.skipped < 1)
+        fprintf(stderr, "stepgraph bench: %s: warning: --overflow-every %lld: no step was skipped after a forced "
+                "overflow in the warm-up\n", name, overflow_every);
     r->loss0 = l0, r->loss1 = l1;
     if (!isfinite(l0) || !isfinite(l1)) {
         fprintf(stderr, "stepgraph bench: %s: the loss is not finite (%g -> %g); not timing a broken step\n",
@@ -197,6 +295,8 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
         host[rep] = (t1 - t0) / nsteps;
     }
     sg_ctx_alloc_stats(ctx, &a1);
+    if (!still_training(t, name, "while timed")) goto out;
+    r->tokens = tokens_per_step(name, m, (warmup + 1) * steps_per_call, repeats * nsteps);
     r->kernels = (double)(sg_ctx_launch_count(ctx) - k0) / (double)(repeats * nsteps);
     r->allocs100 = 100.0 * (double)(a1.device_allocs - a0.device_allocs) / (double)(repeats * nsteps);
     r->peak_mib = a1.peak_bytes_reserved / 1048576.0;
@@ -231,6 +331,9 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
         sg_prof_destroy(p);
     }
     sg_trainer_get_stats(t, &r->ts);
+    if (r->ts.cond_note[0])
+        fprintf(stderr, "stepgraph bench: %s, %s scope: built without conditional nodes: %s\n", name,
+                sg_scope_name(scope), r->ts.cond_note);
     rc = 0;
     goto out;
 fail:
@@ -294,6 +397,14 @@ static bool print_json_row(const bench_row *r, bool memory, const char *commit)
     sg_cli_kv_int(w, "steps_per_graph", steps_per_call);
     sg_cli_kv_int(w, "accum", accum);
     sg_cli_kv_int(w, "recompute", model_opts.recompute);
+    sg_cli_kv_int(w, "loop", forms.loop);
+    sg_cli_kv_int(w, "skip_if", forms.skip_if);
+    sg_cli_kv_int(w, "vary_seq", forms.vary_seq);
+    if (seq_lens_arg) sg_cli_kv_str(w, "seq_lens", seq_lens_arg);
+    sg_cli_kv_int(w, "stop_nonfinite", forms.stop_nonfinite);
+    json_num(w, "stop_loss", forms.stop_on_loss ? forms.stop_loss : NAN, 6);
+    sg_cli_kv_int(w, "overflow_every", overflow_every);
+    sg_cli_kv_str(w, "cond_note", r->ts.cond_note);
     json_num(w, "capture_ms", r->ts.capture_ms, 3);
     json_num(w, "instantiate_ms", r->ts.instantiate_ms, 3);
     json_num(w, "graph_exec_mib", r->ts.exec_bytes / 1048576.0, 2);
@@ -305,6 +416,10 @@ static bool print_json_row(const bench_row *r, bool memory, const char *commit)
     json_num(w, "loss_after_warmup", r->loss1, 4);
     if (!strncmp(r->model, "gpt", 3)) sg_cli_kv_int(w, "vocab", vocab ? vocab : 256);
     if (data_path && strncmp(r->model, "mlp", 3)) sg_cli_kv_str(w, "data", data_path); /* text, or digits */
+    if (r->tokens > 0) {
+        json_num(w, "tokens_per_step", r->tokens, 1);
+        json_num(w, "tokens_per_s", r->ms > 0 ? r->tokens * 1e3 / r->ms : NAN, 1);
+    }
     if (memory) json_memory(w, r);
     sg_cli_kv_str(w, "device", r->device);
     sg_cli_kv_str(w, "commit", commit);
@@ -349,6 +464,7 @@ static void print_memory_table(const bench_row *rows, int n)
 
 int sg_cmd_bench(int argc, char **argv)
 {
+    forms = sg_trainer_options_default();
     const char *models = NULL, *scopes = "eager";
     long long nsteps = 100, repeats = 5, warmup = 30;
     sg_backend backend = SG_BACKEND_AUTO;
@@ -384,6 +500,15 @@ int sg_cmd_bench(int argc, char **argv)
             /* --classes, --recompute */
         } else if (sg_cli_accum_opt("bench", argc, argv, &i, &accum, &bad)) {
             /* --accum */
+        } else if (sg_cli_cond_opt("bench", argc, argv, &i, &forms, &bad)) {
+            /* --loop, --skip-if, --stop-nonfinite, --stop-loss */
+        } else if (!strcmp(argv[i], "--vary-seq")) {
+            forms.vary_seq = 1, i++;
+        } else if (sg_cli_opt(argc, argv, &i, "--seq-lens", &v, &bad)) {
+            bad = bad || !sg_cli_buckets("bench", "--seq-lens", v, seq_lens, &forms.n_seq_buckets, 32);
+            forms.seq_buckets = seq_lens, seq_lens_arg = v;
+        } else if (sg_cli_opt(argc, argv, &i, "--overflow-every", &v, &bad)) {
+            bad = bad || !sg_cli_int("bench", "--overflow-every", v, 1, 1000000000, &overflow_every);
         } else if (sg_cli_opt(argc, argv, &i, "--vocab", &v, &bad)) {
             long long n = 0;
             bad = bad || !sg_cli_int("bench", "--vocab", v, 1, INT32_MAX, &n);
@@ -399,6 +524,8 @@ int sg_cmd_bench(int argc, char **argv)
         fprintf(stderr, "stepgraph bench: --model is required (see stepgraph bench --help)\n");
         bad = true;
     }
+    forms.steps_per_call = steps_per_call, forms.accum = accum;
+    if (!bad) bad = !check_forms(models, scopes);
     if (bad) return SG_EXIT_USAGE;
     nsteps = (nsteps + steps_per_call - 1) / steps_per_call * steps_per_call;
 

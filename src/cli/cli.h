@@ -41,14 +41,34 @@ bool sg_cli_accum_opt(const char *cmd, int argc, char **argv, int *i, int *accum
     "                      summed in f32 before one update: the step of a K x larger batch.\n"    \
     "                      Steps and step times are optimizer steps; a step's loss is the\n"      \
     "                      mean over its micro-batches (default 1; 1 to 1024)\n"
+/* The control-flow options every training command takes alike (train, verify, bench, advise,
+ * trace), into tr: --loop, --skip-if (flags: a value is a usage error), --stop-nonfinite N
+ * (1 to 2^30) and --stop-loss X (finite). Returns true when argv[*i] is one of them (advanced
+ * past it; a bad value prints a usage error and sets *bad). */
+bool sg_cli_cond_opt(const char *cmd, int argc, char **argv, int *i, sg_trainer_options *tr, bool *bad);
+/* Them against the rest of the run, after parsing: --skip-if needs bf16; --loop something to
+ * repeat (tr->accum >= 3 or tr->steps_per_call >= 2); with one_scope (a command that runs one
+ * scope: train, verify, trace) both need tr->scope step. false with a message. */
+bool sg_cli_cond_check(const char *cmd, const sg_trainer_options *tr, sg_dtype precision, bool one_scope);
+#define SG_CLI_COND_HELP                                                                         \
+    "  --loop              step scope: repeated work as a WHILE node on the device instead of\n" \
+    "                      unrolled copies in the graph: the --accum micro-batches (3 or more;\n" \
+    "                      the first and last stay unrolled) and the --steps-per-graph steps\n"   \
+    "  --skip-if           bf16, step scope: the optimizer update inside an IF node that runs it\n" \
+    "                      only when the step's gradients are finite, instead of update kernels\n" \
+    "                      that launch and return on the skip flag\n"                            \
+    "  --stop-nonfinite N  stop when the loss was not finite N steps in a row (1 to 2^30)\n"      \
+    "  --stop-loss X       stop when a step's loss is <= X (a finite number). Under step scope\n" \
+    "                      the rule runs on the device after each step, the --steps-per-graph\n" \
+    "                      steps of a launch a WHILE node that ends early; other scopes read its\n" \
+    "                      flag after each step (a host sync a step). Each form computes what\n" \
+    "                      the eager step computes; where the GPU cannot make conditional nodes\n" \
+    "                      the graph is built without them, and the run says so\n"
 /* --precision: fp32 (or f32) or bf16 (mixed precision). */
 bool sg_cli_precision(const char *cmd, const char *s, sg_dtype *out);
 /* "8,16,32", the value of option opt -> sorted increasing sizes (at most max of them); false
  * with a message naming opt otherwise. */
 bool sg_cli_buckets(const char *cmd, const char *opt, const char *s, int64_t *out, int *n, int max);
-/* Rows of step `step` under --vary-batch (or its length under --vary-seq): a fixed
- * pseudo-random sequence in 1..max_rows. */
-int64_t sg_cli_vary_rows(int64_t step, int64_t max_rows);
 /* The commit the binary was built from (SG_GIT_COMMIT); the environment's SG_COMMIT overrides
  * it (a copy of the tree without .git). */
 const char *sg_cli_commit(void);

@@ -139,6 +139,58 @@ bool sg_cli_accum_opt(const char *cmd, int argc, char **argv, int *i, int *accum
     return true;
 }
 
+/* A flag of sg_cli_cond_opt: "--name" sets *flag; "--name=..." is a usage error. */
+static bool cond_flag(const char *cmd, const char *a, const char *name, int *flag, bool *bad)
+{
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0 || (a[n] != '\0' && a[n] != '=')) return false;
+    if (a[n] == '=') {
+        fprintf(stderr, "stepgraph %s: %s takes no value ('%s')\n", cmd, name, a);
+        *bad = true;
+    }
+    *flag = 1;
+    return true;
+}
+
+bool sg_cli_cond_opt(const char *cmd, int argc, char **argv, int *i, sg_trainer_options *tr, bool *bad)
+{
+    const char *v = NULL;
+    if (cond_flag(cmd, argv[*i], "--loop", &tr->loop, bad) ||
+        cond_flag(cmd, argv[*i], "--skip-if", &tr->skip_if, bad)) {
+        (*i)++;
+        return true;
+    }
+    if (sg_cli_opt(argc, argv, i, "--stop-nonfinite", &v, bad)) {
+        long long n = 0;
+        *bad = *bad || !sg_cli_int(cmd, "--stop-nonfinite", v, 1, 1 << 30, &n);
+        tr->stop_nonfinite = (int)n;
+        return true;
+    }
+    if (sg_cli_opt(argc, argv, i, "--stop-loss", &v, bad)) {
+        double x = 0;
+        *bad = *bad || !sg_cli_float(cmd, "--stop-loss", v, -1e30, 1e30, &x);
+        tr->stop_on_loss = 1, tr->stop_loss = (float)x;
+        return true;
+    }
+    return false;
+}
+
+bool sg_cli_cond_check(const char *cmd, const sg_trainer_options *tr, sg_dtype precision, bool one_scope)
+{
+    int K = tr->steps_per_call > 1 ? tr->steps_per_call : 1;
+    const char *err = NULL;
+    if (tr->skip_if && precision != SG_DTYPE_BF16)
+        err = "--skip-if is for --precision bf16: an fp32 step skips nothing (no loss scaler)";
+    else if (tr->loop && tr->accum < 3 && K < 2)
+        err = "--loop: nothing repeats in the step graph: it loops over --accum micro-batches (3 or more) or "
+              "--steps-per-graph steps (2 or more)";
+    else if (one_scope && (tr->loop || tr->skip_if) && tr->scope != SG_SCOPE_STEP)
+        err = tr->loop ? "--loop is for --scope step (it shapes the step graph)"
+                       : "--skip-if is for --scope step (it shapes the step graph)";
+    if (err) fprintf(stderr, "stepgraph %s: %s\n", cmd, err);
+    return err == NULL;
+}
+
 bool sg_cli_precision(const char *cmd, const char *s, sg_dtype *out)
 {
     if (!strcmp(s, "fp32") || !strcmp(s, "f32")) *out = SG_DTYPE_F32;
@@ -170,14 +222,6 @@ bool sg_cli_buckets(const char *cmd, const char *opt, const char *s, int64_t *ou
     }
     if (!*n) fprintf(stderr, "stepgraph %s: %s '%s': no sizes\n", cmd, opt, s);
     return *n > 0;
-}
-
-int64_t sg_cli_vary_rows(int64_t step, int64_t max_rows)
-{
-    uint64_t z = (uint64_t)step * 0x9e3779b97f4a7c15ull + 0x243f6a8885a308d3ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return 1 + (int64_t)((z ^ (z >> 31)) % (uint64_t)max_rows);
 }
 
 sg_ctx *sg_cli_ctx(const char *cmd, sg_backend b, bool quiet)

@@ -29,6 +29,7 @@ static const char *trace_usage =
     "  --warmup W          eager steps before capture, not traced (default 3)\n"
     SG_CLI_ACCUM_HELP
     "                      A traced step is an optimizer step: K forwards and backwards\n"
+    SG_CLI_COND_HELP
     SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (mixed precision; not mlp)\n"
     "  --data PATH         gpt: the text to train on (a regular file);\n"
@@ -80,6 +81,8 @@ static int parse(int argc, char **argv, trace_opts *o)
             /* --classes, --recompute */
         } else if (sg_cli_accum_opt("trace", argc, argv, &i, &o->tr.accum, &bad)) {
             /* --accum */
+        } else if (sg_cli_cond_opt("trace", argc, argv, &i, &o->tr, &bad)) {
+            /* --loop, --skip-if, --stop-nonfinite, --stop-loss */
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             o->mo.data_path = v;
         } else if (sg_cli_opt(argc, argv, &i, "--backend", &v, &bad)) {
@@ -99,6 +102,7 @@ static int parse(int argc, char **argv, trace_opts *o)
                         "--help)\n");
         bad = true;
     }
+    if (!bad) bad = !sg_cli_cond_check("trace", &o->tr, o->mo.precision, true);
     return bad ? SG_EXIT_USAGE : 0;
 }
 
@@ -218,8 +222,9 @@ int sg_cmd_trace(int argc, char **argv)
         fprintf(stderr, "stepgraph trace: warning: CUPTI dropped %llu records (no buffer space): the "
                         "trace and the numbers above miss them\n", (unsigned long long)res.dropped);
     sg_trainer_stats ts;
-    if (sg_trainer_get_stats(tr, &ts) == SG_OK && ts.fell_back)
-        printf("note: the trainer fell back to eager: %s\n", ts.fallback_reason);
+    bool have_stats = sg_trainer_get_stats(tr, &ts) == SG_OK;
+    if (have_stats && ts.fell_back) printf("note: the trainer fell back to eager: %s\n", ts.fallback_reason);
+    if (have_stats && ts.cond_note[0]) printf("note: built without conditional nodes: %s\n", ts.cond_note);
     if (sg_prof_write_trace(ctx, rec, n, o.out) != SG_OK) {
         rc = fail(ctx, "writing the trace");
         goto out;

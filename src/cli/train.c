@@ -88,12 +88,20 @@ static const char *train_usage =
     "                      SEQ); a step of n tokens a row runs padded to its bucket, the padding\n"
     "                      masked out of the loss; step scope keeps one graph per length (eager\n"
     "                      and step scopes only)\n"
-    "  --vary-seq          draw each step's length from 1..largest bucket (needs --seq-lens)\n"
+    "  --vary-seq          draw each step's length from 1..largest bucket (needs --seq-lens):\n"
+    "                      the trainer draws it (sg_vary_len); under step scope the device does,\n"
+    "                      and one graph holds every bucket as a branch of a SWITCH node, so\n"
+    "                      --steps-per-graph K runs K steps of different lengths a launch\n"
     "  --cache-budget MIB  step scope with buckets (batch or length): evict least-recently-used\n"
     "                      graphs above it\n"
     "  --steps-per-graph K step scope: one graph holds K consecutive steps, so one launch runs\n"
     "                      K steps (default 1; K must divide --steps); the loss is read every\n"
-    "                      K steps at most\n"
+    "                      K steps at most. Not with --batch-sizes, nor --seq-lens without\n"
+    "                      --vary-seq (a padded step of a given size is one launch)\n"
+    SG_CLI_COND_HELP
+    "                      With a stop rule train reads the trainer's stop flag after every\n"
+    "                      launch (a host sync a launch); a stopped run prints why, writes\n"
+    "                      --save at the step it reached and exits 0. Not with --gpus\n"
     SG_CLI_ACCUM_HELP
     "                      Not with --batch-sizes or --seq-lens. A checkpoint records K;\n"
     "                      --resume with another K' resumes at the step of K' batches that\n"
@@ -113,11 +121,14 @@ static const char *train_usage =
     "\n"
     "\n"
     "A loss that turns inf or NaN in fp32 stops the run with an error and saves nothing (bf16\n"
-    "skips such steps by loss scaling). Logs are written line by line, also to a file.\n"
+    "skips such steps by loss scaling); with --stop-nonfinite N the rule decides instead (the\n"
+    "parameters are then not finite: --save refuses them). Logs are written line by line,\n"
+    "also to a file.\n"
     "Under --gpus a signal stops every rank at once: the last --save-every checkpoint stays.\n"
     "STEPGRAPH_DISABLE_GRAPHS=1 forces eager execution under every scope.\n"
     "\n"
-    "exit status: 0 trained, 1 a runtime error (the loss not finite included), 2 a usage error,\n"
+    "exit status: 0 trained (or stopped early by a stop rule), 1 a runtime error (the loss not\n"
+    "finite included), 2 a usage error,\n"
     "130 or 143 interrupted by SIGINT or SIGTERM (the checkpoint written)\n";
 
 typedef struct train_opts {
@@ -169,6 +180,9 @@ static bool check_dist(const train_opts *o)
                  o->nnodes), err = buf;
     else if (o->gpus && (o->tr.n_buckets || o->tr.n_seq_buckets))
         err = "--gpus does not combine with --batch-sizes or --seq-lens yet";
+    else if (o->gpus && (o->tr.stop_nonfinite || o->tr.stop_on_loss))
+        err = "--gpus does not combine with --stop-nonfinite or --stop-loss yet (a step's all-reduce cannot sit "
+              "in the early-stop loop's body)";
     else if (o->gpus && o->nnodes > 1 && o->backend == SG_BACKEND_CPU)
         err = "--nnodes needs the CUDA backend: the CPU backend's collectives run over local sockets, on one host";
     else if (o->gpus && sscanf(o->model, "%15[a-z]-%lld-%lld-%lld", kind, &w, &d, &b) == 4 && b % world)
@@ -272,6 +286,8 @@ static int parse(int argc, char **argv, train_opts *o)
             /* --classes, --recompute */
         } else if (sg_cli_accum_opt("train", argc, argv, &i, &o->tr.accum, &bad)) {
             /* --accum */
+        } else if (sg_cli_cond_opt("train", argc, argv, &i, &o->tr, &bad)) {
+            /* --loop, --skip-if, --stop-nonfinite, --stop-loss */
         } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
             double p = 0;
             bad = bad || !sg_cli_float("train", "--dropout", v, 0, 0.99, &p);
@@ -350,6 +366,14 @@ static int parse(int argc, char **argv, train_opts *o)
         fprintf(stderr, "stepgraph train: --batch-sizes and --seq-lens together: a run varies one shape\n");
         bad = true;
     }
+    o->tr.vary_seq = o->vary_seq; /* the trainer draws each step's length */
+    if (!bad && o->tr.steps_per_call > 1 && (o->tr.n_buckets || (o->tr.n_seq_buckets && !o->vary_seq))) {
+        fprintf(stderr, "stepgraph train: --steps-per-graph %d does not combine with %s: a padded step of a given "
+                "size is one launch%s\n", o->tr.steps_per_call, o->tr.n_buckets ? "--batch-sizes" : "--seq-lens",
+                o->tr.n_buckets ? "" : " (add --vary-seq: the device then draws each step's length)");
+        bad = true;
+    }
+    if (!bad) bad = !sg_cli_cond_check("train", &o->tr, o->mo.precision, true);
     if (!bad && !o->model) {
         fprintf(stderr, "stepgraph train: --model is required (see stepgraph train --help)\n");
         bad = true;
@@ -524,8 +548,6 @@ static void metrics_run(run *r, float val0)
     fflush(f);
 }
 
-/* The loss of step `step` (and val_loss when >= 0): a log line, a metrics line. A loss that is
- * not finite in fp32 ends the run (bf16 skips such steps by loss scaling). */
 /* A log point after `done` steps: the host's ms/step since the last one (the host waits for
  * the device at least every few steps: read-backs, the allocator, queue depth). */
 static void log_point(run *r, long long done)
@@ -535,10 +557,13 @@ static void log_point(run *r, long long done)
     r->t_log = now, r->done_log = done;
 }
 
+/* The loss of step `step` (and val_loss when >= 0): a log line, a metrics line. A loss that is
+ * not finite in fp32 ends the run (bf16 skips such steps by loss scaling), unless
+ * --stop-nonfinite asked for a rule of its own. */
 static int log_loss(run *r, long long step, float loss, float val, double ms, const sg_loss_scaler *sc)
 {
     const train_opts *o = r->o;
-    if (!isfinite(loss) && o->mo.precision != SG_DTYPE_BF16) {
+    if (!isfinite(loss) && o->mo.precision != SG_DTYPE_BF16 && !o->tr.stop_nonfinite) {
         progress_clear(r);
         fprintf(stderr, "stepgraph train: the loss is %s at step %lld (fp32): stopping; nothing is saved. Lower "
                 "--lr, or add --clip\n", isnan(loss) ? "NaN" : "infinite", step);
@@ -562,6 +587,26 @@ static int log_loss(run *r, long long step, float loss, float val, double ms, co
         fprintf(stderr, "stepgraph train: --metrics '%s': %s\n", o->metrics, strerror(errno));
         return SG_EXIT_FAIL;
     }
+    return 0;
+}
+
+/* A log point after `done` steps, the loss tensor holding step `last`'s loss: the previous
+ * read-back (step *pending) printed when `print`, then this one started. 0, or the exit
+ * status of a failure. */
+static int log_turn(run *r, bool print, long long *pending, double *pending_ms, float *first_loss, long long done,
+                    long long last)
+{
+    float loss;
+    if (print) {
+        if (reads_wait(r, &loss) != SG_OK) return fail(r->ctx, "loss read-back");
+        if (*first_loss < 0) *first_loss = loss;
+        int rc = log_loss(r, r->start + *pending + 1, loss, -1, *pending_ms, r->rb_scale ? &r->scale : NULL);
+        if (rc) return rc;
+    }
+    log_point(r, done);
+    *pending_ms = r->ms;
+    if (reads_start(r) != SG_OK) return fail(r->ctx, "loss read-back");
+    *pending = last;
     return 0;
 }
 
@@ -707,43 +752,45 @@ int sg_cmd_train(int argc, char **argv)
      * call otherwise. Timing starts after it. */
     long long setup_step = (o.tr.scope != SG_SCOPE_EAGER ? o.tr.warmup : 0) * K;
     long long done = 0; /* steps run by this process */
+    /* An early-stop rule: the trainer's flag is read after every call (a host sync a call). */
+    bool stop_rule = o.tr.stop_nonfinite > 0 || o.tr.stop_on_loss;
+    sg_trainer_stop stopped = {0};
     for (long long s = 0; s < o.steps && !stop_signal; s += K) {
         sg_status sst;
         if (o.tr.n_buckets) {
             int64_t max = o.buckets[o.tr.n_buckets - 1];
-            sst = sg_trainer_step_rows(tr, start + s, o.vary ? sg_cli_vary_rows(start + s, max) : max);
-        } else if (o.tr.n_seq_buckets) {
-            int64_t max = o.seq_lens[o.tr.n_seq_buckets - 1];
-            sst = sg_trainer_step_seq(tr, start + s, o.vary_seq ? sg_cli_vary_rows(start + s, max) : max);
+            sst = sg_trainer_step_rows(tr, start + s, o.vary ? sg_vary_len(start + s, max) : max);
+        } else if (o.tr.n_seq_buckets && !o.vary_seq) {
+            sst = sg_trainer_step_seq(tr, start + s, o.seq_lens[o.tr.n_seq_buckets - 1]);
         } else {
-            sst = sg_trainer_step(tr, start + s);
+            sst = sg_trainer_step(tr, start + s); /* --vary-seq: the trainer draws each step's length */
         }
         if (sst != SG_OK) {
             rc = fail(ctx, "step");
             goto out;
         }
         done = s + K;
+        if (stop_rule) {
+            if (sg_trainer_get_stop(tr, &stopped) != SG_OK) {
+                rc = fail(ctx, "early stop");
+                goto out;
+            }
+            if (stopped.stopped != SG_STOPPED_NO) {
+                /* The steps this process ran: the trainer was made for this run. */
+                done = stopped.steps_run;
+                /* the last log point's loss, then the last step's */
+                if ((rc = log_turn(&r, pending >= 0 && pending != done - 1, &pending, &pending_ms, &first_loss, done,
+                                   done - 1)))
+                    goto out;
+                break;
+            }
+        }
         long long last = s + K - 1; /* the step whose loss the loss tensor now holds */
         /* Log the first step, each step whose number is a multiple of --log-every, the last. */
         bool log = s == 0 || done / o.log_every != s / o.log_every || done == o.steps;
         if (log) {
             /* The previous read-back has long finished: print it, then start this one. */
-            if (pending >= 0) {
-                if (reads_wait(&r, &loss) != SG_OK) {
-                    rc = fail(ctx, "loss read-back");
-                    goto out;
-                }
-                if (first_loss < 0) first_loss = loss;
-                if ((rc = log_loss(&r, start + pending + 1, loss, -1, pending_ms, r.rb_scale ? &r.scale : NULL)))
-                    goto out;
-            }
-            log_point(&r, done);
-            pending_ms = r.ms;
-            if (reads_start(&r) != SG_OK) {
-                rc = fail(ctx, "loss read-back");
-                goto out;
-            }
-            pending = last;
+            if ((rc = log_turn(&r, pending >= 0, &pending, &pending_ms, &first_loss, done, last))) goto out;
         }
         if (s == setup_step) {
             /* Warm-up steps and the capture pay for set-up: time and count from the step after. */
@@ -772,6 +819,14 @@ int sg_cmd_train(int argc, char **argv)
     }
     if ((rc = log_loss(&r, start + pending + 1, loss, val1, pending_ms, r.rb_scale ? &r.scale : NULL)) != 0)
         goto out;
+    /* The steps that ran: --steps, or fewer when an early-stop rule held. */
+    long long ran = stopped.stopped != SG_STOPPED_NO ? done : o.steps;
+    if (stopped.stopped == SG_STOPPED_NONFINITE)
+        printf("stepgraph train: stopped early after %lld step%s: the loss was not finite for %d step%s in a row\n",
+               ran, ran == 1 ? "" : "s", o.tr.stop_nonfinite, o.tr.stop_nonfinite == 1 ? "" : "s");
+    else if (stopped.stopped == SG_STOPPED_LOSS)
+        printf("stepgraph train: stopped early after %lld step%s: the loss reached %g\n", ran, ran == 1 ? "" : "s",
+               o.tr.stop_loss);
     if (stop_signal) {
         /* The step in flight has finished: keep what the user asked for, then stop. */
         int sig = stop_signal;
@@ -782,15 +837,15 @@ int sg_cmd_train(int argc, char **argv)
         goto out;
     }
     long long first_timed = setup_step + K;
-    long long timed = o.steps - first_timed;
-    double ms = timed > 0 ? (sg_cli_now_ms() - t0) / (double)timed : (sg_cli_now_ms() - r.t_start) / (double)o.steps;
+    long long timed = ran - first_timed;
+    double ms = timed > 0 ? (sg_cli_now_ms() - t0) / (double)timed : (sg_cli_now_ms() - r.t_start) / (double)ran;
     sg_ctx_alloc_stats(ctx, &a1);
     double allocs = timed > 0 ? (double)(a1.device_allocs - a0.device_allocs) / (double)timed : 0;
     char window[96], allocs_s[32];
-    if (timed > 0) snprintf(window, sizeof window, "steps %lld..%lld", start + first_timed + 1, start + o.steps);
-    else snprintf(window, sizeof window, "all %lld steps, set-up included: too few to time after it", o.steps);
+    if (timed > 0) snprintf(window, sizeof window, "steps %lld..%lld", start + first_timed + 1, start + ran);
+    else snprintf(window, sizeof window, "all %lld steps, set-up included: too few to time after it", ran);
     printf("done: %lld steps, %.3f ms/step (%s), loss %.4f -> %.4f, device allocations per step after set-up: "
-           "%s (%llu in all), peak memory %.1f MiB\n", o.steps, ms, window, first_loss, loss,
+           "%s (%llu in all), peak memory %.1f MiB\n", ran, ms, window, first_loss, loss,
            timed > 0 ? (snprintf(allocs_s, sizeof allocs_s, "%.2f", allocs), allocs_s) : "n/a",
            (unsigned long long)a1.device_allocs, a1.peak_bytes_reserved / 1048576.0);
     sg_dist_stats ds;
@@ -807,14 +862,17 @@ int sg_cmd_train(int argc, char **argv)
         printf("loss scale %g, %.0f steps skipped (non-finite gradients)\n", sc.scale, sc.skipped);
     }
     if (val0 >= 0) printf("validation loss (%d held-out batches): %.4f -> %.4f\n", val_batches, val0, val1);
-    if (o.save && (!dist || sg_dist_rank(dist) == 0) && (rc = save(&r, start + o.steps, "saved")) != 0)
+    if (o.save && (!dist || sg_dist_rank(dist) == 0) && (rc = save(&r, start + ran, "saved")) != 0)
         goto out; /* every rank holds the same state */
     sg_trainer_stats ts;
     if (o.tr.scope != SG_SCOPE_EAGER && sg_trainer_get_stats(tr, &ts) == SG_OK) {
         printf("graphs: %d (%d nodes), captured in %.2f ms, instantiated in %.2f ms, %llu replays\n",
                ts.graphs, ts.nodes, ts.capture_ms, ts.instantiate_ms, (unsigned long long)ts.replays);
         if (ts.fell_back) printf("capture fell back to eager: %s\n", ts.fallback_reason);
-        if ((o.tr.n_buckets || o.tr.n_seq_buckets) && o.tr.scope == SG_SCOPE_STEP) {
+        if (ts.cond_note[0]) printf("built without conditional nodes: %s\n", ts.cond_note);
+        /* --vary-seq's SWITCH graph needs no cache; without SWITCH nodes it keeps one per bucket. */
+        if ((o.tr.n_buckets || o.tr.n_seq_buckets) && o.tr.scope == SG_SCOPE_STEP &&
+            (!o.vary_seq || ts.cache.hits + ts.cache.misses > 0)) {
             printf("bucket cache: %d graphs held, %llu hits, %llu misses, %llu captures, %llu evictions, "
                    "%.2f MiB\n", ts.cache.cached, (unsigned long long)ts.cache.hits,
                    (unsigned long long)ts.cache.misses, (unsigned long long)ts.cache.captures,

@@ -30,6 +30,16 @@ static const char *verify_usage =
     "  --dropout P         gpt: dropout probability (default 0)\n"
     "  --clip X            clip gradients to global norm X inside the step (default off)\n"
     SG_CLI_ACCUM_HELP
+    "  --steps-per-graph K step scope: each trainer call runs K optimizer steps (one launch\n"
+    "                      of a graph that holds them); a compared step is then a call of K\n"
+    "                      (--steps counts calls, --warmup eager calls; default 1)\n"
+    "  --seq-lens L        gpt, with --vary-seq: sequence-length buckets, e.g. 8,16,32\n"
+    "  --vary-seq          both sides draw each step's length from 1..the largest bucket\n"
+    "                      (sg_vary_len), run padded up to its bucket; under step scope one\n"
+    "                      graph holds every bucket as a branch of a SWITCH node\n"
+    SG_CLI_COND_HELP
+    "                      With a stop rule both sides must run the same steps and stop for\n"
+    "                      the same reason\n"
     "  --data PATH         gpt: the text to train on (a regular file);\n"
     "                      resnet, efficientnet: a digits file (scikit-learn's 8 x 8\n"
     "                      digits.csv, scripts/fetch-digits.sh DIR) instead of synthetic\n"
@@ -107,6 +117,10 @@ int sg_cmd_verify(int argc, char **argv)
     sg_backend backend = SG_BACKEND_AUTO;
     sg_verify_options vo = sg_verify_options_default();
     sg_model_options mo = {0};
+    /* Both sides' other trainer options: the control-flow forms, buckets, steps per call. */
+    sg_trainer_options tr = sg_trainer_options_default();
+    int64_t seq_lens[32];
+    bool vary_seq = false;
     for (int i = 1; i < argc && !bad;) {
         const char *v = NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -130,6 +144,17 @@ int sg_cmd_verify(int argc, char **argv)
             /* --classes, --recompute */
         } else if (sg_cli_accum_opt("verify", argc, argv, &i, &vo.accum, &bad)) {
             /* --accum */
+        } else if (sg_cli_cond_opt("verify", argc, argv, &i, &tr, &bad)) {
+            /* --loop, --skip-if, --stop-nonfinite, --stop-loss */
+        } else if (!strcmp(argv[i], "--vary-seq")) {
+            vary_seq = true, i++;
+        } else if (sg_cli_opt(argc, argv, &i, "--seq-lens", &v, &bad)) {
+            bad = bad || !sg_cli_buckets("verify", "--seq-lens", v, seq_lens, &tr.n_seq_buckets, 32);
+            tr.seq_buckets = seq_lens;
+        } else if (sg_cli_opt(argc, argv, &i, "--steps-per-graph", &v, &bad)) {
+            long long k = 1;
+            bad = bad || !sg_cli_int("verify", "--steps-per-graph", v, 1, 1024, &k);
+            tr.steps_per_call = (int)k;
         } else if (sg_cli_opt(argc, argv, &i, "--dropout", &v, &bad)) {
             double p = 0;
             bad = bad || !sg_cli_float("verify", "--dropout", v, 0, 0.99, &p);
@@ -163,6 +188,30 @@ int sg_cmd_verify(int argc, char **argv)
         fprintf(stderr, "stepgraph verify: --model and --scope are required (see stepgraph verify --help)\n");
         bad = true;
     }
+    /* The scope, accumulation and precision the checks below see; sg_verify sets the first two
+     * on each side itself. */
+    tr.scope = vo.scope, tr.accum = vo.accum, tr.vary_seq = vary_seq;
+    if (!bad && vary_seq != (tr.n_seq_buckets > 0)) {
+        fprintf(stderr, "stepgraph verify: %s\n", vary_seq ? "--vary-seq needs --seq-lens"
+                                                            : "--seq-lens is for --vary-seq (a verify step is "
+                                                              "otherwise a full-length one)");
+        bad = true;
+    }
+    if (!bad && tr.n_seq_buckets && strncmp(model, "gpt-", 4)) {
+        fprintf(stderr, "stepgraph verify: --seq-lens is for gpt models, not '%s'\n", model);
+        bad = true;
+    }
+    if (!bad && tr.n_seq_buckets && vo.accum > 1) {
+        fprintf(stderr, "stepgraph verify: --accum %d does not combine with --seq-lens: a padded step is one "
+                "batch\n", vo.accum);
+        bad = true;
+    }
+    if (!bad && tr.steps_per_call > 1 && vo.scope != SG_SCOPE_STEP) {
+        fprintf(stderr, "stepgraph verify: --steps-per-graph %d is for --scope step (one graph holds K steps); "
+                "scope %s launches each step\n", tr.steps_per_call, sg_scope_name(vo.scope));
+        bad = true;
+    }
+    if (!bad) bad = !sg_cli_cond_check("verify", &tr, mo.precision, true);
     if (!bad && vo.scope != SG_SCOPE_EAGER && steps < (long long)vo.warmup + 2) {
         /* sg_verify refuses it too; here it is a usage error naming the options. */
         fprintf(stderr, "stepgraph verify: --steps %lld with --warmup %d compares %s: steps 1..%d run eagerly and "
@@ -185,15 +234,22 @@ int sg_cmd_verify(int argc, char **argv)
     const char *inj = getenv("SG_VERIFY_INJECT");
     hooks h = {.schedule = schedule, .steps = steps, .inject = inj ? atoll(inj) : 0};
     vo.steps = steps, vo.user = &h, vo.before_step = before_step, vo.after_step = after_step, vo.on_step = print_row;
-    char accum[48] = "";
+    vo.trainer = &tr;
+    char accum[48] = "", forms[160] = "";
     if (vo.accum > 1) snprintf(accum, sizeof accum, ", %d micro-batches a step", vo.accum);
-    printf("stepgraph verify: %s (%s%s%s%s), eager vs %s scope, %lld steps on %s, %s\n", model,
+    snprintf(forms, sizeof forms, "%s%s%s%s", vary_seq ? ", varying length" : "", tr.loop ? ", loop" : "",
+             tr.skip_if ? ", skip-if" : "", tr.stop_nonfinite || tr.stop_on_loss ? ", early stop" : "");
+    printf("stepgraph verify: %s (%s%s%s%s%s), eager vs %s scope, %lld steps on %s, %s\n", model,
            mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32", mo.dropout > 0 ? ", dropout" : "",
-           vo.clip > 0 ? ", clipping" : "", accum, sg_scope_name(vo.scope), steps, sg_ctx_device_name(ctx),
+           vo.clip > 0 ? ", clipping" : "", accum, forms, sg_scope_name(vo.scope), steps, sg_ctx_device_name(ctx),
            vo.atol == 0 && vo.rtol == 0 ? "bit-exact" : "within tolerance");
+    if (tr.steps_per_call > 1)
+        printf("each compared step is a call of %d optimizer steps (%lld in all)\n", tr.steps_per_call,
+               steps * tr.steps_per_call);
     printf("%6s %12s %12s %14s %14s %14s\n", "step", "loss eager", "loss graph", "max |dloss|",
            "max |dgrad|", "max |dparam|");
     sg_verify_result r;
+    memset(&r, 0, sizeof r);
     int rc = SG_EXIT_FAIL;
     if (sg_verify(ctx, make_builtin, &bi, &vo, &r) != SG_OK) {
         /* A usage-like refusal (too few steps, graphs disabled) is still the caller's to fix. */
@@ -209,6 +265,7 @@ int sg_cmd_verify(int argc, char **argv)
                (unsigned long long)r.stats.replays);
         rc = 0;
     }
+    if (r.stats.cond_note[0]) printf("built without conditional nodes: %s\n", r.stats.cond_note);
     sg_ctx_destroy(ctx);
     return rc;
 }
