@@ -3,7 +3,8 @@
 # in one run on one GPU, each row a JSON line under $OUT (default bench-out/):
 #   vary_*.json   gpt-256-4-8-128 --seq-lens 32,64,128 --vary-seq: the graph-per-bucket cache
 #                 (conditional nodes disabled: STEPGRAPH_DISABLE_CONDITIONALS=1), the SWITCH
-#                 graph at 1 and 8 steps a launch, eager; PyTorch eager, a torch.cuda.graph per
+#                 graph at 1 and 8 steps a launch (unrolled, and --loop: one WHILE body holding
+#                 the SWITCH), eager; PyTorch eager, a torch.cuda.graph per
 #                 bucket, torch.compile(mode="reduce-overhead") specialised per bucket
 #   skip_*.json   bf16 step scope, the overflow skip predicated or as a conditional node
 #                 (--skip-if), with no overflow and with one every 10 steps
@@ -45,6 +46,8 @@ for P in ${PRECISIONS//,/ }; do
             --memory --json
         run "vary_switch8_$P.json" "$SG" bench --model $M --precision "$P" --seq-lens $LENS --vary-seq --scope step \
             --steps-per-graph 8 --memory --json
+        run "vary_switch8_loop_$P.json" "$SG" bench --model $M --precision "$P" --seq-lens $LENS --vary-seq \
+            --scope step --steps-per-graph 8 --loop --memory --json
         run "vary_torch_$P.json" python3 bench/torch_ref.py --model $M --precision "$P" --seq-lens $LENS --vary-seq \
             --mode eager --mode graph --mode compile --sdpa --json
     fi

@@ -547,6 +547,12 @@ typedef struct sg_graph_cache_stats {
     uint64_t distinct_keys;    /* keys ever seen */
     size_t bytes;              /* estimated device bytes of the cached graphs */
     int recapture_warning;     /* set once captures pass the warning threshold (see create) */
+    /* The graphs held now, summed (sg_graph_stats): nodes, replays, capture and instantiation
+     * ms, executable graphs' bytes. */
+    int nodes;
+    uint64_t replays;
+    double capture_ms, instantiate_ms;
+    size_t exec_bytes;
 } sg_graph_cache_stats;
 
 /* A cache of graphs keyed by an integer shape key (e.g. the batch bucket). All its graphs

@@ -109,6 +109,15 @@ sg_status sg_graph_cache_get_stats(const sg_graph_cache *c, sg_graph_cache_stats
     if (!c) return SG_ERR_NULL;
     if (!out) return sg_fail(c->ctx, SG_ERR_NULL, "sg_graph_cache_get_stats: out is NULL");
     *out = c->st;
+    for (int i = 0; i < c->n; i++) { /* the held graphs' own figures, summed */
+        sg_graph_stats gs;
+        if (sg_graph_get_stats(c->e[i].g, &gs) != SG_OK) continue;
+        out->nodes += gs.nodes;
+        out->replays += gs.replays;
+        out->capture_ms += gs.capture_ms;
+        out->instantiate_ms += gs.instantiate_ms;
+        out->exec_bytes += gs.exec_bytes;
+    }
     return SG_OK;
 }
 

@@ -1055,6 +1055,11 @@ sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out)
     if (t->cache) {
         sg_graph_cache_get_stats(t->cache, &out->cache);
         out->graphs += out->cache.cached;
+        out->nodes += out->cache.nodes;
+        out->replays += out->cache.replays;
+        out->capture_ms += out->cache.capture_ms;
+        out->instantiate_ms += out->cache.instantiate_ms;
+        out->exec_bytes += out->cache.exec_bytes;
     }
     snprintf(out->fallback_reason, sizeof out->fallback_reason, "%s", t->reason);
     snprintf(out->cond_note, sizeof out->cond_note, "%s", t->cond_note);
