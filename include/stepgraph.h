@@ -1061,11 +1061,15 @@ typedef struct sg_trainer_options {
      * in sg_trainer_stats.cond_note. ---- */
     /* Under step scope, repeated work as a WHILE node with a device counter instead of
      * unrolled copies: the accum micro-batches (the first and last unrolled, the accum - 2
-     * between them one loop body) and the steps_per_call steps (one loop body). 0: unrolled. */
+     * between them one loop body) and the steps_per_call steps (one loop body; with dist the
+     * steps stay unrolled: a step's all-reduce cannot sit in a loop body). 0 (the default):
+     * unrolled. H100, gpt-256-4-8-128: 4-7% faster at accum 4, 1% slower at 16, instantiated
+     * 5-6x faster there (bench/RESULTS.md, session 23). */
     int loop;
     /* Mixed precision under step scope: the optimizer's update inside an IF node that runs it
      * only when the step's gradients were finite (the unscale's flag), instead of update
-     * kernels that launch and return on the flag. Clipping stays outside, as eagerly. */
+     * kernels that launch and return on the flag. Clipping stays outside, as eagerly. 0 (the
+     * default): predicated, which measured 1.3% faster on gpt-256-4-8-128 bf16. */
     int skip_if;
     /* With seq_buckets: sg_trainer_step draws each step's length on its own, sg_vary_len(step,
      * the largest bucket), as sg_trainer_step_seq(t, step, that length) would run it, and

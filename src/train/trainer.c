@@ -754,7 +754,7 @@ static sg_status indexed_steps(sg_trainer *t)
         SG_TRY(sg_stop_begin(t->ctx, t->stop, K));
         return sg_graph_while(t->ctx, t->stop_go, step_turn, t);
     }
-    if (t->use_loop && K > 1) {
+    if (t->use_loop && K > 1 && !t->dist) { /* (a step's all-reduce cannot sit in a loop body) */
         SG_TRY(sg_tensor_fill(t->steps_left, K));
         return sg_graph_while(t->ctx, t->steps_left, step_turn, t);
     }
