@@ -1079,6 +1079,11 @@ typedef struct sg_trainer_options {
      * Buckets whose graph has not run get one forward and backward, their results dropped,
      * before the capture (their lazy set-up; the training is unchanged). */
     int vary_seq;
+    /* The same with batch_buckets (models of samples): each step's rows drawn by
+     * sg_vary_len(step, the largest bucket), as sg_trainer_step_rows would run them; under step
+     * scope the padding is written on the device after the gather and a SWITCH holds every
+     * batch bucket's step. */
+    int vary_batch;
     /* Early stop (with steps_per_call steps a call): stop when a step's loss was not finite
      * for stop_nonfinite steps in a row (0: never), or when it is <= stop_loss (stop_on_loss
      * nonzero). Under step scope the call's steps are a WHILE node whose condition a kernel

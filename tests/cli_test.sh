@@ -102,6 +102,9 @@ cm="--model gpt-64-1-2-16 --backend cpu"
 cf="$cm --log-every 4"
 same_losses "--vary-seq --steps-per-graph 4 under step scope" "$cf --seq-lens 8,16 --vary-seq --steps 16" \
     "$cf --seq-lens 8,16 --vary-seq --steps 16 --scope step --steps-per-graph 4 --warmup 1"
+same_losses "--vary-batch --steps-per-graph 4 under step scope" "--model mlp-32-2-8 --backend cpu --log-every 4 --batch-sizes 3,8 --vary-batch --steps 16" \
+    "--model mlp-32-2-8 --backend cpu --log-every 4 --batch-sizes 3,8 --vary-batch --steps 16 --scope step --steps-per-graph 4 --warmup 1"
+expect 2 "add --vary-batch" -- train --model mlp-32-2-8 --backend cpu --batch-sizes 4,8 --scope step --steps-per-graph 2 --steps 4
 same_losses "--loop with --accum 3 under step scope" "$cf --accum 3 --steps 8" "$cf --accum 3 --steps 8 --scope step --loop --warmup 1"
 expect 0 "graphs: 1 \([0-9]+ nodes\), .* 3 replays" -- train $cf --seq-lens 8,16 --vary-seq --steps 16 --scope step --steps-per-graph 4 --warmup 1 --loop
 tmp=$(mktemp -d)

@@ -132,32 +132,37 @@ static void skip_if_case(sg_backend be, const char *name)
 
 /* ---- vary_seq: every bucket a branch of a SWITCH ---- */
 
-/* Eager vary_seq, the SWITCH graph (per_call steps a launch) and an eager trainer fed
- * sg_vary_len's lengths by hand, until every length 1..max has been drawn. */
+/* Eager vary_seq (gpt: sequence lengths) or vary_batch (mlp: rows), the SWITCH graph (per_call
+ * steps a launch) and an eager trainer fed sg_vary_len's sizes by hand (sg_trainer_step_seq or
+ * _rows), until every size 1..max has been drawn. */
 static void switch_case(sg_backend be, const char *name, sg_dtype prec, int per_call)
 {
     sg_ctx *ctx = tu_ctx(be);
     uint64_t seed = tu_next();
     long long w, d, B, T;
-    TU_CHECK(sscanf(name, "gpt-%lld-%lld-%lld-%lld", &w, &d, &B, &T) == 4, "%s", name);
+    bool seq = !strncmp(name, "gpt", 3);
+    if (seq) TU_CHECK(sscanf(name, "gpt-%lld-%lld-%lld-%lld", &w, &d, &B, &T) == 4, "%s", name);
+    else TU_CHECK(sscanf(name, "mlp-%lld-%lld-%lld", &w, &d, &T) == 3, "%s", name); /* T: the rows */
     /* Random increasing buckets ending at a random max <= T (a single bucket sometimes). */
     int64_t lens[8];
     int n = 0;
     int64_t max = tu_randint((int)T / 2, (int)T);
     for (int64_t v = tu_randint(1, 4); v < max && n < 7; v += tu_randint(1, (int)max / 2)) lens[n++] = v;
     lens[n++] = max;
-    sg_model_options mo = {.precision = prec, .dropout = 0.1f};
+    sg_model_options mo = {.precision = prec, .dropout = seq ? 0.1f : 0.f};
     sg_trainer_options eo = sg_trainer_options_default();
-    eo.seq_buckets = lens, eo.n_seq_buckets = n, eo.clip = 0.5f, eo.vary_seq = 1, eo.steps_per_call = per_call;
+    if (seq) eo.seq_buckets = lens, eo.n_seq_buckets = n, eo.vary_seq = 1;
+    else eo.batch_buckets = lens, eo.n_buckets = n, eo.vary_batch = 1;
+    eo.clip = 0.5f, eo.steps_per_call = per_call;
     sg_trainer_options go = eo, ho = eo;
     go.scope = SG_SCOPE_STEP;
-    ho.vary_seq = 0, ho.steps_per_call = 1;
+    ho.vary_seq = ho.vary_batch = 0, ho.steps_per_call = 1;
     side e = make(ctx, name, seed, &mo, &eo), g = make(ctx, name, seed, &mo, &go), h = make(ctx, name, seed, &mo, &ho);
     bool seen[1024] = {false};
     int n_seen = 0, c = 0;
     char what[128];
-    snprintf(what, sizeof what, "%s %s vary_seq buckets ..%lld (%d), %d steps a launch", name, sg_dtype_name(prec),
-             (long long)max, n, per_call);
+    snprintf(what, sizeof what, "%s %s %s buckets ..%lld (%d), %d steps a launch", name, sg_dtype_name(prec),
+             seq ? "vary_seq" : "vary_batch", (long long)max, n, per_call);
     bool ok = true;
     for (; ok && c < 400 && (n_seen < max || c < go.warmup + 3); c++) {
         int64_t first = (int64_t)c * per_call;
@@ -165,7 +170,7 @@ static void switch_case(sg_backend be, const char *name, sg_dtype prec, int per_
         TU_OK(ctx, sg_trainer_step(g.t, first));
         for (int k = 0; k < per_call; k++) {
             int64_t len = sg_vary_len(first + k, max);
-            TU_OK(ctx, sg_trainer_step_seq(h.t, first + k, len));
+            TU_OK(ctx, seq ? sg_trainer_step_seq(h.t, first + k, len) : sg_trainer_step_rows(h.t, first + k, len));
             if (!seen[len]) seen[len] = true, n_seen++;
         }
         ok = same(&e, &g, what, c + 1) && same(&e, &h, what, c + 1);
@@ -357,6 +362,8 @@ int main(int argc, char **argv)
     skip_if_case(be, gpt);
     switch_case(be, gpt, SG_DTYPE_F32, 1);
     switch_case(be, gpt, SG_DTYPE_BF16, tu_randint(2, 4));
+    switch_case(be, mlp, SG_DTYPE_F32, 1);
+    switch_case(be, mlp, SG_DTYPE_F32, tu_randint(2, 4));
     stop_case(be, gpt, false, 1); /* a gpt's loss falls steadily: a target past the capture */
     stop_case(be, gpt, false, tu_randint(2, 4));
     stop_case(be, mlp, true, 1);

@@ -83,7 +83,9 @@ static const char *train_usage =
     "  --batch-sizes L     batch buckets, e.g. 8,16,32 (at most the model's batch); a step of n\n"
     "                      rows runs padded to its bucket, the padding masked out of the loss;\n"
     "                      step scope keeps one graph per bucket (eager and step scopes only)\n"
-    "  --vary-batch        draw each step's rows from 1..largest bucket (needs --batch-sizes)\n"
+    "  --vary-batch        draw each step's rows from 1..largest bucket (needs --batch-sizes),\n"
+    "                      as --vary-seq does lengths: one SWITCH graph under step scope, and\n"
+    "                      --steps-per-graph K runs K steps of different rows a launch\n"
     "  --seq-lens L        gpt: sequence-length buckets, e.g. 32,64,128 (at most the model's\n"
     "                      SEQ); a step of n tokens a row runs padded to its bucket, the padding\n"
     "                      masked out of the loss; step scope keeps one graph per length (eager\n"
@@ -96,8 +98,9 @@ static const char *train_usage =
     "                      graphs above it\n"
     "  --steps-per-graph K step scope: one graph holds K consecutive steps, so one launch runs\n"
     "                      K steps (default 1; K must divide --steps); the loss is read every\n"
-    "                      K steps at most. Not with --batch-sizes, nor --seq-lens without\n"
-    "                      --vary-seq (a padded step of a given size is one launch)\n"
+    "                      K steps at most. Not with --batch-sizes or --seq-lens without\n"
+    "                      --vary-batch or --vary-seq (a padded step of a given size is one\n"
+    "                      launch)\n"
     SG_CLI_COND_HELP
     "                      With a stop rule train reads the trainer's stop flag after every\n"
     "                      launch (a host sync a launch); a stopped run prints why, writes\n"
@@ -366,11 +369,13 @@ static int parse(int argc, char **argv, train_opts *o)
         fprintf(stderr, "stepgraph train: --batch-sizes and --seq-lens together: a run varies one shape\n");
         bad = true;
     }
-    o->tr.vary_seq = o->vary_seq; /* the trainer draws each step's length */
-    if (!bad && o->tr.steps_per_call > 1 && (o->tr.n_buckets || (o->tr.n_seq_buckets && !o->vary_seq))) {
+    o->tr.vary_seq = o->vary_seq; /* the trainer draws each step's length, or rows */
+    o->tr.vary_batch = o->vary;
+    if (!bad && o->tr.steps_per_call > 1 && ((o->tr.n_buckets && !o->vary) || (o->tr.n_seq_buckets && !o->vary_seq))) {
         fprintf(stderr, "stepgraph train: --steps-per-graph %d does not combine with %s: a padded step of a given "
                 "size is one launch%s\n", o->tr.steps_per_call, o->tr.n_buckets ? "--batch-sizes" : "--seq-lens",
-                o->tr.n_buckets ? "" : " (add --vary-seq: the device then draws each step's length)");
+                o->tr.n_buckets ? " (add --vary-batch: the device then draws each step's rows)"
+                                : " (add --vary-seq: the device then draws each step's length)");
         bad = true;
     }
     if (!bad) bad = !sg_cli_cond_check("train", &o->tr, o->mo.precision, true);
@@ -757,13 +762,12 @@ int sg_cmd_train(int argc, char **argv)
     sg_trainer_stop stopped = {0};
     for (long long s = 0; s < o.steps && !stop_signal; s += K) {
         sg_status sst;
-        if (o.tr.n_buckets) {
-            int64_t max = o.buckets[o.tr.n_buckets - 1];
-            sst = sg_trainer_step_rows(tr, start + s, o.vary ? sg_vary_len(start + s, max) : max);
+        if (o.tr.n_buckets && !o.vary) {
+            sst = sg_trainer_step_rows(tr, start + s, o.buckets[o.tr.n_buckets - 1]);
         } else if (o.tr.n_seq_buckets && !o.vary_seq) {
             sst = sg_trainer_step_seq(tr, start + s, o.seq_lens[o.tr.n_seq_buckets - 1]);
         } else {
-            sst = sg_trainer_step(tr, start + s); /* --vary-seq: the trainer draws each step's length */
+            sst = sg_trainer_step(tr, start + s); /* --vary-seq/-batch: the trainer draws each step's shape */
         }
         if (sst != SG_OK) {
             rc = fail(ctx, "step");

@@ -6,6 +6,7 @@
 #include "nn/text.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static int64_t row_elems(const sg_tensor *t)
 {
@@ -299,6 +300,65 @@ sg_status sg_dataset_gather(sg_dataset *d, const sg_tensor *idx, int64_t stride,
         return sg_cpu_run(d->ctx, gather_cpu, &a, sizeof a);
     }
     return SG_CUDA_DISPATCH(d->ctx, sg_dataset_gather_cuda(d, idx, stride, offset, x_out, y_out));
+}
+
+typedef struct pad_vary_args {
+    const int32_t *step;
+    sg_text_buckets bk;
+    int64_t x_row, y_row;
+    uint32_t *x, *y, y_pad;
+    int32_t *bucket_out;
+} pad_vary_args;
+
+static sg_status pad_vary_cpu(sg_ctx *ctx, const void *p)
+{
+    (void)ctx;
+    const pad_vary_args *a = p;
+    int64_t rows = sg_text_vary_len(*a->step, a->bk.size[a->bk.n - 1]);
+    int k = sg_text_bucket_of(&a->bk, rows);
+    for (int64_t e = rows * a->x_row; e < a->bk.size[k] * a->x_row; e++) a->x[e] = 0;
+    for (int64_t e = rows * a->y_row; e < a->bk.size[k] * a->y_row; e++) a->y[e] = a->y_pad;
+    *a->bucket_out = k;
+    return SG_OK;
+}
+
+sg_status sg_dataset_pad_vary(sg_ctx *ctx, const sg_tensor *step, const int64_t *buckets, int n_buckets,
+                              int64_t x_row, int64_t y_row, sg_tensor *x_out, sg_tensor *y_out, double y_pad,
+                              sg_tensor *bucket_out)
+{
+    const char *fn = "sg_dataset_pad_vary";
+    if (!ctx) return SG_ERR_NULL;
+    if (!step || !buckets || !x_out || !y_out || !bucket_out)
+        return sg_fail(ctx, SG_ERR_NULL, "%s: step, buckets, x_out, y_out and bucket_out are required", fn);
+    SG_TRY(sg_check_dtype(ctx, fn, "step", step, SG_DTYPE_I32));
+    SG_TRY(sg_check_dtype(ctx, fn, "bucket_out", bucket_out, SG_DTYPE_I32));
+    bool ok = n_buckets >= 1 && n_buckets <= SG_TEXT_MAX_BUCKETS && step->numel == 1 && bucket_out->numel == 1 &&
+              x_row >= 1 && y_row >= 1 && sg_dtype_size(x_out->dtype) == 4 &&
+              (y_out->dtype == SG_DTYPE_F32 || y_out->dtype == SG_DTYPE_I32);
+    sg_text_buckets bk = {.n = n_buckets};
+    for (int i = 0; ok && i < n_buckets; i++) {
+        bk.size[i] = buckets[i];
+        ok = buckets[i] >= 1 && (i == 0 || buckets[i] > buckets[i - 1]);
+    }
+    int64_t max = ok ? bk.size[n_buckets - 1] : 0;
+    if (!ok || x_out->numel < max * x_row || y_out->numel < max * y_row)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: %d buckets (1 to %d increasing from 1; the largest %lld rows), rows of "
+                       "%lld and %lld elements, x_out %lld and y_out %lld elements (4-byte; y F32 or I32), step and "
+                       "bucket_out one I32 each: an argument out of range", fn, n_buckets, SG_TEXT_MAX_BUCKETS,
+                       (long long)max, (long long)x_row, (long long)y_row, (long long)x_out->numel,
+                       (long long)y_out->numel);
+    uint32_t pad;
+    if (y_out->dtype == SG_DTYPE_F32) {
+        float f = (float)y_pad;
+        memcpy(&pad, &f, 4);
+    } else {
+        int32_t i = (int32_t)y_pad;
+        memcpy(&pad, &i, 4);
+    }
+    pad_vary_args a = {step->data, bk, x_row, y_row, x_out->data, y_out->data, pad, bucket_out->data};
+    if (ctx->backend == SG_BACKEND_CPU) return sg_cpu_run(ctx, pad_vary_cpu, &a, sizeof a);
+    return SG_CUDA_DISPATCH(ctx, sg_dataset_pad_vary_cuda(ctx, a.step, bk, x_row, y_row, a.x, a.y, pad,
+                                                          a.bucket_out));
 }
 
 /* ---- token text ---- */

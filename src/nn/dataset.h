@@ -6,6 +6,7 @@
 #define SG_NN_DATASET_H
 
 #include "core/core.h"
+#include "nn/text.h" /* sg_text_buckets, sg_text_vary_len: the draw shared with the text gather */
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,7 +48,19 @@ int64_t sg_dataset_contiguous(const sg_dataset *d, int64_t index, int64_t stride
  * done. SG_ERR_INVALID when batch index was not fed. A no-op for other kinds. */
 sg_status sg_dataset_step_begin(sg_dataset *d, int64_t index);
 
+/* A variable batch drawn on the device (the trainer's vary_batch): rows = sg_vary_len(*step,
+ * the largest bucket), k = the first bucket >= rows, Tb = buckets[k]; rows rows..Tb-1 of x_out
+ * (x_row 4-byte elements a row) are zeroed and of y_out (y_row a row) set to y_pad (as y_out's
+ * dtype: F32 or I32), what sg_model_load_padded writes; *bucket_out (one I32) = k. x_out and
+ * y_out hold at least the largest bucket's rows. buckets: 1..32 increasing from 1. Device
+ * work, no host sync, capturable; the bucket list is copied. */
+sg_status sg_dataset_pad_vary(sg_ctx *ctx, const sg_tensor *step, const int64_t *buckets, int n_buckets,
+                              int64_t x_row, int64_t y_row, sg_tensor *x_out, sg_tensor *y_out, double y_pad,
+                              sg_tensor *bucket_out);
+
 #ifdef SG_HAVE_CUDA
+sg_status sg_dataset_pad_vary_cuda(sg_ctx *ctx, const int32_t *step, struct sg_text_buckets bk, int64_t x_row,
+                                   int64_t y_row, uint32_t *x, uint32_t *y, uint32_t y_pad, int32_t *bucket_out);
 sg_status sg_dataset_gather_cuda(sg_dataset *d, const sg_tensor *idx, int64_t stride, int64_t offset,
                                  sg_tensor *x_out, sg_tensor *y_out);
 sg_status sg_index_advance_cuda(sg_ctx *ctx, sg_tensor *idx);

@@ -55,6 +55,36 @@ extern "C" sg_status sg_dataset_gather_cuda(sg_dataset *d, const sg_tensor *idx,
     return SG_OK;
 }
 
+/* Padding of a variable batch drawn on the device: each thread draws rows and the bucket (a
+ * few multiplies), then pads its share of rows..Tb-1; thread 0 writes the bucket. */
+__global__ void pad_vary_kernel(const int32_t *__restrict__ step, sg_text_buckets bk, int64_t xr, int64_t yr,
+                                uint32_t *__restrict__ x, uint32_t *__restrict__ y, uint32_t y_pad,
+                                int32_t *__restrict__ bucket_out)
+{
+    int64_t rows = sg_text_vary_len(*step, bk.size[bk.n - 1]);
+    int k = sg_text_bucket_of(&bk, rows);
+    int64_t tb = bk.size[k];
+    int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t e = rows * xr + tid; e < tb * xr; e += stride) x[e] = 0;
+    for (int64_t e = rows * yr + tid; e < tb * yr; e += stride) y[e] = y_pad;
+    if (tid == 0) *bucket_out = k;
+}
+
+extern "C" sg_status sg_dataset_pad_vary_cuda(sg_ctx *ctx, const int32_t *step, sg_text_buckets bk, int64_t x_row,
+                                              int64_t y_row, uint32_t *x, uint32_t *y, uint32_t y_pad,
+                                              int32_t *bucket_out)
+{
+    int threads = 256;
+    int64_t want = (bk.size[bk.n - 1] * x_row + threads - 1) / threads;
+    int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * 4;
+    int blocks = (int)(want < 1 ? 1 : want < cap ? want : cap);
+    pad_vary_kernel<<<blocks, threads, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(step, bk, x_row, y_row, x, y, y_pad,
+                                                                             bucket_out);
+    SG_CUDA_CHECK_LAUNCH(ctx, "pad_vary_kernel");
+    sg_ctx_count_launches(ctx, 1);
+    return SG_OK;
+}
+
 __global__ void index_advance_kernel(int32_t *idx) { *idx += 1; }
 
 /* The end of a captured step: the next replay gathers the next batch. */

@@ -466,6 +466,26 @@ sg_status sg_model_full_shape(sg_model *m)
     return m->x_static ? set_rows(m, m->spec.batch) : SG_OK;
 }
 
+sg_status sg_model_set_rows(sg_model *m, int64_t rows)
+{
+    if (!m) return SG_ERR_NULL;
+    if (m->text || !m->x_static || rows < 1 || rows > m->spec.batch)
+        return sg_fail(m->ctx, SG_ERR_SHAPE, "sg_model_set_rows: %lld rows: expected 1 to %lld, for a model of "
+                       "samples with static inputs", (long long)rows, (long long)m->spec.batch);
+    return set_rows(m, rows);
+}
+
+sg_status sg_model_pad_vary(sg_model *m, const sg_tensor *step, const int64_t *buckets, int n_buckets,
+                            sg_tensor *bucket_out)
+{
+    if (!m) return SG_ERR_NULL;
+    if (m->text || !m->x_static)
+        return sg_fail(m->ctx, SG_ERR_INVALID, "sg_model_pad_vary: '%s' is not a model of samples with static "
+                       "inputs", m->name);
+    return sg_dataset_pad_vary(m->ctx, step, buckets, n_buckets, m->data->x_row, m->data->y_row, m->x_static,
+                               m->t_static, m->loss_kind == SG_LOSS_MSE ? 0.0 : -1.0, bucket_out);
+}
+
 /* ---- passes ---- */
 
 sg_status sg_model_loss_pass(sg_model *m, float grad_scale)

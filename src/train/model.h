@@ -87,6 +87,14 @@ sg_status sg_model_load_seq(sg_model *m, int64_t index, int64_t len, int64_t buc
 /* The full shape after padded steps (rows B, or T for sequence models): what a captured
  * full-size step expects. Host bookkeeping only. */
 sg_status sg_model_full_shape(sg_model *m);
+/* Every per-batch tensor at `rows` rows (1..the model's batch; models of samples): what
+ * sg_model_load_padded sets for its bucket. Host bookkeeping. */
+sg_status sg_model_set_rows(sg_model *m, int64_t rows);
+/* Variable batch on the device: after a full-batch gather, pads the rows past those that
+ * sg_vary_len(*step, the largest bucket) draws up to their bucket, as sg_model_load_padded
+ * does, and writes the bucket's number into bucket_out (sg_dataset_pad_vary). */
+sg_status sg_model_pad_vary(sg_model *m, const sg_tensor *step, const int64_t *buckets, int n_buckets,
+                            sg_tensor *bucket_out);
 
 #ifdef __cplusplus
 }

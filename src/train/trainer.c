@@ -60,7 +60,9 @@ struct sg_trainer {
     sg_tensor *stop;             /* (SG_STOP_STATE) I32: the early-stop state */
     sg_tensor *stop_go;          /* its element 0: the steps loop's condition */
     sg_stop_rule rule;
-    sg_tensor *bucket;           /* (1) I32: the bucket the device's gather drew (vary_seq) */
+    sg_tensor *bucket;           /* (1) I32: the bucket the device drew (vary_seq, vary_batch) */
+    sg_tensor *vary_step;        /* (1) I32: vary_batch's step number on the device (the batch index
+                                  * wraps around the data set) */
     struct bucket_branch { sg_trainer *t; int k; } branch[32];
     int64_t host_steps;          /* steps run, counted on the host (no stop rule) */
     int last_call_steps;
@@ -521,19 +523,22 @@ static sg_status setup_cond(sg_trainer *t)
         SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "loop.micro", &t->micro_left));
         SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "loop.steps", &t->steps_left));
     }
-    if (o->vary_seq) {
+    if (o->vary_seq || o->vary_batch) {
         SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "bucket", &t->bucket));
         for (int k = 0; k < t->n_buckets; k++) t->branch[k] = (struct bucket_branch){t, k};
     }
+    if (o->vary_batch) SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "vary.step", &t->vary_step));
     int have = sg_graph_conditionals(ctx), w = 1 << SG_COND_WHILE, sw = 1 << SG_COND_SWITCH;
     t->use_loop = o->loop && (have & w);
     t->use_skip_if = o->skip_if && (have & sw) && t->m->precision == SG_DTYPE_BF16;
-    t->use_switch = o->vary_seq && (have & sw);
+    t->use_switch = (o->vary_seq || o->vary_batch) && (have & sw);
     const char *lost[4];
     int n = 0;
     if (o->loop && !t->use_loop) lost[n++] = "loop (unrolled instead)";
     if (o->skip_if && !(have & sw)) lost[n++] = "skip_if (predicated instead)";
-    if (o->vary_seq && !t->use_switch) lost[n++] = "vary_seq's SWITCH (a graph per bucket instead)";
+    if ((o->vary_seq || o->vary_batch) && !t->use_switch)
+        lost[n++] = o->vary_seq ? "vary_seq's SWITCH (a graph per bucket instead)"
+                                : "vary_batch's SWITCH (a graph per bucket instead)";
     if (stop && !(have & w)) {
         lost[n++] = "early stop (every step eager instead)";
         t->fallback = true;
@@ -552,16 +557,20 @@ static sg_status setup_cond(sg_trainer *t)
 static sg_status check_cond_options(sg_ctx *ctx, const sg_trainer_options *op)
 {
     bool buckets = op->n_buckets || op->n_seq_buckets;
-    if ((op->loop | op->skip_if | op->vary_seq | op->stop_on_loss) & ~1)
-        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_create: loop %d, skip_if %d, vary_seq %d, stop_on_loss %d: "
-                       "expected 0 or 1", op->loop, op->skip_if, op->vary_seq, op->stop_on_loss);
+    if ((op->loop | op->skip_if | op->vary_seq | op->vary_batch | op->stop_on_loss) & ~1)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_create: loop %d, skip_if %d, vary_seq %d, vary_batch %d, "
+                       "stop_on_loss %d: expected 0 or 1", op->loop, op->skip_if, op->vary_seq, op->vary_batch,
+                       op->stop_on_loss);
     if (op->stop_nonfinite < 0 || op->stop_nonfinite > (1 << 30) || (op->stop_on_loss && !isfinite(op->stop_loss)))
         return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_create: stop_nonfinite %d, stop_loss %g: expected 0 to 2^30 "
                        "steps, and a finite loss with stop_on_loss", op->stop_nonfinite, (double)op->stop_loss);
     if (op->vary_seq && !op->n_seq_buckets)
         return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_create: vary_seq draws a length a step from the sequence "
                        "buckets: set seq_buckets");
-    if (op->steps_per_call > 1 && buckets && !op->vary_seq)
+    if (op->vary_batch && !op->n_buckets)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_create: vary_batch draws a row count a step from the batch "
+                       "buckets: set batch_buckets");
+    if (op->steps_per_call > 1 && buckets && !op->vary_seq && !op->vary_batch)
         return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_create: %d steps per call: expected 1 with batch or sequence "
                        "buckets (a call of sg_trainer_step_rows or _seq is one step; vary_seq draws the lengths "
                        "of several)", op->steps_per_call);
@@ -646,6 +655,7 @@ void sg_trainer_destroy(sg_trainer *t)
     sg_tensor_destroy(t->stop_go);
     sg_tensor_destroy(t->stop);
     sg_tensor_destroy(t->bucket);
+    sg_tensor_destroy(t->vary_step);
     free(t);
 }
 
@@ -670,50 +680,69 @@ static sg_status micro_turn(void *u)
     return sg_tensor_add_scalar(t->micro_left, -1);
 }
 
-typedef struct seq_args {
-    sg_model *m;
-    int64_t len;
-} seq_args;
+static bool varies(const sg_trainer *t) { return t->opts.vary_seq || t->opts.vary_batch; }
 
-static sg_status seq_cpu(sg_ctx *ctx, const void *p)
+typedef struct size_args {
+    sg_model *m;
+    int64_t size;
+    bool seq;
+} size_args;
+
+static sg_status size_set(const size_args *a)
+{
+    return a->seq ? sg_model_set_seq(a->m, a->size) : sg_model_set_rows(a->m, a->size);
+}
+
+static sg_status size_cpu(sg_ctx *ctx, const void *p)
 {
     (void)ctx;
-    const seq_args *a = p;
-    return sg_model_set_seq(a->m, a->len);
+    return size_set(p);
 }
 
-/* The model's sequence length, now and, on the CPU, again when a plan recorded now runs: the
- * CPU plan's ops read their tensors' shapes when they run (a CUDA kernel's are fixed at its
- * launch), so a captured region that changes the length records the change. */
-static sg_status set_seq_recorded(sg_trainer *t, int64_t len)
+/* The model's sequence length (seq buckets) or rows (batch buckets), now and, on the CPU,
+ * again when a plan recorded now runs: the CPU plan's ops read their tensors' shapes when they
+ * run (a CUDA kernel's are fixed at its launch), so a captured region that changes the shape
+ * records the change. */
+static sg_status set_size_recorded(sg_trainer *t, int64_t size)
 {
-    SG_TRY(sg_model_set_seq(t->m, len));
+    size_args a = {t->m, size, t->seq_buckets};
+    SG_TRY(size_set(&a));
     if (t->ctx->backend != SG_BACKEND_CPU) return SG_OK;
-    return sg_cpu_run(t->ctx, seq_cpu, &(seq_args){t->m, len}, sizeof(seq_args));
+    return sg_cpu_run(t->ctx, size_cpu, &a, sizeof a);
 }
 
-/* Sequence length on the device (vary_seq): branch k runs the step at bucket k's length. */
+static int64_t full_size(const sg_trainer *t) { return t->seq_buckets ? t->m->spec.seq : t->m->spec.batch; }
+
+/* Shape drawn on the device (vary_seq, vary_batch): branch k runs the step at bucket k. */
 static sg_status bucket_branch_step(void *u)
 {
     struct bucket_branch *b = u;
-    SG_TRY(set_seq_recorded(b->t, b->t->buckets[b->k]));
+    SG_TRY(set_size_recorded(b->t, b->t->buckets[b->k]));
     return run_step(b->t);
 }
 
-/* The gather draws the step's length and writes the batch at its bucket's shape and the
- * bucket's number, which picks the branch. The gather sees the full shape (its capacity). */
+/* The step's shape drawn on the device: the text gather draws the length and writes the batch
+ * at its bucket's shape (vary_seq); or the full batch is gathered and the rows past the drawn
+ * count padded (vary_batch). Either writes the bucket's number, which picks the branch. The
+ * gather sees the full shape (its capacity). */
 static sg_status switch_step(sg_trainer *t)
 {
     sg_model *m = t->m;
     sg_step_fn fn[32];
     void *user[32];
     for (int k = 0; k < t->n_buckets; k++) fn[k] = bucket_branch_step, user[k] = &t->branch[k];
-    SG_TRY(set_seq_recorded(t, m->spec.seq));
-    SG_TRY(sg_text_batch_vary(m->text, 0, m->data_seed, m->batch_idx, t->buckets, t->n_buckets, m->x_static,
-                              m->t_view, t->bucket));
+    SG_TRY(set_size_recorded(t, full_size(t)));
+    if (t->seq_buckets) {
+        SG_TRY(sg_text_batch_vary(m->text, 0, m->data_seed, m->batch_idx, t->buckets, t->n_buckets, m->x_static,
+                                  m->t_view, t->bucket));
+    } else {
+        SG_TRY(sg_model_gather_batch(m));
+        SG_TRY(sg_model_pad_vary(m, t->vary_step, t->buckets, t->n_buckets, t->bucket));
+    }
     sg_status st = sg_graph_switch(t->ctx, t->bucket, t->n_buckets, fn, user);
-    SG_TRY(set_seq_recorded(t, m->spec.seq));
+    SG_TRY(set_size_recorded(t, full_size(t)));
     SG_TRY(st);
+    if (t->vary_step) SG_TRY(sg_tensor_add_scalar(t->vary_step, 1));
     return sg_model_advance_batch(m);
 }
 
@@ -723,7 +752,7 @@ static sg_status switch_step(sg_trainer *t)
 static sg_status indexed_step(sg_trainer *t)
 {
     int K = t->opts.accum;
-    if (t->opts.vary_seq) return switch_step(t);
+    if (varies(t)) return switch_step(t);
     if (t->use_loop && K > 2) {
         SG_TRY(indexed_micro(t, 0));
         SG_TRY(sg_tensor_fill(t->micro_left, K - 2));
@@ -782,7 +811,7 @@ static sg_status warm_buckets(sg_trainer *t, int64_t index)
     for (int k = 0; k < t->n_buckets; k++) {
         if (t->bucket_warm[k]) continue;
         int64_t b = t->buckets[k];
-        SG_TRY(sg_model_load_seq(t->m, index, b, b));
+        SG_TRY(t->seq_buckets ? sg_model_load_seq(t->m, index, b, b) : sg_model_load_padded(t->m, index, b, b));
         SG_TRY(run_forward(t->m));
         SG_TRY(run_loss(t));
         SG_TRY(run_backward(t));
@@ -795,8 +824,8 @@ static sg_status step_scope(sg_trainer *t, int64_t index)
 {
     if (!t->g_step) {
         const sg_tensor *in[] = {t->m->batch_idx};
-        if (t->opts.vary_seq) SG_TRY(warm_buckets(t, index));
-        sg_status st = capture(t, t->opts.vary_seq ? "step.switch" : "step", run_indexed_steps, t, in, 1, &t->g_step);
+        if (varies(t)) SG_TRY(warm_buckets(t, index));
+        sg_status st = capture(t, varies(t) ? "step.switch" : "step", run_indexed_steps, t, in, 1, &t->g_step);
         if (st != SG_OK) {
             SG_TRY(capture_failed(t, st, "step", true));
             t->armed = false;
@@ -805,7 +834,11 @@ static sg_status step_scope(sg_trainer *t, int64_t index)
         t->next_index = -1;
     }
     int64_t batch = index * t->opts.accum; /* the step's first micro-batch */
-    if (batch != t->next_index) SG_TRY(sg_model_set_batch_index(t->m, batch));
+    if (batch != t->next_index) {
+        SG_TRY(sg_model_set_batch_index(t->m, batch));
+        int32_t v = (int32_t)index; /* (vary_batch: the step that draws the rows, in step with the batch) */
+        if (t->vary_step) SG_TRY(sg_tensor_write_small(t->vary_step, 0, &v, sizeof v));
+    }
     SG_TRY(sg_model_step_begin(t->m, batch)); /* a fed batch: the stream waits for its copy */
     SG_TRY(sg_graph_replay(t->g_step));
     t->next_index = batch + (int64_t)t->opts.steps_per_call * t->opts.accum;
@@ -862,11 +895,12 @@ static sg_status find_bucket(sg_trainer *t, const char *fn, bool seq, int64_t n,
  * (under step scope its bucket's graph, from the cache), else one_step. */
 static sg_status host_step(sg_trainer *t, int64_t index)
 {
-    if (!t->opts.vary_seq) return one_step(t, index);
+    if (!varies(t)) return one_step(t, index);
     int k = 0;
-    int64_t len = sg_vary_len(index, t->buckets[t->n_buckets - 1]);
-    SG_TRY(find_bucket(t, "sg_trainer_step", true, len, &k));
-    SG_TRY(sg_model_load_seq(t->m, index, len, t->buckets[k]));
+    int64_t n = sg_vary_len(index, t->buckets[t->n_buckets - 1]);
+    SG_TRY(find_bucket(t, "sg_trainer_step", t->seq_buckets, n, &k));
+    SG_TRY(t->seq_buckets ? sg_model_load_seq(t->m, index, n, t->buckets[k])
+                          : sg_model_load_padded(t->m, index, n, t->buckets[k]));
     return bucket_step(t, k);
 }
 
@@ -911,7 +945,7 @@ static sg_status trainer_step(sg_trainer *t, int64_t index)
     if (t->dist) SG_TRY(sg_dist_poll(t->dist)); /* a failed run fails every step, at once */
     t->armed = t->steps >= t->opts.warmup && !t->fallback && t->opts.scope != SG_SCOPE_EAGER;
     sg_status st = SG_OK;
-    if (t->armed && t->opts.scope == SG_SCOPE_STEP && (!t->opts.vary_seq || t->use_switch)) {
+    if (t->armed && t->opts.scope == SG_SCOPE_STEP && (!varies(t) || t->use_switch)) {
         /* The graph gathers its own batches, at the full shape (a bucket may have left less). */
         if (t->n_buckets) SG_TRY(sg_model_full_shape(t->m));
         st = step_scope(t, index);
