@@ -1641,6 +1641,11 @@ typedef struct sg_advise_profile {
      * module's the sums over the K micro-batches, load_static K static loads; under layer
      * and model scope every graph replays K times a step. */
     int accum;
+    /* Steps a launch under step scope (sg_trainer_options.steps_per_call; 0 or 1: one) and
+     * whether they are a WHILE loop (loop): the regions above stay one step's, and the step
+     * scope's prediction shares the launch among the steps (docs/advisor.md). */
+    int steps_per_call;
+    int loop;
 } sg_advise_profile;
 
 /* One scope's prediction. */

@@ -12,7 +12,6 @@
  * per optimizer step. */
 #define _GNU_SOURCE /* sched_getcpu, pthread_getaffinity_np */
 #include "testutil.h"
-#include "advise/advise.h" /* sg_advise_predict_calls */
 
 #include <pthread.h>
 #include <sched.h>
@@ -320,24 +319,30 @@ static sg_status count_factory(sg_ctx *ctx, void *user, sg_model **out)
     return sg_model_create_ex(ctx, "mlp-64-2-32", 1, NULL, out);
 }
 
-/* Steps a launch (sg_advise_predict_calls, docs/advisor.md): the launch-bound profile's step
- * graph of N = 42 nodes, 4 steps a launch. Unrolled: the launch holds 168 nodes, host (2 + 168
- * x 0.5) / 4 = 21.5 us a step; device 140 + 167 / 4 x 0.3 + 2 / 4 = 153.025 us; capture 100 + 4
- * x (333 - 100) = 1032 us; instantiate 50 + 168 x 5 = 890 us. Loop: one body of 42 nodes,
- * host (2 + 21) / 4 = 5.75 us; device 140 + 41 x 0.3 + 2 + 2 / 4 = 154.8 us (a graph launch's
- * gap a turn); capture and instantiate the one-step graph's. One step a launch changes nothing,
- * and neither does another scope. */
+/* Steps a launch (profile.steps_per_call and loop, docs/advisor.md): the launch-bound
+ * profile's step graph of N = 42 nodes, 4 steps a launch. Unrolled: the launch holds 168 nodes,
+ * host (2 + 168 x 0.5) / 4 = 21.5 us a step; device 140 + 167 / 4 x 0.3 + 2 / 4 = 153.025 us;
+ * capture 100 + 4 x (333 - 100) = 1032 us; instantiate 50 + 168 x 5 = 890 us. Loop: one body of
+ * 42 nodes, host (2 + 21) / 4 = 5.75 us; device 140 + 41 x 0.3 + 2 + 2 / 4 = 154.8 us (a graph
+ * launch's gap a turn); capture and instantiate the one-step graph's. One step a launch changes
+ * nothing, and neither does another scope. */
+static sg_advise_prediction step_with(const sg_advise_calib *c, sg_advise_profile p, int steps, int loop,
+                                      sg_scope scope)
+{
+    sg_advise_prediction q;
+    p.steps_per_call = steps, p.loop = loop;
+    TU_CHECK(sg_advise_predict(c, &p, scope, &q) == SG_OK, "predict %s, %d steps a launch, loop %d: %s",
+             sg_scope_name(scope), steps, loop, q.note);
+    return q;
+}
+
 static void cpu_calls(void)
 {
     sg_advise_calib c = calib_synthetic();
     sg_advise_profile p = profile_launch_bound();
-    sg_advise_prediction one, q, m, m4;
-    TU_CHECK(sg_advise_predict(&c, &p, SG_SCOPE_STEP, &one) == SG_OK, "predict step");
-    q = one;
-    TU_CHECK(sg_advise_predict_calls(&c, &p, 1, 1, &q) == SG_OK && !memcmp(&q, &one, sizeof q),
-             "one step a launch changed the prediction");
-    q = one;
-    TU_CHECK(sg_advise_predict_calls(&c, &p, 4, 0, &q) == SG_OK, "4 steps unrolled");
+    sg_advise_prediction one = step_with(&c, p, 0, 0, SG_SCOPE_STEP), q = step_with(&c, p, 1, 1, SG_SCOPE_STEP);
+    TU_CHECK(!memcmp(&q, &one, sizeof q), "one step a launch changed the prediction");
+    q = step_with(&c, p, 4, 0, SG_SCOPE_STEP);
     check_close("unrolled host_ms", q.host_ms, 21.5 / 1e3);
     check_close("unrolled device_ms", q.device_ms, 153.025 / 1e3);
     check_close("unrolled step_ms", q.step_ms, 153.025 / 1e3);
@@ -350,8 +355,7 @@ static void cpu_calls(void)
     check_close("unrolled instantiate_ms", q.instantiate_ms, 0.890);
     check_close("unrolled extra_bytes", q.extra_bytes, 4096 + 168 * 1024);
     check_close("unrolled break-even", q.break_even_steps, (1.032 + 0.890) / (0.300 - 0.153025));
-    q = one;
-    TU_CHECK(sg_advise_predict_calls(&c, &p, 4, 1, &q) == SG_OK, "4 steps in a loop");
+    q = step_with(&c, p, 4, 1, SG_SCOPE_STEP);
     check_close("loop host_ms", q.host_ms, 5.75 / 1e3);
     check_close("loop device_ms", q.device_ms, 154.8 / 1e3);
     check_close("loop step_ms", q.step_ms, 154.8 / 1e3);
@@ -360,18 +364,19 @@ static void cpu_calls(void)
     check_close("loop extra_bytes", q.extra_bytes, one.extra_bytes);
     check_close("loop launches", q.launches, 0.25);
     /* Almost no GPU work: the host bounds the step, and K shares its launch. */
-    p.busy_ms = 0.001;
-    TU_CHECK(sg_advise_predict(&c, &p, SG_SCOPE_STEP, &q) == SG_OK, "predict step, tiny GPU work");
-    TU_CHECK(sg_advise_predict_calls(&c, &p, 4, 0, &q) == SG_OK, "4 steps unrolled, tiny GPU work");
+    sg_advise_profile tiny = p;
+    tiny.busy_ms = 0.001;
+    q = step_with(&c, tiny, 4, 0, SG_SCOPE_STEP);
     TU_CHECK(q.host_bound, "tiny GPU work: host-bound expected (host %g, device %g ms)", q.host_ms, q.device_ms);
     check_close("host-bound step_ms", q.step_ms, 21.5 / 1e3);
-    p = profile_launch_bound();
-    TU_CHECK(sg_advise_predict(&c, &p, SG_SCOPE_MODEL, &m) == SG_OK, "predict model");
-    m4 = m;
-    TU_CHECK(sg_advise_predict_calls(&c, &p, 4, 1, &m4) == SG_OK && !memcmp(&m, &m4, sizeof m),
-             "model scope changed by steps a launch");
-    TU_CHECK(sg_advise_predict_calls(&c, &p, 4, 0, NULL) == SG_ERR_NULL &&
-             sg_advise_predict_calls(NULL, &p, 4, 0, &q) == SG_ERR_NULL, "NULL arguments");
+    sg_advise_prediction m = step_with(&c, p, 0, 0, SG_SCOPE_MODEL), m4 = step_with(&c, p, 4, 1, SG_SCOPE_MODEL);
+    TU_CHECK(!memcmp(&m, &m4, sizeof m), "model scope changed by steps a launch");
+    p.steps_per_call = 1025;
+    TU_CHECK(sg_advise_predict(&c, &p, SG_SCOPE_STEP, &q) == SG_ERR_INVALID && strstr(q.note, "steps_per_call"),
+             "steps_per_call 1025: %s", q.note);
+    p.steps_per_call = 4, p.loop = 2;
+    TU_CHECK(sg_advise_predict(&c, &p, SG_SCOPE_STEP, &q) == SG_ERR_INVALID && strstr(q.note, "loop 2"),
+             "loop 2: %s", q.note);
 }
 
 /* The trainer options sg_advise takes (then refused on the CPU backend, after the check: the

@@ -76,33 +76,6 @@ static void no_buckets(const sg_advise_prediction *eager, sg_scope scope, sg_adv
              "trainer runs them under eager and step scope", sg_scope_name(scope));
 }
 
-sg_status sg_advise_predict_calls(const sg_advise_calib *c, const sg_advise_profile *p, int steps_per_call,
-                                  int loop, sg_advise_prediction *q)
-{
-    if (!c || !p || !q) return SG_ERR_NULL;
-    if (steps_per_call <= 1 || q->scope != SG_SCOPE_STEP) return SG_OK;
-    double K = steps_per_call, N = q->nodes, B = p->busy_ms * 1e3, W = p->wall_ms;
-    double Ng = loop ? N : K * N; /* the nodes one launch holds: K copies, or one loop body */
-    double host = (c->replay_base_us + Ng * c->replay_node_us) / K;
-    double dev = loop ? B + (N > 1 ? N - 1 : 0) * c->node_gap_us + c->graph_gap_us + c->graph_gap_us / K
-                      : B + (K * N > 1 ? K * N - 1 : 0) / K * c->node_gap_us + c->graph_gap_us / K;
-    double cap1 = q->capture_ms * 1e3;
-    double cap = loop ? cap1 : c->capture_base_us + K * (cap1 - c->capture_base_us);
-    q->host_ms = host / 1e3;
-    q->device_ms = dev / 1e3;
-    q->host_bound = host >= dev;
-    q->step_ms = (host > dev ? host : dev) / 1e3;
-    q->speedup = W / q->step_ms;
-    q->launches = q->graphs = 1 / K;
-    q->capture_ms = cap / 1e3;
-    q->instantiate_ms = (c->instantiate_base_us + Ng * c->instantiate_node_us) / 1e3;
-    q->extra_bytes = p->static_bytes + c->exec_base_bytes + Ng * c->exec_node_bytes;
-    q->setup_ms = q->capture_ms + q->instantiate_ms;
-    q->saving_ms = W - q->step_ms;
-    q->break_even_steps = q->saving_ms > 0 ? q->setup_ms / q->saving_ms : INFINITY;
-    return SG_OK;
-}
-
 /* Every scope's prediction, eager first, then the summary. A scope that cannot be predicted
  * (no CUPTI, a bad profile) fails the whole: the verdict compares them all. tr: the caller's
  * trainer options (NULL: defaults): steps_per_call and loop shape the step scope's. */
@@ -118,8 +91,6 @@ static sg_status predict_all(sg_ctx *ctx, const sg_trainer_options *tr, sg_advis
             nothing_to_wrap(&r->scopes[SG_SCOPE_EAGER].predicted, q);
         } else {
             sg_status st = sg_advise_predict(&r->calib, &r->profile, (sg_scope)s, q);
-            if (st == SG_OK && tr)
-                st = sg_advise_predict_calls(&r->calib, &r->profile, tr->steps_per_call, tr->loop, q);
             if (st != SG_OK)
                 return sg_fail(ctx, st, "sg_advise: cannot predict %s scope: %s", sg_scope_name((sg_scope)s),
                                q->note);

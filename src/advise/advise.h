@@ -52,21 +52,6 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
 sg_status sg_advise_measure(sg_ctx *ctx, sg_model_factory factory, void *user, sg_scope scope,
                             const sg_advise_timing *tm, sg_advise_measurement *out);
 
-/* Step scope with steps_per_call K (> 1) steps a launch, from q, its prediction for one step a
- * launch (sg_advise_predict of the same calibration and profile): the launch's host cost, the
- * device's graph-launch gap, capture, instantiation and executable memory are shared by K
- * steps. The graph holds K copies of the step's N nodes (loop 0), or one copy in a WHILE body
- * (loop 1), each turn of which costs the device a graph launch's gap. Per step:
- *     host   = (r_base + Ng r_node) / K             Ng = K N (unrolled), N (loop)
- *     device = B + (K N - 1) / K g_node + g_graph / K                       (unrolled)
- *              B + (N - 1) g_node + g_graph + g_graph / K                    (loop)
- * capture c_base + K (q's capture - c_base) unrolled, q's with loop; instantiate i_base +
- * Ng i_node; extra static_bytes + x_base + Ng x_node; launches and graphs 1/K a step; step ms,
- * speedup, saving, break-even and bound follow. K <= 1 or another scope: q unchanged.
- * SG_ERR_NULL for a NULL argument. */
-sg_status sg_advise_predict_calls(const sg_advise_calib *c, const sg_advise_profile *p, int steps_per_call,
-                                  int loop, sg_advise_prediction *q);
-
 /* Shared by the parts: the monotonic clock in microseconds, and the median of v[0..n)
  * (sorts v; NAN for n <= 0). */
 double sg_advise_now_us(void);

@@ -429,6 +429,8 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
     /* A fixed batch; the length fixed too unless the caller's trainer draws it (vary_seq). */
     out->shapes_static = !(t.trainer && t.trainer->vary_seq);
     out->accum = t.accum;
+    out->steps_per_call = t.trainer ? t.trainer->steps_per_call : 1;
+    out->loop = t.trainer ? t.trainer->loop : 0;
     sg_trainer_options eager = trainer_options(SG_SCOPE_EAGER, &t);
     eager.steps_per_call = 1; /* the regions below are one step's; eager calls cost K steps alike */
     sg_model *m = NULL;

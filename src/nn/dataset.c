@@ -328,25 +328,18 @@ sg_status sg_dataset_pad_vary(sg_ctx *ctx, const sg_tensor *step, const int64_t 
 {
     const char *fn = "sg_dataset_pad_vary";
     if (!ctx) return SG_ERR_NULL;
-    if (!step || !buckets || !x_out || !y_out || !bucket_out)
-        return sg_fail(ctx, SG_ERR_NULL, "%s: step, buckets, x_out, y_out and bucket_out are required", fn);
-    SG_TRY(sg_check_dtype(ctx, fn, "step", step, SG_DTYPE_I32));
-    SG_TRY(sg_check_dtype(ctx, fn, "bucket_out", bucket_out, SG_DTYPE_I32));
-    bool ok = n_buckets >= 1 && n_buckets <= SG_TEXT_MAX_BUCKETS && step->numel == 1 && bucket_out->numel == 1 &&
-              x_row >= 1 && y_row >= 1 && sg_dtype_size(x_out->dtype) == 4 &&
-              (y_out->dtype == SG_DTYPE_F32 || y_out->dtype == SG_DTYPE_I32);
-    sg_text_buckets bk = {.n = n_buckets};
-    for (int i = 0; ok && i < n_buckets; i++) {
-        bk.size[i] = buckets[i];
-        ok = buckets[i] >= 1 && (i == 0 || buckets[i] > buckets[i - 1]);
-    }
-    int64_t max = ok ? bk.size[n_buckets - 1] : 0;
-    if (!ok || x_out->numel < max * x_row || y_out->numel < max * y_row)
-        return sg_fail(ctx, SG_ERR_INVALID, "%s: %d buckets (1 to %d increasing from 1; the largest %lld rows), rows of "
-                       "%lld and %lld elements, x_out %lld and y_out %lld elements (4-byte; y F32 or I32), step and "
-                       "bucket_out one I32 each: an argument out of range", fn, n_buckets, SG_TEXT_MAX_BUCKETS,
-                       (long long)max, (long long)x_row, (long long)y_row, (long long)x_out->numel,
-                       (long long)y_out->numel);
+    if (!step || !x_out || !y_out || !bucket_out)
+        return sg_fail(ctx, SG_ERR_NULL, "%s: step, x_out, y_out and bucket_out are required", fn);
+    SG_TRY(sg_check_i32_value(ctx, fn, "step", step));
+    SG_TRY(sg_check_i32_value(ctx, fn, "bucket_out", bucket_out));
+    if (x_row < 1 || y_row < 1 || sg_dtype_size(x_out->dtype) != 4 ||
+        (y_out->dtype != SG_DTYPE_F32 && y_out->dtype != SG_DTYPE_I32))
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: rows of %lld and %lld elements, x_out %s, y_out %s: expected rows "
+                       "of >= 1 elements, 4-byte x and F32 or I32 y", fn, (long long)x_row, (long long)y_row,
+                       sg_dtype_name(x_out->dtype), sg_dtype_name(y_out->dtype));
+    sg_text_buckets bk;
+    int64_t cap = x_out->numel / x_row < y_out->numel / y_row ? x_out->numel / x_row : y_out->numel / y_row;
+    SG_TRY(sg_text_buckets_make(ctx, fn, buckets, n_buckets, cap, "the rows x_out and y_out hold", &bk));
     uint32_t pad;
     if (y_out->dtype == SG_DTYPE_F32) {
         float f = (float)y_pad;

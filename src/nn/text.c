@@ -614,7 +614,7 @@ sg_status sg_text_batch_padded(sg_text *t, int split, uint64_t seed, int64_t ste
 }
 
 /* A one-element I32 device value: the step read at run time, or the bucket written. */
-static sg_status check_scalar(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *v)
+sg_status sg_check_i32_value(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *v)
 {
     SG_TRY(sg_check_dtype(ctx, fn, what, v, SG_DTYPE_I32));
     if (v->numel != 1)
@@ -628,20 +628,19 @@ sg_status sg_text_batch_device(sg_text *t, int split, uint64_t seed, const sg_te
 {
     batch_args a;
     SG_TRY(check_batch(t, "sg_text_batch_device", split, tokens, targets, &a));
-    SG_TRY(check_scalar(t->ctx, "sg_text_batch_device", "step_tensor", step_tensor));
+    SG_TRY(sg_check_i32_value(t->ctx, "sg_text_batch_device", "step_tensor", step_tensor));
     a.seed = seed, a.step_t = step_tensor;
     return run_batch(t, &a);
 }
 
 /* buckets[0..n) into *out: 1..SG_TEXT_MAX_BUCKETS sizes, increasing from 1 up to the T of
  * tokens (its capacity: Tb rows of every bucket fit). */
-static sg_status check_buckets(sg_ctx *ctx, const char *fn, const int64_t *buckets, int n,
-                               const sg_tensor *tokens, sg_text_buckets *out)
+sg_status sg_text_buckets_make(sg_ctx *ctx, const char *fn, const int64_t *buckets, int n, int64_t cap,
+                               const char *cap_what, sg_text_buckets *out)
 {
     if (!buckets) return sg_fail(ctx, SG_ERR_NULL, "%s: buckets is NULL", fn);
     if (n < 1 || n > SG_TEXT_MAX_BUCKETS)
-        return sg_fail(ctx, SG_ERR_INVALID, "%s: %d buckets, expected 1 to %d sequence lengths",
-                       fn, n, SG_TEXT_MAX_BUCKETS);
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: %d buckets, expected 1 to %d sizes", fn, n, SG_TEXT_MAX_BUCKETS);
     for (int i = 0; i < n; i++) {
         if (buckets[i] < 1)
             return sg_fail(ctx, SG_ERR_INVALID, "%s: buckets[%d] is %lld, expected >= 1", fn, i,
@@ -652,12 +651,9 @@ static sg_status check_buckets(sg_ctx *ctx, const char *fn, const int64_t *bucke
                            "increasing sizes",
                            fn, i, (long long)buckets[i], i - 1, (long long)buckets[i - 1]);
     }
-    int64_t T = tokens->shape[1];
-    if (buckets[n - 1] > T)
-        return sg_fail(ctx, SG_ERR_SHAPE,
-                       "%s: the largest bucket %lld exceeds the T of tokens '%s' (%lld), which "
-                       "must hold B rows of every bucket",
-                       fn, (long long)buckets[n - 1], tokens->name, (long long)T);
+    if (buckets[n - 1] > cap)
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: the largest bucket %lld exceeds %s (%lld), which must hold every "
+                       "bucket", fn, (long long)buckets[n - 1], cap_what, (long long)cap);
     *out = (sg_text_buckets){.n = n};
     memcpy(out->size, buckets, (size_t)n * sizeof *buckets);
     return SG_OK;
@@ -671,9 +667,11 @@ sg_status sg_text_batch_vary(sg_text *t, int split, uint64_t seed, const sg_tens
     batch_args a;
     /* The split holds T + 1 tokens, so every window of len <= the largest bucket <= T fits. */
     SG_TRY(check_batch(t, fn, split, tokens, targets, &a));
-    SG_TRY(check_scalar(t->ctx, fn, "step_tensor", step_tensor));
-    SG_TRY(check_scalar(t->ctx, fn, "bucket_out", bucket_out));
-    SG_TRY(check_buckets(t->ctx, fn, buckets, n_buckets, tokens, &a.buckets));
+    SG_TRY(sg_check_i32_value(t->ctx, fn, "step_tensor", step_tensor));
+    SG_TRY(sg_check_i32_value(t->ctx, fn, "bucket_out", bucket_out));
+    char what[96];
+    snprintf(what, sizeof what, "the T of tokens '%s'", tokens->name);
+    SG_TRY(sg_text_buckets_make(t->ctx, fn, buckets, n_buckets, tokens->shape[1], what, &a.buckets));
     a.seed = seed, a.step_t = step_tensor, a.bucket_out = bucket_out;
     return run_batch(t, &a);
 }

@@ -122,6 +122,15 @@ typedef struct sg_text_buckets {
     int64_t size[SG_TEXT_MAX_BUCKETS];      /* increasing, from 1; size[n - 1] the largest */
 } sg_text_buckets;
 
+/* Checks a bucket list and copies it into *out: 1..SG_TEXT_MAX_BUCKETS sizes increasing from
+ * 1, the largest at most cap (cap_what names it in the message). Errors name fn. Shared by the
+ * gathers that draw a shape on the device (sg_text_batch_vary, sg_dataset_pad_vary). */
+sg_status sg_text_buckets_make(sg_ctx *ctx, const char *fn, const int64_t *buckets, int n, int64_t cap,
+                               const char *cap_what, sg_text_buckets *out);
+/* SG_ERR_DTYPE / SG_ERR_SHAPE, naming `what`, unless v is one I32 element (a device step or
+ * bucket number). */
+sg_status sg_check_i32_value(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *v);
+
 /* Batch of the step read from step_tensor (one I32, read when the work runs) with its length
  * drawn on the device: len = sg_text_vary_len(step, buckets[n_buckets - 1]), k = the first
  * bucket with buckets[k] >= len, Tb = buckets[k]. The first B*Tb elements of tokens and

@@ -62,6 +62,9 @@ static sg_status check_inputs(const sg_advise_calib *c, const sg_advise_profile 
                       p->step.launches, p->step.host_us);
     if (p->accum < 0 || p->accum > 1024)
         return refuse(out, SG_ERR_INVALID, "profile.accum is %d: expected 0 to 1024 micro-batches a step", p->accum);
+    if (p->steps_per_call < 0 || p->steps_per_call > 1024 || (p->loop != 0 && p->loop != 1))
+        return refuse(out, SG_ERR_INVALID, "profile.steps_per_call %d, loop %d: expected 0 to 1024 steps a launch "
+                      "and loop 0 or 1", p->steps_per_call, p->loop);
     if (p->n_modules < 0 || p->n_modules > SG_ADVISE_MAX_MODULES)
         return refuse(out, SG_ERR_INVALID, "profile.n_modules is %d: expected 0 to %d", p->n_modules,
                       SG_ADVISE_MAX_MODULES);
@@ -158,17 +161,23 @@ sg_status sg_advise_predict(const sg_advise_calib *c, const sg_advise_profile *p
     double nu = K / L; /* device kernels per launch: a cuBLASLt matmul can be two */
     takeover t = takeover_of(p, scope, nu);
     double host, dev, E;
+    /* Step scope: S steps a launch, its graph S copies of the step's N nodes or (loop) one WHILE
+     * body of N; the launch's host cost and gap are shared by the S steps. */
+    double S = scope == SG_SCOPE_STEP && p->steps_per_call > 1 ? p->steps_per_call : 1;
+    bool loop = S > 1 && p->loop;
+    double Ng = loop ? t.N : S * t.N;
     if (scope == SG_SCOPE_EAGER) {
         host = H;
         E = K;
         dev = B + K * c->eager_gap_us;
         out->launches = L;
     } else if (scope == SG_SCOPE_STEP) {
-        /* One launch; every kernel a node. */
-        host = c->replay_base_us + t.N * c->replay_node_us;
+        /* One launch (of S steps); every kernel a node. A loop's turn costs a graph launch's gap. */
+        host = (c->replay_base_us + Ng * c->replay_node_us) / S;
         E = 0;
-        dev = B + clamp0(t.N - 1) * c->node_gap_us + c->graph_gap_us;
-        out->launches = 1;
+        dev = loop ? B + clamp0(t.N - 1) * c->node_gap_us + c->graph_gap_us + c->graph_gap_us / S
+                   : B + clamp0(Ng - 1) / S * c->node_gap_us + c->graph_gap_us / S;
+        out->launches = 1 / S;
     } else {
         /* Host: what stays eager keeps its measured cost, the static batch load replaces the
          * eager one, and each graph costs a replay. Device: what stays eager keeps its gaps. */
@@ -185,15 +194,17 @@ sg_status sg_advise_predict(const sg_advise_calib *c, const sg_advise_profile *p
     out->host_bound = host >= dev;
     out->step_ms = scope == SG_SCOPE_EAGER ? W : (host > dev ? host : dev) / 1e3;
     out->speedup = W / out->step_ms;
-    out->graphs = t.G;
+    out->graphs = t.G / S;
     out->nodes = t.N;
     out->eager_kernels = E;
     if (scope != SG_SCOPE_EAGER) {
         /* Capture re-runs the region's host code, each launch recorded instead of launched; one
          * micro-batch's worth of graphs is captured, instantiated and held. */
-        double G = t.G / t.R, N = t.N / t.R;
+        double G = t.G / t.R, N = (scope == SG_SCOPE_STEP ? Ng : t.N) / t.R;
         double cap = G * c->capture_base_us + (t.Hc + t.C * (c->capture_node_us - c->launch_host_us)) / t.R;
-        out->capture_ms = (cap > G * c->capture_base_us ? cap : G * c->capture_base_us) / 1e3;
+        cap = cap > G * c->capture_base_us ? cap : G * c->capture_base_us;
+        if (S > 1 && !loop) cap = c->capture_base_us + S * (cap - c->capture_base_us); /* S steps recorded */
+        out->capture_ms = cap / 1e3;
         out->instantiate_ms = (G * c->instantiate_base_us + N * c->instantiate_node_us) / 1e3;
         out->extra_bytes = p->static_bytes + G * c->exec_base_bytes + N * c->exec_node_bytes;
     }

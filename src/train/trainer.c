@@ -52,12 +52,12 @@ struct sg_trainer {
     sg_tensor *loss_sum;         /* (1) F32: their losses / accum so far */
     /* control flow on the device: what the step graph is built with (the options, where the
      * context's capture makes conditional nodes) */
-    bool use_loop, use_skip_if, use_switch, use_stop;
+    bool use_loop, use_skip_if, use_switch;
     bool in_step_graph;          /* the step graph is being captured (the forms apply) */
     char cond_note[512];
     sg_tensor *micro_left;       /* (1) I32: loop turns left, micro-batches */
     sg_tensor *steps_left;       /* (1) I32: loop turns left, steps (no stop rule) */
-    sg_tensor *stop;             /* (SG_STOP_STATE) I32: the early-stop state */
+    sg_tensor *stop;             /* (SG_STOP_STATE) I32: the early-stop state (NULL: no rule) */
     sg_tensor *stop_go;          /* its element 0: the steps loop's condition */
     sg_stop_rule rule;
     sg_tensor *bucket;           /* (1) I32: the bucket the device drew (vary_seq, vary_batch) */
@@ -510,13 +510,11 @@ static sg_status setup_cond(sg_trainer *t)
     const sg_trainer_options *o = &t->opts;
     sg_ctx *ctx = t->ctx;
     bool stop = o->stop_nonfinite > 0 || o->stop_on_loss, step = o->scope == SG_SCOPE_STEP;
-    int32_t one = 1;
     if (stop) {
         SG_TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){SG_STOP_STATE}, "stop.state", &t->stop));
         SG_TRY(sg_tensor_fill(t->stop, 0));
-        SG_TRY(sg_tensor_view(t->stop, 0, 1, (int64_t[]){one}, "stop.go", &t->stop_go));
+        SG_TRY(sg_tensor_view(t->stop, 0, 1, (int64_t[]){1}, "stop.go", &t->stop_go));
         t->rule = (sg_stop_rule){o->stop_nonfinite, o->stop_on_loss, o->stop_loss};
-        t->use_stop = true;
     }
     if (!step) return SG_OK;
     if (o->loop) {
@@ -532,24 +530,27 @@ static sg_status setup_cond(sg_trainer *t)
     t->use_loop = o->loop && (have & w);
     t->use_skip_if = o->skip_if && (have & sw) && t->m->precision == SG_DTYPE_BF16;
     t->use_switch = (o->vary_seq || o->vary_batch) && (have & sw);
-    const char *lost[4];
-    int n = 0;
-    if (o->loop && !t->use_loop) lost[n++] = "loop (unrolled instead)";
-    if (o->skip_if && !(have & sw)) lost[n++] = "skip_if (predicated instead)";
-    if ((o->vary_seq || o->vary_batch) && !t->use_switch)
-        lost[n++] = o->vary_seq ? "vary_seq's SWITCH (a graph per bucket instead)"
-                                : "vary_batch's SWITCH (a graph per bucket instead)";
-    if (stop && !(have & w)) {
-        lost[n++] = "early stop (every step eager instead)";
-        t->fallback = true;
-    }
-    if (n)
-        snprintf(t->cond_note, sizeof t->cond_note, "%s%s%s%s%s%s%s: capture on this context makes no %s nodes "
-                 "(IF and WHILE need CUDA 12.4, SWITCH 12.8, driver and toolkit; or "
-                 "STEPGRAPH_DISABLE_CONDITIONALS=1)", lost[0], n > 1 ? ", " : "", n > 1 ? lost[1] : "",
-                 n > 2 ? ", " : "", n > 2 ? lost[2] : "", n > 3 ? ", " : "", n > 3 ? lost[3] : "",
+    /* What was asked for and lost, one clause each, then why. */
+    const struct { bool lost; const char *what; } forms[] = {
+        {o->loop && !t->use_loop, "loop (unrolled instead)"},
+        {o->skip_if && !(have & sw), "skip_if (predicated instead)"},
+        {o->vary_seq && !t->use_switch, "vary_seq's SWITCH (a graph per bucket instead)"},
+        {o->vary_batch && !t->use_switch, "vary_batch's SWITCH (a graph per bucket instead)"},
+        {stop && !(have & w), "early stop (every step eager instead)"},
+    };
+    size_t len = 0;
+    for (size_t i = 0; i < sizeof forms / sizeof *forms; i++)
+        if (forms[i].lost && len < sizeof t->cond_note)
+            len += (size_t)snprintf(t->cond_note + len, sizeof t->cond_note - len, "%s%s", len ? ", " : "",
+                                    forms[i].what);
+    if (len && len < sizeof t->cond_note)
+        snprintf(t->cond_note + len, sizeof t->cond_note - len, ": capture on this context makes no %s nodes (IF "
+                 "and WHILE need CUDA 12.4, SWITCH 12.8, driver and toolkit; or STEPGRAPH_DISABLE_CONDITIONALS=1)",
                  !(have & w) ? "WHILE or SWITCH" : "SWITCH");
-    if (t->fallback) snprintf(t->reason, sizeof t->reason, "early stop runs eagerly: %.480s", t->cond_note);
+    if (stop && !(have & w)) {
+        t->fallback = true;
+        snprintf(t->reason, sizeof t->reason, "early stop runs eagerly: %.480s", t->cond_note);
+    }
     return SG_OK;
 }
 
@@ -770,7 +771,7 @@ static sg_status step_turn(void *u)
 {
     sg_trainer *t = u;
     SG_TRY(indexed_step(t));
-    if (t->use_stop) return sg_stop_check(t->ctx, t->stop, t->m->loss, t->opts.steps_per_call, &t->rule);
+    if (t->stop) return sg_stop_check(t->ctx, t->stop, t->m->loss, t->opts.steps_per_call, &t->rule);
     return sg_tensor_add_scalar(t->steps_left, -1);
 }
 
@@ -779,7 +780,7 @@ static sg_status step_turn(void *u)
 static sg_status indexed_steps(sg_trainer *t)
 {
     int K = t->opts.steps_per_call;
-    if (t->use_stop) {
+    if (t->stop) {
         SG_TRY(sg_stop_begin(t->ctx, t->stop, K));
         return sg_graph_while(t->ctx, t->stop_go, step_turn, t);
     }
@@ -910,15 +911,15 @@ static sg_status host_step(sg_trainer *t, int64_t index)
 static sg_status host_steps(sg_trainer *t, int64_t index)
 {
     int K = t->opts.steps_per_call;
-    if (t->use_stop) SG_TRY(sg_stop_begin(t->ctx, t->stop, K));
+    if (t->stop) SG_TRY(sg_stop_begin(t->ctx, t->stop, K));
     for (int k = 0; k < K; k++) {
-        if (t->use_stop) {
+        if (t->stop) {
             int32_t go = 0;
             SG_TRY(sg_tensor_copy_to_host(t->stop_go, &go, sizeof go));
             if (!go) break;
         }
         SG_TRY(host_step(t, index + k));
-        if (t->use_stop) SG_TRY(sg_stop_check(t->ctx, t->stop, t->m->loss, K, &t->rule));
+        if (t->stop) SG_TRY(sg_stop_check(t->ctx, t->stop, t->m->loss, K, &t->rule));
     }
     return SG_OK;
 }
@@ -1105,7 +1106,7 @@ sg_status sg_trainer_get_stop(sg_trainer *t, sg_trainer_stop *out)
 {
     if (!t || !out) return SG_ERR_NULL;
     memset(out, 0, sizeof *out);
-    if (!t->use_stop) {
+    if (!t->stop) {
         out->steps_run = t->host_steps;
         out->last_call_steps = t->last_call_steps;
         return SG_OK;
