@@ -1216,6 +1216,98 @@ const sg_tensor *sg_model_logits(const sg_model *m);
 /* The model's token input (gpt: (B, T) I32), for callers that fill it themselves (sampling). */
 sg_tensor *sg_model_input(sg_model *m);
 
+/* ---- generation: a GPT's KV-cache decoding, eager, a graph a step, or one graph ------------ *
+ *
+ * A generator reads a GPT's parameters by name (wte.weight, wpe.weight, blocks.L.*, ln_f.*,
+ * head.weight: any model built from sg_module_embedding, sg_module_gpt_block, a LayerNorm
+ * "ln_f" and a bias-free Linear "head", as the built-in gpt kind is) where the model keeps
+ * them (the bf16 compute copies under mixed precision), so it sees every optimizer step and
+ * checkpoint load. It owns a key/value cache of max_batch x max_len positions per layer in the
+ * model's precision and the buffers of a forward of max_batch x max_len rows.
+ *
+ * sg_generate runs a batch of prompts of different lengths: a prefill over the prompts padded
+ * to a bucket of lengths (powers of two), which writes the cache and draws each sequence's
+ * first new token from its last prompt position; then decode steps, one new token for every
+ * running sequence, each attending to its cache. Sampling runs on the device (decode.h:
+ * greedy, temperature, top-k, a counter-based generator keyed by (seed, sequence, token
+ * number), so every mode draws the same tokens for a seed); a sequence finishes at its
+ * max_new tokens or when its new tokens end with the stop sequence; finished sequences are
+ * masked, and the batch stops when none runs. Modes:
+ *   SG_GEN_EAGER  every kernel launched from the host; the host reads a flag after each step;
+ *   SG_GEN_STEP   the prefill and the decode step each a captured graph, per batch bucket (as
+ *                 inference engines capture one decode graph per batch size), replayed once a
+ *                 token; the host reads the flag after each replay;
+ *   SG_GEN_LOOP   the whole generation one graph per (batch, prompt) bucket: the prefill, then
+ *                 a WHILE conditional node running decode steps until no sequence runs. One
+ *                 launch; the host reads the results once. Needs conditional nodes (CUDA 12.4;
+ *                 every CPU build); where capture cannot make them, sg_generate fails with
+ *                 SG_ERR_UNSUPPORTED naming why, and STEP is the mode to use.
+ * Greedy decoding gives the same tokens in every mode, bit for bit on one backend. */
+typedef enum sg_gen_mode { SG_GEN_EAGER = 0, SG_GEN_STEP, SG_GEN_LOOP } sg_gen_mode;
+const char *sg_gen_mode_name(sg_gen_mode m);       /* "eager", "step", "loop" */
+sg_status sg_gen_mode_parse(const char *s, sg_gen_mode *out);
+
+typedef struct sg_generator sg_generator;
+
+typedef struct sg_generator_options {
+    int max_batch;             /* sequences a call takes (default 1) */
+    int64_t max_len;           /* positions a sequence holds, prompt and new tokens (0: the
+                                * model's sequence length, which is also the most it takes:
+                                * the position embedding has that many rows) */
+    int heads;                 /* attention heads (0: width / 64, the gpt kind's) */
+    const int64_t *batch_buckets;  /* sorted batch sizes graphs are captured for (NULL: 1, 2, 4,
+                                    * ... up to max_batch, and max_batch) */
+    int n_batch_buckets;
+} sg_generator_options;
+
+sg_generator_options sg_generator_options_default(void);
+
+/* Checks that m is a GPT as above (SG_ERR_INVALID naming the missing or misshapen parameter)
+ * and allocates the cache and buffers (SG_ERR_OOM naming the bytes). m must outlive it. */
+sg_status sg_generator_create(sg_model *m, const sg_generator_options *opts, sg_generator **out);
+void sg_generator_destroy(sg_generator *g);
+
+#define SG_GEN_MAX_STOP_TOKENS 16
+
+typedef struct sg_generate_request {
+    int n;                             /* sequences, 1..max_batch */
+    const int32_t *const *prompts;     /* n prompts of prompt_lens[i] >= 1 tokens each */
+    const int64_t *prompt_lens;
+    int64_t max_new;                   /* new tokens per sequence, >= 1; prompt_lens[i] + max_new
+                                        * <= max_len */
+    const int64_t *max_new_each;       /* NULL, or each sequence's own (1..max_new) */
+    float temperature;                 /* 0: greedy (the largest logit, the lowest token on a tie) */
+    int top_k;                         /* 0: every token; else the k likeliest (ties kept) */
+    uint64_t seed;                     /* the sampler's key */
+    const int32_t *stop;               /* a stop sequence (NULL: none): a sequence finishes once */
+    int n_stop;                        /* its new tokens end with it (1..SG_GEN_MAX_STOP_TOKENS) */
+    sg_gen_mode mode;
+} sg_generate_request;
+
+/* Why a sequence finished. */
+typedef enum sg_gen_finish { SG_GEN_FINISH_LENGTH = 1, SG_GEN_FINISH_STOP = 2 } sg_gen_finish;
+
+typedef struct sg_generate_stats {
+    double wall_ms;            /* the call, from its first copy to its results on the host */
+    double host_us;            /* host time spent queuing work (the launches, the eager calls;
+                                * the flag reads of eager and step modes excluded) */
+    int64_t steps;             /* decode steps run (the prefill not counted) */
+    int64_t tokens;            /* new tokens across the sequences */
+    int64_t batch_bucket, prompt_bucket;
+    int captured;              /* graphs captured by this call (0: all were cached) */
+    double capture_ms;         /* their capture and instantiation */
+    int graphs;                /* graphs the generator holds */
+    int nodes;                 /* nodes of the graphs this call replayed */
+} sg_generate_stats;
+
+/* Generates r->n sequences. tokens: n x max_new int32, sequence i's new tokens in row i;
+ * lens[i]: how many (the rest of the row is -1); finish (NULL or n): why each stopped; stats
+ * NULL or filled. Every argument is checked first (SG_ERR_INVALID naming it); a failure
+ * leaves the generator usable. The cache and the state are the generator's: calls run one at
+ * a time. */
+sg_status sg_generate(sg_generator *g, const sg_generate_request *r, int32_t *tokens, int64_t *lens,
+                      sg_gen_finish *finish, sg_generate_stats *stats);
+
 /* ---- data parallelism: one process per GPU, gradients averaged over NCCL ------------------ *
  *
  * Each process (rank) builds the same model with shard = rank, shards = world, joins the run

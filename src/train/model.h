@@ -96,6 +96,10 @@ sg_status sg_model_set_rows(sg_model *m, int64_t rows);
 sg_status sg_model_pad_vary(sg_model *m, const sg_tensor *step, const int64_t *buckets, int n_buckets,
                             sg_tensor *bucket_out);
 
+/* Internal, for tests: the generator's logits of its last step (max_batch, V), the rows of the
+ * call's batch bucket written. */
+const sg_tensor *sg_generator_logits(const sg_generator *g);
+
 #ifdef __cplusplus
 }
 #endif
