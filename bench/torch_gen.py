@@ -246,14 +246,15 @@ def check(args, m, device):
         toks = [gen.prefill(prompts).item()]
         for _ in range(1, args.max_new):
             toks.append(gen.step().item())
-        ctx, rec, gaps = list(ids), [], []
+        ctx, rec, gaps, tops = list(ids), [], [], []
         for _ in range(args.max_new):
             l = m.full(torch.tensor([ctx], device=device))[0, -1].double()
             top = torch.topk(l, 2).values
             gaps.append((top[0] - top[1]).item())
+            tops.append(top[0].item())
             rec.append(int(l.argmax()))
             ctx.append(rec[-1])
-    print(json.dumps(dict(tokens=toks, recompute_tokens=rec, gaps=gaps)))
+    print(json.dumps(dict(tokens=toks, recompute_tokens=rec, gaps=gaps, top=tops)))
 
 
 def main():

@@ -181,12 +181,123 @@ check_resume() {
 }
 # shellcheck disable=SC2086
 check_resume resume "$tmp/ck.safetensors" $g
-out=$("$bin" sample --model gpt-64-1-2-16 --resume "$tmp/ck.safetensors" --prompt "GNU" --length 30 --backend cpu 2>&1); rc=$?
+# Past the model's 16 positions only recompute generates (the window slides); the default mode
+# (loop, a KV cache) fits the default --length to the cache: 13 bytes after a 3-byte prompt.
+out=$("$bin" sample --model gpt-64-1-2-16 --resume "$tmp/ck.safetensors" --prompt "GNU" --length 30 --mode recompute --backend cpu 2>&1); rc=$?
 if [ "$rc" != 0 ] || [ "$(printf '%s' "$out" | head -c 3)" != "GNU" ] || [ "$(printf '%s' "$out" | wc -c)" -lt 33 ]; then
-    echo "FAIL: sample: exit $rc: $out"; fails=$((fails + 1))
+    echo "FAIL: sample --mode recompute: exit $rc: $out"; fails=$((fails + 1))
 else
-    pass "sample generated $(printf '%s' "$out" | wc -c) bytes"
+    pass "sample --mode recompute generated $(printf '%s' "$out" | wc -c) bytes past the sequence length"
 fi
+out=$("$bin" sample --model gpt-64-1-2-16 --resume "$tmp/ck.safetensors" --prompt "GNU" --backend cpu 2>/dev/null | wc -c)
+[ "$out" = 17 ] && pass "sample (mode loop): the default --length fills the cache (3 + 13 bytes and a newline)" \
+    || { echo "FAIL: sample --prompt GNU: $out bytes, want 17"; fails=$((fails + 1)); }
+# sample's generation (issue 14): a KV cache run eagerly (eager), a graph a token (step) or one
+# graph with a WHILE node (loop), against recompute (the whole context through the model for
+# every token). Greedy output is the same in the four, on a briefly trained gpt and on a deeper
+# one's initial weights; a batch of prompts of different lengths gives each line what its
+# prompt gives alone; --stop ends a sequence right after the stop text (taken from a greedy
+# run, so it occurs); --json parses and has its keys; a sampled run is the same in the three
+# cache modes and differs by sequence; then usage and runtime errors.
+ss="--model gpt-64-1-2-32 --backend cpu --resume $tmp/s.safetensors"
+"$bin" train --model gpt-64-1-2-32 --backend cpu --steps 300 --lr 3e-3 --save "$tmp/s.safetensors" --quiet >/dev/null 2>&1 ||
+    { echo "FAIL: training the sample test's checkpoint"; fails=$((fails + 1)); }
+same_modes() { # same_modes WHAT MODES -- SAMPLE ARGS...: stdout identical in each mode, and not empty
+    local what=$1 modes=$2 m ref out
+    shift 3
+    ref=$("$bin" sample "$@" --mode "${modes%% *}" 2>&1)
+    for m in ${modes#* }; do
+        out=$("$bin" sample "$@" --mode "$m" 2>&1)
+        if [ -z "$ref" ] || [ "$out" != "$ref" ]; then
+            echo "FAIL: $what: mode ${modes%% *}:"; echo "$ref"; echo "mode $m:"; echo "$out"; fails=$((fails + 1))
+            return
+        fi
+    done
+    pass "$what: the same in modes $modes: $(head -n 1 <<<"$ref" | LC_ALL=C tr -c '[:print:]' '?')"
+}
+same_modes "greedy, trained" "recompute eager step loop" -- $ss --temperature 0 --length 12 --prompt "The General Public"
+same_modes "greedy, --random-init" "recompute eager step loop" -- --model gpt-64-2-2-32 --backend cpu --random-init --temperature 0 --length 20 --prompt "The quick"
+same_modes "greedy bf16, --random-init" "eager step loop" -- --model gpt-64-2-2-32 --backend cpu --random-init --precision bf16 --temperature 0 --length 20 --prompt "The quick"
+same_modes "sampled (--temperature 0.9 --seed 5 --batch 3)" "eager step loop" -- $ss --temperature 0.9 --seed 5 --batch 3 --length 12 --prompt GNU
+out=$("$bin" sample $ss --temperature 0.9 --seed 5 --batch 3 --length 12 --prompt GNU 2>&1)
+[ "$(sort -u <<<"$out" | wc -l)" -ge 2 ] && pass "--batch 3 with one prompt: the sequences draw their own tokens" \
+    || { echo "FAIL: --batch 3 sampled three equal sequences: $out"; fails=$((fails + 1)); }
+printf 'GNU\nThe General Public\nx\r\n' > "$tmp/prompts.txt"
+for m in eager step loop recompute; do
+    batch=$("$bin" sample $ss --temperature 0 --length 10 --mode $m --prompts "$tmp/prompts.txt" --batch 3 2>&1)
+    alone=$(for p in GNU "The General Public" x; do "$bin" sample $ss --temperature 0 --length 10 --mode $m --prompt "$p" 2>&1; done)
+    if [ -z "$batch" ] || [ "$batch" != "$alone" ]; then
+        echo "FAIL: --prompts of 3 lengths, mode $m: batch:"; echo "$batch"; echo "alone:"; echo "$alone"; fails=$((fails + 1))
+    else
+        pass "--prompts (3, 18 and 1 bytes) --batch 3, mode $m: each line as its prompt alone"
+    fi
+done
+# --stop: three bytes of the greedy continuation, the first three from byte 2 on that do not
+# occur before; the run must end right after them, the printed text without them, the JSON
+# tokens with them.
+full=$("$bin" sample $ss --temperature 0 --length 12 --prompt "The General Public" 2>/dev/null)
+cont=${full#The General Public}
+stop='' want=''
+for ((k = 2; k + 3 <= ${#cont}; k++)); do
+    if [[ "${cont:0:k+2}" != *"${cont:k:3}"* ]]; then stop=${cont:k:3} want="The General Public${cont:0:k}"; break; fi
+done
+for m in eager step loop recompute; do
+    out=$("$bin" sample $ss --temperature 0 --length 12 --prompt "The General Public" --stop "$stop" --mode $m 2>&1)
+    if [ -z "$want" ] || [ "$out" != "$want" ]; then
+        echo "FAIL: --stop '$stop' (mode $m) after '$cont': got '$out', want '$want'"; fails=$((fails + 1))
+    else
+        pass "--stop '$stop', mode $m: ends right after it: '$out'"
+    fi
+done
+# --json: one object, its keys; the stop kept in the tokens; --repeat's medians measured.
+if command -v python3 >/dev/null; then
+    for r in 0 2; do
+        check=$("$bin" sample $ss --temperature 0 --length 12 --prompt "The General Public" --stop "$stop" --json --repeat $r 2>/dev/null |
+            python3 -c '
+import json, sys
+want_text, stop, rep = sys.argv[1][len("The General Public"):], sys.argv[2], int(sys.argv[3])
+d = json.load(sys.stdin)
+for k in ("model", "precision", "mode", "batch", "prompt_len", "max_new", "temperature", "top_k", "seed",
+          "backend", "device", "prefill_ms", "per_token_ms", "total_ms", "tokens_per_s", "host_us_per_token",
+          "wall_ms", "host_us", "steps", "nodes", "graphs", "captured", "sequences"):
+    assert k in d, "no key %s: %s" % (k, sorted(d))
+assert d["mode"] == "loop" and d["batch"] == 1 and d["prompt_len"] == 18 and d["max_new"] == 12, d
+assert (d["prefill_ms"] is None) == (rep == 0) and (d["per_token_ms"] is None) == (rep == 0), d
+assert d["total_ms"] > 0 and d["tokens_per_s"] > 0 and d["graphs"] >= 1, d
+(s,) = d["sequences"]
+assert s["prompt"] == "The General Public" and s["finish"] == "stop", s
+assert s["text"] == want_text, (s["text"], want_text)
+assert bytes(s["tokens"]).decode() == want_text + stop, s["tokens"]
+print("ok")' "$want" "$stop" $r 2>&1)
+        [ "$check" = ok ] && pass "sample --json --repeat $r: keys, the sequence, the stop in its tokens" \
+            || { echo "FAIL: sample --json --repeat $r: $check"; fails=$((fails + 1)); }
+    done
+else
+    echo "SKIP: sample --json needs python3"
+fi
+out=$("$bin" sample $ss --temperature 0 --length 8 --prompt GNU --repeat 2 2>&1 >/dev/null)
+grep -Eq "prefill [0-9.]+ ms, [0-9.]+ ms a token \(7 steps\), total [0-9.]+ ms, [0-9.]+ tokens/s, host [0-9.]+ us a token \(medians of 2" <<<"$out" \
+    && pass "sample --repeat 2: the medians on stderr" || { echo "FAIL: sample --repeat 2: $out"; fails=$((fails + 1)); }
+out=$("$bin" sample --model gpt-64-1-2-32 --backend cpu --random-init --prompt-len 5 --batch 3 --length 4 --temperature 0 2>&1)
+[ "$(cut -c 1-5 <<<"$out" | tr '\n' '|')" = "It wa|the b|t of |" ] && pass "--prompt-len 5 --batch 3: sequence i from byte 7*i" \
+    || { echo "FAIL: --prompt-len 5 --batch 3: $out"; fails=$((fails + 1)); }
+expect 2 "--mode 'bogus': expected loop, step, eager or recompute" -- sample $ss --mode bogus
+expect 2 "3 tokens and --length 30 need 33 positions, past the cache's 32 \(the model's sequence length\).*--mode recompute" -- sample $ss --prompt GNU --length 30
+expect 2 "3 tokens and --length 6 need 9 positions, past the cache's 8 \(--max-len\).*--mode recompute" -- sample $ss --prompt GNU --length 6 --max-len 8 --mode step
+expect 0 "^GNU" -- sample $ss --prompt GNU --length 30 --mode recompute
+expect 2 "--prompt and --prompts exclude each other" -- sample $ss --prompt GNU --prompts "$tmp/prompts.txt"
+expect 2 "--random-init and --resume exclude each other" -- sample $ss --random-init
+expect 2 "--prompt-len and --prompt exclude each other" -- sample $ss --prompt GNU --prompt-len 4
+expect 2 "--batch 2 is fewer than the 3 prompts" -- sample $ss --prompts "$tmp/prompts.txt" --batch 2
+expect 2 "--max-len 40: the model's sequence length is 32" -- sample $ss --max-len 40
+expect 2 "--stop '0123456789abcdefg' holds 17 bytes: expected 1 to 16" -- sample $ss --stop 0123456789abcdefg
+printf 'GNU\n\nx\n' > "$tmp/empty_line.txt"
+expect 2 "--prompts '$tmp/empty_line.txt' line 2 is empty" -- sample $ss --prompts "$tmp/empty_line.txt"
+expect 1 "--prompts '$tmp/missing.txt': cannot read it" -- sample $ss --prompts "$tmp/missing.txt"
+out=$(STEPGRAPH_DISABLE_CONDITIONALS=1 "$bin" sample $ss --prompt GNU --length 4 2>&1); rc=$?
+[ "$rc" = 1 ] && grep -q "mode loop needs a WHILE conditional node.*use mode step" <<<"$out" \
+    && pass "sample --mode loop without conditional nodes: exit 1, naming step" \
+    || { echo "FAIL: sample without conditional nodes: exit $rc: $out"; fails=$((fails + 1)); }
 # --accum: usage errors; verify bit-exact under step scope; resume of accumulated steps continues
 # the uninterrupted curve; another K resumes at the saving run's next batch or is refused.
 expect 2 "--accum '0' is not a whole number from 1 to 1024" -- train --model mlp-32-2-8 --backend cpu --accum 0
@@ -265,6 +376,11 @@ for cmd in train verify; do
     expect 0 "resnet, efficientnet: a digits file" -- $cmd --help
 done
 expect 0 "--vocab N +the checkpoint's model reads tokens below N" -- sample --help
+for f in "--batch N" "--prompts FILE" "--prompt-len N" "--mode M" "--top-k K" "--stop TEXT" "--precision P" "--random-init " "--max-len N" "--repeat N" "--json "; do
+    expect 0 "^  $f " -- sample --help
+done
+expect 0 "^  loop +\(default\) one launch for the whole generation: a graph holding the prefill" -- sample --help
+expect 0 "WHILE conditional node" -- sample --help
 # Saving: the target is checked before training (no step runs), and nothing is replaced that
 # is not a regular file (a FIFO stands in for /dev/null, which a broken check would destroy).
 m="--model mlp-32-2-8 --backend cpu --steps 20 --log-every 5"
