@@ -22,17 +22,24 @@ TMODES=${GEN_BENCH_TORCH_MODES:-eager,graph,compile}
 J=$OUT/gen_bench.jsonl
 : > "$J"
 for model in ${MODELS//,/ }; do
+  # The cache holds the model's positions (its last name field): prompt + new tokens must fit.
+  seq=${model##*-}
+  new=$NEW
+  if (( PROMPT + new > seq )); then
+    new=$((seq - PROMPT))
+    echo "gen_bench: $model holds $seq positions: $new new tokens instead of $NEW" >&2
+  fi
   for p in ${PRECS//,/ }; do
     for b in ${BATCHES//,/ }; do
       for mode in eager step loop; do
         "$SG" sample --model "$model" --random-init --precision "$p" --batch "$b" --prompt-len "$PROMPT" \
-          --length "$NEW" --temperature 0 --mode "$mode" --repeat "$REPEAT" --json 2>>"$OUT/gen_bench.err" \
+          --length "$new" --temperature 0 --mode "$mode" --repeat "$REPEAT" --json 2>>"$OUT/gen_bench.err" \
           | python3 -c 'import json,sys; d=json.load(sys.stdin); d.pop("sequences",None); d["impl"]="stepgraph"; print(json.dumps(d))' >> "$J" \
           || echo "stepgraph $model $p $b $mode failed" >&2
       done
     done
     python3 bench/torch_gen.py --model "$model" --precision "$p" --batch "$BATCHES" --prompt-len "$PROMPT" \
-      --max-new "$NEW" --repeat "$REPEAT" --mode "$TMODES" --json >> "$J" 2>>"$OUT/gen_bench.err" \
+      --max-new "$new" --repeat "$REPEAT" --mode "$TMODES" --json >> "$J" 2>>"$OUT/gen_bench.err" \
       || echo "torch_gen $model $p failed" >&2
   done
 done
