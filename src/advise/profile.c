@@ -12,12 +12,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-double sg_advise_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
+double sg_advise_now_us(void) { return sg_clock_us(); }
 
 static int cmp_double(const void *a, const void *b)
 {

@@ -100,12 +100,6 @@ typedef struct bench_row {
     sg_trainer_stats ts;
 } bench_row;
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Returns a failed call's status (the CLI's own: the library's SG_TRY is internal). */
 #define BENCH_TRY(expr)                                                                       \
     do {                                                                                      \
@@ -311,10 +305,8 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
         r->eager_allocs100 = per100(&w0, &w1, (eager_calls - 1) * steps_per_call);
         r->replay_allocs100 = r->allocs100;
     }
-    qsort(ms, (size_t)repeats, sizeof *ms, cmp_double);
-    qsort(host, (size_t)repeats, sizeof *host, cmp_double);
-    r->ms = ms[repeats / 2];
-    r->host_ms = host[repeats / 2];
+    r->ms = sg_cli_median(ms, repeats);
+    r->host_ms = sg_cli_median(host, repeats);
 
     /* GPU-busy time: profiled separately, so CUPTI's overhead stays out of the timings. */
     sg_prof *p = NULL;

@@ -13,6 +13,9 @@
 #define SG_EXIT_USAGE 2
 
 double sg_cli_now_ms(void);
+/* The median of v[0..n-1] (n >= 1; sorts v): the middle value, or the mean of the two middle
+ * ones. */
+double sg_cli_median(double *v, long long n);
 /* Parses "--name value" or "--name=value" at argv[*i]; advances *i past it. Returns true and
  * sets *value when argv[*i] is that option; prints a usage error and sets *bad if the value is
  * missing. */

@@ -55,6 +55,18 @@ double sg_cli_now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double sg_cli_median(double *v, long long n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 bool sg_cli_opt(int argc, char **argv, int *i, const char *name, const char **value, bool *bad)
 {
     const char *a = argv[*i];

@@ -68,7 +68,8 @@ static const char *sample_usage =
     "  --seed S            sampling seed (default 1)\n"
     "  --repeat N          time it: after a warm-up of each, N prefill-only runs (--length 1)\n"
     "                      and N full ones; their medians (prefill ms, ms a token, total ms,\n"
-    "                      tokens/s, host us a token) on stderr, and in the JSON. Every run\n"
+    "                      tokens/s, host us a token) on stderr, and in the JSON; ms a token\n"
+    "                      is (total - prefill) / steps, so noise can make it negative. Every run\n"
     "                      must give the warm-up's tokens (default 0: one run, untimed)\n"
     "  --json              one JSON object on stdout instead of the text: the run, its timings\n"
     "                      and each sequence's prompt, text, tokens and why it finished\n"
@@ -589,18 +590,6 @@ typedef struct sample_timing {
     int captured;             /* graphs captured across every call of the run */
 } sample_timing;
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, long long n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* One call's figures, untimed (no --repeat): what its stats say. */
 static sample_timing timing_once(const gen_out *out, int64_t max_new)
 {
@@ -648,7 +637,7 @@ static int timing_repeat(const sample_run *s, int64_t max_new, gen_out *out, sam
         rc = SG_EXIT_FAIL;
     }
     if (!rc) {
-        t->prefill_ms = median(pw, N), t->total_ms = median(fw, N), t->host_us = median(fh, N);
+        t->prefill_ms = sg_cli_median(pw, N), t->total_ms = sg_cli_median(fw, N), t->host_us = sg_cli_median(fh, N);
         t->wall_ms = t->total_ms;
         out->stats.steps = full.stats.steps, out->stats.nodes = full.stats.nodes;
         out->stats.graphs = full.stats.graphs;

@@ -15,6 +15,11 @@
 extern "C" {
 #endif
 
+/* ---- time ---- */
+
+/* Microseconds of CLOCK_MONOTONIC: the one clock the layers time themselves with. */
+double sg_clock_us(void);
+
 /* ---- errors ---- */
 
 /* Internal invariant (a bug in stepgraph, never a user error): prints and aborts. */

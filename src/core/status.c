@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 /* Errors of sg_ctx_create, which has no context to hold them. */
 static _Thread_local char create_msg[1024];
@@ -64,4 +65,11 @@ void sg_assert_fail(const char *cond, const char *file, int line)
 {
     fprintf(stderr, "stepgraph: internal error: %s failed at %s:%d\n", cond, file, line);
     abort();
+}
+
+double sg_clock_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }

@@ -20,12 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-double sg_dist_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
+double sg_dist_now(void) { return sg_clock_us() / 1e6; }
 
 /* Milliseconds left before the deadline, for poll (at least 0). */
 static int ms_left(double deadline)

@@ -8,12 +8,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+static double now_ms(void) { return sg_clock_us() / 1e3; }
 
 int sg_graphs_disabled(void)
 {

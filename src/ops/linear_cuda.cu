@@ -8,7 +8,7 @@
  * (descriptor, layouts, algorithm) are cached per shape and dtype in the context (ext slot
  * SG_EXT_LINEAR), so a call costs a lookup, at most two pointer attributes and the launch.
  *
- * A forward of at most SKINNY_M rows (a decode step's) runs stepgraph's own GEMV-like kernel
+ * A forward of one row (a batch-1 decode step's) runs stepgraph's own GEMV kernel
  * instead, with the bias and activation in it (see "skinny forward" below).
  *
  * Row-major tensors are column-major transposes: a row-major (R,C) matrix is, to cuBLASLt,
@@ -498,86 +498,71 @@ static sg_status launch_dact_bias(sg_ctx *ctx, sg_dtype dt, sg_activation act, v
  *   D = y: column-major N x M (ld N). m = N, n = M, k = K.
  * The bias has N elements, one per row of D, as the BIAS epilogues want; pre (aux) is
  * D-shaped with ld N. */
-/* ---- skinny forward: one row (m <= SKINNY_M), a batch-1 decode step's ----
- * For one row cuBLASLt's heuristic picks a tile kernel with a handful of blocks. Here
- * one warp computes one output column for every row: its lanes stride along that column's row
- * of W (contiguous, (out, in) layout) with 16-byte loads, each lane keeps m partial dot
- * products, and a warp butterfly adds them, so every SM streams W once and the GEMV runs near
- * memory bandwidth. Sums in f32 in a fixed order; bias and activation in the same pass, pre
- * and y each rounded once (as the fused epilogue). */
+/* ---- skinny forward: one row, a batch-1 decode step's ----
+ * For one row cuBLASLt's heuristic picks a tile kernel with a handful of blocks. Here one warp
+ * computes one output column: its lanes stride along that column's row of W (contiguous,
+ * (out, in) layout) with 16-byte loads and a warp butterfly adds their partial dot products, so
+ * every SM streams W and the GEMV runs near memory bandwidth. Sums in f32 in a fixed order;
+ * bias and activation in the same pass, pre and y each rounded once (as the fused epilogue).
+ * Measured on the H100 (gpt-768-12 decode, 2026-11-25): one row 0.505 ms a token against
+ * cuBLASLt's 0.542; a version taking up to eight rows (each warp re-reading every row of x) was
+ * slower at eight, 0.864 against 0.557, so it takes one row only. */
 
-/* Measured on the H100 (gpt-768-12 decode, 2026-11-25): one row 0.505 ms a token against
- * cuBLASLt's 0.542; at eight rows this kernel (each warp re-reading all eight rows of x) was
- * slower, 0.864 against 0.557, so it takes one row only. */
-#define SKINNY_M 1
 #define SKINNY_WARPS 8
 
 template <typename T, int V, int ACT>
 __global__ void __launch_bounds__(SKINNY_WARPS * 32)
-    skinny_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ b, T *y, T *pre, int m,
-                  int n, int k)
+    skinny_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ b, T *y, T *pre, int n,
+                  int k)
 {
     const int col = blockIdx.x * SKINNY_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (col >= n) return;
-    float acc[SKINNY_M];
-#pragma unroll
-    for (int r = 0; r < SKINNY_M; r++) acc[r] = 0.f;
     const T *wr = w + (size_t)col * k;
-    for (int j = lane; j < k / V; j += 32) {
-        vec_t<T, V> wv = ldv<T, V>(wr, j);
-#pragma unroll
-        for (int r = 0; r < SKINNY_M; r++) {
-            if (r >= m) break;
-            vec_t<T, V> xv = ldv<T, V>(x + (size_t)r * k, j);
-#pragma unroll
-            for (int e = 0; e < V; e++) acc[r] += to_f(wv.e[e]) * to_f(xv.e[e]);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < SKINNY_M; r++)
-        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-    if (lane >= m) return;
     float v = 0.f;
+    for (int j = lane; j < k / V; j += 32) {
+        vec_t<T, V> wv = ldv<T, V>(wr, j), xv = ldv<T, V>(x, j);
 #pragma unroll
-    for (int r = 0; r < SKINNY_M; r++)
-        if (r == lane) v = acc[r];
+        for (int e = 0; e < V; e++) v += to_f(wv.e[e]) * to_f(xv.e[e]);
+    }
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane) return;
     v += b ? to_f(b[col]) : 0.f;
     if (ACT == SG_ACT_GELU) {
-        pre[(size_t)lane * n + col] = from_f<T>(v);
+        pre[col] = from_f<T>(v);
         v = 0.5f * v * (1.f + tanhf(GELU_K0F * (v + GELU_K1F * v * v * v)));
     } else if (ACT == SG_ACT_RELU) {
         v = v > 0.f ? v : 0.f;
     }
-    y[(size_t)lane * n + col] = from_f<T>(v);
+    y[col] = from_f<T>(v);
 }
 
 template <typename T, int V>
 static void skinny_launch(sg_activation act, cudaStream_t s, const void *x, const void *w, const void *b, void *y,
-                          void *pre, int m, int n, int k)
+                          void *pre, int n, int k)
 {
     const int blocks = (n + SKINNY_WARPS - 1) / SKINNY_WARPS, threads = SKINNY_WARPS * 32;
     const T *xp = (const T *)x, *wp = (const T *)w, *bp = (const T *)b;
     if (act == SG_ACT_GELU)
-        skinny_kernel<T, V, SG_ACT_GELU><<<blocks, threads, 0, s>>>(xp, wp, bp, (T *)y, (T *)pre, m, n, k);
+        skinny_kernel<T, V, SG_ACT_GELU><<<blocks, threads, 0, s>>>(xp, wp, bp, (T *)y, (T *)pre, n, k);
     else if (act == SG_ACT_RELU)
-        skinny_kernel<T, V, SG_ACT_RELU><<<blocks, threads, 0, s>>>(xp, wp, bp, (T *)y, (T *)pre, m, n, k);
+        skinny_kernel<T, V, SG_ACT_RELU><<<blocks, threads, 0, s>>>(xp, wp, bp, (T *)y, (T *)pre, n, k);
     else
-        skinny_kernel<T, V, SG_ACT_NONE><<<blocks, threads, 0, s>>>(xp, wp, bp, (T *)y, (T *)pre, m, n, k);
+        skinny_kernel<T, V, SG_ACT_NONE><<<blocks, threads, 0, s>>>(xp, wp, bp, (T *)y, (T *)pre, n, k);
 }
 
 /* 16-byte loads when k and both pointers allow them (rows of x and w then stay aligned). */
 static sg_status launch_skinny(sg_ctx *ctx, sg_dtype dt, sg_activation act, const void *x, const void *w,
-                               const void *b, void *y, void *pre, int64_t m, int64_t n, int64_t k)
+                               const void *b, void *y, void *pre, int64_t n, int64_t k)
 {
     cudaStream_t s = (cudaStream_t)sg_ctx_stream(ctx);
     const int V = dt == SG_DTYPE_BF16 ? 8 : 4;
     const bool vec = k % V == 0 && align_of(x) >= 16 && align_of(w) >= 16;
     if (dt == SG_DTYPE_BF16) {
-        if (vec) skinny_launch<__nv_bfloat16, 8>(act, s, x, w, b, y, pre, (int)m, (int)n, (int)k);
-        else skinny_launch<__nv_bfloat16, 1>(act, s, x, w, b, y, pre, (int)m, (int)n, (int)k);
+        if (vec) skinny_launch<__nv_bfloat16, 8>(act, s, x, w, b, y, pre, (int)n, (int)k);
+        else skinny_launch<__nv_bfloat16, 1>(act, s, x, w, b, y, pre, (int)n, (int)k);
     } else {
-        if (vec) skinny_launch<float, 4>(act, s, x, w, b, y, pre, (int)m, (int)n, (int)k);
-        else skinny_launch<float, 1>(act, s, x, w, b, y, pre, (int)m, (int)n, (int)k);
+        if (vec) skinny_launch<float, 4>(act, s, x, w, b, y, pre, (int)n, (int)k);
+        else skinny_launch<float, 1>(act, s, x, w, b, y, pre, (int)n, (int)k);
     }
     SG_CUDA_CHECK_LAUNCH(ctx, "skinny_kernel");
     sg_ctx_count_launches(ctx, 1);
@@ -593,7 +578,7 @@ extern "C" sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, con
     const void *xp = x->data, *wp = w->data, *bp = b ? b->data : NULL;
     void *yp = y->data, *pp = pre ? pre->data : NULL;
 
-    if (m <= SKINNY_M && k <= INT32_MAX && n <= INT32_MAX) return launch_skinny(ctx, dt, act, xp, wp, bp, yp, pp, m, n, k);
+    if (m == 1 && k <= INT32_MAX && n <= INT32_MAX) return launch_skinny(ctx, dt, act, xp, wp, bp, yp, pp, n, k);
     cublasLtEpilogue_t fused;
     switch (act) {
     case SG_ACT_RELU: fused = bp ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU; break;

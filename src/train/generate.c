@@ -17,7 +17,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #define GEN_LN_EPS 1e-5f
 #define GEN_HEAD_DIM 64
@@ -37,6 +36,7 @@ typedef struct gen_views {
     sg_tensor *ptok;                                           /* (nb, Tq): prefill's tokens */
     sg_tensor *xl, *hl, *meanl, *rstdl, *logits;               /* (nb, .): the head's rows */
     sg_tensor *tok, *pos, *zeros, *info, *out;                 /* (nb), (nb, 4), (nb, N) */
+    bool captured[3];          /* the graph of each kind over these views is in the cache */
 } gen_views;
 
 struct sg_generator {
@@ -61,12 +61,6 @@ struct sg_generator {
     bool counted[3];               /* this call's graph of each kind is in its stats' nodes */
 };
 
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
 
 const char *sg_gen_mode_name(sg_gen_mode m)
 {
@@ -98,12 +92,20 @@ sg_generator_options sg_generator_options_default(void)
 
 /* ---- the model's parameters, by name ---- */
 
+/* The index of the model's parameter `name`, or -1. */
+static int param_index(const sg_model *m, const char *name)
+{
+    for (int i = 0; i < m->params->count; i++)
+        if (!strcmp(m->params->info[i].name, name)) return i;
+    return -1;
+}
+
 static sg_tensor *param(sg_generator *g, const char *name, int64_t d0, int64_t d1, sg_status *st)
 {
     if (*st != SG_OK) return NULL;
     sg_param_set *ps = g->m->params;
-    for (int i = 0; i < ps->count; i++) {
-        if (strcmp(ps->info[i].name, name)) continue;
+    int i = param_index(g->m, name);
+    if (i >= 0) {
         const sg_param_info *pi = &ps->info[i];
         bool ok = d1 ? pi->ndim == 2 && pi->shape[0] == d0 && pi->shape[1] == d1 : pi->ndim == 1 && pi->shape[0] == d0;
         if (!ok) {
@@ -119,20 +121,11 @@ static sg_tensor *param(sg_generator *g, const char *name, int64_t d0, int64_t d
     return NULL;
 }
 
-static bool has_param(sg_model *m, const char *name)
-{
-    for (int i = 0; i < m->params->count; i++)
-        if (!strcmp(m->params->info[i].name, name)) return true;
-    return false;
-}
-
 static sg_status find_params(sg_generator *g, int heads)
 {
     sg_status st = SG_OK;
     sg_param_set *ps = g->m->params;
-    int iw = -1;
-    for (int i = 0; i < ps->count; i++)
-        if (!strcmp(ps->info[i].name, "wte.weight")) iw = i;
+    int iw = param_index(g->m, "wte.weight");
     if (iw < 0 || ps->info[iw].ndim != 2)
         return sg_fail(g->ctx, SG_ERR_INVALID, "sg_generator_create: model '%s' has no (V, C) parameter "
                        "'wte.weight': a generator reads a GPT's parameters (see stepgraph.h)", g->m->name);
@@ -144,7 +137,7 @@ static sg_status find_params(sg_generator *g, int heads)
     char n[96];
     for (g->L = 0;; g->L++) {
         snprintf(n, sizeof n, "blocks.%lld.ln1.weight", (long long)g->L);
-        if (!has_param(g->m, n)) break;
+        if (param_index(g->m, n) < 0) break;
     }
     if (g->L < 1)
         return sg_fail(g->ctx, SG_ERR_INVALID, "sg_generator_create: model '%s' has no parameter "
@@ -164,7 +157,7 @@ static sg_status find_params(sg_generator *g, int heads)
     g->lnf_w = param(g, "ln_f.weight", C, 0, &st);
     g->lnf_b = param(g, "ln_f.bias", C, 0, &st);
     g->head_w = param(g, "head.weight", g->V, C, &st);
-    if (st == SG_OK && has_param(g->m, "head.bias"))
+    if (st == SG_OK && param_index(g->m, "head.bias") >= 0)
         st = sg_fail(g->ctx, SG_ERR_INVALID, "sg_generator_create: model '%s' has 'head.bias'; the generator "
                      "runs the gpt kind's bias-free head", g->m->name);
     return st;
@@ -479,22 +472,21 @@ static sg_status upload(sg_generator *g, const sg_generate_request *r, int64_t n
 }
 
 /* The graph of (kind, views) from the cache, captured with one warm-up run when it is new: then
- * *ran is set (the warm-up did this call's work). */
-static sg_status cached(sg_generator *g, int kind, sg_step_fn fn, const gen_views *v, sg_graph **out, bool *ran,
+ * *ran is set (the warm-up did this call's work). The cache has no budget, so a graph once
+ * captured stays: v->captured says so without asking the cache for its statistics a token. */
+static sg_status cached(sg_generator *g, int kind, sg_step_fn fn, gen_views *v, sg_graph **out, bool *ran,
                         sg_generate_stats *s)
 {
-    sg_graph_cache_stats before, after;
-    SG_TRY(sg_graph_cache_get_stats(g->cache, &before));
     sg_graph_options o = sg_graph_options_default();
     static const char *const names[] = {"gen.prefill", "gen.decode", "gen.loop"};
     o.name = names[kind];
     o.warmup = 1;
     int64_t key = ((int64_t)kind << 40) | (v->nb << 20) | v->Tq;
-    double t0 = now_us();
+    double t0 = sg_clock_us();
     SG_TRY(sg_graph_cache_get(g->cache, key, fn, g, &o, out));
-    SG_TRY(sg_graph_cache_get_stats(g->cache, &after));
-    *ran = after.captures > before.captures;
-    if (*ran) s->captured++, s->capture_ms += (now_us() - t0) / 1e3;
+    *ran = !v->captured[kind];
+    v->captured[kind] = true;
+    if (*ran) s->captured++, s->capture_ms += (sg_clock_us() - t0) / 1e3;
     sg_graph_stats gs;
     if (!g->counted[kind] && sg_graph_get_stats(*out, &gs) == SG_OK) s->nodes += gs.nodes;
     g->counted[kind] = true;
@@ -502,10 +494,10 @@ static sg_status cached(sg_generator *g, int kind, sg_step_fn fn, const gen_view
 }
 
 /* Runs one of fn eagerly, or its graph (kind) replayed; host time into *host. */
-static sg_status run_part(sg_generator *g, bool graphs, int kind, sg_step_fn fn, const gen_views *v,
+static sg_status run_part(sg_generator *g, bool graphs, int kind, sg_step_fn fn, gen_views *v,
                           sg_generate_stats *s, double *host)
 {
-    double t0 = now_us();
+    double t0 = sg_clock_us();
     sg_status st;
     if (!graphs) {
         st = fn(g);
@@ -515,7 +507,7 @@ static sg_status run_part(sg_generator *g, bool graphs, int kind, sg_step_fn fn,
         st = cached(g, kind, fn, v, &gr, &ran, s);
         if (st == SG_OK && !ran) st = sg_graph_replay(gr);
     }
-    *host += now_us() - t0;
+    *host += sg_clock_us() - t0;
     return st;
 }
 
@@ -527,7 +519,7 @@ sg_status sg_generate(sg_generator *g, const sg_generate_request *r, int32_t *to
                       sg_gen_finish *finish, sg_generate_stats *stats)
 {
     if (!g) return SG_ERR_NULL;
-    double t_start = now_us();
+    double t_start = sg_clock_us();
     SG_TRY(check_request(g, r, tokens, lens));
     sg_generate_stats s = {0};
     int64_t maxp = 0;
@@ -581,7 +573,7 @@ sg_status sg_generate(sg_generator *g, const sg_generate_request *r, int32_t *to
     sg_graph_cache_stats cs;
     if (sg_graph_cache_get_stats(g->cache, &cs) == SG_OK) s.graphs = cs.cached;
     s.host_us = host;
-    s.wall_ms = (now_us() - t_start) / 1e3;
+    s.wall_ms = (sg_clock_us() - t_start) / 1e3;
     if (stats) *stats = s;
     return st;
 }
