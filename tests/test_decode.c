@@ -13,6 +13,10 @@
  *     top-k keeps only the k largest; the state (tok, pos, LEN, out, DONE, GO) as the rule says
  *     for running, finished, length-limited and stop-sequence cases; the empirical frequencies
  *     of 4096 draws match softmax within 5 standard deviations.
+ *   - sg_gen_row_linear (one row, LayerNorm before and residual after fused): against a direct
+ *     computation in double within a derived bound (see row_linear_case), at the gpt-768
+ *     decode step's four shapes and odd ones (N not a multiple of 8, K not of the vector width,
+ *     no bias, ReLU, GELU, r apart and in place); on the GPU the reference too;
  *   - refusals naming the argument, the context usable after. */
 #include "testutil.h"
 
@@ -421,6 +425,132 @@ static void refusals(void)
     tu_destroy_all(ts, 11);
 }
 
+/* ---- one row through a linear layer, LayerNorm and residual fused ---- */
+
+static double round_to(sg_dtype dt, double v)
+{
+    if (dt == SG_DTYPE_BF16) return sg_bf16_to_double(sg_double_to_bf16(v));
+    return dt == SG_DTYPE_F32 ? (double)(float)v : v;
+}
+
+/* y = act(norm(x) W^T + b) + r against a direct computation in double, each element within a
+ * bound derived from how the kernel (and the reference) compute it:
+ *   - the output is rounded once on each side: 2 u_T |y|;
+ *   - the kernel sums K products, the bias and r in f32: (K + 3) u32 S, S = sum |w h| + |b| + |r|
+ *     (GELU, whose slope is at most 1.13, and tanhf's few ulps: x 1.13 plus 4 u32 |y|);
+ *   - with the LayerNorm, norm(x) is rounded to T after an f32 computation (mean, variance,
+ *     rsqrt: within 2^-16 relative of the double one, a wide margin): an element whose double
+ *     value lies that close to a rounding boundary of T may round the other way, moving y by
+ *     |w_k| times T's spacing there; only those elements (found here) count.
+ * A product dropped or a row misread moves y by ~|w h| ~ 0.3, well above the bound (~0.05 for
+ * bf16 at K 768). */
+static void row_linear_case(sg_dtype dt, int64_t N, int64_t K, bool ln, bool bias, sg_activation act, int res)
+{
+    const double uT = dt == SG_DTYPE_BF16 ? 0x1p-9 : 0x1p-24, u32 = 0x1p-24, eps = 1e-5;
+    sg_tensor *w_r, *g_r = NULL, *be_r = NULL, *b_r = NULL, *r_r = NULL;
+    sg_tensor *x = tu_tensor2(dev, dt, 1, K, "x"), *w = fresh(dt, 2, (int64_t[]){N, K}, "w", &w_r);
+    free(ln ? tu_random(x, 1.5, 3.5) : tu_random(x, -1, 1)); /* LN: an offset (the variance is about the mean) */
+    sg_tensor *x_r = gpu ? tu_clone_to(ref, x, dt) : x;
+    sg_tensor *g = ln ? fresh(dt, 1, (int64_t[]){K}, "gamma", &g_r) : NULL;
+    sg_tensor *be = ln ? fresh(dt, 1, (int64_t[]){K}, "beta", &be_r) : NULL;
+    sg_tensor *b = bias ? fresh(dt, 1, (int64_t[]){N}, "b", &b_r) : NULL;
+    /* res: 0 none, 1 r apart from y, 2 y is r (in place) */
+    sg_tensor *r = res ? fresh(dt, 2, (int64_t[]){1, N}, "r", &r_r) : NULL;
+    sg_tensor *y = res == 2 ? r : tu_tensor2(dev, dt, 1, N, "y");
+    double *xv = tu_get(x), *wv = tu_get(w), *gv = ln ? tu_get(g) : NULL, *bev = ln ? tu_get(be) : NULL;
+    double *bv = bias ? tu_get(b) : NULL, *rv = res ? tu_get(r) : NULL;
+    if (res != 2) tu_poison(y);
+    TU_OK(dev, sg_gen_row_linear(dev, x, g, be, (float)eps, w, b, act, r, y));
+    double *got = tu_get(y);
+    double *h = malloc((size_t)K * sizeof *h), *near = calloc((size_t)K, sizeof *near);
+    for (int64_t k = 0; k < K; k++) h[k] = xv[k];
+    if (ln) {
+        double m = 0, var = 0;
+        for (int64_t k = 0; k < K; k++) m += xv[k];
+        m /= (double)K;
+        for (int64_t k = 0; k < K; k++) var += (xv[k] - m) * (xv[k] - m);
+        const double rs = 1 / sqrt(var / (double)K + eps);
+        for (int64_t k = 0; k < K; k++) {
+            double e = (xv[k] - m) * rs * gv[k] + bev[k], slack = 0x1p-16 * (fabs(e) + fabs(bev[k]));
+            h[k] = round_to(dt, e);
+            /* may round the other way: the two neighbours of e within slack round apart */
+            if (round_to(dt, e - slack) != round_to(dt, e + slack))
+                near[k] = fabs(round_to(dt, e + slack) - round_to(dt, e - slack));
+        }
+    }
+    double *want = malloc((size_t)N * sizeof *want), *tol = malloc((size_t)N * sizeof *tol);
+    for (int64_t n = 0; n < N; n++) {
+        double v = bias ? bv[n] : 0, S = bias ? fabs(bv[n]) : 0, A = 0;
+        for (int64_t k = 0; k < K; k++) {
+            v += wv[n * K + k] * h[k];
+            S += fabs(wv[n * K + k] * h[k]);
+            A += fabs(wv[n * K + k]) * near[k];
+        }
+        double slope = 1;
+        if (act == SG_ACT_GELU) v = 0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))), slope = 1.13;
+        if (act == SG_ACT_RELU) v = v > 0 ? v : 0;
+        if (res) v += rv[n], S += fabs(rv[n]);
+        want[n] = v;
+        tol[n] = 2 * uT * fabs(v) + slope * ((double)(K + 3) * u32 * S + A) + (act == SG_ACT_GELU ? 4 * u32 * fabs(v) : 0) +
+                 1e-30;
+    }
+    char w_[128];
+    snprintf(w_, sizeof w_, "row_linear %s N%lld K%lld%s%s act %d res %d", sg_dtype_name(dt), (long long)N, (long long)K,
+             ln ? " ln" : "", bias ? " bias" : "", (int)act, res);
+    int64_t bad = 0, worst = 0;
+    for (int64_t n = 0; n < N; n++) {
+        bool out = !(fabs(got[n] - want[n]) <= tol[n]);
+        if (out && !bad) worst = n;
+        bad += out;
+    }
+    TU_CHECK(bad == 0, "%s: %lld of %lld outside the bound; [%lld] got %.9g want %.9g bound %.3g", w_, (long long)bad,
+             (long long)N, (long long)worst, got[worst], want[worst], tol[worst]);
+    /* The bound is tight enough to fail: dropping most single products of the middle column
+     * would leave it. */
+    int64_t caught = 0;
+    for (int64_t k = 0; k < K; k++) caught += fabs(wv[(N / 2) * K + k] * h[k]) > tol[N / 2];
+    TU_CHECK(caught >= K / 8, "%s: the bound %.3g admits all but %lld of %lld dropped products", w_, tol[N / 2],
+             (long long)caught, (long long)K);
+    if (gpu) { /* the reference on the same inputs, within the same bound */
+        sg_tensor *y_r = res == 2 ? r_r : tu_tensor2(ref, dt, 1, N, "y_r");
+        TU_OK(ref, sg_gen_row_linear(ref, x_r, g_r, be_r, (float)eps, w_r, b_r, act, r_r, y_r));
+        double *rr = tu_get(y_r);
+        int64_t rbad = 0;
+        for (int64_t n = 0; n < N; n++) rbad += !(fabs(rr[n] - want[n]) <= tol[n]);
+        TU_CHECK(rbad == 0, "%s: the reference: %lld outside the bound", w_, (long long)rbad);
+        free(rr);
+        if (res != 2) sg_tensor_destroy(y_r);
+    }
+    free(xv), free(wv), free(gv), free(bev), free(bv), free(rv), free(got), free(h), free(near), free(want), free(tol);
+    drop2(x, x_r), drop2(w, w_r);
+    if (g) drop2(g, g_r), drop2(be, be_r);
+    if (b) drop2(b, b_r);
+    if (r) drop2(r, r_r);
+    if (res != 2) sg_tensor_destroy(y);
+}
+
+static void row_linear_refusals(void)
+{
+    sg_tensor *x = tu_tensor2(dev, SG_DTYPE_F32, 1, 64, "x"), *x2 = tu_tensor2(dev, SG_DTYPE_F32, 2, 64, "x2");
+    sg_tensor *w = tu_tensor2(dev, SG_DTYPE_F32, 32, 64, "w"), *y = tu_tensor2(dev, SG_DTYPE_F32, 1, 32, "y");
+    sg_tensor *g = tu_tensor(dev, SG_DTYPE_F32, 1, (int64_t[]){64}, "gamma");
+    sg_tensor *gb = tu_tensor(dev, SG_DTYPE_BF16, 1, (int64_t[]){64}, "gbf");
+    sg_tensor *b33 = tu_tensor(dev, SG_DTYPE_F32, 1, (int64_t[]){33}, "b33");
+    free(tu_random(x, -1, 1)), free(tu_random(w, -1, 1)), free(tu_random(g, 0.5, 1.5));
+    TU_FAILS(dev, sg_gen_row_linear(dev, x2, NULL, NULL, 0.f, w, NULL, SG_ACT_NONE, NULL, y), SG_ERR_SHAPE, "'x'");
+    TU_FAILS(dev, sg_gen_row_linear(dev, x, g, NULL, 1e-5f, w, NULL, SG_ACT_NONE, NULL, y), SG_ERR_INVALID, "beta");
+    TU_FAILS(dev, sg_gen_row_linear(dev, x, g, gb, 1e-5f, w, NULL, SG_ACT_NONE, NULL, y), SG_ERR_DTYPE, "beta");
+    TU_FAILS(dev, sg_gen_row_linear(dev, x, g, g, 0.f, w, NULL, SG_ACT_NONE, NULL, y), SG_ERR_INVALID, "eps");
+    TU_FAILS(dev, sg_gen_row_linear(dev, x, NULL, NULL, 0.f, w, b33, SG_ACT_NONE, NULL, y), SG_ERR_SHAPE, "'b'");
+    TU_FAILS(dev, sg_gen_row_linear(dev, x, NULL, NULL, 0.f, w, NULL, SG_ACT_SILU, NULL, y), SG_ERR_INVALID,
+             "activation");
+    TU_FAILS(dev, sg_gen_row_linear(dev, x, NULL, NULL, 0.f, w, NULL, SG_ACT_NONE, x, y), SG_ERR_SHAPE, "'r'");
+    /* Usable after: a valid call runs. */
+    TU_OK(dev, sg_gen_row_linear(dev, x, g, g, 1e-5f, w, NULL, SG_ACT_GELU, NULL, y));
+    sg_tensor *ts[] = {x, x2, w, y, g, gb, b33};
+    tu_destroy_all(ts, 7);
+}
+
 int main(int argc, char **argv)
 {
     sg_backend be;
@@ -439,7 +569,17 @@ int main(int argc, char **argv)
         decode_case(dt, 4, 1, 64, 1, 300);
         embed_case(dt);
         sample_cases(dt);
+        /* the decode step's four layers (gpt-768), then odd shapes: N not a multiple of the
+         * block's 8 columns, K not of the vector width (scalar loads), no bias, ReLU */
+        row_linear_case(dt, 2304, 768, true, true, SG_ACT_NONE, 0);
+        row_linear_case(dt, 768, 768, false, true, SG_ACT_NONE, 2);
+        row_linear_case(dt, 3072, 768, true, true, SG_ACT_GELU, 0);
+        row_linear_case(dt, 768, 3072, false, true, SG_ACT_NONE, 2);
+        row_linear_case(dt, 37, 200, true, false, SG_ACT_NONE, 1);
+        row_linear_case(dt, 13, 77, true, true, SG_ACT_RELU, 1);
+        row_linear_case(dt, 256, 77, false, false, SG_ACT_GELU, 0);
     }
+    row_linear_refusals();
     sample_frequencies();
     refusals();
     if (gpu) sg_ctx_destroy(ref);

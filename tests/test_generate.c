@@ -6,6 +6,7 @@
  *     position where the recompute's two best logits are within the tolerance below; fp32 must
  *     compare most positions (a cache bug shows up as a confident mismatch);
  *   - prompts of different lengths in one batch give what each gives alone;
+ *   - batch 1 (the fused one-row kernels): the three modes identical, logits within tol;
  *   - sampled tokens (temperature, top-k) identical across modes for a seed, each one among the
  *     recompute's top k, and another seed draws other tokens;
  *   - max_new per sequence and a stop sequence (taken from a greedy run, so it occurs) honoured:
@@ -186,16 +187,16 @@ static bool same(const result *a, const result *b, int n)
 
 /* The generator's logits after the prefill (max_new 1) and after k decode steps (max_new k+1),
  * eagerly, against full recompute of the same context, every logit within tol. */
-static void logits_match(fixture *f, prompts *p, const result *greedy_run)
+static void logits_match(fixture *f, prompts *p, int n, const result *greedy_run)
 {
     const int V = 256;
     double ref[256];
     for (int steps = 0; steps <= 3; steps += 3) {
-        sg_generate_request r = request(p, NSEQ, SG_GEN_EAGER);
+        sg_generate_request r = request(p, n, SG_GEN_EAGER);
         r.max_new = steps + 1;
         result o = run(f, &r);
         double *got = tu_get(sg_generator_logits(f->g));
-        for (int i = 0; i < NSEQ; i++) {
+        for (int i = 0; i < n; i++) {
             int32_t ctx_tok[SEQ];
             memcpy(ctx_tok, p->tok[i], (size_t)p->len[i] * sizeof *ctx_tok);
             memcpy(ctx_tok + p->len[i], greedy_run->tok + i * NEW, (size_t)steps * sizeof *ctx_tok);
@@ -204,7 +205,8 @@ static void logits_match(fixture *f, prompts *p, const result *greedy_run)
             double top = 0;
             for (int v = 0; v < V; v++) top = fmax(top, fabs(ref[v]));
             char w[80];
-            snprintf(w, sizeof w, "logits %s, sequence %d after %d decode steps", sg_dtype_name(prec), i, steps);
+            snprintf(w, sizeof w, "logits %s, batch %d, sequence %d after %d decode steps", sg_dtype_name(prec), n, i,
+                     steps);
             tu_close(w, got + i * V, ref, V, (tu_tol){tie_tol(top), 0});
         }
         TU_CHECK(o.len[0] == steps + 1, "logits: %lld tokens", (long long)o.len[0]);
@@ -228,7 +230,7 @@ static void greedy(fixture *f)
                  sg_gen_mode_name(modes[k]), (long long)res[k].st.tokens, (long long)res[k].st.batch_bucket);
     }
     TU_CHECK(same(&res[0], &res[1], NSEQ), "greedy: step mode's tokens differ from eager's");
-    logits_match(f, &p, &res[0]);
+    logits_match(f, &p, NSEQ, &res[0]);
     TU_CHECK(same(&res[0], &res[2], NSEQ), "greedy: loop mode's tokens differ from eager's");
     TU_CHECK(res[2].st.steps == NEW - 1, "greedy loop: %lld decode steps, expected %d", (long long)res[2].st.steps,
              NEW - 1);
@@ -259,6 +261,19 @@ static void greedy(fixture *f)
             against_recompute(f, w, p.tok[i], p.len[i], a.tok, NEW, 0);
         }
     }
+    /* Batch 1 runs the fused one-row kernels (LayerNorm and residual inside the linear layers'
+     * kernels): its three modes agree bit for bit, and its logits match full recompute. */
+    prompts one = p;
+    memcpy(one.tok[0], p.tok[2], sizeof one.tok[0]);
+    one.len[0] = p.len[2];
+    result b1[3];
+    for (int k = 0; k < 3; k++) {
+        sg_generate_request r = request(&one, 1, modes[k]);
+        b1[k] = run(f, &r);
+    }
+    TU_CHECK(same(&b1[0], &b1[1], 1) && same(&b1[0], &b1[2], 1), "batch 1: the modes' tokens differ (eager/step %s, "
+             "eager/loop %s)", same(&b1[0], &b1[1], 1) ? "same" : "differ", same(&b1[0], &b1[2], 1) ? "same" : "differ");
+    logits_match(f, &one, 1, &b1[0]);
     /* Graphs are reused: the same call again captures nothing and gives the same tokens. */
     sg_generate_request r = request(&p, NSEQ, SG_GEN_STEP);
     result again = run(f, &r);
@@ -280,8 +295,8 @@ static void greedy(fixture *f)
         int64_t want = each[i];
         sg_gen_finish why = SG_GEN_FINISH_LENGTH;
         for (int64_t k = 1; k < each[i]; k++)
-            if (full[k - 1] == stop[0] && full[k] == stop[1]) {
-                want = k + 1, why = SG_GEN_FINISH_STOP;
+            if (full[k - 1] == stop[0] && full[k] == stop[1]) { /* the length wins where both end it */
+                want = k + 1, why = k + 1 >= each[i] ? SG_GEN_FINISH_LENGTH : SG_GEN_FINISH_STOP;
                 break;
             }
         TU_CHECK(lim.len[i] == want && lim.fin[i] == why, "limits: sequence %d: %lld tokens, finish %d; expected %lld, "

@@ -237,6 +237,9 @@ void *sg_ctx_stream(const sg_ctx *ctx);            /* cudaStream_t */
 void *sg_ctx_cublaslt(const sg_ctx *ctx);          /* cublasLtHandle_t */
 void *sg_ctx_workspace(const sg_ctx *ctx, size_t *bytes);
 int sg_ctx_sm_count(const sg_ctx *ctx);
+/* Whether kernels that take it may be launched with programmatic dependent launch (sm_90 and
+ * later; the environment variable SG_PDL=0 turns it off, to measure what it gives). */
+bool sg_ctx_pdl(const sg_ctx *ctx);
 
 /* Turns a CUDA runtime error code (an int, so C code need not include CUDA headers) into a
  * status with a message naming the call, file and line. */

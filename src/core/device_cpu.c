@@ -121,6 +121,7 @@ void *sg_ctx_stream(const sg_ctx *ctx) { (void)ctx; return NULL; }
 void *sg_ctx_cublaslt(const sg_ctx *ctx) { (void)ctx; return NULL; }
 void *sg_ctx_workspace(const sg_ctx *ctx, size_t *bytes) { (void)ctx; if (bytes) *bytes = 0; return NULL; }
 int sg_ctx_sm_count(const sg_ctx *ctx) { (void)ctx; return 0; }
+bool sg_ctx_pdl(const sg_ctx *ctx) { (void)ctx; return false; }
 int sg_cuda_last_error(void) { return 0; }
 sg_status sg_cuda_status(const sg_ctx *ctx, int err, const char *call, const char *file, int line)
 {

@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct sg_cuda_state {
     int device;
@@ -14,6 +15,7 @@ typedef struct sg_cuda_state {
     void *workspace;
     size_t workspace_bytes;
     int sm_count;
+    bool pdl; /* programmatic dependent launch: sm_90 and later, unless SG_PDL=0 */
 } sg_cuda_state;
 
 static sg_cuda_state *state(const sg_ctx *ctx) { return (sg_cuda_state *)ctx->cuda; }
@@ -46,6 +48,7 @@ sg_status sg_cublas_status(const sg_ctx *ctx, int err, const char *call, const c
 void *sg_ctx_stream(const sg_ctx *ctx) { return ctx->cuda ? (void *)state(ctx)->stream : NULL; }
 void *sg_ctx_cublaslt(const sg_ctx *ctx) { return ctx->cuda ? (void *)state(ctx)->lt : NULL; }
 int sg_ctx_sm_count(const sg_ctx *ctx) { return ctx->cuda ? state(ctx)->sm_count : 0; }
+bool sg_ctx_pdl(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->pdl; }
 
 void *sg_ctx_workspace(const sg_ctx *ctx, size_t *bytes)
 {
@@ -97,6 +100,8 @@ static sg_status cuda_init(sg_ctx *ctx)
     struct cudaDeviceProp prop;
     INIT_CHECK(cudaGetDeviceProperties(&prop, s->device));
     s->sm_count = prop.multiProcessorCount;
+    const char *pdl = getenv("SG_PDL");
+    s->pdl = prop.major >= 9 && !(pdl && !strcmp(pdl, "0"));
     snprintf(ctx->device_name, sizeof ctx->device_name, "%s (sm_%d%d, %d SMs)", prop.name,
              prop.major, prop.minor, prop.multiProcessorCount);
     INIT_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));

@@ -4,6 +4,7 @@
  * written before every check has passed. */
 #include "ops/decode.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 static sg_status shape_fail(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t, const char *want)
@@ -34,6 +35,18 @@ static sg_status check_mat(sg_ctx *ctx, const char *fn, const char *what, const 
         char want[96];
         snprintf(want, sizeof want, "(%s%lld, %lld) %s", exact ? "" : ">= ", (long long)rows, (long long)cols,
                  sg_dtype_name(dt));
+        return shape_fail(ctx, fn, what, t, want);
+    }
+    return SG_OK;
+}
+
+/* A 1-D tensor of dtype dt and n elements. */
+static sg_status check_vec(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t, sg_dtype dt, int64_t n)
+{
+    SG_TRY(sg_check_dtype(ctx, fn, what, t, dt));
+    if (t->ndim != 1 || t->shape[0] != n) {
+        char want[64];
+        snprintf(want, sizeof want, "(%lld) %s", (long long)n, sg_dtype_name(dt));
         return shape_fail(ctx, fn, what, t, want);
     }
     return SG_OK;
@@ -273,4 +286,59 @@ sg_status sg_gen_sample(sg_ctx *ctx, const sg_tensor *logits, sg_tensor *tok, sg
         return sg_cpu_run(ctx, sample_cpu, &a, sizeof a);
     }
     return SG_CUDA_DISPATCH(ctx, sg_gen_sample_cuda(ctx, logits, tok, pos, info, out, ctl, temp));
+}
+
+/* ---- one row through a linear layer, LayerNorm and residual fused ---- */
+
+typedef struct row_args {
+    const sg_tensor *x, *gamma, *beta, *w, *b, *r;
+    sg_tensor *y;
+    float eps;
+    sg_activation act;
+} row_args;
+
+static sg_status row_cpu(sg_ctx *ctx, const void *p)
+{
+    const row_args *a = p;
+    double *work = malloc((size_t)a->x->numel * sizeof *work);
+    if (!work) return sg_fail(ctx, SG_ERR_OOM, "sg_gen_row_linear: out of host memory");
+    sg_gen_row_linear_cpu(a->x, a->gamma, a->beta, a->eps, a->w, a->b, a->act, a->r, a->y, work);
+    free(work);
+    return SG_OK;
+}
+
+sg_status sg_gen_row_linear(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *beta,
+                            float eps, const sg_tensor *w, const sg_tensor *b, sg_activation act,
+                            const sg_tensor *r, sg_tensor *y)
+{
+    const char *fn = "sg_gen_row_linear";
+    if (!ctx) return SG_ERR_NULL;
+    SG_TRY(sg_check_float_or_bf16(ctx, fn, "w", w));
+    if (w->ndim != 2 || w->shape[0] < 1 || w->shape[1] < 1) return shape_fail(ctx, fn, "w", w, "(N, K)");
+    const sg_dtype dt = w->dtype;
+    const int64_t N = w->shape[0], K = w->shape[1];
+    SG_TRY(check_mat(ctx, fn, "x", x, dt, 1, K, true));
+    SG_TRY(check_mat(ctx, fn, "y", y, dt, 1, N, true));
+    if (!gamma != !beta)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: 'gamma' %s and 'beta' %s; expected both (the LayerNorm) or neither",
+                       fn, gamma ? "given" : "NULL", beta ? "given" : "NULL");
+    if (gamma) {
+        SG_TRY(check_vec(ctx, fn, "gamma", gamma, dt, K));
+        SG_TRY(check_vec(ctx, fn, "beta", beta, dt, K));
+        if (!(eps > 0.f) || !isfinite(eps))
+            return sg_fail(ctx, SG_ERR_INVALID, "%s: eps %g; expected a finite number above 0", fn, (double)eps);
+    }
+    if (b) SG_TRY(check_vec(ctx, fn, "b", b, dt, N));
+    if (r) SG_TRY(check_mat(ctx, fn, "r", r, dt, 1, N, true));
+    if (act != SG_ACT_NONE && act != SG_ACT_RELU && act != SG_ACT_GELU)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: activation %d; expected NONE, RELU or GELU", fn, (int)act);
+    /* y may be r itself (in place); otherwise it shares no byte with any input. */
+    const char *names[] = {"y", "x", "w", "b", "gamma", "beta", "r"};
+    const sg_tensor *ts[] = {y, x, w, b, gamma, beta, r == y ? NULL : r};
+    SG_TRY(sg_check_disjoint(ctx, fn, 1, 7, names, ts));
+    if (ctx->backend == SG_BACKEND_CPU) {
+        row_args a = {x, gamma, beta, w, b, r, y, eps, act};
+        return sg_cpu_run(ctx, row_cpu, &a, sizeof a);
+    }
+    return SG_CUDA_DISPATCH(ctx, sg_gen_row_linear_cuda(ctx, x, gamma, beta, eps, w, b, act, r, y));
 }

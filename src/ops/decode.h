@@ -2,8 +2,10 @@
  * attention of new rows against a per-layer key/value cache, the embedding of one token per
  * sequence at its own position, the gather of each prompt's last row, and the sampler that
  * draws the next token on the device and keeps every sequence's state there, so a captured
- * decode step (or a WHILE loop of them) needs no host. CPU references in decode_cpu.c, kernels
- * in decode_cuda.cu, entry points that check the arguments in decode.c.
+ * decode step (or a WHILE loop of them) needs no host; and one row through a linear layer with
+ * its LayerNorm and residual fused, a batch-1 step's. CPU references in decode_cpu.c, kernels
+ * in decode_cuda.cu (the fused row's beside sg_linear_forward's GEMV, in linear_cuda.cu), entry
+ * points that check the arguments in decode.c.
  *
  * The cache of one layer: kcache and vcache (Bc, H, Tc, hs), qkv's dtype; row (b, h, t) holds
  * the key (value) of head h of sequence b at position t.
@@ -17,7 +19,10 @@
  * reads. A prefill is Tq = the padded prompt length with start 0; a decode step is Tq = 1 with
  * start = each sequence's position. Rows whose p falls outside 0..Tc-1 store nothing and
  * output zeros. Math: scores, softmax and the weighted sum in f32 on the GPU (double on the
- * CPU), outputs rounded once to the dtype. Deterministic: fixed-order sums, no atomics.
+ * CPU), outputs rounded once to the dtype. Deterministic: fixed-order sums, no atomics. On CUDA
+ * (sm_90) it is launched as sg_gen_row_linear is (below) and reads start, and asks L2 for the
+ * cached rows below start, before it waits: those must not be written by kernels that may still
+ * run (in generation, earlier steps wrote them).
  *
  * Generation state (the sampler's): tok (B) I32, the token each sequence feeds next; pos (B)
  * I32, its position; info (B, SG_GEN_INFO) I32 per sequence (prompt length, new tokens
@@ -107,6 +112,21 @@ sg_status sg_gen_begin(sg_ctx *ctx, sg_tensor *tok, sg_tensor *pos, sg_tensor *i
  * out (Bo, N) with Bo >= B and N >= every MAXNEW. */
 sg_status sg_gen_sample(sg_ctx *ctx, const sg_tensor *logits, sg_tensor *tok, sg_tensor *pos, sg_tensor *info,
                         sg_tensor *out, sg_tensor *ctl, const sg_tensor *temp);
+/* One row through a linear layer with what surrounds it in a decode step, in one kernel on the
+ * GPU (a batch-1 step is ~60 such small launches, so every launch saved counts):
+ *   y (1, N) = act(norm(x) W^T + b) + r
+ * x (1, K); w (N, K); b (N) or NULL; norm(x) = LayerNorm(x; gamma, beta, eps), rounded to x's
+ * dtype as sg_layernorm_forward stores it, when gamma (K) and beta (K) are given, else x; act
+ * NONE, RELU or GELU (no pre kept: inference only); r (1, N) or NULL; y may be r (the residual
+ * updated in place) but shares no byte with the others. One dtype throughout (f32, bf16; f64 on
+ * the CPU). With the LayerNorm a row is at most 48 KiB on CUDA.
+ * On CUDA (sm_90) the kernel is launched with programmatic dependent launch and lets the next
+ * kernel start early too: it loads part of w, and asks L2 for the rest, before it waits for the
+ * kernels before it, which may still run (every kernel since the last one launched without it),
+ * so w must not be written by any of those; a decode step's weights are written by none. */
+sg_status sg_gen_row_linear(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *beta,
+                            float eps, const sg_tensor *w, const sg_tensor *b, sg_activation act,
+                            const sg_tensor *r, sg_tensor *y);
 
 /* ---- references (decode_cpu.c) and kernels (decode_cuda.cu): arguments checked ---- */
 
@@ -119,6 +139,10 @@ void sg_gen_begin_cpu(sg_tensor *tok, sg_tensor *pos, sg_tensor *info, sg_tensor
 /* work: V floats of scratch. */
 void sg_gen_sample_cpu(const sg_tensor *logits, sg_tensor *tok, sg_tensor *pos, sg_tensor *info,
                        sg_tensor *out, sg_tensor *ctl, float temperature, float *work);
+/* work: K doubles of scratch. */
+void sg_gen_row_linear_cpu(const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *beta, float eps,
+                           const sg_tensor *w, const sg_tensor *b, sg_activation act, const sg_tensor *r,
+                           sg_tensor *y, double *work);
 
 sg_status sg_kv_attention_cuda(sg_ctx *ctx, const sg_tensor *qkv, int heads, const sg_tensor *start,
                                sg_tensor *kcache, sg_tensor *vcache, sg_tensor *out);
@@ -128,6 +152,11 @@ sg_status sg_gen_last_rows_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor
 sg_status sg_gen_begin_cuda(sg_ctx *ctx, sg_tensor *tok, sg_tensor *pos, sg_tensor *info, sg_tensor *ctl);
 sg_status sg_gen_sample_cuda(sg_ctx *ctx, const sg_tensor *logits, sg_tensor *tok, sg_tensor *pos,
                              sg_tensor *info, sg_tensor *out, sg_tensor *ctl, const sg_tensor *temp);
+/* In linear_cuda.cu: the one-row GEMV kernel of sg_linear_forward, with the LayerNorm and the
+ * residual in it. */
+sg_status sg_gen_row_linear_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *beta,
+                                 float eps, const sg_tensor *w, const sg_tensor *b, sg_activation act,
+                                 const sg_tensor *r, sg_tensor *y);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
  * positioned embedding, the last-row gather, and the sampler in the order the kernel decides
  * (its weights in f32 as the kernel forms them, summed in index order here). The oracle the
  * CUDA kernels are tested against, and the CPU backend's generation. */
+#include "ops/act.h"
 #include "ops/decode.h"
 
 #include <math.h>
@@ -150,4 +151,39 @@ void sg_gen_sample_cpu(const sg_tensor *logits, sg_tensor *tok, sg_tensor *pos, 
         go |= r[SG_GEN_DONE] == SG_GEN_RUNNING;
     }
     cl[SG_GEN_GO] = go;
+}
+
+/* x rounded as a tensor of dtype dt stores it. */
+static double round_as(sg_dtype dt, double v)
+{
+    if (dt == SG_DTYPE_F32) return (double)(float)v;
+    if (dt == SG_DTYPE_BF16) return sg_bf16_to_double(sg_double_to_bf16(v));
+    return v;
+}
+
+void sg_gen_row_linear_cpu(const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *beta, float eps,
+                           const sg_tensor *w, const sg_tensor *b, sg_activation act, const sg_tensor *r,
+                           sg_tensor *y, double *h)
+{
+    const int64_t N = w->shape[0], K = w->shape[1];
+    for (int64_t k = 0; k < K; k++) h[k] = sg_ld(x, k);
+    if (gamma) { /* as sg_layernorm_forward_cpu: the mean, then the variance about it */
+        double m = 0, var = 0;
+        for (int64_t k = 0; k < K; k++) m += h[k];
+        m /= (double)K;
+        for (int64_t k = 0; k < K; k++) var += (h[k] - m) * (h[k] - m);
+        const double rs = 1.0 / sqrt(var / (double)K + (double)eps);
+        for (int64_t k = 0; k < K; k++)
+            h[k] = round_as(x->dtype, (h[k] - m) * rs * sg_ld(gamma, k) + sg_ld(beta, k));
+    }
+    for (int64_t n = 0; n < N; n++) {
+        double v = b ? sg_ld(b, n) : 0.0;
+        for (int64_t k = 0; k < K; k++) v += sg_ld(w, n * K + k) * h[k];
+        if (act == SG_ACT_GELU)
+            v = 0.5 * v * (1 + tanh(SG_GELU_K0 * (v + SG_GELU_K1 * v * v * v)));
+        else if (act == SG_ACT_RELU)
+            v = v > 0 ? v : 0.0;
+        if (r) v += sg_ld(r, n); /* r may be y: element n is read before it is written */
+        sg_st(y, n, v);
+    }
 }

@@ -4,11 +4,12 @@
  *
  * kv_attention: one block of KV_THREADS per (row, head). The block stores the row's k and v in
  * the cache and loads q; each thread scores whole keys (16-byte loads), so a decode step's
- * few hundred keys are read at once rather than walked; the scores (Tc floats of shared
- * memory) get a block max and a block sum; then each warp sums every KV_WARPS-th key's value
- * row weighted (lanes on the head's columns, four rows' loads in flight), and the warps' sums
- * are added in warp order. A first version walked the keys one warp-round-trip at a time: 80
- * us a layer at 200 positions, 1 ms a token for gpt-768-12.
+ * few hundred keys are read at once rather than walked, and keeps a running (max, sum of exp)
+ * over its keys; one block merge of those pairs gives the softmax's max and sum. The weighted
+ * sum: the threads form G groups of the head's hs/V column vectors, group g takes keys g, g + G,
+ * ... (16-byte loads, four keys' in flight), and the groups' sums are added in group order. A
+ * first version walked the keys one warp-round-trip at a time: 80 us a layer at 200 positions,
+ * 1 ms a token for gpt-768-12.
  *
  * gen_sample: one block per sequence. The argmax is a block reduction (larger logit, then lower
  * index). Top-k's threshold is found bit by bit over the logits' ordered keys, 32 block counts.
@@ -55,6 +56,32 @@ template <typename T, typename Op> __device__ __forceinline__ T block_reduce(T v
 
 /* ---- cache attention ---- */
 
+/* Online softmax: (m, l) = the running max and sum of exp(score - m); merge in (mb, lb). */
+__device__ __forceinline__ void softmax_merge(float &m, float &l, float mb, float lb)
+{
+    if (mb == -INFINITY) return;
+    if (m == -INFINITY) {
+        m = mb, l = lb;
+        return;
+    }
+    const float M = fmaxf(m, mb);
+    l = l * __expf(m - M) + lb * __expf(mb - M);
+    m = M;
+}
+
+/* Every thread's (m, l) merged over the block: a warp butterfly, then the warps' in order. sh:
+ * 2 * KV_WARPS floats. */
+__device__ __forceinline__ void block_softmax(float &m, float &l, float *sh)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        softmax_merge(m, l, __shfl_xor_sync(FULL_MASK, m, o), __shfl_xor_sync(FULL_MASK, l, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh[2 * (threadIdx.x >> 5)] = m, sh[2 * (threadIdx.x >> 5) + 1] = l;
+    __syncthreads();
+    m = sh[0], l = sh[1];
+    for (int k = 1; k < KV_WARPS; k++) softmax_merge(m, l, sh[2 * k], sh[2 * k + 1]);
+}
+
 /* Key (or value) t of head h of sequence b: from the cache below the first new row s0, else
  * from the new rows in qkv (off: C for k, 2C for v). */
 template <typename T>
@@ -69,7 +96,9 @@ __device__ __forceinline__ const T *kv_row(const T *cache, size_t cb, const T *q
  * the rows allow it, else 1). The scores: one thread per key, all keys in flight at once (a
  * decode step's keys are few, and a warp walking them one by one waited on memory each time).
  * The weighted sum: warp w takes keys w, w + KV_WARPS, ..., its lanes the head's columns, four
- * keys' loads in flight; the warps' sums are added in warp order. */
+ * keys' loads in flight; the warps' sums are added in warp order. Launched with programmatic
+ * dependent launch (sm_90): before it waits for the kernels before it, it reads start and asks L2
+ * for the cached rows below start (decode.h says why that is safe). */
 template <typename T, int V>
 __global__ void __launch_bounds__(KV_THREADS)
     kv_attention_kernel(const T *qkv, const int32_t *start, T *kc, T *vc, T *out, int Tq, int C, int H, int hs,
@@ -78,74 +107,67 @@ __global__ void __launch_bounds__(KV_THREADS)
     extern __shared__ float sm[];
     float *q = sm, *s = sm + hs, *red = s + Tc;
     const int row = blockIdx.x, h = blockIdx.y, b = row / Tq, i = row % Tq, tid = threadIdx.x;
+    sg_pdl_trigger();
     const int s0 = start[b], p = s0 + i;
+    const size_t cb = (size_t)(b * H + h) * Tc * hs;
+    if (p >= 0 && p < Tc) { /* the cached rows below start, into L2, while the kernel before runs */
+        const size_t bytes = (size_t)s0 * hs * sizeof(T);
+        for (size_t off = (size_t)tid * 128; off < bytes; off += (size_t)KV_THREADS * 128) {
+            sg_prefetch_l2(reinterpret_cast<const char *>(kc + cb) + off);
+            sg_prefetch_l2(reinterpret_cast<const char *>(vc + cb) + off);
+        }
+    }
+    sg_pdl_wait();
     const T *qr = qkv + (size_t)row * 3 * C + (size_t)h * hs;
     T *o = out + (size_t)row * C + (size_t)h * hs;
     if (p < 0 || p >= Tc) {
         for (int d = tid; d < hs; d += KV_THREADS) o[d] = from_f<T>(0.f);
         return;
     }
-    const size_t cb = (size_t)(b * H + h) * Tc * hs;
     for (int d = tid; d < hs; d += KV_THREADS) {
         kc[cb + (size_t)p * hs + d] = qr[C + d];
         vc[cb + (size_t)p * hs + d] = qr[2 * C + d];
         q[d] = to_f(qr[d]);
     }
     __syncthreads();
+    /* Scores, one key a thread, and this thread's running (max, sum of exp) over its keys. */
+    float m = -INFINITY, l = 0.f;
     for (int t = tid; t <= p; t += KV_THREADS) {
         const T *kt = kv_row(kc, cb, qkv, t, s0, b, Tq, C, h, hs, C);
         float acc = 0.f;
+#pragma unroll 8
         for (int j = 0; j < hs / V; j++) {
             vec_t<T, V> kv = ldv<T, V>(kt, j);
 #pragma unroll
             for (int e = 0; e < V; e++) acc += q[j * V + e] * to_f(kv.e[e]);
         }
-        s[t] = acc * scale;
+        const float sc = s[t] = acc * scale;
+        softmax_merge(m, l, sc, 1.f);
     }
-    __syncthreads();
-    float m = -INFINITY;
-    for (int t = tid; t <= p; t += KV_THREADS) m = fmaxf(m, s[t]);
-    m = block_reduce(m, red, max_op());
-    float part = 0.f;
-    for (int t = tid; t <= p; t += KV_THREADS) part += s[t] = __expf(s[t] - m);
-    const float sum = block_reduce(part, red, add_op());
-    const int warp = tid >> 5, lane = tid & 31;
-    float acc[SG_KV_MAX_HS / 32];
-#pragma unroll
-    for (int c = 0; c < SG_KV_MAX_HS / 32; c++) acc[c] = 0.f;
-    int t = warp;
-    for (; t + 3 * KV_WARPS <= p; t += 4 * KV_WARPS) { /* four keys' loads in flight */
-        const T *v0 = kv_row(vc, cb, qkv, t, s0, b, Tq, C, h, hs, 2 * C);
-        const T *v1 = kv_row(vc, cb, qkv, t + KV_WARPS, s0, b, Tq, C, h, hs, 2 * C);
-        const T *v2 = kv_row(vc, cb, qkv, t + 2 * KV_WARPS, s0, b, Tq, C, h, hs, 2 * C);
-        const T *v3 = kv_row(vc, cb, qkv, t + 3 * KV_WARPS, s0, b, Tq, C, h, hs, 2 * C);
-#pragma unroll
-        for (int c = 0; c < SG_KV_MAX_HS / 32; c++) {
-            const int d = lane + 32 * c;
-            if (d < hs) {
-                float a0 = to_f(v0[d]), a1 = to_f(v1[d]), a2 = to_f(v2[d]), a3 = to_f(v3[d]);
-                acc[c] += s[t] * a0;
-                acc[c] += s[t + KV_WARPS] * a1;
-                acc[c] += s[t + 2 * KV_WARPS] * a2;
-                acc[c] += s[t + 3 * KV_WARPS] * a3;
-            }
-        }
-    }
-    for (; t <= p; t += KV_WARPS) {
-        const T *vt = kv_row(vc, cb, qkv, t, s0, b, Tq, C, h, hs, 2 * C);
-#pragma unroll
-        for (int c = 0; c < SG_KV_MAX_HS / 32; c++)
-            if (lane + 32 * c < hs) acc[c] += s[t] * to_f(vt[lane + 32 * c]);
-    }
+    block_softmax(m, l, red);
+    /* The weighted sum: thread (g, c) takes column vector c of keys g, g + G, ...; the G groups'
+     * sums are added in group order. */
+    const int ncv = hs / V, G = KV_THREADS / ncv, g = tid / ncv, c = tid % ncv;
     __syncthreads(); /* red is free again */
+    if (g < G) {
+        float acc[V];
 #pragma unroll
-    for (int c = 0; c < SG_KV_MAX_HS / 32; c++)
-        if (lane + 32 * c < hs) red[warp * hs + lane + 32 * c] = acc[c];
+        for (int e = 0; e < V; e++) acc[e] = 0.f;
+#pragma unroll 4
+        for (int t = g; t <= p; t += G) {
+            const float wt = __expf(s[t] - m);
+            vec_t<T, V> vv = ldv<T, V>(kv_row(vc, cb, qkv, t, s0, b, Tq, C, h, hs, 2 * C), c);
+#pragma unroll
+            for (int e = 0; e < V; e++) acc[e] += wt * to_f(vv.e[e]);
+        }
+#pragma unroll
+        for (int e = 0; e < V; e++) red[g * hs + c * V + e] = acc[e];
+    }
     __syncthreads();
     for (int d = tid; d < hs; d += KV_THREADS) {
         float r = 0.f;
-        for (int w = 0; w < KV_WARPS; w++) r += red[w * hs + d];
-        o[d] = from_f<T>(r / sum);
+        for (int k = 0; k < G; k++) r += red[k * hs + d];
+        o[d] = from_f<T>(r / l);
     }
 }
 
@@ -155,14 +177,25 @@ static sg_status kv_attention_v(sg_ctx *ctx, const sg_tensor *qkv, int heads, co
 {
     const int B = (int)start->numel, rows = (int)qkv->shape[0], C = (int)out->shape[1], hs = C / heads;
     const int Tc = (int)kc->shape[2];
-    const size_t smem = (size_t)(hs + Tc + KV_WARPS * hs) * sizeof(float);
+    /* q, the scores, and the key groups' partial sums (or the block's (max, sum) pairs) */
+    const int groups = KV_THREADS / (hs / V);
+    const size_t smem = (size_t)(hs + Tc + (groups * hs > 2 * KV_WARPS ? groups * hs : 2 * KV_WARPS)) * sizeof(float);
     if (smem > 48 * 1024)
         SG_CUDA_CHECK(ctx, cudaFuncSetAttribute(kv_attention_kernel<T, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem));
-    dim3 grid((unsigned)rows, (unsigned)heads);
-    kv_attention_kernel<T, V><<<grid, KV_THREADS, smem, stream_of(ctx)>>>(
-        (const T *)qkv->data, (const int32_t *)start->data, (T *)kc->data, (T *)vc->data, (T *)out->data, rows / B, C,
-        heads, hs, Tc, 1.f / sqrtf((float)hs));
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3((unsigned)rows, (unsigned)heads);
+    cfg.blockDim = dim3(KV_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream_of(ctx);
+    cfg.attrs = attr;
+    cfg.numAttrs = sg_ctx_pdl(ctx) ? 1 : 0;
+    SG_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, kv_attention_kernel<T, V>, (const T *)qkv->data,
+                                          (const int32_t *)start->data, (T *)kc->data, (T *)vc->data, (T *)out->data,
+                                          rows / B, C, heads, hs, Tc, 1.f / sqrtf((float)hs)));
     SG_CUDA_CHECK_LAUNCH(ctx, "kv_attention_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
@@ -195,6 +228,7 @@ template <typename T>
 __global__ void embed_at_kernel(const int32_t *tok, const int32_t *pos, const T *wte, const T *wpe, T *y, int C,
                                 int V, int Tmax)
 {
+    sg_pdl_trigger();
     const int b = blockIdx.x, t = tok[b], p = pos[b];
     const bool ok = t >= 0 && t < V && p >= 0 && p < Tmax;
     for (int c = threadIdx.x; c < C; c += blockDim.x)

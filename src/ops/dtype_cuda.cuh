@@ -42,4 +42,30 @@ template <typename T, int V> __device__ __forceinline__ void stv(T *p, int64_t j
     reinterpret_cast<vec_t<T, V> *>(p)[j] = v;
 }
 
+/* Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
+ * attribute may start while the kernel before it still runs; sg_pdl_wait() blocks until that
+ * kernel has completed and its writes are visible (a no-op for a kernel launched normally), so
+ * everything before it may read only what no kernel still running writes. sg_pdl_trigger()
+ * lets the next kernel, if launched so, start now: safe anywhere, since the next kernel's wait
+ * still waits for this kernel's completion. Nothing on older architectures. */
+__device__ __forceinline__ void sg_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Asks for the 128-byte line at p to be brought into L2 (no register, no wait). */
+__device__ __forceinline__ void sg_prefetch_l2(const void *p)
+{
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+__device__ __forceinline__ void sg_pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 #endif

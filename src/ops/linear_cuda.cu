@@ -15,6 +15,7 @@
  * a column-major C x R matrix with leading dimension C. Every matmul below is written in
  * column-major terms D(m x n) = op(A)(m x k) op(B)(k x n), all layouts packed. */
 #include "ops/act.h"
+#include "ops/decode.h"
 #include "ops/linear.h"
 
 #include <cublasLt.h>
@@ -498,7 +499,7 @@ static sg_status launch_dact_bias(sg_ctx *ctx, sg_dtype dt, sg_activation act, v
  *   D = y: column-major N x M (ld N). m = N, n = M, k = K.
  * The bias has N elements, one per row of D, as the BIAS epilogues want; pre (aux) is
  * D-shaped with ld N. */
-/* ---- skinny forward: one row, a batch-1 decode step's ----
+/* ---- one-row forward: a batch-1 decode step's ----
  * For one row cuBLASLt's heuristic picks a tile kernel with a handful of blocks. Here one warp
  * computes one output column: its lanes stride along that column's row of W (contiguous,
  * (out, in) layout) with 16-byte loads and a warp butterfly adds their partial dot products, so
@@ -506,67 +507,224 @@ static sg_status launch_dact_bias(sg_ctx *ctx, sg_dtype dt, sg_activation act, v
  * bias and activation in the same pass, pre and y each rounded once (as the fused epilogue).
  * Measured on the H100 (gpt-768-12 decode, 2026-11-25): one row 0.505 ms a token against
  * cuBLASLt's 0.542; a version taking up to eight rows (each warp re-reading every row of x) was
- * slower at eight, 0.864 against 0.557, so it takes one row only. */
+ * slower at eight, 0.864 against 0.557, so it takes one row only.
+ *
+ * The decode step's fused form (sg_gen_row_linear, decode.h) runs the same kernel with more in
+ * it: LN, the LayerNorm of x before the product (each block computes the row's mean and
+ * variance in one reduction, Welford's update per thread and Chan's merge in a fixed order, and
+ * keeps the normalized row in shared memory, rounded to T as sg_layernorm_forward stores it),
+ * and r, a residual added last (y may be r). Each warp loads its first SKINNY_PRE vectors of W,
+ * and asks L2 for the rest of its row, before anything that depends on earlier kernels: with
+ * programmatic dependent launch (pdl) those loads, and the launch itself, overlap the kernels
+ * before, which is where a decode step of ~60 small kernels spends its time. */
 
 #define SKINNY_WARPS 8
+#define SKINNY_THREADS (SKINNY_WARPS * 32)
+#define SKINNY_PRE 4
+#define SKINNY_LN_REG 4 /* a thread's row elements kept in registers: rows up to 1024 wholly */
 
-template <typename T, int V, int ACT>
-__global__ void __launch_bounds__(SKINNY_WARPS * 32)
-    skinny_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ b, T *y, T *pre, int n,
-                  int k)
+template <typename T> struct skinny_args {
+    const T *x, *w, *b, *gamma, *beta, *r;
+    T *y, *pre;
+    int n, k;
+    float eps;
+};
+
+/* Chan's merge of two (count, mean, M2) summaries into the first. */
+__device__ __forceinline__ void welford_merge(float &n, float &m, float &m2, float nb, float mb, float m2b)
 {
-    const int col = blockIdx.x * SKINNY_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (col >= n) return;
-    const T *wr = w + (size_t)col * k;
+    const float nn = n + nb;
+    if (nn == 0.f) return;
+    const float d = mb - m, f = nb / nn;
+    m += d * f;
+    m2 += m2b + d * d * n * f;
+    n = nn;
+}
+
+/* The mean and M2 (sum of squared deviations) of the block's threads' summaries: a warp
+ * butterfly, then every thread merges the warps' in order (the same result in every thread). */
+__device__ __forceinline__ void skinny_block_welford(float n, float &m, float &m2, float *sh)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        welford_merge(n, m, m2, __shfl_xor_sync(0xffffffffu, n, o), __shfl_xor_sync(0xffffffffu, m, o),
+                      __shfl_xor_sync(0xffffffffu, m2, o));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) sh[3 * warp] = n, sh[3 * warp + 1] = m, sh[3 * warp + 2] = m2;
+    __syncthreads();
+    n = sh[0], m = sh[1], m2 = sh[2];
+#pragma unroll
+    for (int i = 1; i < SKINNY_WARPS; i++) welford_merge(n, m, m2, sh[3 * i], sh[3 * i + 1], sh[3 * i + 2]);
+}
+
+template <typename T, int V, int ACT, bool LN>
+__global__ void __launch_bounds__(SKINNY_THREADS) skinny_kernel(skinny_args<T> a)
+{
+    extern __shared__ __align__(16) unsigned char skinny_sm[];
+    __shared__ float red[3 * SKINNY_WARPS];
+    sg_pdl_trigger();
+    const int col = blockIdx.x * SKINNY_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31, nv = a.k / V;
+    const bool live = col < a.n;
+    const T *wr = a.w + (size_t)(live ? col : 0) * a.k;
+    vec_t<T, V> wp[SKINNY_PRE];
+#pragma unroll
+    for (int i = 0; i < SKINNY_PRE; i++)
+        if (live && lane + 32 * i < nv) wp[i] = ldv<T, V>(wr, lane + 32 * i);
+    if (live) /* the rest of the column's row of W, into L2 */
+        for (size_t off = (size_t)SKINNY_PRE * 32 * V * sizeof(T) + 128 * lane; off < (size_t)a.k * sizeof(T);
+             off += 32 * 128)
+            sg_prefetch_l2(reinterpret_cast<const char *>(wr) + off);
+    /* The bias and the LayerNorm's first SKINNY_LN_REG elements of gamma and beta a thread
+     * (weights too) before the wait; the row's elements stay in registers between the two
+     * passes. */
+    const float bias = live && lane == 0 && a.b ? to_f(a.b[col]) : 0.f;
+    float xr[SKINNY_LN_REG], gr[SKINNY_LN_REG], br[SKINNY_LN_REG];
+    if (LN) {
+#pragma unroll
+        for (int i = 0; i < SKINNY_LN_REG; i++) {
+            const int j = threadIdx.x + SKINNY_THREADS * i;
+            gr[i] = j < a.k ? to_f(a.gamma[j]) : 0.f;
+            br[i] = j < a.k ? to_f(a.beta[j]) : 0.f;
+        }
+    }
+    sg_pdl_wait();
+    const float res = live && lane == 0 && a.r ? to_f(a.r[col]) : 0.f;
+    const T *x = a.x;
+    if (LN) { /* every thread of the block takes part: no early exit above */
+        T *h = reinterpret_cast<T *>(skinny_sm);
+        float n = 0.f, m = 0.f, m2 = 0.f; /* Welford over this thread's elements */
+#pragma unroll
+        for (int i = 0; i < SKINNY_LN_REG; i++) {
+            const int j = threadIdx.x + SKINNY_THREADS * i;
+            xr[i] = j < a.k ? to_f(a.x[j]) : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < SKINNY_LN_REG; i++)
+            if (threadIdx.x + SKINNY_THREADS * i < a.k) {
+                const float d = xr[i] - m;
+                n += 1.f;
+                m += d / n;
+                m2 += d * (xr[i] - m);
+            }
+        for (int j = threadIdx.x + SKINNY_THREADS * SKINNY_LN_REG; j < a.k; j += SKINNY_THREADS) {
+            const float e = to_f(a.x[j]), d = e - m;
+            n += 1.f;
+            m += d / n;
+            m2 += d * (e - m);
+        }
+        skinny_block_welford(n, m, m2, red);
+        const float rs = rsqrtf(m2 / (float)a.k + a.eps);
+#pragma unroll
+        for (int i = 0; i < SKINNY_LN_REG; i++) {
+            const int j = threadIdx.x + SKINNY_THREADS * i;
+            if (j < a.k) h[j] = from_f<T>((xr[i] - m) * rs * gr[i] + br[i]);
+        }
+        for (int j = threadIdx.x + SKINNY_THREADS * SKINNY_LN_REG; j < a.k; j += SKINNY_THREADS)
+            h[j] = from_f<T>((to_f(a.x[j]) - m) * rs * to_f(a.gamma[j]) + to_f(a.beta[j]));
+        __syncthreads();
+        x = h;
+    }
+    if (!live) return;
     float v = 0.f;
-    for (int j = lane; j < k / V; j += 32) {
+#pragma unroll
+    for (int i = 0; i < SKINNY_PRE; i++) {
+        const int j = lane + 32 * i;
+        if (j < nv) {
+            vec_t<T, V> xv = ldv<T, V>(x, j);
+#pragma unroll
+            for (int e = 0; e < V; e++) v += to_f(wp[i].e[e]) * to_f(xv.e[e]);
+        }
+    }
+#pragma unroll 4
+    for (int j = lane + 32 * SKINNY_PRE; j < nv; j += 32) {
         vec_t<T, V> wv = ldv<T, V>(wr, j), xv = ldv<T, V>(x, j);
 #pragma unroll
         for (int e = 0; e < V; e++) v += to_f(wv.e[e]) * to_f(xv.e[e]);
     }
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane) return;
-    v += b ? to_f(b[col]) : 0.f;
+    v += bias;
     if (ACT == SG_ACT_GELU) {
-        pre[col] = from_f<T>(v);
+        if (a.pre) a.pre[col] = from_f<T>(v);
         v = 0.5f * v * (1.f + tanhf(GELU_K0F * (v + GELU_K1F * v * v * v)));
     } else if (ACT == SG_ACT_RELU) {
         v = v > 0.f ? v : 0.f;
     }
-    y[col] = from_f<T>(v);
+    a.y[col] = from_f<T>(v + res);
+}
+
+template <typename T, int V, int ACT>
+static cudaError_t skinny_launch_act(const skinny_args<T> &a, bool ln, bool pdl, cudaStream_t s)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3((unsigned)((a.n + SKINNY_WARPS - 1) / SKINNY_WARPS));
+    cfg.blockDim = dim3(SKINNY_THREADS);
+    cfg.dynamicSmemBytes = ln ? (size_t)a.k * sizeof(T) : 0;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    if (ln) return cudaLaunchKernelEx(&cfg, skinny_kernel<T, V, ACT, true>, a);
+    return cudaLaunchKernelEx(&cfg, skinny_kernel<T, V, ACT, false>, a);
 }
 
 template <typename T, int V>
-static void skinny_launch(sg_activation act, cudaStream_t s, const void *x, const void *w, const void *b, void *y,
-                          void *pre, int n, int k)
+static cudaError_t skinny_launch(sg_activation act, const skinny_args<T> &a, bool ln, bool pdl, cudaStream_t s)
 {
-    const int blocks = (n + SKINNY_WARPS - 1) / SKINNY_WARPS, threads = SKINNY_WARPS * 32;
-    const T *xp = (const T *)x, *wp = (const T *)w, *bp = (const T *)b;
-    if (act == SG_ACT_GELU)
-        skinny_kernel<T, V, SG_ACT_GELU><<<blocks, threads, 0, s>>>(xp, wp, bp, (T *)y, (T *)pre, n, k);
-    else if (act == SG_ACT_RELU)
-        skinny_kernel<T, V, SG_ACT_RELU><<<blocks, threads, 0, s>>>(xp, wp, bp, (T *)y, (T *)pre, n, k);
-    else
-        skinny_kernel<T, V, SG_ACT_NONE><<<blocks, threads, 0, s>>>(xp, wp, bp, (T *)y, (T *)pre, n, k);
+    if (act == SG_ACT_GELU) return skinny_launch_act<T, V, SG_ACT_GELU>(a, ln, pdl, s);
+    if (act == SG_ACT_RELU) return skinny_launch_act<T, V, SG_ACT_RELU>(a, ln, pdl, s);
+    return skinny_launch_act<T, V, SG_ACT_NONE>(a, ln, pdl, s);
 }
 
-/* 16-byte loads when k and both pointers allow them (rows of x and w then stay aligned). */
-static sg_status launch_skinny(sg_ctx *ctx, sg_dtype dt, sg_activation act, const void *x, const void *w,
-                               const void *b, void *y, void *pre, int64_t n, int64_t k)
+/* The normalized row lives in the default 48 KiB of shared memory. */
+#define SKINNY_LN_MAX_BYTES (48 * 1024)
+
+/* 16-byte loads when k and the pointers allow them (rows of x and w then stay aligned; the
+ * normalized row in shared memory is 16-byte aligned). */
+template <typename T>
+static sg_status launch_skinny(sg_ctx *ctx, sg_activation act, skinny_args<T> a, bool ln, bool pdl)
 {
     cudaStream_t s = (cudaStream_t)sg_ctx_stream(ctx);
-    const int V = dt == SG_DTYPE_BF16 ? 8 : 4;
-    const bool vec = k % V == 0 && align_of(x) >= 16 && align_of(w) >= 16;
-    if (dt == SG_DTYPE_BF16) {
-        if (vec) skinny_launch<__nv_bfloat16, 8>(act, s, x, w, b, y, pre, (int)n, (int)k);
-        else skinny_launch<__nv_bfloat16, 1>(act, s, x, w, b, y, pre, (int)n, (int)k);
-    } else {
-        if (vec) skinny_launch<float, 4>(act, s, x, w, b, y, pre, (int)n, (int)k);
-        else skinny_launch<float, 1>(act, s, x, w, b, y, pre, (int)n, (int)k);
-    }
+    constexpr int V = 16 / sizeof(T);
+    const bool vec = a.k % V == 0 && (ln || align_of(a.x) >= 16) && align_of(a.w) >= 16;
+    const cudaError_t e = vec ? skinny_launch<T, V>(act, a, ln, pdl, s) : skinny_launch<T, 1>(act, a, ln, pdl, s);
+    SG_CUDA_CHECK(ctx, e);
     SG_CUDA_CHECK_LAUNCH(ctx, "skinny_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
+}
+
+static sg_status skinny(sg_ctx *ctx, sg_dtype dt, sg_activation act, const void *x, const void *w, const void *b,
+                        const void *gamma, const void *beta, float eps, const void *r, void *y, void *pre, int64_t n,
+                        int64_t k, bool pdl)
+{
+    const bool ln = gamma != NULL;
+    if (dt == SG_DTYPE_BF16) {
+        typedef __nv_bfloat16 T;
+        skinny_args<T> a = {(const T *)x, (const T *)w,    (const T *)b, (const T *)gamma, (const T *)beta,
+                            (const T *)r, (T *)y,          (T *)pre,     (int)n,           (int)k,
+                            eps};
+        return launch_skinny<T>(ctx, act, a, ln, pdl);
+    }
+    skinny_args<float> a = {(const float *)x, (const float *)w, (const float *)b, (const float *)gamma,
+                            (const float *)beta, (const float *)r, (float *)y, (float *)pre, (int)n, (int)k, eps};
+    return launch_skinny<float>(ctx, act, a, ln, pdl);
+}
+
+extern "C" sg_status sg_gen_row_linear_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
+                                            const sg_tensor *beta, float eps, const sg_tensor *w,
+                                            const sg_tensor *b, sg_activation act, const sg_tensor *r,
+                                            sg_tensor *y)
+{
+    const int64_t n = w->shape[0], k = w->shape[1];
+    if (k > INT32_MAX || n > INT32_MAX || (gamma && k * (int64_t)sg_dtype_size(x->dtype) > SKINNY_LN_MAX_BYTES))
+        return sg_fail(ctx, SG_ERR_UNSUPPORTED,
+                       "sg_gen_row_linear: W is (%lld, %lld); the kernel takes at most 2^31-1 of each, and "
+                       "with the LayerNorm at most %d bytes of a row",
+                       (long long)n, (long long)k, SKINNY_LN_MAX_BYTES);
+    return skinny(ctx, x->dtype, act, x->data, w->data, b ? b->data : NULL, gamma ? gamma->data : NULL,
+                  beta ? beta->data : NULL, eps, r ? r->data : NULL, y->data, NULL, n, k, sg_ctx_pdl(ctx));
 }
 
 extern "C" sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
@@ -578,7 +736,8 @@ extern "C" sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, con
     const void *xp = x->data, *wp = w->data, *bp = b ? b->data : NULL;
     void *yp = y->data, *pp = pre ? pre->data : NULL;
 
-    if (m == 1 && k <= INT32_MAX && n <= INT32_MAX) return launch_skinny(ctx, dt, act, xp, wp, bp, yp, pp, n, k);
+    if (m == 1 && k <= INT32_MAX && n <= INT32_MAX)
+        return skinny(ctx, dt, act, xp, wp, bp, NULL, NULL, 0.f, NULL, yp, pp, n, k, false);
     cublasLtEpilogue_t fused;
     switch (act) {
     case SG_ACT_RELU: fused = bp ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU; break;

@@ -22,6 +22,8 @@
 #define GEN_HEAD_DIM 64
 #define GEN_MAX_BUCKETS 32
 #define GEN_MAX_VIEWS 128
+/* The fused one-row kernel keeps a normalized row in 48 KiB of shared memory. */
+#define GEN_FUSED_MAX_BYTES (48 * 1024)
 
 enum { BLK_LN1W, BLK_LN1B, BLK_QKVW, BLK_QKVB, BLK_PROJW, BLK_PROJB, BLK_LN2W, BLK_LN2B, BLK_FCW, BLK_FCB,
        BLK_MPW, BLK_MPB, BLK_N };
@@ -333,11 +335,29 @@ sg_status sg_generator_create(sg_model *m, const sg_generator_options *opts, sg_
 
 /* ---- the passes ---- */
 
+/* One row (a batch-1 decode step's, or a one-token prompt's) takes the fused path: each linear
+ * layer one kernel with the LayerNorm before it or the residual after it (4 launches and the
+ * attention per block instead of 9); the unfused ops otherwise. Eager, step and loop run the same
+ * path for a bucket, so they stay bit-identical. */
+static bool fused_rows(const sg_generator *g, const sg_tensor *x)
+{
+    return x->shape[0] == 1 && g->C * (int64_t)sg_dtype_size(x->dtype) <= GEN_FUSED_MAX_BYTES;
+}
+
 /* One GPT block over v's rows, attending through layer l's cache from positions `start`. */
 static sg_status block(sg_generator *g, int64_t l, gen_views *v, const sg_tensor *start)
 {
     sg_ctx *ctx = g->ctx;
     sg_tensor **w = g->blk[l];
+    if (fused_rows(g, v->x)) {
+        SG_TRY(sg_gen_row_linear(ctx, v->x, w[BLK_LN1W], w[BLK_LN1B], GEN_LN_EPS, w[BLK_QKVW], w[BLK_QKVB],
+                                 SG_ACT_NONE, NULL, v->qkv));
+        SG_TRY(sg_kv_attention(ctx, v->qkv, (int)g->H, start, g->kc[l], g->vc[l], v->a));
+        SG_TRY(sg_gen_row_linear(ctx, v->a, NULL, NULL, 0.f, w[BLK_PROJW], w[BLK_PROJB], SG_ACT_NONE, v->x, v->x));
+        SG_TRY(sg_gen_row_linear(ctx, v->x, w[BLK_LN2W], w[BLK_LN2B], GEN_LN_EPS, w[BLK_FCW], w[BLK_FCB],
+                                 SG_ACT_GELU, NULL, v->f));
+        return sg_gen_row_linear(ctx, v->f, NULL, NULL, 0.f, w[BLK_MPW], w[BLK_MPB], SG_ACT_NONE, v->x, v->x);
+    }
     SG_TRY(sg_layernorm_forward(ctx, v->x, w[BLK_LN1W], w[BLK_LN1B], GEN_LN_EPS, v->h, v->mean, v->rstd));
     SG_TRY(sg_linear_forward(ctx, v->h, w[BLK_QKVW], w[BLK_QKVB], SG_ACT_NONE, v->qkv, NULL));
     SG_TRY(sg_kv_attention(ctx, v->qkv, (int)g->H, start, g->kc[l], g->vc[l], v->a));
@@ -353,8 +373,13 @@ static sg_status block(sg_generator *g, int64_t l, gen_views *v, const sg_tensor
 static sg_status head_sample(sg_generator *g, gen_views *v, const sg_tensor *x)
 {
     sg_ctx *ctx = g->ctx;
-    SG_TRY(sg_layernorm_forward(ctx, x, g->lnf_w, g->lnf_b, GEN_LN_EPS, v->hl, v->meanl, v->rstdl));
-    SG_TRY(sg_linear_forward(ctx, v->hl, g->head_w, NULL, SG_ACT_NONE, v->logits, NULL));
+    if (fused_rows(g, x)) {
+        SG_TRY(sg_gen_row_linear(ctx, x, g->lnf_w, g->lnf_b, GEN_LN_EPS, g->head_w, NULL, SG_ACT_NONE, NULL,
+                                 v->logits));
+    } else {
+        SG_TRY(sg_layernorm_forward(ctx, x, g->lnf_w, g->lnf_b, GEN_LN_EPS, v->hl, v->meanl, v->rstdl));
+        SG_TRY(sg_linear_forward(ctx, v->hl, g->head_w, NULL, SG_ACT_NONE, v->logits, NULL));
+    }
     return sg_gen_sample(ctx, v->logits, v->tok, v->pos, v->info, v->out, g->ctl, g->temp);
 }
 
