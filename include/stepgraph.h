@@ -1906,6 +1906,88 @@ sg_status sg_advise(sg_ctx *ctx, sg_model_factory factory, void *user,
 sg_status sg_advise_name(sg_ctx *ctx, const char *name, const sg_model_options *mo,
                          const sg_advise_options *opts, sg_advise_result *out);
 
+/* ---- the advisor for generation: what a token costs in each sg_gen_mode ----------------- *
+ *
+ * Before generating in a mode, sg_advise_generate says what a new token will cost in each
+ * (eager, step, loop) for a generator and a request: it times the parts of one decode step (its
+ * launches, the host time to queue it eagerly, the device time of its graph and of a replay's
+ * host call, the flag read each token of eager and step mode, a WHILE node's turn), predicts
+ * every mode's per-token latency from them and the calibration (docs/advisor.md, "Generation"),
+ * then generates in each mode with sg_generate and measures it, beside the prediction. On the
+ * CPU backend it runs too, without a calibration (its launch terms 0): a check of the flow
+ * there, not a GPU's prediction. Times are microseconds unless a name says ms. */
+
+/* The parts of a decode step, each timed over the k = max_new - 1 decode steps of a run after
+ * its prefill (the positions the measured runs decode at), medians of the repeats. */
+typedef struct sg_advise_gen_profile {
+    int64_t steps;               /* k */
+    double launches;             /* L: launches of one eager decode step (0 on the CPU backend) */
+    int nodes;                   /* N: nodes of the decode step's graph */
+    double host_us;              /* H: host time queuing one eager decode step on an idle device */
+    double replay_us;            /* R: host time of one replay of the decode graph on an idle
+                                  * device (0 on the CPU backend, whose replay runs the work:
+                                  * that is graph_us) */
+    double graph_us;             /* D: device time per replayed decode graph: k replays queued
+                                  * back to back after a prefill, less the prefill alone, / k */
+    double readback_us;          /* S: a one-element sg_tensor_copy_to_host on an idle device */
+    double while_turn_us;        /* P: a turn of a WHILE node whose body is one tiny kernel (NAN
+                                  * where capture cannot make WHILE nodes) */
+} sg_advise_gen_profile;
+
+/* One mode: the prediction's terms and total, and the measurement beside it. */
+typedef struct sg_advise_gen_mode {
+    sg_gen_mode mode;
+    int predicted;               /* 0: the mode cannot run here (note says why) */
+    double host_us;              /* host term: H (eager), R (step), 0 (loop: one launch a call) */
+    double device_us;            /* device term: the decode step's device time in the mode */
+    double sync_us;              /* the flag read a token: S (eager, step), 0 (loop) */
+    double predicted_ms;         /* per token: eager max(host, device) + sync; step host +
+                                  * device + sync; loop device */
+    int measured;                /* 1: the fields below hold the mode's timing */
+    double prefill_ms;           /* median of runs of max_new 1 */
+    double total_ms;             /* median of runs of max_new */
+    double measured_ms;          /* per token: (total_ms - prefill_ms) / k */
+    double host_us_per_token;    /* median of the full runs' host_us / max_new */
+    double ratio;                /* predicted_ms / measured_ms (NAN unless measured) */
+    char note[256];
+} sg_advise_gen_mode;
+
+typedef struct sg_advise_gen_result {
+    char device[320];
+    int batch;                   /* the request's sequences */
+    int64_t prompt_len;          /* its longest prompt */
+    int64_t max_new;
+    int repeats;
+    sg_advise_calib calib;       /* as used: the caller's, this device's, or (CPU) zeros */
+    sg_advise_gen_profile profile;
+    sg_advise_gen_mode modes[3]; /* by sg_gen_mode */
+    int cpu;                     /* the core the thread was held on, -1 for none (cpu_note) */
+    char cpu_note[160];
+} sg_advise_gen_result;
+
+/* One mode's prediction from a calibration c and a profile p, pure arithmetic (as
+ * sg_advise_predict; docs/advisor.md, "Generation"): sets out->mode, predicted, the three terms,
+ * predicted_ms and note, and leaves the measured fields alone. The eager device term is the
+ * graph's device time with its launch and node gaps swapped for eager ones,
+ * D - graph_gap - N node_gap + L eager_gap; the loop's is the graph's less its launch gap plus
+ * what a WHILE turn costs beyond its tiny kernel, D - graph_gap + (P - node_device). Where c has
+ * no device timings (device_timed 0, as on the CPU backend) the gaps count 0. Loop mode with P
+ * NAN: predicted 0 and SG_OK (note: why). SG_ERR_NULL; SG_ERR_INVALID for a mode out of range
+ * or a negative or non-finite input (note names it). */
+sg_status sg_advise_gen_predict(const sg_advise_calib *c, const sg_advise_gen_profile *p, sg_gen_mode mode,
+                                sg_advise_gen_mode *out);
+
+/* Advises generating r on g (a generator on ctx). Every sequence runs r->max_new (>= 2) tokens:
+ * the advisor's copy of r drops stop and max_new_each, and r->mode is not read. opts NULL:
+ * defaults; of them it takes repeats (each timing's median), measure (0: predict only), calib
+ * (NULL: sg_advise_calibrate on CUDA, zeros on the CPU backend) and hold_cpu. SG_ERR_NULL, or
+ * SG_ERR_INVALID (a request sg_generate refuses, max_new below 2, g on another context, a
+ * calibration with a negative or non-finite term) and SG_ERR_UNSUPPORTED (graphs disabled), with
+ * the message on ctx; any failure leaves the generator usable. Where capture cannot make WHILE
+ * nodes, loop mode is neither predicted nor measured (its note says why). */
+sg_status sg_advise_generate(sg_ctx *ctx, sg_generator *g, const sg_generate_request *r,
+                             const sg_advise_options *opts, sg_advise_gen_result *out);
+
 /* ---- verify: a captured scope against eager, step by step ------------------------------- *
  *
  * Trains two copies of the model `factory` builds (it is called twice and must build the same

@@ -64,6 +64,15 @@ expect 2 "--model and --scope are required" -- verify --model mlp-16-1-4
 expect 0 'usage: stepgraph advise --model NAME' -- advise --help
 expect 1 "advise profiles a CUDA device .*--backend cpu has none" -- advise --model mlp-64-2-32 --backend cpu
 expect 2 "--model is required" -- advise --no-measure
+# advise --generate runs on the CPU backend too (a check of the flow); options of the other kind
+# of advice are usage errors.
+expect 0 "verdict: (eager|step|loop) predicted fastest.*measured" -- advise --generate --model gpt-64-1-2-16 --backend cpu --prompt-len 3 --length 5 --batch 2 --repeats 2
+expect 0 "^loop +[0-9.]+ " -- advise --generate --model gpt-64-1-2-16 --backend cpu --length 4 --prompt-len 2 --no-measure --repeats 1
+expect 2 "--batch is for --generate" -- advise --model gpt-64-1-2-16 --batch 2
+expect 2 "--accum is for training, not --generate" -- advise --generate --model gpt-64-1-2-16 --accum 2
+expect 2 "--generate runs a gpt model, not 'mlp-64-2-32'" -- advise --generate --model mlp-64-2-32
+expect 2 "--length '1' is not a whole number" -- advise --generate --model gpt-64-1-2-16 --length 1
+expect 2 "a prompt of 15 tokens and 2 new need 17 positions; 'gpt-64-1-2-16' holds 16" -- advise --generate --model gpt-64-1-2-16 --prompt-len 15 --backend cpu
 for sc in layer model step; do
     expect 0 "OK: 12 steps match \(bit-exact\), 9 of them replayed from graphs; scope $sc" -- verify --model mlp-32-2-8 --scope $sc --steps 12 --backend cpu --lr-schedule
     expect 0 "graphs: .* replays" -- train --model mlp-32-2-8 --scope $sc --steps 20 --backend cpu --quiet
@@ -251,6 +260,19 @@ for m in eager step loop recompute; do
 done
 # --json: one object, its keys; the stop kept in the tokens; --repeat's medians measured.
 if command -v python3 >/dev/null; then
+    check=$("$bin" advise --generate --model gpt-64-1-2-16 --backend cpu --prompt-len 3 --length 6 --repeats 2 --json 2>/dev/null |
+        python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["advice"] == "generate" and d["batch"] == 1 and d["max_new"] == 6 and d["prompt_len"] == 3, d
+assert d["decode_step"]["steps"] == 5 and d["decode_step"]["nodes"] > 0 and d["decode_step"]["graph_us"] > 0, d
+assert [m["mode"] for m in d["modes"]] == ["eager", "step", "loop"], d["modes"]
+for m in d["modes"]:
+    assert m["predicted"] and m["measured"] and m["predicted_ms"] > 0, m
+    assert abs(m["measured_ms"] - (m["total_ms"] - m["prefill_ms"]) / 5) <= 1e-9 * (1 + abs(m["measured_ms"])), m
+print("ok")' 2>&1)
+    [ "$check" = ok ] && pass "advise --generate --json: keys, every mode predicted and measured" \
+        || { echo "FAIL: advise --generate --json: $check"; fails=$((fails + 1)); }
     for r in 0 2; do
         check=$("$bin" sample $ss --temperature 0 --length 12 --prompt "The General Public" --stop "$stop" --json --repeat $r 2>/dev/null |
             python3 -c '

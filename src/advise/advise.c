@@ -18,17 +18,16 @@ sg_advise_options sg_advise_options_default(void)
                                .hold_cpu = 1, .accum = 1};
 }
 
-/* Holds the calling thread on the core it runs on (r->cpu), keeping its mask in *saved for
- * give_cpu_back. Best effort: a failure leaves the thread where it was and says so in
- * r->cpu_note; the advice is still given. */
-static bool hold_cpu(sg_advise_result *r, cpu_set_t *saved)
+/* Holds the calling thread on the core it runs on (*cpu), keeping its mask in *saved for
+ * give_cpu_back. Best effort: a failure leaves the thread where it was, *cpu -1, and says so in
+ * note; the advice is still given. */
+static bool hold_cpu(int *cpu, char *note, size_t n, cpu_set_t *saved)
 {
-    r->cpu = -1;
+    *cpu = -1;
     int err = pthread_getaffinity_np(pthread_self(), sizeof *saved, saved);
     int c = err ? -1 : sched_getcpu();
     if (c < 0) {
-        snprintf(r->cpu_note, sizeof r->cpu_note, "not held on one core: %s",
-                 err ? strerror(err) : "sched_getcpu failed");
+        snprintf(note, n, "not held on one core: %s", err ? strerror(err) : "sched_getcpu failed");
         return false;
     }
     cpu_set_t one;
@@ -36,11 +35,11 @@ static bool hold_cpu(sg_advise_result *r, cpu_set_t *saved)
     CPU_SET(c, &one);
     err = pthread_setaffinity_np(pthread_self(), sizeof one, &one);
     if (err) {
-        snprintf(r->cpu_note, sizeof r->cpu_note, "not held on core %d: %s", c, strerror(err));
+        snprintf(note, n, "not held on core %d: %s", c, strerror(err));
         return false;
     }
-    r->cpu = c;
-    snprintf(r->cpu_note, sizeof r->cpu_note, "held on core %d", c);
+    *cpu = c;
+    snprintf(note, n, "held on core %d", c);
     return true;
 }
 
@@ -209,7 +208,7 @@ sg_status sg_advise(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_
     cpu_set_t saved;
     bool held = false;
     out->cpu = -1;
-    if (o.hold_cpu) held = hold_cpu(out, &saved);
+    if (o.hold_cpu) held = hold_cpu(&out->cpu, out->cpu_note, sizeof out->cpu_note, &saved);
     else snprintf(out->cpu_note, sizeof out->cpu_note, "not held: hold_cpu is 0");
     sg_status st = advise_held(ctx, factory, user, &o, &tm, out);
     if (held) give_cpu_back(&saved);
@@ -236,4 +235,25 @@ sg_status sg_advise_name(sg_ctx *ctx, const char *name, const sg_model_options *
     if (!name) return sg_fail(ctx, SG_ERR_NULL, "sg_advise_name: name is NULL");
     named_model n = {name, mo};
     return sg_advise(ctx, build_named, &n, opts, out);
+}
+
+/* ---- generation (the parts, the prediction and the measurements: generate.c) ---- */
+
+sg_status sg_advise_generate(sg_ctx *ctx, sg_generator *g, const sg_generate_request *r,
+                             const sg_advise_options *opts, sg_advise_gen_result *out)
+{
+    if (!ctx) return sg_fail(NULL, SG_ERR_NULL, "sg_advise_generate: ctx is NULL");
+    if (!g || !r || !out)
+        return sg_fail(ctx, SG_ERR_NULL, "sg_advise_generate: %s is NULL", !g ? "g (the generator)" : !r ? "r (the "
+                       "request)" : "out");
+    sg_advise_options o = opts ? *opts : sg_advise_options_default();
+    cpu_set_t saved;
+    bool held = false;
+    memset(out, 0, sizeof *out);
+    out->cpu = -1;
+    if (o.hold_cpu) held = hold_cpu(&out->cpu, out->cpu_note, sizeof out->cpu_note, &saved);
+    else snprintf(out->cpu_note, sizeof out->cpu_note, "not held: hold_cpu is 0");
+    sg_status st = sg_advise_gen_run(ctx, g, r, &o, out);
+    if (held) give_cpu_back(&saved);
+    return st;
 }

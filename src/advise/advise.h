@@ -2,6 +2,7 @@
  * parts: the calibration of the device's launch path (calibrate.c), and the profile of a
  * model's eager steps and the measurement of each scope (profile.c), which build the model
  * through the caller's factory; the prediction arithmetic between them is prof/predict.c.
+ * sg_advise_generate does the same for a generator's decode step (generate.c).
  * A layer above the models: it runs trainers on them, so it sits above src/models/. */
 #ifndef SG_ADVISE_ADVISE_H
 #define SG_ADVISE_ADVISE_H
@@ -51,6 +52,11 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
  * error. */
 sg_status sg_advise_measure(sg_ctx *ctx, sg_model_factory factory, void *user, sg_scope scope,
                             const sg_advise_timing *tm, sg_advise_measurement *out);
+
+/* sg_advise_generate once the thread is held (generate.c): r, g and out checked non-NULL, out
+ * zeroed, o the caller's options or the defaults. */
+sg_status sg_advise_gen_run(sg_ctx *ctx, sg_generator *g, const sg_generate_request *r, const sg_advise_options *o,
+                            sg_advise_gen_result *out);
 
 /* Shared by the parts: the monotonic clock in microseconds, and the median of v[0..n)
  * (sorts v; NAN for n <= 0). */

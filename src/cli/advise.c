@@ -56,6 +56,25 @@ static const char *advise_usage =
     "  --json              one JSON object on stdout instead of tables\n"
     "  -h, --help          this text\n"
     "\n"
+    "generation (--generate): what a new token costs a gpt model in each sg_generate mode\n"
+    "(eager: every kernel launched, a flag read a token; step: the decode step one graph\n"
+    "replayed a token; loop: the whole generation one graph whose WHILE node stops on the\n"
+    "device). It times the parts of one decode step (its launches, the host time to queue it,\n"
+    "a replay's host time, the graph's device time, a flag read, a WHILE node's turn), predicts\n"
+    "each mode's ms a token from them and the calibration (docs/advisor.md, \"Generation\"),\n"
+    "then generates in each mode and prints predicted next to measured. Random weights and\n"
+    "random printable-byte prompts; greedy unless --temperature; no stop sequence, so every\n"
+    "sequence runs --length tokens. Of the options above it takes --model, --precision, --data,\n"
+    "--repeats (default 5), --no-measure, --any-cpu, --backend (cpu runs too: a check of the\n"
+    "flow, its launch terms 0, not a GPU's prediction) and --json.\n"
+    "  --generate          advise generation instead of training\n"
+    "  --batch N           sequences (default 1)\n"
+    "  --prompt-len P      tokens in each prompt (default 16)\n"
+    "  --length N          new tokens a sequence, at least 2 (default 200, fewer where the\n"
+    "                      model's positions less the prompt hold fewer)\n"
+    "  --temperature T     0 (default): greedy; else sampled on the device\n"
+    "  --top-k K           sample from the K likeliest (default 0: all)\n"
+    "\n"
     "exit status: 0 done, 1 a runtime error (no CUDA device, a failed step), 2 a usage error\n";
 
 #define MIB (1024.0 * 1024.0)
@@ -209,6 +228,18 @@ static void json_calib(sg_json *w, const sg_advise_calib *c)
     sg_json_object_end(w);
 }
 
+/* Where an advice ran: device, commit, the held core, and the calibration. */
+static void json_where(sg_json *w, const char *device, int cpu, const char *cpu_note, const sg_advise_calib *c)
+{
+    sg_cli_kv_str(w, "device", device);
+    sg_cli_kv_str(w, "commit", sg_cli_commit());
+    sg_json_key(w, "cpu");
+    if (cpu >= 0) sg_json_int(w, cpu);
+    else sg_json_null(w);
+    sg_cli_kv_str(w, "cpu_note", cpu_note);
+    json_calib(w, c);
+}
+
 static void json_region(sg_json *w, const char *key, sg_advise_region r)
 {
     sg_json_key(w, key);
@@ -316,13 +347,7 @@ static bool print_json(const sg_advise_result *r, const sg_trainer_options *tr)
     sg_cli_kv_int(w, "stop_nonfinite", tr->stop_nonfinite);
     sg_json_key(w, "stop_loss");
     sg_json_double(w, tr->stop_on_loss ? tr->stop_loss : NAN); /* null: no rule */
-    sg_cli_kv_str(w, "device", r->device);
-    sg_cli_kv_str(w, "commit", sg_cli_commit());
-    sg_json_key(w, "cpu");
-    if (r->cpu >= 0) sg_json_int(w, r->cpu);
-    else sg_json_null(w);
-    sg_cli_kv_str(w, "cpu_note", r->cpu_note);
-    json_calib(w, &r->calib);
+    json_where(w, r->device, r->cpu, r->cpu_note, &r->calib);
     json_profile(w, &r->profile);
     sg_json_key(w, "checklist");
     sg_json_object_begin(w);
@@ -373,15 +398,38 @@ typedef struct advise_opts {
     int64_t seq_lens[32];
     sg_backend backend;
     bool json;
+    /* --generate */
+    bool generate, length_given, training_opt;
+    long long batch, prompt_len, length, top_k;
+    double temperature;
 } advise_opts;
+
+/* The option argument a names (bare or --name=value) among names[0..n), or NULL. */
+static const char *named(const char *a, const char *const *names, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        size_t len = strlen(names[k]);
+        if (!strncmp(a, names[k], len) && (a[len] == '\0' || a[len] == '=')) return names[k];
+    }
+    return NULL;
+}
+
+/* Options of one kind of advice only: training's, and generation's. */
+static const char *const train_only[] = {"--accum", "--loop", "--skip-if", "--stop-nonfinite", "--stop-loss",
+                                         "--vary-seq", "--seq-lens", "--steps-per-graph", "--steps", "--warmup",
+                                         "--classes", "--recompute"};
+static const char *const gen_only[] = {"--batch", "--prompt-len", "--length", "--temperature", "--top-k"};
 
 /* Parses argv into o; returns -1 to go on, else the exit status (0 after --help). */
 static int parse(int argc, char **argv, advise_opts *o)
 {
     bool bad = false;
+    const char *a_train = NULL, *a_gen = NULL;
     for (int i = 1; i < argc && !bad;) {
         const char *v = NULL;
         long long n = 0;
+        if (!a_train) a_train = named(argv[i], train_only, sizeof train_only / sizeof *train_only);
+        if (!a_gen) a_gen = named(argv[i], gen_only, sizeof gen_only / sizeof *gen_only);
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(advise_usage, stdout);
             return 0;
@@ -422,6 +470,19 @@ static int parse(int argc, char **argv, advise_opts *o)
             o->mo.data_path = v;
         } else if (sg_cli_opt(argc, argv, &i, "--backend", &v, &bad)) {
             bad = bad || !sg_cli_backend("advise", v, &o->backend);
+        } else if (!strcmp(argv[i], "--generate")) {
+            o->generate = true, i++;
+        } else if (sg_cli_opt(argc, argv, &i, "--batch", &v, &bad)) {
+            bad = bad || !sg_cli_int("advise", "--batch", v, 1, 4096, &o->batch);
+        } else if (sg_cli_opt(argc, argv, &i, "--prompt-len", &v, &bad)) {
+            bad = bad || !sg_cli_int("advise", "--prompt-len", v, 1, 1 << 20, &o->prompt_len);
+        } else if (sg_cli_opt(argc, argv, &i, "--length", &v, &bad)) {
+            bad = bad || !sg_cli_int("advise", "--length", v, 2, 1 << 20, &o->length);
+            o->length_given = true;
+        } else if (sg_cli_opt(argc, argv, &i, "--temperature", &v, &bad)) {
+            bad = bad || !sg_cli_float("advise", "--temperature", v, 0, 100, &o->temperature);
+        } else if (sg_cli_opt(argc, argv, &i, "--top-k", &v, &bad)) {
+            bad = bad || !sg_cli_int("advise", "--top-k", v, 0, INT32_MAX, &o->top_k);
         } else {
             fprintf(stderr, "stepgraph advise: unknown option '%s' (see stepgraph advise --help)\n", argv[i]);
             bad = true;
@@ -431,6 +492,16 @@ static int parse(int argc, char **argv, advise_opts *o)
         fprintf(stderr, "stepgraph advise: --model is required (see stepgraph advise --help)\n");
         bad = true;
     }
+    if (!bad && (o->generate ? a_train != NULL : a_gen != NULL)) {
+        fprintf(stderr, "stepgraph advise: %s is %s (see stepgraph advise --help)\n", o->generate ? a_train : a_gen,
+                o->generate ? "for training, not --generate" : "for --generate");
+        bad = true;
+    }
+    if (!bad && o->generate && strncmp(o->model, "gpt-", 4)) {
+        fprintf(stderr, "stepgraph advise: --generate runs a gpt model, not '%s'\n", o->model);
+        bad = true;
+    }
+    if (o->generate) return bad ? SG_EXIT_USAGE : -1;
     if (!bad && o->tr.vary_seq != (o->tr.n_seq_buckets > 0)) {
         fprintf(stderr, "stepgraph advise: %s\n", o->tr.vary_seq ? "--vary-seq needs --seq-lens"
                                                                   : "--seq-lens is for --vary-seq (the advisor's "
@@ -452,12 +523,174 @@ static int parse(int argc, char **argv, advise_opts *o)
     return bad ? SG_EXIT_USAGE : -1;
 }
 
+/* ---- generation (--generate) ---- */
+
+static void print_gen(const advise_opts *o, const sg_advise_gen_result *r)
+{
+    const sg_advise_gen_profile *p = &r->profile;
+    if (r->calib.device_timed || r->calib.launch_host_us > 0) print_calib(&r->calib);
+    else printf("calibration: none (%s)\n", r->calib.note);
+    printf("\ndecode step (median of %d runs of %lld steps after a prefill):\n", r->repeats, (long long)p->steps);
+    printf("  %.0f launches eagerly, %d graph nodes; host %.2f us to queue it eagerly, %.2f us to replay its graph\n",
+           p->launches, p->nodes, p->host_us, p->replay_us);
+    printf("  device %.2f us per replayed graph; flag read %.2f us; ", p->graph_us, p->readback_us);
+    if (isnan(p->while_turn_us)) printf("no WHILE nodes here\n");
+    else printf("WHILE turn %.2f us\n", p->while_turn_us);
+    printf("\n%-6s %12s %9s %9s %9s   %12s %7s %11s %14s\n", "mode", "predicted ms", "host us", "device us",
+           "sync us", "measured ms", "error", "prefill ms", "host us/token");
+    int best = -1;
+    for (int k = SG_GEN_EAGER; k <= SG_GEN_LOOP; k++) {
+        const sg_advise_gen_mode *m = &r->modes[k];
+        printf("%-6s ", sg_gen_mode_name((sg_gen_mode)k));
+        if (!m->predicted) {
+            printf("not predicted: %s\n", m->note);
+            continue;
+        }
+        if (best < 0 || m->predicted_ms < r->modes[best].predicted_ms) best = k;
+        printf("%12.4f %9.2f %9.2f %9.2f   ", m->predicted_ms, m->host_us, m->device_us, m->sync_us);
+        if (m->measured)
+            printf("%12.4f %+6.1f%% %11.3f %14.2f\n", m->measured_ms, 100 * (m->ratio - 1), m->prefill_ms,
+                   m->host_us_per_token);
+        else
+            printf("%12s\n", "-");
+    }
+    if (best >= 0) {
+        const sg_advise_gen_mode *b = &r->modes[best], *e = &r->modes[SG_GEN_EAGER];
+        printf("\nverdict: %s predicted fastest, %.4f ms a token (%.2fx eager's prediction)", sg_gen_mode_name(b->mode),
+               b->predicted_ms, e->predicted_ms / b->predicted_ms);
+        if (b->measured && e->measured)
+            printf("; measured %.4f ms, %.2fx eager", b->measured_ms, e->measured_ms / b->measured_ms);
+        printf("\n");
+    }
+    (void)o;
+}
+
+static bool print_gen_json(const advise_opts *o, const sg_advise_gen_result *r)
+{
+    sg_json *w = NULL;
+    if (sg_json_create_file(stdout, SG_JSON_SPACED, &w) != SG_OK) {
+        fprintf(stderr, "stepgraph advise: out of host memory writing JSON\n");
+        return false;
+    }
+    const sg_advise_gen_profile *p = &r->profile;
+    sg_json_object_begin(w);
+    sg_cli_kv_str(w, "model", o->model);
+    sg_cli_kv_str(w, "precision", o->mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
+    sg_cli_kv_str(w, "advice", "generate");
+    sg_cli_kv_int(w, "batch", r->batch);
+    sg_cli_kv_int(w, "prompt_len", r->prompt_len);
+    sg_cli_kv_int(w, "max_new", r->max_new);
+    sg_cli_kv_int(w, "repeats", r->repeats);
+    kv_num(w, "temperature", o->temperature);
+    sg_cli_kv_int(w, "top_k", o->top_k);
+    json_where(w, r->device, r->cpu, r->cpu_note, &r->calib);
+    sg_json_key(w, "decode_step");
+    sg_json_object_begin(w);
+    sg_cli_kv_int(w, "steps", p->steps);
+    kv_num(w, "launches", p->launches);
+    sg_cli_kv_int(w, "nodes", p->nodes);
+    kv_num(w, "host_us", p->host_us);
+    kv_num(w, "replay_us", p->replay_us);
+    kv_num(w, "graph_us", p->graph_us);
+    kv_num(w, "readback_us", p->readback_us);
+    kv_num(w, "while_turn_us", p->while_turn_us);
+    sg_json_object_end(w);
+    sg_json_key(w, "modes");
+    sg_json_array_begin(w);
+    for (int k = SG_GEN_EAGER; k <= SG_GEN_LOOP; k++) {
+        const sg_advise_gen_mode *m = &r->modes[k];
+        sg_json_object_begin(w);
+        sg_cli_kv_str(w, "mode", sg_gen_mode_name(m->mode));
+        kv_bool(w, "predicted", m->predicted);
+        kv_num(w, "host_us", m->host_us);
+        kv_num(w, "device_us", m->device_us);
+        kv_num(w, "sync_us", m->sync_us);
+        kv_num(w, "predicted_ms", m->predicted ? m->predicted_ms : NAN);
+        kv_bool(w, "measured", m->measured);
+        kv_num(w, "prefill_ms", m->measured ? m->prefill_ms : NAN);
+        kv_num(w, "total_ms", m->measured ? m->total_ms : NAN);
+        kv_num(w, "measured_ms", m->measured ? m->measured_ms : NAN);
+        kv_num(w, "host_us_per_token", m->measured ? m->host_us_per_token : NAN);
+        kv_num(w, "error_pct", m->measured ? 100 * (m->ratio - 1) : NAN);
+        sg_cli_kv_str(w, "note", m->note);
+        sg_json_object_end(w);
+    }
+    sg_json_array_end(w);
+    sg_json_object_end(w);
+    sg_status st = sg_json_finish(w);
+    if (st != SG_OK) fprintf(stderr, "stepgraph advise: writing JSON: %s\n", sg_json_error(w));
+    sg_json_destroy(w);
+    putchar('\n');
+    return st == SG_OK;
+}
+
+/* --generate: a random-initialised model, a generator of --batch sequences, random printable
+ * prompts of --prompt-len bytes (seed 1), sg_advise_generate. */
+static int advise_generate(advise_opts *o)
+{
+    sg_ctx *ctx = sg_cli_ctx("advise", o->backend, true);
+    if (!ctx) return SG_EXIT_FAIL;
+    sg_model *m = NULL;
+    sg_generator *g = NULL;
+    int32_t *tok = malloc((size_t)o->prompt_len * sizeof *tok);
+    const int32_t **prompts = malloc((size_t)o->batch * sizeof *prompts);
+    int64_t *lens = malloc((size_t)o->batch * sizeof *lens);
+    sg_advise_gen_result *r = malloc(sizeof *r);
+    int rc = 0;
+    if (!tok || !prompts || !lens || !r) {
+        fprintf(stderr, "stepgraph advise: out of host memory\n");
+        rc = SG_EXIT_FAIL;
+    }
+    sg_status st = rc ? SG_ERR_OOM : sg_model_create_ex(ctx, o->model, 1, &o->mo, &m);
+    int64_t T = st == SG_OK ? sg_tensor_dim(sg_model_input(m), 1) : 0;
+    if (st == SG_OK && !o->length_given) o->length = T - o->prompt_len < 200 ? T - o->prompt_len : 200;
+    if (st == SG_OK && (o->prompt_len + o->length > T || o->length < 2)) {
+        fprintf(stderr, "stepgraph advise: a prompt of %lld tokens and %lld new need %lld positions; '%s' holds "
+                "%lld (--prompt-len, --length)\n", o->prompt_len, o->length < 2 ? 2 : o->length,
+                o->prompt_len + (o->length < 2 ? 2 : o->length), o->model, (long long)T);
+        rc = SG_EXIT_USAGE;
+    }
+    sg_generator_options go = sg_generator_options_default();
+    go.max_batch = (int)o->batch;
+    if (st == SG_OK && !rc) st = sg_generator_create(m, &go, &g);
+    uint64_t rng = 1;
+    for (long long k = 0; !rc && tok && k < o->prompt_len; k++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        tok[k] = (int32_t)(32 + (rng >> 33) % 95);
+    }
+    for (long long i = 0; !rc && i < o->batch; i++) prompts[i] = tok, lens[i] = o->prompt_len;
+    sg_generate_request q = {.n = (int)o->batch, .prompts = prompts, .prompt_lens = lens, .max_new = o->length,
+                             .temperature = (float)o->temperature, .top_k = (int)o->top_k, .seed = 1};
+    if (st == SG_OK && !rc && !o->json) {
+        printf("stepgraph advise --generate: %s (%s) on %s, batch %lld, prompts of %lld tokens, %lld new tokens%s\n\n",
+               o->model, o->mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32", sg_ctx_device_name(ctx), o->batch,
+               o->prompt_len, o->length,
+               sg_ctx_backend(ctx) == SG_BACKEND_CPU ? " (CPU backend: a check of the flow, not a GPU's prediction)"
+                                                     : "");
+        fflush(stdout);
+    }
+    if (st == SG_OK && !rc) st = sg_advise_generate(ctx, g, &q, &o->ao, r);
+    if (st != SG_OK) {
+        fprintf(stderr, "stepgraph advise: %s\n", sg_ctx_last_error(ctx));
+        rc = SG_EXIT_FAIL;
+    } else if (!rc) {
+        if (o->json) rc = print_gen_json(o, r) ? 0 : SG_EXIT_FAIL;
+        else print_gen(o, r);
+    }
+    free(r), free(lens), free(prompts), free(tok);
+    sg_generator_destroy(g);
+    sg_model_destroy(m);
+    sg_ctx_destroy(ctx);
+    return rc;
+}
+
 int sg_cmd_advise(int argc, char **argv)
 {
     advise_opts o = {.ao = sg_advise_options_default(), .tr = sg_trainer_options_default(),
-                     .backend = SG_BACKEND_AUTO};
+                     .backend = SG_BACKEND_AUTO, .batch = 1, .prompt_len = 16, .length = 200};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
+    if (o.generate) return advise_generate(&o);
     if (o.backend == SG_BACKEND_CPU || (o.backend == SG_BACKEND_AUTO && !sg_cuda_available())) {
         fprintf(stderr, "stepgraph advise: advise profiles a CUDA device (kernel launches, graph replays, "
                 "GPU-busy time), and %s; run it where a GPU is usable\n",

@@ -265,3 +265,73 @@ const char *sg_advise_steps_str(double steps, char *buf, size_t n)
     else snprintf(buf, n, "%.0f", ceil(steps));
     return buf;
 }
+
+/* ---- generation: a token's cost in each sg_gen_mode ---- */
+
+sg_status sg_advise_gen_predict(const sg_advise_calib *c, const sg_advise_gen_profile *p, sg_gen_mode mode,
+                                sg_advise_gen_mode *out)
+{
+    if (!c || !p || !out) return SG_ERR_NULL;
+    out->mode = mode;
+    out->predicted = 0;
+    out->host_us = out->device_us = out->sync_us = out->predicted_ms = 0;
+    out->note[0] = '\0';
+    if (mode < SG_GEN_EAGER || mode > SG_GEN_LOOP) {
+        snprintf(out->note, sizeof out->note, "mode %d: expected SG_GEN_EAGER, _STEP or _LOOP", (int)mode);
+        return SG_ERR_INVALID;
+    }
+    const named_input in[] = {
+        {"profile.launches", p->launches},   {"profile.nodes", p->nodes},
+        {"profile.host_us", p->host_us},     {"profile.replay_us", p->replay_us},
+        {"profile.graph_us", p->graph_us},   {"profile.readback_us", p->readback_us},
+    };
+    const named_input *bad = first_bad(in, sizeof in / sizeof *in);
+    if (bad) {
+        snprintf(out->note, sizeof out->note, "%s is %g: expected a finite value >= 0", bad->name, bad->v);
+        return SG_ERR_INVALID;
+    }
+    /* Without device timings (no CUPTI, the CPU backend) the gaps are unknown: count them 0. */
+    double eg = 0, ng = 0, gg = 0, nd = 0;
+    if (c->device_timed) {
+        const named_input dev[] = {{"calib.eager_gap_us", c->eager_gap_us}, {"calib.node_gap_us", c->node_gap_us},
+                                   {"calib.graph_gap_us", c->graph_gap_us},
+                                   {"calib.node_device_us", c->node_device_us}};
+        bad = first_bad(dev, sizeof dev / sizeof *dev);
+        if (bad) {
+            snprintf(out->note, sizeof out->note, "%s is %g: expected a finite value >= 0", bad->name, bad->v);
+            return SG_ERR_INVALID;
+        }
+        eg = c->eager_gap_us, ng = c->node_gap_us, gg = c->graph_gap_us, nd = c->node_device_us;
+    }
+    const double D = p->graph_us, S = p->readback_us;
+    switch (mode) {
+    case SG_GEN_EAGER:
+        /* The host queues the step while the device runs it; then the flag read waits. */
+        out->host_us = p->host_us;
+        out->device_us = clamp0(D - gg - p->nodes * ng + p->launches * eg);
+        out->sync_us = S;
+        out->predicted_ms = ((out->host_us > out->device_us ? out->host_us : out->device_us) + S) / 1e3;
+        break;
+    case SG_GEN_STEP:
+        /* One replay, the graph, then the flag read: in series. */
+        out->host_us = p->replay_us, out->device_us = D, out->sync_us = S;
+        out->predicted_ms = (p->replay_us + D + S) / 1e3;
+        break;
+    case SG_GEN_LOOP:
+        if (!isfinite(p->while_turn_us) || p->while_turn_us < 0) {
+            snprintf(out->note, sizeof out->note, isnan(p->while_turn_us)
+                     ? "no WHILE turn timed: capture here cannot make WHILE nodes, so loop mode does not run"
+                     : "profile.while_turn_us is %g: expected a finite value >= 0", p->while_turn_us);
+            return isnan(p->while_turn_us) ? SG_OK : SG_ERR_INVALID;
+        }
+        /* The body on the device, a turn's own cost instead of a graph launch; no host. */
+        out->device_us = clamp0(D - gg) + clamp0(p->while_turn_us - nd);
+        out->predicted_ms = out->device_us / 1e3;
+        break;
+    }
+    out->predicted = 1;
+    if (!c->device_timed)
+        snprintf(out->note, sizeof out->note, "launch gaps counted 0: the calibration has no device timings (%.180s)",
+                 c->note[0] ? c->note : "none taken");
+    return SG_OK;
+}

@@ -536,7 +536,23 @@ static sg_status run_part(sg_generator *g, bool graphs, int kind, sg_step_fn fn,
     return st;
 }
 
+/* A checked request's buckets (batch *nb, prompt *Tp: the longest prompt's power of two, at
+ * most max_len), their views made current and its inputs uploaded. */
+static sg_status prepare(sg_generator *g, const sg_generate_request *r, int64_t *nb, int64_t *Tp)
+{
+    int64_t maxp = 0;
+    for (int i = 0; i < r->n; i++) maxp = r->prompt_lens[i] > maxp ? r->prompt_lens[i] : maxp;
+    *nb = sg_bucket_for(g->buckets, g->n_buckets, r->n), *Tp = 1;
+    while (*Tp < maxp) *Tp *= 2;
+    if (*Tp > g->T) *Tp = g->T;
+    SG_TRY(get_views(g, *nb, *Tp, &g->pv));
+    SG_TRY(get_views(g, *nb, 1, &g->dv));
+    return upload(g, r, *nb, *Tp);
+}
+
 const sg_tensor *sg_generator_logits(const sg_generator *g) { return g ? g->logits : NULL; }
+
+sg_ctx *sg_generator_ctx(const sg_generator *g) { return g ? g->ctx : NULL; }
 
 static sg_status read_go(sg_generator *g, int32_t *go) { return sg_tensor_copy_to_host(g->go, go, sizeof *go); }
 
@@ -547,15 +563,8 @@ sg_status sg_generate(sg_generator *g, const sg_generate_request *r, int32_t *to
     double t_start = sg_clock_us();
     SG_TRY(check_request(g, r, tokens, lens));
     sg_generate_stats s = {0};
-    int64_t maxp = 0;
-    for (int i = 0; i < r->n; i++) maxp = r->prompt_lens[i] > maxp ? r->prompt_lens[i] : maxp;
-    int64_t nb = sg_bucket_for(g->buckets, g->n_buckets, r->n), Tp = 1;
-    while (Tp < maxp) Tp *= 2;
-    if (Tp > g->T) Tp = g->T;
-    s.batch_bucket = nb, s.prompt_bucket = Tp;
-    SG_TRY(get_views(g, nb, Tp, &g->pv));
-    SG_TRY(get_views(g, nb, 1, &g->dv));
-    SG_TRY(upload(g, r, nb, Tp));
+    SG_TRY(prepare(g, r, &s.batch_bucket, &s.prompt_bucket));
+    const int64_t nb = s.batch_bucket;
     double host = 0;
     sg_status st = SG_OK;
     memset(g->counted, 0, sizeof g->counted);
@@ -601,4 +610,30 @@ sg_status sg_generate(sg_generator *g, const sg_generate_request *r, int32_t *to
     s.wall_ms = (sg_clock_us() - t_start) / 1e3;
     if (stats) *stats = s;
     return st;
+}
+
+/* ---- for the advisor ---- */
+
+sg_status sg_generator_part(sg_generator *g, const sg_generate_request *r, sg_gen_part part, int *nodes)
+{
+    if (!g) return SG_ERR_NULL;
+    if (part == SG_GEN_PART_PREFILL) {
+        int32_t tok;
+        int64_t len, nb, Tp;
+        SG_TRY(check_request(g, r, &tok, &len));
+        SG_TRY(prepare(g, r, &nb, &Tp));
+        return prefill_fn(g);
+    }
+    if (!g->dv) return sg_fail(g->ctx, SG_ERR_INVALID, "sg_generator_part: a decode step before any prefill");
+    if (part == SG_GEN_PART_EAGER) return decode_fn(g);
+    sg_generate_stats s = {0};
+    sg_graph *gr = NULL;
+    bool ran = false;
+    SG_TRY(cached(g, 1, decode_fn, g->dv, &gr, &ran, &s));
+    sg_graph_stats gs;
+    if (nodes) {
+        SG_TRY(sg_graph_get_stats(gr, &gs));
+        *nodes = gs.nodes;
+    }
+    return ran ? SG_OK : sg_graph_replay(gr);
 }

@@ -99,6 +99,17 @@ sg_status sg_model_pad_vary(sg_model *m, const sg_tensor *step, const int64_t *b
 /* Internal, for tests: the generator's logits of its last step (max_batch, V), the rows of the
  * call's batch bucket written. */
 const sg_tensor *sg_generator_logits(const sg_generator *g);
+/* The context g runs on. */
+sg_ctx *sg_generator_ctx(const sg_generator *g);
+
+/* Internal, for the advisor (src/advise/generate.c), which times a call's parts one by one:
+ * queues one part of a call of r as sg_generate runs it, and neither syncs nor reads back.
+ * PREFILL sets the generator up for r (sg_generate's checks, buckets and inputs) and runs the
+ * prefill eagerly; EAGER queues one decode step of that request eagerly; GRAPH replays the
+ * batch bucket's decode graph once (the first call captures it, its warm-up running the step:
+ * make that call untimed) and sets *nodes (NULL: not) to the graph's nodes. r: PREFILL's only. */
+typedef enum sg_gen_part { SG_GEN_PART_PREFILL = 0, SG_GEN_PART_EAGER, SG_GEN_PART_GRAPH } sg_gen_part;
+sg_status sg_generator_part(sg_generator *g, const sg_generate_request *r, sg_gen_part part, int *nodes);
 
 #ifdef __cplusplus
 }
