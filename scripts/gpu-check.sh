@@ -35,7 +35,9 @@
 # default none), GPU_CHECK_VISION_MODELS (resnet/efficientnet models benchmarked eager and step,
 # with and without --recompute, beside bench/torch_vision.py's GPU_CHECK_VISION_TORCH_MODES,
 # default eager,graph, in GPU_CHECK_VISION_PRECISIONS, default bf16; default
-# resnet18-32-32,efficientnet_b0-8-128; empty for none), GPU_CHECK_REPEAT (runs of each test in --quick's repeated stage, default
+# resnet18-32-32,efficientnet_b0-8-128; empty for none), GPU_CHECK_GEN_MODELS (gpt models whose
+# generation bench/gen_bench.sh measures beside PyTorch and `advise --generate`, batches 1 and 8,
+# in PRECISIONS; default gpt-256-4-8-128; empty for none), GPU_CHECK_REPEAT (runs of each test in --quick's repeated stage, default
 # 3; 1 for none), SANITIZE_JOBS (default 4), SANITIZE_SKIP (test names,
 # space-separated, kept out of the sanitizers; empty for none; default "prof advise dist cli":
 # CUPTI and compute-sanitizer both hook the driver, and test_prof's and test_advise's only own
@@ -65,6 +67,7 @@ TOKEN_MODELS=${GPU_CHECK_TOKEN_MODELS:-}
 TOKEN_VOCAB=${GPU_CHECK_TOKEN_VOCAB:-50304}
 TOKEN_TORCH_MODES=${GPU_CHECK_TOKEN_TORCH_MODES:-eager,graph,compile}
 VISION_MODELS=${GPU_CHECK_VISION_MODELS-resnet18-32-32,efficientnet_b0-8-128}
+GEN_MODELS=${GPU_CHECK_GEN_MODELS-gpt-256-4-8-128}
 VISION_PRECISIONS=${GPU_CHECK_VISION_PRECISIONS:-bf16}
 VISION_TORCH_MODES=${GPU_CHECK_VISION_TORCH_MODES:-eager,graph}
 SANITIZE_SKIP=${SANITIZE_SKIP-prof advise dist cli}
@@ -346,6 +349,13 @@ if [ $NO_BENCH -eq 0 ]; then
                 --precision "$p" --data "$TMP/tokens.bin" --vocab "$TOKEN_VOCAB" --sdpa --steps 50 --repeats 3 \
                 --warmup 20 --json || true
         done
+    fi
+    # Generation (issue 14): stepgraph sample per mode, PyTorch's static-cache decoding and
+    # stepgraph advise --generate, through bench/gen_bench.sh (its table into bench.log).
+    if [ -n "$GEN_MODELS" ]; then
+        stage "bench: generation ($GEN_MODELS)" "$OUT/bench.log" 300 \
+            env OUT="$TMP" STEPGRAPH="$BUILD/stepgraph" GEN_BENCH_MODELS="$GEN_MODELS" GEN_BENCH_BATCHES=1,8 \
+            GEN_BENCH_REPEAT=3 GEN_BENCH_PRECISIONS="$PRECISIONS" bench/gen_bench.sh || true
     fi
 fi
 
