@@ -265,6 +265,24 @@ sg_status sg_attention_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tens
                                 const sg_tensor *dout, int heads, sg_tensor *dqkv,
                                 sg_tensor *work);
 
+/* Fused causal attention: the same function as sg_attention_forward / _backward, without the
+ * (B, heads, T, T) probabilities in memory (the flash-attention scheme: an online softmax over
+ * tiles of keys, the probabilities recomputed in the backward). qkv, out, dout and dqkv as
+ * above; lse (B, heads, T) F32: each row's log-sum-exp of its scaled scores, written by the
+ * forward for the backward; delta (B, heads, T) F32: scratch the backward writes (dout . out
+ * of each row). The backward reads the forward's out and lse, and is deterministic (no
+ * atomics: a pass per query tile for dq, one per key tile for dk and dv). On CUDA it runs bf16
+ * with head size 64 on the tensor cores (P and d(scores) rounded to bf16 before the products
+ * that read them); other dtypes and head sizes, and activations not 16-byte aligned, are
+ * SG_ERR_UNSUPPORTED there (sg_attention_fused_supported says beforehand). The CPU reference
+ * takes f32, f64 and bf16, any head size. */
+int sg_attention_fused_supported(const sg_ctx *ctx, sg_dtype dtype, int64_t C, int heads);
+sg_status sg_attention_fused_forward(sg_ctx *ctx, const sg_tensor *qkv, int heads, sg_tensor *out,
+                                     sg_tensor *lse);
+sg_status sg_attention_fused_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
+                                      const sg_tensor *lse, const sg_tensor *dout, int heads,
+                                      sg_tensor *dqkv, sg_tensor *delta);
+
 /* Dropout with a counter-based generator (Philox-4x32-10): the keep mask of element i at call
  * site `site` is a pure function of (seed, offset, site, i), where seed and offset live in rng
  * (4 I32 on the device: seed lo, seed hi, offset lo, offset hi). The backward at the same site
@@ -876,6 +894,11 @@ sg_status sg_module_residual(sg_builder *b, const char *name, sg_module *inner, 
                              sg_module **m);
 /* A GPT-2 block, x (rows, C): x += attention(ln1(x)); x += proj(gelu(fc(ln2(x)))), with the
  * builder's dropout after each branch; its backward scratch shared by every block. */
+/* 1 where sg_module_attention and sg_module_gpt_block of this precision, width and heads run
+ * the fused attention (sg_attention_fused_forward: bf16 with head size 64, on either backend,
+ * unless STEPGRAPH_ATTENTION=unfused is set), saving (B, heads, T) log-sum-exps instead of the
+ * (B, heads, T, T) probabilities; 0 where they run sg_attention_forward. */
+int sg_module_attention_fused(sg_dtype precision, int64_t C, int heads);
 sg_status sg_module_gpt_block(sg_builder *b, const char *name, int64_t C, int heads,
                               sg_module **m);
 /* Vision modules: a batch of images NHWC, (rows, H, W, C), in and out (the vision ops' layout);

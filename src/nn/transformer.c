@@ -199,9 +199,44 @@ sg_status sg_module_embedding(sg_builder *b, const char *name, int64_t vocab, in
 
 /* ---- causal self-attention: qkv Linear, attention, proj Linear, dropout ---- */
 
+/* The fused attention (no (B, H, T, T) probabilities; sg_attention_fused_forward) serves bf16
+ * with head size 64, on either backend so that both run the same function, unless
+ * STEPGRAPH_ATTENTION=unfused asks for the unfused op (to measure what fusing gives). */
+int sg_module_attention_fused(sg_dtype dt, int64_t C, int heads)
+{
+    const char *e = getenv("STEPGRAPH_ATTENTION");
+    return heads > 0 && dt == SG_DTYPE_BF16 && C == 64 * (int64_t)heads && !(e && !strcmp(e, "unfused"));
+}
+
+static bool use_fused(sg_dtype dt, int64_t C, int heads) { return sg_module_attention_fused(dt, C, heads); }
+
+/* Attention forward and backward with the module's saved tensors: att and work (unfused), or
+ * lse and delta (fused: then `att` holds lse and `work` delta). */
+static sg_status attention_fwd(sg_ctx *ctx, bool fused, const sg_tensor *qkv, int heads, sg_tensor *a, sg_tensor *att,
+                               sg_tensor *work)
+{
+    if (fused) return sg_attention_fused_forward(ctx, qkv, heads, a, att);
+    return sg_attention_forward(ctx, qkv, heads, a, att, work);
+}
+
+static sg_status attention_bwd(sg_ctx *ctx, bool fused, const sg_tensor *qkv, const sg_tensor *a, const sg_tensor *att,
+                               const sg_tensor *da, int heads, sg_tensor *dqkv, sg_tensor *work)
+{
+    if (fused) return sg_attention_fused_backward(ctx, qkv, a, att, da, heads, dqkv, work);
+    return sg_attention_backward(ctx, qkv, att, da, heads, dqkv, work);
+}
+
+/* att's shape for B sequences of Tb: (B, H, Tb, Tb), or lse's (B, H, Tb) when fused. */
+static sg_status att_set_shape(sg_tensor *att, bool fused, int64_t B, int heads, int64_t Tb)
+{
+    if (fused) return sg_tensor_set_shape(att, 3, (int64_t[]){B, heads, Tb});
+    return sg_tensor_set_shape(att, 4, (int64_t[]){B, heads, Tb, Tb});
+}
+
 typedef struct attn_module {
     sg_module base;
     int heads;
+    bool fused;                                 /* att holds lse, work delta */
     int iqw, iqb, ipw, ipb;
     sg_tensor *rng;
     uint32_t site;
@@ -216,7 +251,7 @@ static sg_status attn_forward(sg_module *mod, const sg_tensor *x, const sg_tenso
     sg_ctx *ctx = mod->ctx;
     t->x = x;
     SG_TRY(sg_linear_forward(ctx, x, sg_module_w(mod, t->iqw), sg_module_w(mod, t->iqb), SG_ACT_NONE, t->qkv, NULL));
-    SG_TRY(sg_attention_forward(ctx, t->qkv, t->heads, t->a, t->att, t->work));
+    SG_TRY(attention_fwd(ctx, t->fused, t->qkv, t->heads, t->a, t->att, t->work));
     SG_TRY(sg_linear_forward(ctx, t->a, sg_module_w(mod, t->ipw), sg_module_w(mod, t->ipb), SG_ACT_NONE, t->p, NULL));
     bool drop = t->pd && !mod->b->eval;
     if (drop) SG_TRY(sg_dropout_forward(ctx, t->p, mod->b->opts.dropout, t->rng, t->site, t->pd));
@@ -236,7 +271,7 @@ static sg_status attn_backward(sg_module *mod, sg_tensor *dy, sg_tensor **dx)
     }
     SG_TRY(sg_linear_backward(ctx, t->a, sg_module_w(mod, t->ipw), g, SG_ACT_NONE, NULL, t->da,
                               sg_module_g(mod, t->ipw), sg_module_g(mod, t->ipb)));
-    SG_TRY(sg_attention_backward(ctx, t->qkv, t->att, t->da, t->heads, t->dqkv, t->work));
+    SG_TRY(attention_bwd(ctx, t->fused, t->qkv, t->a, t->att, t->da, t->heads, t->dqkv, t->work));
     sg_tensor *dxx = mod->no_input_grad ? NULL : t->dx;
     SG_TRY(sg_linear_backward(ctx, t->x, sg_module_w(mod, t->iqw), t->dqkv, SG_ACT_NONE, NULL, dxx,
                               sg_module_g(mod, t->iqw), sg_module_g(mod, t->iqb)));
@@ -260,7 +295,8 @@ static sg_status attn_set_rows(sg_module *mod, int64_t rows)
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
         if (ts[i]) SG_TRY(sg_tensor_set_rows(ts[i], rows));
     int64_t B = batch_of(mod), Tb = rows / B;
-    return sg_tensor_set_shape(t->att, 4, (int64_t[]){B, t->heads, Tb, Tb});
+    if (t->fused) SG_TRY(sg_tensor_set_shape(t->work, 3, (int64_t[]){B, t->heads, Tb}));
+    return att_set_shape(t->att, t->fused, B, t->heads, Tb);
 }
 
 static const sg_module_i attn_i = {"attention", attn_forward, attn_backward, attn_destroy, attn_set_rows, NULL};
@@ -293,9 +329,15 @@ sg_status sg_module_attention(sg_builder *b, const char *name, int64_t C, int he
     int64_t B = b->batch, T = b->opts.seq, M = b->rows;
     sg_dtype dt = b->opts.precision;
     int64_t we = sg_attention_work_elems(B, T, C, heads);
+    t->fused = use_fused(dt, C, heads);
     SG_TRY(sg_module_buffer(mod, dt, "qkv", 2, (int64_t[]){M, 3 * C}, &t->qkv));
-    SG_TRY(sg_module_buffer(mod, dt, "att", 4, (int64_t[]){B, heads, T, T}, &t->att));
-    SG_TRY(sg_module_buffer(mod, SG_DTYPE_F32, "work", 1, &we, &t->work));
+    if (t->fused) {
+        SG_TRY(sg_module_buffer(mod, SG_DTYPE_F32, "lse", 3, (int64_t[]){B, heads, T}, &t->att));
+        SG_TRY(sg_module_buffer(mod, SG_DTYPE_F32, "delta", 3, (int64_t[]){B, heads, T}, &t->work));
+    } else {
+        SG_TRY(sg_module_buffer(mod, dt, "att", 4, (int64_t[]){B, heads, T, T}, &t->att));
+        SG_TRY(sg_module_buffer(mod, SG_DTYPE_F32, "work", 1, &we, &t->work));
+    }
     SG_TRY(sg_module_buffer(mod, dt, "attn", 2, (int64_t[]){M, C}, &t->a));
     SG_TRY(sg_module_buffer(mod, dt, "proj", 2, (int64_t[]){M, C}, &t->p));
     SG_TRY(sg_module_buffer(mod, dt, "d.attn", 2, (int64_t[]){M, C}, &t->da));
@@ -314,6 +356,7 @@ sg_status sg_module_attention(sg_builder *b, const char *name, int64_t C, int he
 typedef struct block_module {
     sg_module base;
     int heads;
+    bool fused;                 /* fused attention: att holds lse, work delta */
     uint32_t site;              /* dropout call sites: site (attention), site + 1 (MLP) */
     sg_tensor *rng;
     int ip[12];                 /* ln1 w b, qkv w b, proj w b, ln2 w b, fc w b, mlp.proj w b */
@@ -335,7 +378,7 @@ static sg_status block_forward(sg_module *mod, const sg_tensor *x, const sg_tens
     b->x = x;
     SG_TRY(sg_layernorm_forward(ctx, x, W(0), W(1), SG_LN_EPS_GPT, b->h1, b->mean1, b->rstd1));
     SG_TRY(sg_linear_forward(ctx, b->h1, W(2), W(3), SG_ACT_NONE, b->qkv, NULL));
-    SG_TRY(sg_attention_forward(ctx, b->qkv, b->heads, b->a, b->att, b->work));
+    SG_TRY(attention_fwd(ctx, b->fused, b->qkv, b->heads, b->a, b->att, b->work));
     SG_TRY(sg_linear_forward(ctx, b->a, W(4), W(5), SG_ACT_NONE, b->p, NULL));
     if (p > 0) SG_TRY(sg_dropout_forward(ctx, b->p, p, b->rng, b->site, b->pd));
     SG_TRY(sg_add_forward(ctx, x, p > 0 ? b->pd : b->p, b->x2));
@@ -371,7 +414,7 @@ static sg_status block_backward(sg_module *mod, sg_tensor *dy, sg_tensor **dx)
         gp = b->dp;
     }
     SG_TRY(sg_linear_backward(ctx, b->a, W(4), gp, SG_ACT_NONE, NULL, b->da, G(4), G(5)));
-    SG_TRY(sg_attention_backward(ctx, b->qkv, b->att, b->da, b->heads, b->dqkv, b->work));
+    SG_TRY(attention_bwd(ctx, b->fused, b->qkv, b->a, b->att, b->da, b->heads, b->dqkv, b->work));
     SG_TRY(sg_linear_backward(ctx, b->h1, W(2), b->dqkv, SG_ACT_NONE, NULL, b->dh1, G(2), G(3)));
     SG_TRY(sg_layernorm_backward(ctx, b->x, W(0), b->mean1, b->rstd1, b->dh1, b->g, G(0), G(1)));
     SG_TRY(sg_add_forward(ctx, b->dx2, b->g, b->dx));
@@ -406,7 +449,8 @@ static sg_status block_set_rows(sg_module *mod, int64_t rows)
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
         if (ts[i]) SG_TRY(sg_tensor_set_rows(ts[i], rows)); /* the dropout buffers may be absent */
     int64_t B = batch_of(mod), Tb = rows / B;
-    return sg_tensor_set_shape(b->att, 4, (int64_t[]){B, b->heads, Tb, Tb});
+    if (b->fused) SG_TRY(sg_tensor_set_shape(b->work, 3, (int64_t[]){B, b->heads, Tb}));
+    return att_set_shape(b->att, b->fused, B, b->heads, Tb);
 }
 
 static const sg_module_i block_i = {"block", block_forward, block_backward, block_destroy, block_set_rows, NULL};
@@ -466,7 +510,9 @@ sg_status sg_module_gpt_block(sg_builder *bl, const char *name, int64_t C, int h
     b->mean2 = own(mod, &st, f32, "mean2", 1, &M), b->rstd2 = own(mod, &st, f32, "rstd2", 1, &M);
     b->qkv = own(mod, &st, dt, "qkv", 2, M3C), b->a = own(mod, &st, dt, "attn", 2, MC);
     b->p = own(mod, &st, dt, "proj", 2, MC);
-    b->att = own(mod, &st, dt, "att", 4, (int64_t[]){B, H, T, T}); /* qkv's dtype */
+    b->fused = use_fused(dt, C, heads);
+    if (b->fused) b->att = own(mod, &st, f32, "lse", 3, (int64_t[]){B, H, T});
+    else b->att = own(mod, &st, dt, "att", 4, (int64_t[]){B, H, T, T}); /* qkv's dtype */
     b->f = own(mod, &st, dt, "fc", 2, M4C), b->pre_f = own(mod, &st, dt, "fc.pre", 2, M4C);
     b->q = own(mod, &st, dt, "mlp.proj", 2, MC), b->y = own(mod, &st, dt, "y", 2, MC);
     if (drop) b->pd = own(mod, &st, dt, "proj.dropped", 2, MC), b->qd = own(mod, &st, dt, "mlp.proj.dropped", 2, MC);
@@ -475,7 +521,8 @@ sg_status sg_module_gpt_block(sg_builder *bl, const char *name, int64_t C, int h
      * Only dx alternates between two buffers, since block l's dx is block l-1's dy. (Per-block
      * scratch made gpt-768-12-8-256's peak 1.4x PyTorch's.) */
     int64_t we = sg_attention_work_elems(B, T, C, heads);
-    b->work = shared(bl, &st, f32, "attn.work", 1, &we);
+    if (b->fused) b->work = shared(bl, &st, f32, "attn.delta", 3, (int64_t[]){B, H, T});
+    else b->work = shared(bl, &st, f32, "attn.work", 1, &we);
     b->g = shared(bl, &st, dt, "d.ln", 2, MC), b->df = shared(bl, &st, dt, "d.fc", 2, M4C);
     b->dh2 = shared(bl, &st, dt, "d.h2", 2, MC), b->dx2 = shared(bl, &st, dt, "d.x2", 2, MC);
     b->da = shared(bl, &st, dt, "d.attn", 2, MC), b->dqkv = shared(bl, &st, dt, "d.qkv", 2, M3C);

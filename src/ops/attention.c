@@ -54,8 +54,8 @@ static sg_status check_act(sg_ctx *ctx, const char *fn, const char *what, const 
 /* qkv (B,T,3C) or (B*T,3C) of a float dtype (bf16 included), heads dividing C, and att
  * (B,heads,T,T) of qkv's dtype (bf16 att with bf16 qkv: attention.h says why): fills d. B and
  * T come from qkv when it is 3-D, else from att. */
-static sg_status check_problem(sg_ctx *ctx, const char *fn, const sg_tensor *qkv,
-                               const sg_tensor *att, int heads, sg_attn_dims *d)
+/* qkv's dtype and columns, and heads dividing C: fills d's C, H and hs. */
+static sg_status check_qkv(sg_ctx *ctx, const char *fn, const sg_tensor *qkv, int heads, sg_attn_dims *d)
 {
     SG_TRY(sg_check_float_or_bf16(ctx, fn, "qkv", qkv));
     char s[96];
@@ -73,6 +73,14 @@ static sg_status check_problem(sg_ctx *ctx, const char *fn, const sg_tensor *qkv
                        "C / heads must be whole)",
                        fn, sg_shape_str(qkv, s, sizeof s), (long long)d->C, heads);
     d->hs = d->C / heads;
+    return SG_OK;
+}
+
+static sg_status check_problem(sg_ctx *ctx, const char *fn, const sg_tensor *qkv,
+                               const sg_tensor *att, int heads, sg_attn_dims *d)
+{
+    char s[96];
+    SG_TRY(check_qkv(ctx, fn, qkv, heads, d));
     SG_TRY(sg_check_dtype(ctx, fn, "att", att, qkv->dtype));
     if (qkv->ndim == 3) {
         d->B = qkv->shape[0];
@@ -161,4 +169,92 @@ sg_status sg_attention_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tens
         return sg_cpu_run(ctx, attn_bwd_cpu, &a, sizeof a);
     }
     return SG_CUDA_DISPATCH(ctx, sg_attention_backward_cuda(ctx, qkv, att, dout, dqkv, work, d));
+}
+
+/* ---- the fused form ---- */
+
+int sg_attention_fused_supported(const sg_ctx *ctx, sg_dtype dtype, int64_t C, int heads)
+{
+    if (!ctx || heads < 1 || C < 1 || C % heads) return 0;
+    if (ctx->backend == SG_BACKEND_CPU)
+        return dtype == SG_DTYPE_F32 || dtype == SG_DTYPE_F64 || dtype == SG_DTYPE_BF16;
+    return dtype == SG_DTYPE_BF16 && C / heads == 64;
+}
+
+/* qkv as check_problem takes it, B and T from qkv (3-D) or from lse (B, heads, T) F32. */
+static sg_status check_fused_problem(sg_ctx *ctx, const char *fn, const sg_tensor *qkv, const sg_tensor *lse,
+                                     int heads, sg_attn_dims *d)
+{
+    char s[96];
+    SG_TRY(check_qkv(ctx, fn, qkv, heads, d));
+    SG_TRY(sg_check_dtype(ctx, fn, "lse", lse, SG_DTYPE_F32));
+    if (lse->ndim != 3 || lse->shape[1] != heads)
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'lse' is %s, expected (B, %d, T) (B, heads, T)", fn,
+                       sg_shape_str(lse, s, sizeof s), heads);
+    d->B = qkv->ndim == 3 ? qkv->shape[0] : lse->shape[0];
+    d->T = qkv->ndim == 3 ? qkv->shape[1] : lse->shape[2];
+    if (qkv->ndim == 2 && qkv->shape[0] != d->B * d->T)
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'qkv' has %lld rows but 'lse' is %s: (B, heads, T) with B*T = %lld "
+                       "rows expected", fn, (long long)qkv->shape[0], sg_shape_str(lse, s, sizeof s),
+                       (long long)(d->B * d->T));
+    const int64_t dims[3] = {d->B, d->H, d->T};
+    SG_TRY(check_dims(ctx, fn, "lse", lse, SG_DTYPE_F32, 3, dims, "(B, heads, T)"));
+    return check_act(ctx, fn, "qkv", qkv, qkv->dtype, *d, 3 * d->C, "(B, T, 3C)");
+}
+
+typedef struct fused_args {
+    const sg_tensor *qkv, *out_in, *lse_in, *dout;
+    sg_tensor *out, *lse; /* forward: out, lse; backward: dqkv, delta */
+    sg_attn_dims d;
+} fused_args;
+
+static sg_status fused_fwd_cpu(sg_ctx *ctx, const void *p)
+{
+    const fused_args *a = p;
+    return sg_attention_fused_forward_cpu(ctx, a->qkv, a->out, a->lse, a->d);
+}
+
+static sg_status fused_bwd_cpu(sg_ctx *ctx, const void *p)
+{
+    const fused_args *a = p;
+    return sg_attention_fused_backward_cpu(ctx, a->qkv, a->out_in, a->lse_in, a->dout, a->out, a->lse, a->d);
+}
+
+sg_status sg_attention_fused_forward(sg_ctx *ctx, const sg_tensor *qkv, int heads, sg_tensor *out, sg_tensor *lse)
+{
+    static const char fn[] = "sg_attention_fused_forward";
+    if (!ctx) return SG_ERR_NULL;
+    sg_attn_dims d;
+    SG_TRY(check_fused_problem(ctx, fn, qkv, lse, heads, &d));
+    SG_TRY(check_act(ctx, fn, "out", out, qkv->dtype, d, d.C, "(B, T, C)"));
+    const char *names[] = {"out", "lse", "qkv"};
+    const sg_tensor *ts[] = {out, lse, qkv};
+    SG_TRY(sg_check_disjoint(ctx, fn, 2, 3, names, ts));
+    if (ctx->backend == SG_BACKEND_CPU) {
+        fused_args a = {qkv, NULL, NULL, NULL, out, lse, d};
+        return sg_cpu_run(ctx, fused_fwd_cpu, &a, sizeof a);
+    }
+    return SG_CUDA_DISPATCH(ctx, sg_attention_fused_forward_cuda(ctx, qkv, out, lse, d));
+}
+
+sg_status sg_attention_fused_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out, const sg_tensor *lse,
+                                      const sg_tensor *dout, int heads, sg_tensor *dqkv, sg_tensor *delta)
+{
+    static const char fn[] = "sg_attention_fused_backward";
+    if (!ctx) return SG_ERR_NULL;
+    sg_attn_dims d;
+    SG_TRY(check_fused_problem(ctx, fn, qkv, lse, heads, &d));
+    SG_TRY(check_act(ctx, fn, "out", out, qkv->dtype, d, d.C, "(B, T, C)"));
+    SG_TRY(check_act(ctx, fn, "dout", dout, qkv->dtype, d, d.C, "(B, T, C)"));
+    SG_TRY(check_act(ctx, fn, "dqkv", dqkv, qkv->dtype, d, 3 * d.C, "(B, T, 3C)"));
+    const int64_t dims[3] = {d.B, d.H, d.T};
+    SG_TRY(check_dims(ctx, fn, "delta", delta, SG_DTYPE_F32, 3, dims, "(B, heads, T)"));
+    const char *names[] = {"dqkv", "delta", "qkv", "out", "lse", "dout"};
+    const sg_tensor *ts[] = {dqkv, delta, qkv, out, lse, dout};
+    SG_TRY(sg_check_disjoint(ctx, fn, 2, 6, names, ts));
+    if (ctx->backend == SG_BACKEND_CPU) {
+        fused_args a = {qkv, out, lse, dout, dqkv, delta, d};
+        return sg_cpu_run(ctx, fused_bwd_cpu, &a, sizeof a);
+    }
+    return SG_CUDA_DISPATCH(ctx, sg_attention_fused_backward_cuda(ctx, qkv, out, lse, dout, dqkv, delta, d));
 }

@@ -54,6 +54,21 @@ sg_status sg_attention_backward_cuda(sg_ctx *ctx, const sg_tensor *qkv, const sg
                                      const sg_tensor *dout, sg_tensor *dqkv, sg_tensor *work,
                                      sg_attn_dims d);
 
+/* The fused form (sg_attention_fused_*: stepgraph.h): lse (B, H, T) F32 instead of att; the
+ * backward also writes delta (B, H, T) F32 = dout . out per row. CPU: f32, f64, bf16, any head
+ * size; CUDA (attention_fused_cuda.cu): bf16 and head size 64, 16-byte aligned activations,
+ * else SG_ERR_UNSUPPORTED. */
+sg_status sg_attention_fused_forward_cpu(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
+                                         sg_tensor *lse, sg_attn_dims d);
+sg_status sg_attention_fused_backward_cpu(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
+                                          const sg_tensor *lse, const sg_tensor *dout, sg_tensor *dqkv,
+                                          sg_tensor *delta, sg_attn_dims d);
+sg_status sg_attention_fused_forward_cuda(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
+                                          sg_tensor *lse, sg_attn_dims d);
+sg_status sg_attention_fused_backward_cuda(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
+                                           const sg_tensor *lse, const sg_tensor *dout, sg_tensor *dqkv,
+                                           sg_tensor *delta, sg_attn_dims d);
+
 #ifdef __cplusplus
 }
 #endif
