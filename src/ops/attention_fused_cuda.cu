@@ -55,17 +55,22 @@ __device__ __forceinline__ void load_tile(bf16 *s, const bf16 *src, int64_t ld, 
     }
 }
 
-/* The same tile transposed: s[c][r] = src[r0 + r][c]. */
-__device__ __forceinline__ void load_tile_t(bf16 *s, const bf16 *src, int64_t ld, int r0, int n)
+/* Four 8x8 b16 matrices from shared memory (ldmatrix): lane l gives the address of row l % 8
+ * of matrix l / 8; r[i] is matrix i's fragment (trans: of its transpose). */
+__device__ __forceinline__ void ldsm4(uint32_t r[4], const bf16 *p)
 {
-    for (int i = threadIdx.x; i < FA_TILE * 8; i += FA_THREADS) {
-        int r = i >> 3, c = (i & 7) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r0 + r < n) v = *reinterpret_cast<const uint4 *>(src + (int64_t)(r0 + r) * ld + c);
-        const bf16 *e = reinterpret_cast<const bf16 *>(&v);
-#pragma unroll
-        for (int j = 0; j < 8; j++) s[(c + j) * FA_LD + r] = e[j];
-    }
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm4_t(uint32_t r[4], const bf16 *p)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
 }
 
 /* A fragments of the warp's 16 rows (from row r0 of a row-major tile s), 4 steps of 16 columns. */
@@ -79,32 +84,39 @@ __device__ __forceinline__ void load_a(uint32_t a[4][4], const bf16 *s, int r0, 
 }
 
 /* acc (16 x 64: 8 tiles of 8 columns) = a (16 x 64) times b^T, b a row-major (64 x 64) tile
- * whose rows are acc's columns. */
-__device__ __forceinline__ void mm_abt(float acc[8][4], const uint32_t a[4][4], const bf16 *b, int g, int t4)
+ * whose rows are acc's columns: b's 8x8 blocks are the B fragments as they lie. */
+__device__ __forceinline__ void mm_abt(float acc[8][4], const uint32_t a[4][4], const bf16 *b, int lane)
 {
+    const int i = lane >> 3, r = lane & 7;
 #pragma unroll
-    for (int n = 0; n < 8; n++) {
-        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    for (int n = 0; n < 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+    for (int np = 0; np < 4; np++)
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
-            const bf16 *p = b + (n * 8 + g) * FA_LD + kk * 16 + 2 * t4;
-            mma_bf16(acc[n], a[kk], ld32(p), ld32(p + 8));
+            uint32_t f[4];
+            ldsm4(f, b + (np * 16 + r + 8 * (i >> 1)) * FA_LD + kk * 16 + 8 * (i & 1));
+            mma_bf16(acc[2 * np], a[kk], f[0], f[1]);
+            mma_bf16(acc[2 * np + 1], a[kk], f[2], f[3]);
         }
-    }
 }
 
 /* acc (16 x 64) += x (16 x 64 f32 in C-fragment layout, rounded to bf16 as the A operand)
- * times bt^T, bt a row-major (64 x 64) tile holding the right operand transposed. */
-__device__ __forceinline__ void mm_add(float acc[8][4], const float x[8][4], const bf16 *bt, int g, int t4)
+ * times b, a row-major (64 x 64) tile whose rows are the sum's index: b's 8x8 blocks
+ * transposed (ldmatrix .trans) are the B fragments. */
+__device__ __forceinline__ void mm_add(float acc[8][4], const float x[8][4], const bf16 *b, int lane)
 {
+    const int i = lane >> 3, r = lane & 7;
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         uint32_t a[4] = {pack(x[2 * kk][0], x[2 * kk][1]), pack(x[2 * kk][2], x[2 * kk][3]),
                          pack(x[2 * kk + 1][0], x[2 * kk + 1][1]), pack(x[2 * kk + 1][2], x[2 * kk + 1][3])};
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            const bf16 *p = bt + (n * 8 + g) * FA_LD + kk * 16 + 2 * t4;
-            mma_bf16(acc[n], a, ld32(p), ld32(p + 8));
+        for (int np = 0; np < 4; np++) {
+            uint32_t f[4];
+            ldsm4_t(f, b + (kk * 16 + r + 8 * (i & 1)) * FA_LD + np * 16 + 8 * (i >> 1));
+            mma_bf16(acc[2 * np], a, f[0], f[1]);
+            mma_bf16(acc[2 * np + 1], a, f[2], f[3]);
         }
     }
 }
@@ -129,7 +141,7 @@ __device__ __forceinline__ void store_rows(bf16 *dst, int64_t ld, const float ac
 __global__ void __launch_bounds__(FA_THREADS) fused_fwd_kernel(const bf16 *__restrict__ qkv, bf16 *__restrict__ out,
                                                                float *__restrict__ lse, int T, int H, int C, float sl2)
 {
-    __shared__ __align__(16) bf16 ks[FA_TILE * FA_LD], vt[FA_TILE * FA_LD];
+    __shared__ __align__(16) bf16 ks[FA_TILE * FA_LD], vs[FA_TILE * FA_LD];
     const int qt = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t ld = 3 * (int64_t)C;
@@ -145,9 +157,9 @@ __global__ void __launch_bounds__(FA_THREADS) fused_fwd_kernel(const bf16 *__res
     for (int kt = 0; kt <= qt; kt++) {
         __syncthreads(); /* the last tile's readers are done */
         load_tile(ks, base + C, ld, kt * FA_TILE, T);
-        load_tile_t(vt, base + 2 * C, ld, kt * FA_TILE, T);
+        load_tile(vs, base + 2 * C, ld, kt * FA_TILE, T);
         __syncthreads();
-        mm_abt(s, qa, ks, g, t4);
+        mm_abt(s, qa, ks, lane);
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int n = 0; n < 8; n++)
@@ -173,7 +185,7 @@ __global__ void __launch_bounds__(FA_THREADS) fused_fwd_kernel(const bf16 *__res
                 s[n][e] = exp2f(s[n][e] - m[e >> 1]);
                 l[e >> 1] += s[n][e];
             }
-        mm_add(o, s, vt, g, t4);
+        mm_add(o, s, vs, lane);
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -199,7 +211,7 @@ __global__ void __launch_bounds__(FA_THREADS) fused_bwd_dq_kernel(const bf16 *__
                                                                   bf16 *__restrict__ dqkv, float *__restrict__ delta,
                                                                   int T, int H, int C, float sl2, float scale)
 {
-    __shared__ __align__(16) bf16 ks[FA_TILE * FA_LD], kt_s[FA_TILE * FA_LD], vs[FA_TILE * FA_LD];
+    __shared__ __align__(16) bf16 ks[FA_TILE * FA_LD], vs[FA_TILE * FA_LD];
     __shared__ float dsh[FA_TILE];
     const int qt = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -212,18 +224,23 @@ __global__ void __launch_bounds__(FA_THREADS) fused_bwd_dq_kernel(const bf16 *__
     uint32_t qa[4][4], ga[4][4];
     load_tile(ks, base, ld, q0, T);
     load_tile(vs, gbase, C, q0, T);
-    load_tile(kt_s, obase, C, q0, T);
+    if (threadIdx.x < FA_TILE) { /* delta of row threadIdx.x, from the bf16 values as stored */
+        float acc = 0.f;
+        const int row = q0 + threadIdx.x;
+        if (row < T)
+            for (int c = 0; c < FA_HS; c += 8) {
+                uint4 gv = *reinterpret_cast<const uint4 *>(gbase + (int64_t)row * C + c);
+                uint4 ov = *reinterpret_cast<const uint4 *>(obase + (int64_t)row * C + c);
+                const bf16 *ge = reinterpret_cast<const bf16 *>(&gv), *oe = reinterpret_cast<const bf16 *>(&ov);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc += __bfloat162float(ge[j]) * __bfloat162float(oe[j]);
+            }
+        dsh[threadIdx.x] = acc;
+        if (row < T) delta[(int64_t)bh * T + row] = acc;
+    }
     __syncthreads();
     load_a(qa, ks, r0, g, t4);
     load_a(ga, vs, r0, g, t4);
-    if (threadIdx.x < FA_TILE) { /* delta of row threadIdx.x, from the bf16 values as stored */
-        float acc = 0.f;
-        for (int c = 0; c < FA_HS; c++)
-            acc += __bfloat162float(vs[threadIdx.x * FA_LD + c]) * __bfloat162float(kt_s[threadIdx.x * FA_LD + c]);
-        dsh[threadIdx.x] = acc;
-        if (q0 + (int)threadIdx.x < T) delta[(int64_t)bh * T + q0 + threadIdx.x] = acc;
-    }
-    __syncthreads();
     float lr[2], dl[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -234,11 +251,10 @@ __global__ void __launch_bounds__(FA_THREADS) fused_bwd_dq_kernel(const bf16 *__
     for (int kt = 0; kt <= qt; kt++) {
         __syncthreads();
         load_tile(ks, base + C, ld, kt * FA_TILE, T);
-        load_tile_t(kt_s, base + C, ld, kt * FA_TILE, T);
         load_tile(vs, base + 2 * C, ld, kt * FA_TILE, T);
         __syncthreads();
-        mm_abt(s, qa, ks, g, t4);
-        mm_abt(dp, ga, vs, g, t4);
+        mm_abt(s, qa, ks, lane);
+        mm_abt(dp, ga, vs, lane);
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -247,7 +263,7 @@ __global__ void __launch_bounds__(FA_THREADS) fused_bwd_dq_kernel(const bf16 *__
                 float p = key <= qrow[r] && key < T ? exp2f(s[n][e] * sl2 - lr[r]) : 0.f;
                 s[n][e] = p * (dp[n][e] - dl[r]);
             }
-        mm_add(dq, s, kt_s, g, t4);
+        mm_add(dq, s, ks, lane);
     }
     store_rows(dqkv + (int64_t)b * T * ld + h * FA_HS, ld, dq, scale, q0 + r0, T, g, t4);
 }
@@ -260,8 +276,7 @@ __global__ void __launch_bounds__(FA_THREADS) fused_bwd_dkv_kernel(const bf16 *_
                                                                    bf16 *__restrict__ dqkv, int T, int H, int C,
                                                                    float sl2, float scale)
 {
-    __shared__ __align__(16) bf16 qs[FA_TILE * FA_LD], qt_s[FA_TILE * FA_LD], gs[FA_TILE * FA_LD],
-        gt_s[FA_TILE * FA_LD];
+    __shared__ __align__(16) bf16 qs[FA_TILE * FA_LD], gs[FA_TILE * FA_LD];
     __shared__ float lsh[FA_TILE], dsh[FA_TILE];
     const int kt = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -282,17 +297,15 @@ __global__ void __launch_bounds__(FA_THREADS) fused_bwd_dkv_kernel(const bf16 *_
         const int q0 = qt * FA_TILE;
         __syncthreads();
         load_tile(qs, base, ld, q0, T);
-        load_tile_t(qt_s, base, ld, q0, T);
         load_tile(gs, gbase, C, q0, T);
-        load_tile_t(gt_s, gbase, C, q0, T);
         if (threadIdx.x < FA_TILE) {
             bool in = q0 + (int)threadIdx.x < T;
             lsh[threadIdx.x] = in ? lse[(int64_t)bh * T + q0 + threadIdx.x] * FA_LOG2E : 0.f;
             dsh[threadIdx.x] = in ? delta[(int64_t)bh * T + q0 + threadIdx.x] : 0.f;
         }
         __syncthreads();
-        mm_abt(s, ka, qs, g, t4);  /* scores^T: the warp's keys by the tile's queries */
-        mm_abt(dp, va, gs, g, t4); /* (dout v^T)^T */
+        mm_abt(s, ka, qs, lane);  /* scores^T: the warp's keys by the tile's queries */
+        mm_abt(dp, va, gs, lane); /* (dout v^T)^T */
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -302,8 +315,8 @@ __global__ void __launch_bounds__(FA_THREADS) fused_bwd_dkv_kernel(const bf16 *_
                 s[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - dsh[c]);
             }
-        mm_add(dv, s, gt_s, g, t4);
-        mm_add(dk, dp, qt_s, g, t4);
+        mm_add(dv, s, gs, lane);
+        mm_add(dk, dp, qs, lane);
     }
     bf16 *dbase = dqkv + (int64_t)b * T * ld + h * FA_HS;
     store_rows(dbase + C, ld, dk, scale, k0 + r0, T, g, t4);

@@ -338,15 +338,18 @@ static sg_status launch_bias_act(sg_ctx *ctx, sg_dtype dt, sg_activation act, vo
 }
 
 /* ---- d(pre) and the bias gradient: one kernel ----
- * Blocks of 32 columns x 8 row lanes: a warp reads 32 consecutive elements of one row. Rows are
- * cut into gridDim.y chunks; a block sums its chunk per column (each lane its rows in order,
- * then the 8 lanes in order). With one chunk the block writes db; with several, each block
- * writes its partial and the last block of a column tile (a counter per tile, reset to 0 by
- * that block) adds the partials in chunk order. Same order every run: deterministic. Sums and
- * partials are f32 for both storage types; db is rounded once to T at the end. */
+ * Blocks of 32 column groups x 8 row lanes; a group is VEC consecutive columns, read and
+ * written 16 bytes at a time (VEC = 8 bf16 or 4 f32; 1 where the width or an address does not
+ * allow it), so a warp moves 512 contiguous bytes of one row. Rows are cut into gridDim.y
+ * chunks; a block sums its chunk per column (each lane its rows in order, then the 8 lanes in
+ * order). With one chunk the block writes db; with several, each block writes its partial and
+ * the last block of a column tile (a counter per tile, reset to 0 by that block) adds the
+ * partials in chunk order. Same order every run: deterministic. Sums and partials are f32 for
+ * both storage types; db is rounded once to T at the end. */
 
 #define DB_COLS 32
 #define DB_ROWS 8
+#define DB_VEC_MAX 8 /* columns a thread takes at most (bf16) */
 
 template <int ACT> __device__ __forceinline__ float act_grad(float g, float a)
 {
@@ -363,49 +366,58 @@ template <int ACT> __device__ __forceinline__ float act_grad(float g, float a)
 /* g(M,N): dy in, d(pre) out (when ACT is not NONE). act_in(M,N), which may be g itself (no
  * __restrict__ on either: each element is read, then written, by one thread). db(N) or NULL.
  * partials(gridDim.y, N) and counters(gridDim.x): scratch, used when gridDim.y > 1. db sums
- * d(pre) as stored in g (rounded to T), the values the dw and dx matmuls read. */
-template <typename T, int ACT>
-__global__ void __launch_bounds__(DB_COLS * DB_ROWS, 8)
+ * d(pre) as stored in g (rounded to T), the values the dw and dx matmuls read. N % VEC == 0. */
+template <typename T, int ACT, int VEC>
+__global__ void __launch_bounds__(DB_COLS * DB_ROWS, 4)
 dact_bias_kernel(T *g, const T *act_in, T *__restrict__ db, float *__restrict__ partials,
                  unsigned *__restrict__ counters, int64_t m, int64_t n, int64_t rows_per_chunk)
 {
-    __shared__ float sh[DB_ROWS][DB_COLS + 1];
+    __shared__ float sh[DB_ROWS][DB_COLS * VEC + 1];
     __shared__ bool last;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const int64_t col = (int64_t)blockIdx.x * DB_COLS + tx;
+    const int64_t tile = (int64_t)DB_COLS * VEC, col0 = (int64_t)blockIdx.x * tile + (int64_t)tx * VEC;
     const int64_t r0 = (int64_t)blockIdx.y * rows_per_chunk;
     const int64_t r1 = r0 + rows_per_chunk < m ? r0 + rows_per_chunk : m;
-    float s = 0.f;
-    if (col < n)
+    float s[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; j++) s[j] = 0.f;
+    if (col0 < n)
         for (int64_t r = r0 + ty; r < r1; r += DB_ROWS) {
-            int64_t i = r * n + col;
-            float v = to_f(g[i]);
+            const int64_t i = r * n + col0;
+            vec_t<T, VEC> v = ldv<T, VEC>(g + i, 0);
             if (ACT != SG_ACT_NONE) {
-                T o = from_f<T>(act_grad<ACT>(v, to_f(act_in[i])));
-                g[i] = o;
-                v = to_f(o);
+                vec_t<T, VEC> a = ldv<T, VEC>(act_in + i, 0);
+#pragma unroll
+                for (int j = 0; j < VEC; j++) v.e[j] = from_f<T>(act_grad<ACT>(to_f(v.e[j]), to_f(a.e[j])));
+                stv<T, VEC>(g + i, 0, v);
             }
-            s += v;
+#pragma unroll
+            for (int j = 0; j < VEC; j++) s[j] += to_f(v.e[j]);
         }
     if (!db) return; /* the same for the whole grid */
 
-    sh[ty][tx] = s;
+#pragma unroll
+    for (int j = 0; j < VEC; j++) sh[ty][tx * VEC + j] = s[j];
     __syncthreads();
+    /* One thread a column of the tile: the 8 lanes' sums in order. */
+    const int c = ty * DB_COLS + tx;
+    const int64_t col = (int64_t)blockIdx.x * tile + c;
+    const bool mine = c < tile && col < n;
     float total = 0.f;
-    if (ty == 0)
-        for (int j = 0; j < DB_ROWS; j++) total += sh[j][tx];
+    if (mine)
+        for (int j = 0; j < DB_ROWS; j++) total += sh[j][c];
     if (gridDim.y == 1) {
-        if (ty == 0 && col < n) db[col] = from_f<T>(total);
+        if (mine) db[col] = from_f<T>(total);
         return;
     }
-    if (ty == 0 && col < n) partials[(int64_t)blockIdx.y * n + col] = total;
+    if (mine) partials[(int64_t)blockIdx.y * n + col] = total;
     __threadfence(); /* partials visible device-wide before the counter moves */
     __syncthreads();
     if (tx == 0 && ty == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == gridDim.y - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (ty == 0 && col < n) {
+    if (mine) {
         float t = 0.f;
         for (unsigned j = 0; j < gridDim.y; j++) t += __ldcg(&partials[(int64_t)j * n + col]);
         db[col] = from_f<T>(t);
@@ -423,14 +435,14 @@ static int64_t target_blocks(sg_ctx *ctx)
 /* Scratch of a fixed size per device (so it is allocated once, before any capture, and never
  * moves): counters for up to T column tiles, then partials (f32 for every storage type). More
  * than one chunk happens only when the column tiles gx < T, and then gy <= T/gx + 1, so
- * gy*N <= gy*gx*32 <= 2*T*32. */
+ * gy*N <= gy*gx*32*VEC <= 2*T*32*VEC. */
 static size_t scratch_bytes(int64_t t, size_t *partials_off)
 {
     *partials_off = (((size_t)t * sizeof(unsigned)) + 255) / 256 * 256;
-    return *partials_off + (size_t)(2 * t * DB_COLS) * sizeof(float);
+    return *partials_off + (size_t)(2 * t * DB_COLS * DB_VEC_MAX) * sizeof(float);
 }
 
-template <typename T>
+template <typename T, int VEC>
 static void dact_bias_launch(sg_activation act, dim3 grid, dim3 block, cudaStream_t st, void *g,
                              const void *act_in, void *db, float *partials, unsigned *counters,
                              int64_t m, int64_t n, int64_t rows_per_chunk)
@@ -439,16 +451,16 @@ static void dact_bias_launch(sg_activation act, dim3 grid, dim3 block, cudaStrea
     const T *aa = (const T *)act_in;
     switch (act) {
     case SG_ACT_NONE:
-        dact_bias_kernel<T, SG_ACT_NONE><<<grid, block, 0, st>>>(gg, aa, dd, partials, counters,
-                                                                 m, n, rows_per_chunk);
+        dact_bias_kernel<T, SG_ACT_NONE, VEC><<<grid, block, 0, st>>>(gg, aa, dd, partials, counters,
+                                                                      m, n, rows_per_chunk);
         break;
     case SG_ACT_RELU:
-        dact_bias_kernel<T, SG_ACT_RELU><<<grid, block, 0, st>>>(gg, aa, dd, partials, counters,
-                                                                 m, n, rows_per_chunk);
+        dact_bias_kernel<T, SG_ACT_RELU, VEC><<<grid, block, 0, st>>>(gg, aa, dd, partials, counters,
+                                                                      m, n, rows_per_chunk);
         break;
     case SG_ACT_GELU:
-        dact_bias_kernel<T, SG_ACT_GELU><<<grid, block, 0, st>>>(gg, aa, dd, partials, counters,
-                                                                 m, n, rows_per_chunk);
+        dact_bias_kernel<T, SG_ACT_GELU, VEC><<<grid, block, 0, st>>>(gg, aa, dd, partials, counters,
+                                                                      m, n, rows_per_chunk);
         break;
     }
 }
@@ -456,8 +468,12 @@ static void dact_bias_launch(sg_activation act, dim3 grid, dim3 block, cudaStrea
 static sg_status launch_dact_bias(sg_ctx *ctx, sg_dtype dt, sg_activation act, void *g,
                                   const void *act_in, void *db, int64_t m, int64_t n)
 {
+    /* 16-byte groups where the width and the addresses allow them. */
+    const int full = dt == SG_DTYPE_BF16 ? 8 : 4;
+    const bool aligned = (uintptr_t)g % 16 == 0 && (act == SG_ACT_NONE || (uintptr_t)act_in % 16 == 0);
+    const int vec = n % full == 0 && aligned ? full : 1;
     const int64_t t = target_blocks(ctx);
-    const int64_t gx = (n + DB_COLS - 1) / DB_COLS;
+    const int64_t gx = (n + DB_COLS * vec - 1) / (DB_COLS * vec);
     int64_t gy = gx < t ? (t + gx - 1) / gx : 1;
     const int64_t max_gy = (m + 4 * DB_ROWS - 1) / (4 * DB_ROWS); /* >= 4 rows per lane */
     if (gy > max_gy) gy = max_gy;
@@ -476,16 +492,20 @@ static sg_status launch_dact_bias(sg_ctx *ctx, sg_dtype dt, sg_activation act, v
         SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_LINEAR, bytes, &s));
         counters = (unsigned *)s;
         partials = (float *)((char *)s + off);
-        SG_ASSERT(gy == 1 || (gx <= t && gy * n <= 2 * t * DB_COLS));
+        SG_ASSERT(gy == 1 || (gx <= t && gy * n <= 2 * t * DB_COLS * DB_VEC_MAX));
     }
     dim3 grid((unsigned)gx, (unsigned)gy), block(DB_COLS, DB_ROWS);
     cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
-    if (dt == SG_DTYPE_BF16)
-        dact_bias_launch<__nv_bfloat16>(act, grid, block, st, g, act_in, db, partials, counters,
-                                        m, n, rows_per_chunk);
+    if (dt == SG_DTYPE_BF16 && vec == 8)
+        dact_bias_launch<__nv_bfloat16, 8>(act, grid, block, st, g, act_in, db, partials, counters, m, n,
+                                           rows_per_chunk);
+    else if (dt == SG_DTYPE_BF16)
+        dact_bias_launch<__nv_bfloat16, 1>(act, grid, block, st, g, act_in, db, partials, counters, m, n,
+                                           rows_per_chunk);
+    else if (vec == 4)
+        dact_bias_launch<float, 4>(act, grid, block, st, g, act_in, db, partials, counters, m, n, rows_per_chunk);
     else
-        dact_bias_launch<float>(act, grid, block, st, g, act_in, db, partials, counters, m, n,
-                                rows_per_chunk);
+        dact_bias_launch<float, 1>(act, grid, block, st, g, act_in, db, partials, counters, m, n, rows_per_chunk);
     SG_CUDA_CHECK_LAUNCH(ctx, "dact_bias_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
