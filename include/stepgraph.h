@@ -1951,7 +1951,7 @@ typedef struct sg_advise_gen_profile {
                                   * device (0 on the CPU backend, whose replay runs the work:
                                   * that is graph_us) */
     double graph_us;             /* D: device time per replayed decode graph: k replays queued
-                                  * back to back after a prefill, less the prefill alone, / k */
+                                  * back to back after a finished prefill, / k */
     double readback_us;          /* S: a one-element sg_tensor_copy_to_host on an idle device */
     double while_turn_us;        /* P: a turn of a WHILE node whose body is one tiny kernel (NAN
                                   * where capture cannot make WHILE nodes) */
