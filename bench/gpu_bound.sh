@@ -2,7 +2,8 @@
 # gpu_bound.sh: issue 15's measurements of GPU-bound GPT steps, stepgraph and PyTorch in one run
 # on one GPU: `stepgraph bench` under step scope (and eager) with the fused attention (the
 # default for bf16, head size 64) and with STEPGRAPH_ATTENTION=unfused, and bench/torch_ref.py
-# (SDPA attention, as PyTorch users write it) in its graph and compile modes. JSON lines into
+# (SDPA attention, as PyTorch users write it) in its graph and compile modes, and its graph mode
+# with the explicit math attention (--attention math), reported beside it. JSON lines into
 # $OUT/gpu_bound.jsonl, then one table: ms/step, and stepgraph's best over PyTorch's best.
 #
 #   bench/gpu_bound.sh [BUILD_DIR]   (default build-gpu)
@@ -32,8 +33,10 @@ for p in ${PRECS//,/ }; do
     STEPGRAPH_ATTENTION=unfused "$SG" bench --model "$MODELS" --scope step --precision "$p" --steps "$STEPS" --json \
       2>>"$OUT/gpu_bound.err" | tag "stepgraph unfused-attention" >> "$J" || echo "stepgraph unfused $p failed" >&2
   fi
-  python3 bench/torch_ref.py --model "$MODELS" --mode "$TMODES" --precision "$p" --sdpa --steps 100 --repeats 5 \
+  python3 bench/torch_ref.py --model "$MODELS" --mode "$TMODES" --precision "$p" --steps 100 --repeats 5 \
     --json 2>>"$OUT/gpu_bound.err" | tag pytorch >> "$J" || echo "torch_ref $p failed" >&2
+  python3 bench/torch_ref.py --model "$MODELS" --mode graph --precision "$p" --attention math --steps 100 \
+    --repeats 5 --json 2>>"$OUT/gpu_bound.err" | tag "pytorch math-attention" >> "$J" || echo "torch_ref math $p failed" >&2
 done
 python3 - "$J" <<'PY'
 import json, sys
@@ -47,7 +50,7 @@ for k in keys:
     for r in sel:
         print(f"| {k[0]} | {k[1]} | {r['impl']} | {r.get('scope', r.get('mode'))} | {ms(r):.3f} | {r.get('peak_mib', '')} |")
     sg = [ms(r) for r in sel if r["impl"].startswith("stepgraph") and r.get("scope") == "step"]
-    pt = [ms(r) for r in sel if r["impl"] == "pytorch"]
+    pt = [ms(r) for r in sel if r["impl"].startswith("pytorch")]
     if sg and pt:
         print(f"| {k[0]} | {k[1]} | **best/best** | | **{min(sg) / min(pt):.2f}x** | |")
 PY

@@ -332,7 +332,7 @@ def worker(rank, world, port, args, result_path):
     # (this process's own module, so the swap touches nothing outside this rank).
     torch_ref.make_text_data = functools.partial(rank_text_data, rank=rank)
     wl_args = argparse.Namespace(seed=args.seed, clip=None, data=args.data, dropout=0.0,
-                                 sdpa=False, accum=1)
+                                 attention="sdpa", accum=1)
     dist.init_process_group("nccl", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     out = open(result_path, "a") if rank == 0 else None

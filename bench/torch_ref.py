@@ -21,9 +21,10 @@ in order (so graphed_layers graphs each one):
   embedding   int64 tokens (B, T) -> x = wte[tokens] + wpe (B, T, C); wte (256, C), wpe (T, C),
               both N(0, 0.02); dropout --dropout (default 0: no dropout op at all)
   block x L   pre-LayerNorm: h = LN1(x); q, k, v = Linear(C, 3C)(h).split(C); causal multi-head
-              attention, by default the explicit math (q @ k^T * 1/8, masked_fill of s > t with
-              -inf, softmax, @ v: the same steps as stepgraph's kernels), with --sdpa
-              F.scaled_dot_product_attention(is_causal=True) instead; x = x + dropout(Linear(C,
+              attention, by default F.scaled_dot_product_attention(is_causal=True), as PyTorch
+              users write it; with --attention math the explicit math instead (q @ k^T * 1/8,
+              masked_fill of s > t with -inf, softmax, @ v: the steps of stepgraph's unfused
+              op); x = x + dropout(Linear(C,
               C)(attn)); x = x + dropout(Linear(4C, C)(GELU-tanh(Linear(C, 4C)(LN2(x)))))
   ln_f        LayerNorm(C)
   head        Linear(C, 256, bias=False), not tied to wte
@@ -514,7 +515,7 @@ class Workload:
             self.act_shape = (spec.batch, spec.width)  # what each later child takes
         else:
             self.model = build_gpt(spec.width, spec.depth, spec.seq, args.dropout,
-                                   args.sdpa).cuda()
+                                   args.attention == "sdpa").cuda()
             self.act_shape = (spec.batch, spec.seq, spec.width)
         # The original children, kept before any mode wraps or patches the model: probe_loss
         # runs them (graphs and compiled code update their parameters in place).
@@ -903,7 +904,7 @@ def run_one(name, mode, precision, args):
             "heads": w.spec.width // GPT_HEAD_DIM,
             "vocab": GPT_VOCAB,
             "dropout": args.dropout,
-            "attention": "sdpa" if args.sdpa else "math",
+            "attention": args.attention,
             "data": w.data_source,
             "vary_seq": w.vary_seq,
             "seq_lens": w.seq_lens or None,
@@ -981,9 +982,12 @@ def main(argv=None):
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="gpt: dropout probability on the embedding and after each attention "
                          "and MLP projection (default 0)")
-    ap.add_argument("--sdpa", action="store_true",
-                    help="gpt: attention through F.scaled_dot_product_attention instead of the "
-                         "explicit math (matmul, masked_fill, softmax, matmul)")
+    ap.add_argument("--attention", choices=("sdpa", "math"), default="sdpa",
+                    help="gpt: sdpa (default): F.scaled_dot_product_attention(is_causal=True), "
+                         "as PyTorch users write it; math: the explicit matmul, masked_fill, "
+                         "softmax, matmul")
+    ap.add_argument("--sdpa", action="store_const", const="sdpa", dest="attention",
+                    help="the same as --attention sdpa (the default; kept for older scripts)")
     ap.add_argument("--accum", type=int, default=1, metavar="K",
                     help="micro-batches per optimizer step, their losses scaled by 1/K and "
                          "their gradients summed before one clip and update, as stepgraph's "
