@@ -4,7 +4,10 @@
  * accumulation). q, k and v are read straight from the qkv projection's (B*T, 3C) rows and
  * the output written in the (B*T, C) rows the next projection reads: no split or merge kernel.
  *
- * Tiles of 64 query rows by 64 keys; a block of 4 warps, each warp 16 rows of the tile. The
+ * Tiles of 64 query rows by 64 keys; a block of 4 warps, each warp 16 rows of the tile. Each
+ * tile is read once into shared memory, row-major (16-byte loads), and the B fragments of the
+ * products are taken from it with ldmatrix (.trans where the tile's rows are the product's sum
+ * index); a product's f32 result becomes the next product's A fragment in registers. The
  * forward keeps each row's running max and sum in registers (a row's 64 scores are spread over
  * the 4 threads of a quad) and saves lse = max + log(sum) for the backward. The backward is two
  * kernels and no atomics, so it is deterministic: one per query tile (dq, and delta = dout .
