@@ -94,6 +94,29 @@ sg_status sg_ctx_sync(sg_ctx *ctx);
 /* Kernels (and library matmuls) launched on the context so far: the runtime's own count. */
 uint64_t sg_ctx_launch_count(const sg_ctx *ctx);
 
+/* The work the context's ops have been asked for, by op family: the floating-point operations
+ * of their matrix products and the fewest bytes each op must move through memory (each input
+ * read once, each output written once). An op counts when it is called: eagerly, or once while
+ * a capture records it; a graph's replays count nothing. What a step asks of the hardware,
+ * against sg_device_peaks, gives its speed-of-light floor (sg_sol_floor). */
+typedef enum sg_work_family {
+    SG_WORK_MATMUL = 0,        /* linear layers: 2 M N K a product */
+    SG_WORK_ATTENTION,         /* attention's products (causal: the triangle), softmax bytes */
+    SG_WORK_CONV,              /* convolutions */
+    SG_WORK_NORM,              /* LayerNorm, batch norm */
+    SG_WORK_ELEMENTWISE,       /* activations, residual adds, dropout, embedding, pooling */
+    SG_WORK_LOSS,
+    SG_WORK_OPTIMIZER,         /* the update, loss scaling, clipping, gradient accumulation */
+    SG_WORK_FAMILIES
+} sg_work_family;
+typedef struct sg_work {
+    double flops[SG_WORK_FAMILIES];
+    double bytes[SG_WORK_FAMILIES];
+} sg_work;
+const char *sg_work_family_name(sg_work_family f);  /* "matmul", "attention", ... */
+/* The work counted on ctx so far (zeros for NULL). Differences of two readings are a region's. */
+void sg_ctx_work(const sg_ctx *ctx, sg_work *out);
+
 /* ---- memory: caching allocator and pools ------------------------------------------------- */
 
 typedef struct sg_pool sg_pool;
@@ -459,6 +482,36 @@ sg_status sg_channel_scale_forward(sg_ctx *ctx, const sg_tensor *x, const sg_ten
                                    sg_tensor *y);
 sg_status sg_channel_scale_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *s,
                                     const sg_tensor *dy, sg_tensor *dx, sg_tensor *ds);
+
+/* ---- speed of light: the floor a step's work sets on this device ------------------------ *
+ *
+ * A step asks the hardware for its products' floating-point operations and its other ops'
+ * bytes (sg_work: sg_ctx_work, sg_trainer_stats.work). Over this device's measured peaks, a
+ * large matmul's rate and a large copy's bandwidth, each family's work takes at least
+ * max(flops / rate, bytes / bandwidth); their sum is the step's floor, which no schedule of
+ * the same work beats by much. A step's time over its floor says how far from the hardware it
+ * runs, and the families' floors where the time should go. */
+typedef struct sg_device_peaks {
+    sg_dtype dtype;              /* of the matmul timed: F32 (no TF32) or BF16 */
+    double matmul_tflops;        /* an (n x n) by (n x n) sg_linear_forward, n 8192 (bf16) or
+                                  * 4096 (f32), on values that are not zero; the median of 5 */
+    double copy_gbps;            /* 1e9 bytes a second, read plus written, by sg_tensor_copy of
+                                  * 1 GiB; the median of 5 */
+    char device[320];
+} sg_device_peaks;
+
+/* Measures this device's peaks on a context of its own (about 1 s; about 2.5 GiB of device
+ * memory, given back). CUDA only: SG_ERR_UNSUPPORTED on the CPU backend; dtype F32 or BF16. */
+sg_status sg_device_peaks_measure(sg_ctx *ctx, sg_dtype dtype, sg_device_peaks *out);
+
+typedef struct sg_sol {
+    double family_ms[SG_WORK_FAMILIES];  /* max(flops / rate, bytes / bandwidth) of each */
+    double floor_ms;                     /* their sum */
+} sg_sol;
+
+/* The floor of work w on peaks p, pure arithmetic. SG_ERR_NULL; SG_ERR_INVALID for peaks
+ * that are not finite and > 0, or work that is negative or not finite. */
+sg_status sg_sol_floor(const sg_work *w, const sg_device_peaks *p, sg_sol *out);
 
 /* ---- graphs: capture once, replay with one launch ---------------------------------------- */
 
@@ -1146,6 +1199,10 @@ typedef struct sg_trainer_stats {
                                  * workspaces, static inputs, loss, scaler */
     sg_alloc_stats graph_pool;  /* the pool the trainer's graphs share (zeros without graphs):
                                  * what capture needed beyond the static buffers */
+    /* One optimizer step's work (sg_ctx_work), counted over the first eager call (the warm-up's,
+     * under a captured scope), per step of the call; work_counted 0 until one ran. */
+    sg_work work;
+    int work_counted;
 } sg_trainer_stats;
 
 sg_trainer_options sg_trainer_options_default(void);
@@ -1761,6 +1818,9 @@ typedef struct sg_advise_profile {
      * scope's prediction shares the launch among the steps (docs/advisor.md). */
     int steps_per_call;
     int loop;
+    /* One step's work (sg_trainer_stats.work of the eager steps above; work_counted 0: none). */
+    sg_work work;
+    int work_counted;
 } sg_advise_profile;
 
 /* One scope's prediction. */
@@ -1913,6 +1973,13 @@ struct sg_advise_result {
     int cpu;                     /* the core the thread was held on, -1 for none (hold_cpu 0, or
                                   * the affinity could not be set: cpu_note says why) */
     char cpu_note[160];
+    /* Speed of light: this device's peaks in the model's precision (sg_device_peaks_measure,
+     * after the profile) and the floor of profile.work on them; sol_ok 0 where either is
+     * missing (sol_note says why). A measured scope reaches sol.floor_ms / its step ms. */
+    sg_device_peaks peaks;
+    sg_sol sol;
+    int sol_ok;
+    char sol_note[256];
 };
 
 /* Advises the model `factory` builds on ctx (a CUDA context): calibrates (unless opts->calib),

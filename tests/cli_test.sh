@@ -64,6 +64,9 @@ expect 2 "--model and --scope are required" -- verify --model mlp-16-1-4
 expect 0 'usage: stepgraph advise --model NAME' -- advise --help
 expect 1 "advise profiles a CUDA device .*--backend cpu has none" -- advise --model mlp-64-2-32 --backend cpu
 expect 2 "--model is required" -- advise --no-measure
+# bench --sol: the CPU backend has no device peaks, and says so; a step's work is still counted.
+expect 0 "^mlp-32-2-8 +step +[0-9.]+ +[0-9.e-]+ +[0-9.e-]+ +n/a +n/a$" -- bench --model mlp-32-2-8 --scope step --steps 4 --repeats 1 --warmup 5 --sol --backend cpu
+expect 0 "^speed of light: no device peaks on the CPU backend" -- bench --model mlp-32-2-8 --scope eager --steps 4 --repeats 1 --warmup 5 --sol --backend cpu
 # advise --generate runs on the CPU backend too (a check of the flow); options of the other kind
 # of advice are usage errors.
 expect 0 "verdict: (eager|step|loop) predicted fastest.*measured" -- advise --generate --model gpt-64-1-2-16 --backend cpu --prompt-len 3 --length 5 --batch 2 --repeats 2

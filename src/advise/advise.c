@@ -161,6 +161,22 @@ static void verdict_measured(sg_advise_result *r)
         snprintf(r->verdict, sizeof r->verdict, "%s (measured %.2fx)", v, r->best_measured_speedup);
 }
 
+/* The floor of the profiled step on this device's peaks, best effort: a failure is a note. */
+static void speed_of_light(sg_ctx *ctx, sg_advise_result *r)
+{
+    if (!r->profile.work_counted) {
+        snprintf(r->sol_note, sizeof r->sol_note, "no work counted: the profile ran no eager step");
+        return;
+    }
+    sg_dtype dt = r->precision == SG_DTYPE_BF16 ? SG_DTYPE_BF16 : SG_DTYPE_F32;
+    if (sg_device_peaks_measure(ctx, dt, &r->peaks) != SG_OK) {
+        snprintf(r->sol_note, sizeof r->sol_note, "%s", sg_ctx_last_error(ctx));
+        return;
+    }
+    r->sol_ok = sg_sol_floor(&r->profile.work, &r->peaks, &r->sol) == SG_OK;
+    if (!r->sol_ok) snprintf(r->sol_note, sizeof r->sol_note, "the peaks or the work are not finite");
+}
+
 /* sg_advise once the thread is where it stays. */
 static sg_status advise_held(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_advise_options *o,
                              const sg_advise_timing *tm, sg_advise_result *out)
@@ -170,6 +186,7 @@ static sg_status advise_held(sg_ctx *ctx, sg_model_factory factory, void *user, 
     SG_TRY(sg_advise_profile_model(ctx, factory, user, tm, &out->profile));
     snprintf(out->model, sizeof out->model, "%s", out->profile.model);
     out->precision = out->profile.precision;
+    speed_of_light(ctx, out);
     report(o, out, SG_ADVISE_STAGE_PROFILED, SG_SCOPE_EAGER);
     SG_TRY(predict_all(ctx, o->trainer, out));
     snprintf(out->verdict, sizeof out->verdict, "%s", out->summary.verdict);

@@ -337,6 +337,9 @@ static sg_status probe_regions(sg_ctx *ctx, sg_model *m, sg_trainer *t, int64_t 
             int off = below > above ? below - above : above - below;
             if (off < best) best = off, im = i;
         }
+        sg_trainer_stats ts;
+        st = sg_trainer_get_stats(t, &ts);
+        out->work = ts.work, out->work_counted = ts.work_counted;
         out->step = sp[im].step, out->load = sp[im].load;
         out->forward = sp[im].forward, out->backward = sp[im].backward;
         for (int k = 0; k < n; k++) out->modules[k].forward = sp[im].fwd[k], out->modules[k].backward = sp[im].bwd[k];

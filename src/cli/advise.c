@@ -163,6 +163,26 @@ static void print_measure_row(const sg_advise_scope_result *sr)
            extra, m->fell_back ? "  fell back to eager: " : "", m->fell_back ? m->fallback_reason : "");
 }
 
+/* The profiled step's work and its floor on this device's peaks, by op family. */
+static void print_sol(const sg_advise_result *r)
+{
+    const sg_advise_profile *p = &r->profile;
+    if (!r->sol_ok) {
+        printf("\nspeed of light: n/a (%s)\n", r->sol_note);
+        return;
+    }
+    double fl = 0, by = 0;
+    for (int k = 0; k < SG_WORK_FAMILIES; k++) fl += p->work.flops[k], by += p->work.bytes[k];
+    printf("\nspeed of light (this GPU: %.1f TFLOP/s %s matmul, %.0f GB/s copy): a step asks %.4g TFLOP and "
+           "%.4g GB at least;\n  floor %.4f ms, the eager step at %.1f%% of it; by family (floor ms):",
+           r->peaks.matmul_tflops, r->precision == SG_DTYPE_BF16 ? "bf16" : "fp32", r->peaks.copy_gbps, fl / 1e12,
+           by / 1e9, r->sol.floor_ms, 100 * r->sol.floor_ms / p->wall_ms);
+    for (int k = 0; k < SG_WORK_FAMILIES; k++)
+        if (p->work.flops[k] > 0 || p->work.bytes[k] > 0)
+            printf(" %s %.4f", sg_work_family_name((sg_work_family)k), r->sol.family_ms[k]);
+    printf("\n");
+}
+
 /* sg_advise's progress: the tables as each stage completes (text output), and every failed
  * measurement on stderr. */
 static void progress(void *user, const sg_advise_result *r, sg_advise_stage stage, sg_scope scope)
@@ -170,7 +190,8 @@ static void progress(void *user, const sg_advise_result *r, sg_advise_stage stag
     bool json = *(const bool *)user;
     switch (stage) {
     case SG_ADVISE_STAGE_PROFILED:
-        if (!json) printf("CPU: %s\n", r->cpu_note), print_calib(&r->calib), print_profile(&r->profile, &r->options);
+        if (!json) printf("CPU: %s\n", r->cpu_note), print_calib(&r->calib), print_profile(&r->profile, &r->options),
+                   print_sol(r);
         break;
     case SG_ADVISE_STAGE_PREDICTED:
         if (json) break;
@@ -349,6 +370,25 @@ static bool print_json(const sg_advise_result *r, const sg_trainer_options *tr)
     sg_json_double(w, tr->stop_on_loss ? tr->stop_loss : NAN); /* null: no rule */
     json_where(w, r->device, r->cpu, r->cpu_note, &r->calib);
     json_profile(w, &r->profile);
+    sg_json_key(w, "speed_of_light");
+    sg_json_object_begin(w);
+    kv_bool(w, "ok", r->sol_ok);
+    sg_cli_kv_str(w, "note", r->sol_note);
+    kv_num(w, "peak_matmul_tflops", r->sol_ok ? r->peaks.matmul_tflops : NAN);
+    kv_num(w, "peak_copy_gbps", r->sol_ok ? r->peaks.copy_gbps : NAN);
+    kv_num(w, "floor_ms", r->sol_ok ? r->sol.floor_ms : NAN);
+    sg_json_key(w, "by_family");
+    sg_json_object_begin(w);
+    for (int k = 0; k < SG_WORK_FAMILIES; k++) {
+        sg_json_key(w, sg_work_family_name((sg_work_family)k));
+        sg_json_object_begin(w);
+        kv_num(w, "flops", r->profile.work.flops[k]);
+        kv_num(w, "bytes", r->profile.work.bytes[k]);
+        kv_num(w, "floor_ms", r->sol_ok ? r->sol.family_ms[k] : NAN);
+        sg_json_object_end(w);
+    }
+    sg_json_object_end(w);
+    sg_json_object_end(w);
     sg_json_key(w, "checklist");
     sg_json_object_begin(w);
     kv_num(w, "gpu_utilisation", r->summary.gpu_utilisation);
@@ -735,7 +775,15 @@ int sg_cmd_advise(int argc, char **argv)
     rc = st == SG_OK ? 0 : SG_EXIT_FAIL;
     if (!predicted) fprintf(stderr, "stepgraph advise: %s\n", sg_ctx_last_error(ctx));
     else if (o.json && !print_json(r, &o.tr)) rc = SG_EXIT_FAIL;
-    else if (!o.json) printf("\nverdict: %s\n", r->verdict);
+    else if (!o.json) {
+        if (r->sol_ok)
+            for (int k = 0; k < SG_ADVISE_SCOPES; k++)
+                if (r->scopes[k].measured)
+                    printf("%s speed of light: %s scope %.4f ms, %.1f%% of the %.4f ms floor\n", k ? "     " : "\n",
+                           sg_scope_name((sg_scope)k), r->scopes[k].measurement.step_ms,
+                           100 * r->sol.floor_ms / r->scopes[k].measurement.step_ms, r->sol.floor_ms);
+        printf("\nverdict: %s\n", r->verdict);
+    }
     free(r);
     sg_ctx_destroy(ctx);
     return rc;

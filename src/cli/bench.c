@@ -59,6 +59,13 @@ static const char *bench_usage =
     "                      images: scaled up to R x R, the last fifth held out (docs/data.md)\n"
     "  --vocab N           gpt: --data is a token file (nanoGPT's raw uint16 or an llm.c\n"
     "                      shard), tokens below N; embedding and head get N rows (e.g. 50304)\n"
+    "  --sol               speed of light: measure this GPU's matmul rate (in --precision) and\n"
+    "                      copy bandwidth once (about 1 s), and report per model and scope the\n"
+    "                      work of a step (the products' TFLOP, the other ops' GB at least:\n"
+    "                      sg_trainer_stats.work), its floor in ms (each op family's work over\n"
+    "                      the peak that bounds it, summed), the share of the floor the step\n"
+    "                      reaches (floor / ms), and the floor by family: a second table, or\n"
+    "                      extra fields with --json. On the CPU backend: the work, no floor\n"
     "  --memory            also report memory, per model and scope: peak reserved and in use,\n"
     "                      the static buffers (parameters, gradients, optimizer state,\n"
     "                      activations, data), the graphs' pool and executable graphs, and\n"
@@ -347,6 +354,89 @@ static void json_num(sg_json *w, const char *key, double v, int decimals)
 }
 
 /* --memory --json: the extra fields of a row's line (before "device"). */
+/* ---- --sol ---- */
+
+static sg_device_peaks peaks;
+static bool peaks_ok;
+
+/* The device's peaks, once, on a context of the run's backend; the CPU backend has none (the
+ * work is still reported). False after a failure, said on stderr. */
+static bool measure_peaks(sg_backend backend)
+{
+    sg_ctx *ctx = sg_cli_ctx("bench", backend, true);
+    if (!ctx) return false;
+    sg_status st = SG_OK;
+    if (sg_ctx_backend(ctx) == SG_BACKEND_CUDA) {
+        st = sg_device_peaks_measure(ctx, precision, &peaks);
+        if (st != SG_OK) fprintf(stderr, "stepgraph bench: --sol: %s\n", sg_ctx_last_error(ctx));
+        peaks_ok = st == SG_OK;
+    }
+    sg_ctx_destroy(ctx);
+    return st == SG_OK;
+}
+
+static double work_sum(const double *v)
+{
+    double s = 0;
+    for (int f = 0; f < SG_WORK_FAMILIES; f++) s += v[f];
+    return s;
+}
+
+/* The row's floor (false: no peaks or no work counted). */
+static bool row_floor(const bench_row *r, sg_sol *out)
+{
+    return peaks_ok && r->ts.work_counted && sg_sol_floor(&r->ts.work, &peaks, out) == SG_OK;
+}
+
+static void json_sol(sg_json *w, const bench_row *r)
+{
+    sg_sol f;
+    bool ok = row_floor(r, &f);
+    json_num(w, "work_tflop", r->ts.work_counted ? work_sum(r->ts.work.flops) / 1e12 : NAN, 6);
+    json_num(w, "work_gb", r->ts.work_counted ? work_sum(r->ts.work.bytes) / 1e9 : NAN, 6);
+    json_num(w, "peak_matmul_tflops", peaks_ok ? peaks.matmul_tflops : NAN, 1);
+    json_num(w, "peak_copy_gbps", peaks_ok ? peaks.copy_gbps : NAN, 1);
+    json_num(w, "floor_ms", ok ? f.floor_ms : NAN, 5);
+    json_num(w, "sol_share", ok ? f.floor_ms / r->ms : NAN, 4);
+    sg_json_key(w, "floor_ms_by_family");
+    sg_json_object_begin(w);
+    for (int k = 0; k < SG_WORK_FAMILIES; k++) json_num(w, sg_work_family_name((sg_work_family)k), ok ? f.family_ms[k] : NAN, 5);
+    sg_json_object_end(w);
+}
+
+static void print_sol_table(const bench_row *rows, int n)
+{
+    if (peaks_ok)
+        printf("\nspeed of light on %s: %.1f TFLOP/s %s matmul, %.0f GB/s copy (measured now)\n", peaks.device,
+               peaks.matmul_tflops, precision == SG_DTYPE_BF16 ? "bf16" : "fp32", peaks.copy_gbps);
+    else
+        printf("\nspeed of light: no device peaks on the CPU backend; the work of a step only\n");
+    printf("%-16s %-6s %9s %9s %9s %9s %6s", "model", "scope", "ms/step", "TFLOP", "GB", "floor ms", "share");
+    for (int k = 0; k < SG_WORK_FAMILIES; k++) printf(" %9.9s", sg_work_family_name((sg_work_family)k));
+    printf("\n");
+    for (int i = 0; i < n; i++) {
+        const bench_row *r = &rows[i];
+        sg_sol f;
+        bool ok = row_floor(r, &f);
+        printf("%-16s %-6s %9.4f", r->model, sg_scope_name(r->scope), r->ms);
+        if (!r->ts.work_counted) {
+            printf(" %9s (no eager step ran: no work counted)\n", "n/a");
+            continue;
+        }
+        printf(" %9.4g %9.4g", work_sum(r->ts.work.flops) / 1e12, work_sum(r->ts.work.bytes) / 1e9);
+        if (!ok) {
+            printf(" %9s %6s\n", "n/a", "n/a");
+            continue;
+        }
+        printf(" %9.4f %5.1f%%", f.floor_ms, 100 * f.floor_ms / r->ms);
+        for (int k = 0; k < SG_WORK_FAMILIES; k++) printf(" %9.4f", f.family_ms[k]);
+        printf("\n");
+    }
+    printf("TFLOP, GB: a step's products and the other ops' bytes at least. floor: each family's work over\n"
+           "the peak that bounds it (matmul rate or copy bandwidth), summed; share: floor / ms. By family:\n"
+           "the floor's ms of each.\n");
+}
+
 static void json_memory(sg_json *w, const bench_row *r)
 {
     const double mib = 1048576.0;
@@ -367,7 +457,7 @@ static void json_memory(sg_json *w, const bench_row *r)
 }
 
 /* --json: a row as one line on stdout, every string escaped (sg_json). */
-static bool print_json_row(const bench_row *r, bool memory, const char *commit)
+static bool print_json_row(const bench_row *r, bool memory, bool sol, const char *commit)
 {
     sg_json *w = NULL;
     if (sg_json_create_file(stdout, SG_JSON_SPACED, &w) != SG_OK) {
@@ -413,6 +503,7 @@ static bool print_json_row(const bench_row *r, bool memory, const char *commit)
         json_num(w, "tokens_per_s", r->ms > 0 ? r->tokens * 1e3 / r->ms : NAN, 1);
     }
     if (memory) json_memory(w, r);
+    if (sol) json_sol(w, r);
     sg_cli_kv_str(w, "device", r->device);
     sg_cli_kv_str(w, "commit", commit);
     sg_json_object_end(w);
@@ -460,7 +551,7 @@ int sg_cmd_bench(int argc, char **argv)
     const char *models = NULL, *scopes = "eager";
     long long nsteps = 100, repeats = 5, warmup = 30;
     sg_backend backend = SG_BACKEND_AUTO;
-    bool json = false, memory = false, bad = false;
+    bool json = false, memory = false, sol = false, bad = false;
     for (int i = 1; i < argc && !bad;) {
         const char *v = NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -470,6 +561,8 @@ int sg_cmd_bench(int argc, char **argv)
             json = true, i++;
         } else if (!strcmp(argv[i], "--memory")) {
             memory = true, i++;
+        } else if (!strcmp(argv[i], "--sol")) {
+            sol = true, i++;
         } else if (sg_cli_opt(argc, argv, &i, "--model", &v, &bad)) {
             models = v;
         } else if (sg_cli_opt(argc, argv, &i, "--steps", &v, &bad)) {
@@ -555,9 +648,10 @@ int sg_cmd_bench(int argc, char **argv)
         }
         if (bad) return SG_EXIT_USAGE;
     }
+    if (sol && !measure_peaks(backend)) return SG_EXIT_FAIL;
     char *list = strdup(models), *save = NULL;
     int rc = 0, nrows = 0;
-    bench_row *rows = NULL; /* --memory: kept for the memory table */
+    bench_row *rows = NULL; /* --memory, --sol: kept for the second tables */
     if (!json)
         printf("%-16s %-6s %9s %9s %8s %9s %9s %8s %9s %8s\n", "model", "scope", "ms/step", "host ms",
                "kernels", "busy ms", "capt ms", "nodes", "alloc/100", "peak MiB");
@@ -569,7 +663,7 @@ int sg_cmd_bench(int argc, char **argv)
                 continue;
             }
             if (json) {
-                if (!print_json_row(&r, memory, commit)) rc = SG_EXIT_FAIL;
+                if (!print_json_row(&r, memory, sol, commit)) rc = SG_EXIT_FAIL;
             } else {
                 char busy[32];
                 if (r.busy_ok) snprintf(busy, sizeof busy, "%.4f", r.busy_ms);
@@ -577,13 +671,14 @@ int sg_cmd_bench(int argc, char **argv)
                 printf("%-16s %-6s %9.4f %9.4f %8.1f %9s %9.2f %8d %9.2f %8.1f\n", r.model,
                        sg_scope_name(r.scope), r.ms, r.host_ms, r.kernels, busy,
                        r.ts.capture_ms + r.ts.instantiate_ms, r.ts.nodes, r.allocs100, r.peak_mib);
-                bench_row *grown = memory ? realloc(rows, (size_t)(nrows + 1) * sizeof *rows) : NULL;
+                bench_row *grown = memory || sol ? realloc(rows, (size_t)(nrows + 1) * sizeof *rows) : NULL;
                 if (grown) rows = grown, rows[nrows++] = r;
             }
             fflush(stdout);
         }
     }
     if (memory && !json) print_memory_table(rows, nrows);
+    if (sol && !json) print_sol_table(rows, nrows);
     free(rows);
     free(list);
     return rc;

@@ -166,6 +166,7 @@ struct sg_ctx {
     char device_name[320];
     char msg[1024];          /* last error */
     uint64_t launches;       /* kernels and library matmuls queued */
+    sg_work work;            /* the ops' work asked for (sg_ctx_work) */
     sg_pool *default_pool;
     sg_pool *cur_pool;
     sg_pool *pools;          /* every pool, the default first */
@@ -231,6 +232,14 @@ void sg_ctx_set_ext(sg_ctx *ctx, sg_ext_slot slot, void *ext,
 static inline void *sg_ctx_ext(const sg_ctx *ctx, sg_ext_slot slot) { return ctx->ext[slot]; }
 
 static inline void sg_ctx_count_launches(sg_ctx *ctx, int n) { ctx->launches += (uint64_t)n; }
+/* An op's work (sg_ctx_work): flops of its products, bytes it must move. */
+static inline void sg_ctx_count_work(sg_ctx *ctx, sg_work_family f, double flops, double bytes)
+{
+    ctx->work.flops[f] += flops, ctx->work.bytes[f] += bytes;
+}
+/* The bytes of up to 8 tensors (NULLs count 0): an op's inputs and outputs. */
+double sg_tensors_bytes(const sg_tensor *a, const sg_tensor *b, const sg_tensor *c, const sg_tensor *d,
+                        const sg_tensor *e, const sg_tensor *f, const sg_tensor *g, const sg_tensor *h);
 
 /* CUDA state, visible to .cu launchers through these getters (NULL on the CPU backend). */
 void *sg_ctx_stream(const sg_ctx *ctx);            /* cudaStream_t */

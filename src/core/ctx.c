@@ -102,6 +102,30 @@ sg_backend sg_ctx_backend(const sg_ctx *ctx) { return ctx ? ctx->backend : SG_BA
 const char *sg_ctx_device_name(const sg_ctx *ctx) { return ctx ? ctx->device_name : ""; }
 uint64_t sg_ctx_launch_count(const sg_ctx *ctx) { return ctx ? ctx->launches : 0; }
 
+void sg_ctx_work(const sg_ctx *ctx, sg_work *out)
+{
+    if (!out) return;
+    if (ctx) *out = ctx->work;
+    else memset(out, 0, sizeof *out);
+}
+
+const char *sg_work_family_name(sg_work_family f)
+{
+    static const char *const names[SG_WORK_FAMILIES] = {"matmul", "attention", "conv", "norm", "elementwise",
+                                                        "loss", "optimizer"};
+    return f >= 0 && f < SG_WORK_FAMILIES ? names[f] : "?";
+}
+
+double sg_tensors_bytes(const sg_tensor *a, const sg_tensor *b, const sg_tensor *c, const sg_tensor *d,
+                        const sg_tensor *e, const sg_tensor *f, const sg_tensor *g, const sg_tensor *h)
+{
+    const sg_tensor *ts[8] = {a, b, c, d, e, f, g, h};
+    double n = 0;
+    for (int i = 0; i < 8; i++)
+        if (ts[i]) n += (double)sg_tensor_nbytes(ts[i]);
+    return n;
+}
+
 sg_status sg_ctx_mem_info(sg_ctx *ctx, size_t *free_bytes, size_t *total_bytes)
 {
     if (!ctx) return SG_ERR_NULL;

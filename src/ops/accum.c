@@ -33,6 +33,7 @@ sg_status sg_accumulate(sg_ctx *ctx, sg_tensor *y, float beta, const sg_tensor *
     if (!isfinite(beta) || !isfinite(alpha))
         return sg_fail(ctx, SG_ERR_INVALID, "%s: beta %g, alpha %g: expected finite factors", fn, beta, alpha);
     SG_TRY(sg_check_not_overlapping(ctx, fn, "y", y, "x", x));
+    sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, sg_tensors_bytes(y, y, x, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         accum_args a = {y, x, beta, alpha};
         return sg_cpu_run(ctx, accum_cpu, &a, sizeof a);

@@ -48,6 +48,7 @@ static sg_status check_pair(sg_ctx *ctx, const char *fn, const char *wa, const s
 sg_status sg_relu_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y)
 {
     SG_TRY(check_pair(ctx, "sg_relu_forward", "x", x, "y", y));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(x, NULL, y, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 0, x, NULL, y);
     return SG_CUDA_DISPATCH(ctx, sg_relu_forward_cuda(ctx, x, y));
 }
@@ -56,6 +57,7 @@ sg_status sg_relu_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *dy,
 {
     SG_TRY(check_pair(ctx, "sg_relu_backward", "x", x, "dy", dy));
     SG_TRY(check_pair(ctx, "sg_relu_backward", "x", x, "dx", dx));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(x, dy, dx, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 1, x, dy, dx);
     return SG_CUDA_DISPATCH(ctx, sg_relu_backward_cuda(ctx, x, dy, dx));
 }
@@ -63,6 +65,7 @@ sg_status sg_relu_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *dy,
 sg_status sg_gelu_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y)
 {
     SG_TRY(check_pair(ctx, "sg_gelu_forward", "x", x, "y", y));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(x, NULL, y, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 2, x, NULL, y);
     return SG_CUDA_DISPATCH(ctx, sg_gelu_forward_cuda(ctx, x, y));
 }
@@ -71,6 +74,7 @@ sg_status sg_gelu_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *dy,
 {
     SG_TRY(check_pair(ctx, "sg_gelu_backward", "x", x, "dy", dy));
     SG_TRY(check_pair(ctx, "sg_gelu_backward", "x", x, "dx", dx));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(x, dy, dx, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 3, x, dy, dx);
     return SG_CUDA_DISPATCH(ctx, sg_gelu_backward_cuda(ctx, x, dy, dx));
 }
@@ -79,6 +83,7 @@ sg_status sg_add_forward(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b, sg
 {
     SG_TRY(check_pair(ctx, "sg_add_forward", "a", a, "b", b));
     SG_TRY(check_pair(ctx, "sg_add_forward", "a", a, "y", y));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(a, b, y, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 4, a, b, y);
     return SG_CUDA_DISPATCH(ctx, sg_add_forward_cuda(ctx, a, b, y));
 }
@@ -86,6 +91,7 @@ sg_status sg_add_forward(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b, sg
 sg_status sg_silu_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y)
 {
     SG_TRY(check_pair(ctx, "sg_silu_forward", "x", x, "y", y));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(x, NULL, y, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 5, x, NULL, y);
     return SG_CUDA_DISPATCH(ctx, sg_silu_forward_cuda(ctx, x, y));
 }
@@ -94,6 +100,7 @@ sg_status sg_silu_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *dy,
 {
     SG_TRY(check_pair(ctx, "sg_silu_backward", "x", x, "dy", dy));
     SG_TRY(check_pair(ctx, "sg_silu_backward", "x", x, "dx", dx));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(x, dy, dx, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 6, x, dy, dx);
     return SG_CUDA_DISPATCH(ctx, sg_silu_backward_cuda(ctx, x, dy, dx));
 }
@@ -101,6 +108,7 @@ sg_status sg_silu_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *dy,
 sg_status sg_sigmoid_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y)
 {
     SG_TRY(check_pair(ctx, "sg_sigmoid_forward", "x", x, "y", y));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(x, NULL, y, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 7, x, NULL, y);
     return SG_CUDA_DISPATCH(ctx, sg_sigmoid_forward_cuda(ctx, x, y));
 }
@@ -110,6 +118,7 @@ sg_status sg_sigmoid_backward(sg_ctx *ctx, const sg_tensor *y, const sg_tensor *
 {
     SG_TRY(check_pair(ctx, "sg_sigmoid_backward", "y", y, "dy", dy));
     SG_TRY(check_pair(ctx, "sg_sigmoid_backward", "y", y, "dx", dx));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(y, dy, dx, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, 8, y, dy, dx);
     return SG_CUDA_DISPATCH(ctx, sg_sigmoid_backward_cuda(ctx, y, dy, dx));
 }

@@ -95,6 +95,7 @@ sg_status sg_amp_unscale(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
                        " (sg_loss_scaler: scale, good_steps, growth_interval, skipped)"));
     SG_TRY(check_small(ctx, fn, "found", found, SG_DTYPE_I32, 1, ""));
     SG_TRY(check_overlaps(ctx, fn, grad_lo, grad, scaler, found));
+    sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, sg_tensors_bytes(grad_lo, grad, NULL, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         amp_args a = {grad_lo, grad, scaler, found};
         return sg_cpu_run(ctx, unscale_cpu, &a, sizeof a);

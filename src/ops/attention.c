@@ -5,6 +5,13 @@
  * (f32, f64 on the CPU, or bf16) for every tensor but work, which is F32. */
 #include "ops/attention.h"
 
+/* The products of one causal pass (q k^T and p v over the lower triangle, T (T + 1) / 2 pairs
+ * of hs-long rows a head): the forward's flops; the backward does twice as many. */
+static double causal_flops(sg_attn_dims d)
+{
+    return 2.0 * 2.0 * (double)d.B * (double)d.H * ((double)d.T * (double)(d.T + 1) / 2) * (double)d.hs;
+}
+
 int64_t sg_attention_work_elems(int64_t B, int64_t T, int64_t C, int heads)
 {
     if (B < 1 || T < 1 || C < 1 || heads < 1 || C % heads) return -1;
@@ -142,6 +149,7 @@ sg_status sg_attention_forward(sg_ctx *ctx, const sg_tensor *qkv, int heads, sg_
     const sg_tensor *ts[] = {out, att, work, qkv};
     SG_TRY(sg_check_disjoint(ctx, fn, 3, 4, names, ts));
 
+    sg_ctx_count_work(ctx, SG_WORK_ATTENTION, causal_flops(d), sg_tensors_bytes(qkv, out, att, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         attn_args a = {qkv, NULL, NULL, out, att, d};
         return sg_cpu_run(ctx, attn_fwd_cpu, &a, sizeof a);
@@ -164,6 +172,8 @@ sg_status sg_attention_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tens
     const sg_tensor *ts[] = {dqkv, work, qkv, att, dout};
     SG_TRY(sg_check_disjoint(ctx, fn, 2, 5, names, ts));
 
+    sg_ctx_count_work(ctx, SG_WORK_ATTENTION, 2 * causal_flops(d),
+                      sg_tensors_bytes(qkv, att, dout, dqkv, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         attn_args a = {qkv, att, dout, dqkv, NULL, d};
         return sg_cpu_run(ctx, attn_bwd_cpu, &a, sizeof a);
@@ -230,6 +240,7 @@ sg_status sg_attention_fused_forward(sg_ctx *ctx, const sg_tensor *qkv, int head
     const char *names[] = {"out", "lse", "qkv"};
     const sg_tensor *ts[] = {out, lse, qkv};
     SG_TRY(sg_check_disjoint(ctx, fn, 2, 3, names, ts));
+    sg_ctx_count_work(ctx, SG_WORK_ATTENTION, causal_flops(d), sg_tensors_bytes(qkv, out, lse, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         fused_args a = {qkv, NULL, NULL, NULL, out, lse, d};
         return sg_cpu_run(ctx, fused_fwd_cpu, &a, sizeof a);
@@ -252,6 +263,8 @@ sg_status sg_attention_fused_backward(sg_ctx *ctx, const sg_tensor *qkv, const s
     const char *names[] = {"dqkv", "delta", "qkv", "out", "lse", "dout"};
     const sg_tensor *ts[] = {dqkv, delta, qkv, out, lse, dout};
     SG_TRY(sg_check_disjoint(ctx, fn, 2, 6, names, ts));
+    sg_ctx_count_work(ctx, SG_WORK_ATTENTION, 2 * causal_flops(d),
+                      sg_tensors_bytes(qkv, out, lse, dout, dqkv, delta, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         fused_args a = {qkv, out, lse, dout, dqkv, delta, d};
         return sg_cpu_run(ctx, fused_bwd_cpu, &a, sizeof a);

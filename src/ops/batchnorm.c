@@ -128,6 +128,7 @@ static sg_status forward(sg_ctx *ctx, const char *fn, const sg_tensor *x, const 
                            "x",           "gamma", "beta", "residual"};
     const sg_tensor *ts[] = {y, mean, rstd, running_mean, running_var, x, gamma, beta, residual};
     SG_TRY(sg_check_disjoint(ctx, fn, training ? 5 : 3, 9, names, ts));
+    sg_ctx_count_work(ctx, SG_WORK_NORM, 0, (training ? 2 : 1) * sg_tensors_bytes(x, NULL, NULL, NULL, NULL, NULL, NULL, NULL) + sg_tensors_bytes(y, residual, gamma, beta, mean, rstd, running_mean, running_var));
     if (ctx->backend == SG_BACKEND_CPU) {
         bn_args a = {.x = x,
                      .gamma = gamma,
@@ -182,6 +183,7 @@ static sg_status backward(sg_ctx *ctx, const char *fn, const sg_tensor *x, const
                            "gamma", "mean", "rstd", "dy", "y"};
     const sg_tensor *ts[] = {dx, dgamma, dbeta, dresidual, x, gamma, mean, rstd, dy, y};
     SG_TRY(sg_check_disjoint(ctx, fn, 4, 10, names, ts));
+    sg_ctx_count_work(ctx, SG_WORK_NORM, 0, sg_tensors_bytes(x, dy, dx, dresidual, y, gamma, dgamma, dbeta));
     if (ctx->backend == SG_BACKEND_CPU) {
         bn_args a = {.x = x,
                      .gamma = gamma,

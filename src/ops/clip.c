@@ -57,6 +57,8 @@ sg_status sg_clip_grad_norm(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_ten
     if (max_norm != max_norm)
         return sg_fail(ctx, SG_ERR_INVALID, "%s: max_norm is NaN; expected a number (<= 0: "
                        "measure only)", fn);
+    /* the norm reads the gradients; scaling them reads and writes them again */
+    sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, (max_norm > 0 ? 3 : 1) * sg_tensors_bytes(grad, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         clip_args a = {grad, norm, nonfinite, max_norm};
         return sg_cpu_run(ctx, clip_cpu, &a, sizeof a);

@@ -205,6 +205,8 @@ sg_status sg_conv2d_forward(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x, const
     const char *names[] = {"y", "x", "w", "b"};
     const sg_tensor *ts[] = {y, x, w, b};
     SG_TRY(sg_check_disjoint(ctx, fn, 1, 4, names, ts));
+    const double conv_flops = 2.0 * (double)(y->numel / c->y_shape[3]) * (double)w->numel;
+    sg_ctx_count_work(ctx, SG_WORK_CONV, conv_flops, sg_tensors_bytes(x, w, b, y, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         conv_args a = {.c = c, .x = x, .w = w, .b = b, .y = y};
         return sg_cpu_run(ctx, conv_forward_cpu, &a, sizeof a);
@@ -232,6 +234,9 @@ sg_status sg_conv2d_backward(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x, cons
     const char *names[] = {"dx", "dw", "db", "x", "w", "dy"};
     const sg_tensor *ts[] = {dx, dw, db, x, w, dy};
     SG_TRY(sg_check_disjoint(ctx, fn, 3, 6, names, ts));
+    /* dw, and dx when asked: each the forward's products */
+    const double conv_flops = 2.0 * (double)(dy->numel / c->y_shape[3]) * (double)w->numel;
+    sg_ctx_count_work(ctx, SG_WORK_CONV, (dx ? 2 : 1) * conv_flops, sg_tensors_bytes(x, w, dy, dx, dw, db, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         conv_args a = {.c = c, .x = x, .w = w, .dy = dy, .dx = dx, .dw = dw, .db = db};
         return sg_cpu_run(ctx, conv_backward_cpu, &a, sizeof a);

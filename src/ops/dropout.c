@@ -52,6 +52,7 @@ static sg_status dropout(sg_ctx *ctx, const char *fn, const char *win, const sg_
 {
     SG_TRY(check_args(ctx, fn, win, in, p, rng, wout, out));
     double scale = 1.0 / (1.0 - (double)p);
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(in, out, NULL, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         dropout_args a = {in, rng, out, p, scale, site};
         return sg_cpu_run(ctx, dropout_cpu, &a, sizeof a);

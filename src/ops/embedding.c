@@ -115,6 +115,8 @@ sg_status sg_embedding_forward(sg_ctx *ctx, const sg_tensor *tokens, const sg_te
     const char *names[] = {"y", "tokens", "wte", "wpe"};
     const sg_tensor *ts[] = {y, tokens, wte, wpe};
     SG_TRY(sg_check_disjoint(ctx, fn, 1, 4, names, ts));
+    /* each row of y reads a row of wte and one of wpe: y's bytes twice, and the tokens */
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(tokens, y, y, y, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         emb_args a = {.tokens = tokens, .wte = wte, .wpe = wpe, .y = y};
         return sg_cpu_run(ctx, emb_forward_cpu, &a, sizeof a);
@@ -138,6 +140,7 @@ sg_status sg_embedding_backward(sg_ctx *ctx, const sg_tensor *tokens, const sg_t
     const char *names[] = {"dwte", "dwpe", "tokens", "dy"};
     const sg_tensor *ts[] = {dwte, dwpe, tokens, dy};
     SG_TRY(sg_check_disjoint(ctx, fn, 2, 4, names, ts));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(tokens, dy, dwte, dwpe, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         emb_args a = {.tokens = tokens, .dy = dy, .dwte = dwte, .dwpe = dwpe};
         return sg_cpu_run(ctx, emb_backward_cpu, &a, sizeof a);

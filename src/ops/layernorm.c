@@ -87,6 +87,7 @@ sg_status sg_layernorm_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor 
     const char *names[] = {"y", "mean", "rstd", "x", "gamma", "beta"};
     const sg_tensor *ts[] = {y, mean, rstd, x, gamma, beta};
     SG_TRY(sg_check_disjoint(ctx, fn, 3, 6, names, ts));
+    sg_ctx_count_work(ctx, SG_WORK_NORM, 0, sg_tensors_bytes(x, gamma, beta, y, mean, rstd, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         ln_args a = {
             .x = x, .gamma = gamma, .beta = beta, .eps = eps, .y = y, .mean = mean, .rstd = rstd};
@@ -114,6 +115,7 @@ sg_status sg_layernorm_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor
     const char *names[] = {"dx", "dgamma", "dbeta", "x", "gamma", "mean", "rstd", "dy"};
     const sg_tensor *ts[] = {dx, dgamma, dbeta, x, gamma, mean, rstd, dy};
     SG_TRY(sg_check_disjoint(ctx, fn, 3, 8, names, ts));
+    sg_ctx_count_work(ctx, SG_WORK_NORM, 0, sg_tensors_bytes(x, gamma, mean, rstd, dy, dx, dgamma, dbeta));
     if (ctx->backend == SG_BACKEND_CPU) {
         ln_args a = {.x = x,
                      .gamma = gamma,

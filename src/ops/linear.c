@@ -110,6 +110,7 @@ sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
     }
     SG_TRY(sg_check_not_overlapping(ctx, fn, "y", y, "pre", pre));
 
+    sg_ctx_count_work(ctx, SG_WORK_MATMUL, 2.0 * (double)m * (double)n * (double)k, sg_tensors_bytes(x, w, b, y, pre, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         lin_args a = {x, w, b, NULL, act, NULL, y, pre, NULL, NULL, m, n, k};
         return sg_cpu_run(ctx, lin_fwd_cpu, &a, sizeof a);
@@ -151,6 +152,9 @@ sg_status sg_linear_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w
             if (i != o && !(o == 0 && i == 6))
                 SG_TRY(sg_check_not_overlapping(ctx, fn, names[o], ts[o], names[i], ts[i]));
 
+    /* dw, and dx when asked; dy read (and, with an activation, written back as d(pre)). */
+    sg_ctx_count_work(ctx, SG_WORK_MATMUL, (dx ? 4.0 : 2.0) * (double)m * (double)n * (double)k,
+                      sg_tensors_bytes(x, w, dy, act_in, dx, dw, db, act != SG_ACT_NONE ? dy : NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         lin_args a = {x, w, NULL, act_in, act, dy, dx, NULL, dw, db, m, n, k};
         return sg_cpu_run(ctx, lin_bwd_cpu, &a, sizeof a);

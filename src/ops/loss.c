@@ -123,6 +123,7 @@ static sg_status softmax_xent(sg_ctx *ctx, const char *fn, const sg_tensor *logi
     if (dlogits) SG_TRY(sg_check_same_shape(ctx, fn, "logits", logits, "dlogits", dlogits));
     SG_TRY(check_grad_scale(ctx, fn, grad_scale));
     SG_TRY(check_scaler(ctx, fn, scaler, loss, dlogits));
+    sg_ctx_count_work(ctx, SG_WORK_LOSS, 0, sg_tensors_bytes(logits, targets, dlogits, loss, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         loss_args a = {fn, logits, targets, scaler, grad_scale, loss, dlogits, classes};
         return sg_cpu_run(ctx, xent_cpu, &a, sizeof a);
@@ -158,6 +159,7 @@ sg_status sg_mse(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *target, float
     SG_TRY(check_scalar(ctx, fn, "loss", loss, x->dtype));
     if (dx) SG_TRY(sg_check_same_shape(ctx, fn, "x", x, "dx", dx));
     SG_TRY(check_grad_scale(ctx, fn, grad_scale));
+    sg_ctx_count_work(ctx, SG_WORK_LOSS, 0, sg_tensors_bytes(x, target, dx, loss, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         loss_args a = {"sg_mse", x, target, NULL, grad_scale, loss, dx, 0};
         return sg_cpu_run(ctx, mse_cpu, &a, sizeof a);

@@ -167,6 +167,7 @@ sg_status sg_adamw_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg
     if (!v) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor 'v' is NULL", fn);
     SG_TRY(check_step(ctx, fn, param, grad, "m", m, v, hp, seg_start, seg_decay, n_seg, skip,
                       param_lo));
+    sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, 2 * sg_tensors_bytes(param, m, v, NULL, NULL, NULL, NULL, NULL) + sg_tensors_bytes(grad, param_lo, NULL, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         optim_args a = {param, grad, m, v, hp, seg_start, seg_decay, n_seg, skip, param_lo};
         return sg_cpu_run(ctx, adamw_cpu, &a, sizeof a);
@@ -183,6 +184,7 @@ sg_status sg_sgd_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_t
     const char *fn = "sg_sgd_step";
     SG_TRY(check_step(ctx, fn, param, grad, "buf", buf, NULL, hp, seg_start, seg_decay, n_seg,
                       skip, param_lo));
+    sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, 2 * sg_tensors_bytes(param, buf, NULL, NULL, NULL, NULL, NULL, NULL) + sg_tensors_bytes(grad, param_lo, NULL, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         optim_args a = {param, grad, buf, NULL, hp, seg_start, seg_decay, n_seg, skip, param_lo};
         return sg_cpu_run(ctx, sgd_cpu, &a, sizeof a);

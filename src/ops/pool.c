@@ -110,6 +110,7 @@ sg_status sg_maxpool2d_forward(sg_ctx *ctx, const sg_tensor *x, int k, int strid
     const char *names[] = {"y", "argmax", "x"};
     const sg_tensor *ts[] = {y, argmax, x};
     SG_TRY(sg_check_disjoint(ctx, fn, 2, 3, names, ts));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(x, y, argmax, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU)
         return run_cpu(
             ctx, (pool_args){
@@ -134,6 +135,7 @@ sg_status sg_maxpool2d_backward(sg_ctx *ctx, const sg_tensor *dy, const sg_tenso
     const char *names[] = {"dx", "dy", "argmax"};
     const sg_tensor *ts[] = {dx, dy, argmax};
     SG_TRY(sg_check_disjoint(ctx, fn, 1, 3, names, ts));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(dx, dy, argmax, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU)
         return run_cpu(
             ctx, (pool_args){
@@ -151,6 +153,7 @@ sg_status sg_avgpool_forward(sg_ctx *ctx, const sg_tensor *x, sg_tensor *y)
     const int64_t want[2] = {x->shape[0], x->shape[3]};
     SG_TRY(check_shape(ctx, fn, "y", y, x->dtype, 2, want, "(N, C) of x"));
     SG_TRY(sg_check_not_overlapping(ctx, fn, "y", y, "x", x));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(x, y, NULL, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, (pool_args){.op = 2, .a = x, .y = y});
     return SG_CUDA_DISPATCH(ctx, sg_avgpool_forward_cuda(ctx, x, y));
 }
@@ -163,6 +166,7 @@ sg_status sg_avgpool_backward(sg_ctx *ctx, const sg_tensor *dy, sg_tensor *dx)
     const int64_t want[2] = {dx->shape[0], dx->shape[3]};
     SG_TRY(check_shape(ctx, fn, "dy", dy, dx->dtype, 2, want, "(N, C) of dx"));
     SG_TRY(sg_check_not_overlapping(ctx, fn, "dx", dx, "dy", dy));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(dy, dx, NULL, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) return run_cpu(ctx, (pool_args){.op = 3, .a = dy, .y = dx});
     return SG_CUDA_DISPATCH(ctx, sg_avgpool_backward_cuda(ctx, dy, dx));
 }
@@ -181,6 +185,7 @@ sg_status sg_channel_scale_forward(sg_ctx *ctx, const sg_tensor *x, const sg_ten
     const char *names[] = {"y", "x", "s"};
     const sg_tensor *ts[] = {y, x, s};
     SG_TRY(sg_check_disjoint(ctx, fn, 1, 3, names, ts));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(x, s, y, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU)
         return run_cpu(ctx, (pool_args){.op = 4, .a = x, .b = s, .y = y});
     return SG_CUDA_DISPATCH(ctx, sg_channel_scale_forward_cuda(ctx, x, s, y));
@@ -200,6 +205,7 @@ sg_status sg_channel_scale_backward(sg_ctx *ctx, const sg_tensor *x, const sg_te
     const char *names[] = {"dx", "ds", "x", "s", "dy"};
     const sg_tensor *ts[] = {dx, ds, x, s, dy};
     SG_TRY(sg_check_disjoint(ctx, fn, 2, 5, names, ts));
+    sg_ctx_count_work(ctx, SG_WORK_ELEMENTWISE, 0, sg_tensors_bytes(dx, ds, x, s, dy, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU)
         return run_cpu(ctx, (pool_args){.op = 5, .a = x, .b = s, .c = dy, .y = dx, .z = ds});
     return SG_CUDA_DISPATCH(ctx, sg_channel_scale_backward_cuda(ctx, x, s, dy, dx, ds));

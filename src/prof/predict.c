@@ -335,3 +335,21 @@ sg_status sg_advise_gen_predict(const sg_advise_calib *c, const sg_advise_gen_pr
                  c->note[0] ? c->note : "none taken");
     return SG_OK;
 }
+
+/* ---- speed of light ---- */
+
+sg_status sg_sol_floor(const sg_work *w, const sg_device_peaks *p, sg_sol *out)
+{
+    if (!w || !p || !out) return SG_ERR_NULL;
+    memset(out, 0, sizeof *out);
+    if (!(isfinite(p->matmul_tflops) && p->matmul_tflops > 0 && isfinite(p->copy_gbps) && p->copy_gbps > 0))
+        return SG_ERR_INVALID;
+    for (int f = 0; f < SG_WORK_FAMILIES; f++) {
+        if (!(isfinite(w->flops[f]) && w->flops[f] >= 0 && isfinite(w->bytes[f]) && w->bytes[f] >= 0))
+            return SG_ERR_INVALID;
+        double c = w->flops[f] / (p->matmul_tflops * 1e12), b = w->bytes[f] / (p->copy_gbps * 1e9);
+        out->family_ms[f] = 1e3 * (c > b ? c : b);
+        out->floor_ms += out->family_ms[f];
+    }
+    return SG_OK;
+}

@@ -35,6 +35,8 @@ struct sg_trainer {
     bool armed;                  /* warm-up done: capture or replay */
     bool fallback;               /* a capture failed and on_capture_fail is eager */
     char reason[512];
+    sg_work work;                /* one optimizer step's (sg_trainer_stats.work) */
+    bool work_counted;
     sg_graph *g_step, *g_fwd, *g_bwd;
     sg_pool *pool;               /* shared by the trainer's graphs (they never run at once) */
     graphed_module **wrapped;    /* layer scope: the modules wrapped (one a child at most) */
@@ -945,6 +947,10 @@ static sg_status trainer_step(sg_trainer *t, int64_t index)
 {
     if (t->dist) SG_TRY(sg_dist_poll(t->dist)); /* a failed run fails every step, at once */
     t->armed = t->steps >= t->opts.warmup && !t->fallback && t->opts.scope != SG_SCOPE_EAGER;
+    /* An eager call's ops count their work (replays count none): the first one's, per step. */
+    const bool eager_call = !t->armed;
+    sg_work w0;
+    sg_ctx_work(t->ctx, &w0);
     sg_status st = SG_OK;
     if (t->armed && t->opts.scope == SG_SCOPE_STEP && (!varies(t) || t->use_switch)) {
         /* The graph gathers its own batches, at the full shape (a bucket may have left less). */
@@ -954,6 +960,17 @@ static sg_status trainer_step(sg_trainer *t, int64_t index)
         st = host_steps(t, index);
     }
     if (st == SG_OK && t->dist) st = sg_dist_step_end(t->dist); /* the watchdog's progress mark */
+    if (st == SG_OK && eager_call && !t->work_counted) {
+        sg_work w1;
+        sg_ctx_work(t->ctx, &w1);
+        double any = 0;
+        for (int f = 0; f < SG_WORK_FAMILIES; f++) {
+            t->work.flops[f] = (w1.flops[f] - w0.flops[f]) / t->opts.steps_per_call;
+            t->work.bytes[f] = (w1.bytes[f] - w0.bytes[f]) / t->opts.steps_per_call;
+            any += t->work.flops[f] + t->work.bytes[f];
+        }
+        t->work_counted = any > 0; /* a call that replayed a bucket's graph counted nothing */
+    }
     if (st == SG_OK) {
         t->steps++;
         t->host_steps += t->opts.steps_per_call;
@@ -1098,6 +1115,8 @@ sg_status sg_trainer_get_stats(const sg_trainer *t, sg_trainer_stats *out)
     }
     snprintf(out->fallback_reason, sizeof out->fallback_reason, "%s", t->reason);
     snprintf(out->cond_note, sizeof out->cond_note, "%s", t->cond_note);
+    out->work = t->work;
+    out->work_counted = t->work_counted;
     add_memory(t, out);
     return SG_OK;
 }
