@@ -352,11 +352,8 @@ static void json_measurement(sg_json *w, const sg_advise_scope_result *sr)
 /* The whole result as one object on stdout; tr: the trainer options it ran with. */
 static bool print_json(const sg_advise_result *r, const sg_trainer_options *tr)
 {
-    sg_json *w = NULL;
-    if (sg_json_create_file(stdout, SG_JSON_SPACED, &w) != SG_OK) {
-        fprintf(stderr, "stepgraph advise: out of host memory writing JSON\n");
-        return false;
-    }
+    sg_json *w = sg_cli_json_open("advise");
+    if (!w) return false;
     sg_json_object_begin(w);
     sg_cli_kv_str(w, "model", r->model);
     sg_cli_kv_str(w, "precision", r->precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
@@ -421,11 +418,7 @@ static bool print_json(const sg_advise_result *r, const sg_trainer_options *tr)
     kv_num(w, "best_measured_speedup", r->best_measured_speedup);
     sg_cli_kv_str(w, "verdict", r->summary.verdict);
     sg_json_object_end(w);
-    sg_status st = sg_json_finish(w);
-    if (st != SG_OK) fprintf(stderr, "stepgraph advise: writing JSON: %s\n", sg_json_error(w));
-    sg_json_destroy(w);
-    putchar('\n');
-    return st == SG_OK;
+    return sg_cli_json_close("advise", w);
 }
 
 /* ---- the command ---- */
@@ -607,11 +600,8 @@ static void print_gen(const advise_opts *o, const sg_advise_gen_result *r)
 
 static bool print_gen_json(const advise_opts *o, const sg_advise_gen_result *r)
 {
-    sg_json *w = NULL;
-    if (sg_json_create_file(stdout, SG_JSON_SPACED, &w) != SG_OK) {
-        fprintf(stderr, "stepgraph advise: out of host memory writing JSON\n");
-        return false;
-    }
+    sg_json *w = sg_cli_json_open("advise");
+    if (!w) return false;
     const sg_advise_gen_profile *p = &r->profile;
     sg_json_object_begin(w);
     sg_cli_kv_str(w, "model", o->model);
@@ -657,11 +647,7 @@ static bool print_gen_json(const advise_opts *o, const sg_advise_gen_result *r)
     }
     sg_json_array_end(w);
     sg_json_object_end(w);
-    sg_status st = sg_json_finish(w);
-    if (st != SG_OK) fprintf(stderr, "stepgraph advise: writing JSON: %s\n", sg_json_error(w));
-    sg_json_destroy(w);
-    putchar('\n');
-    return st == SG_OK;
+    return sg_cli_json_close("advise", w);
 }
 
 /* --generate: a random-initialised model, a generator of --batch sequences, random printable

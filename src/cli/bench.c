@@ -459,11 +459,8 @@ static void json_memory(sg_json *w, const bench_row *r)
 /* --json: a row as one line on stdout, every string escaped (sg_json). */
 static bool print_json_row(const bench_row *r, bool memory, bool sol, const char *commit)
 {
-    sg_json *w = NULL;
-    if (sg_json_create_file(stdout, SG_JSON_SPACED, &w) != SG_OK) {
-        fprintf(stderr, "stepgraph bench: out of host memory writing JSON\n");
-        return false;
-    }
+    sg_json *w = sg_cli_json_open("bench");
+    if (!w) return false;
     sg_json_object_begin(w);
     sg_cli_kv_str(w, "framework", "stepgraph");
     sg_cli_kv_str(w, "model", r->model);
@@ -507,11 +504,7 @@ static bool print_json_row(const bench_row *r, bool memory, bool sol, const char
     sg_cli_kv_str(w, "device", r->device);
     sg_cli_kv_str(w, "commit", commit);
     sg_json_object_end(w);
-    sg_status st = sg_json_finish(w);
-    if (st != SG_OK) fprintf(stderr, "stepgraph bench: writing JSON: %s\n", sg_json_error(w));
-    sg_json_destroy(w);
-    putchar('\n');
-    return st == SG_OK;
+    return sg_cli_json_close("bench", w);
 }
 
 static void print_count(double v)

@@ -90,6 +90,12 @@ static inline void sg_cli_kv_int(sg_json *w, const char *key, int64_t v)
     sg_json_int(w, v);
 }
 
+/* One --json object on stdout: a writer (NULL after saying on stderr that memory ran out), and
+ * its end: the object finished, a newline, the writer destroyed; false (said on stderr, naming
+ * cmd) when writing failed. */
+sg_json *sg_cli_json_open(const char *cmd);
+bool sg_cli_json_close(const char *cmd, sg_json *w);
+
 int sg_cmd_train(int argc, char **argv);
 int sg_cmd_bench(int argc, char **argv);
 int sg_cmd_verify(int argc, char **argv);

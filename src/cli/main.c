@@ -42,6 +42,25 @@ static const char *usage =
 #define SG_GIT_COMMIT "unknown"
 #endif
 
+sg_json *sg_cli_json_open(const char *cmd)
+{
+    sg_json *w = NULL;
+    if (sg_json_create_file(stdout, SG_JSON_SPACED, &w) != SG_OK) {
+        fprintf(stderr, "stepgraph %s: out of host memory writing JSON\n", cmd);
+        return NULL;
+    }
+    return w;
+}
+
+bool sg_cli_json_close(const char *cmd, sg_json *w)
+{
+    sg_status st = sg_json_finish(w);
+    if (st != SG_OK) fprintf(stderr, "stepgraph %s: writing JSON: %s\n", cmd, sg_json_error(w));
+    sg_json_destroy(w);
+    putchar('\n');
+    return st == SG_OK;
+}
+
 const char *sg_cli_commit(void)
 {
     const char *c = getenv("SG_COMMIT");

@@ -692,10 +692,10 @@ static void json_ints(sg_json *w, const int32_t *t, int64_t n)
 static bool print_json(const sample_run *s, const gen_out *out, int64_t max_new, const sample_timing *t)
 {
     const sample_opts *o = s->o;
-    sg_json *w = NULL;
     char *buf = malloc((size_t)(s->longest > max_new ? s->longest : max_new) + 1);
-    if (!buf || sg_json_create_file(stdout, SG_JSON_SPACED, &w) != SG_OK) {
-        fprintf(stderr, "stepgraph sample: out of host memory writing JSON\n");
+    sg_json *w = buf ? sg_cli_json_open("sample") : NULL;
+    if (!w) {
+        if (!buf) fprintf(stderr, "stepgraph sample: out of host memory writing JSON\n");
         free(buf);
         return false;
     }
@@ -742,10 +742,7 @@ static bool print_json(const sample_run *s, const gen_out *out, int64_t max_new,
     }
     sg_json_array_end(w);
     sg_json_object_end(w);
-    bool ok = sg_json_finish(w) == SG_OK;
-    if (!ok) fprintf(stderr, "stepgraph sample: writing JSON: %s\n", sg_json_error(w));
-    sg_json_destroy(w);
-    putchar('\n');
+    bool ok = sg_cli_json_close("sample", w);
     free(buf);
     return ok;
 }

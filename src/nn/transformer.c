@@ -208,7 +208,6 @@ int sg_module_attention_fused(sg_dtype dt, int64_t C, int heads)
     return heads > 0 && dt == SG_DTYPE_BF16 && C == 64 * (int64_t)heads && !(e && !strcmp(e, "unfused"));
 }
 
-static bool use_fused(sg_dtype dt, int64_t C, int heads) { return sg_module_attention_fused(dt, C, heads); }
 
 /* Attention forward and backward with the module's saved tensors: att and work (unfused), or
  * lse and delta (fused: then `att` holds lse and `work` delta). */
@@ -226,11 +225,14 @@ static sg_status attention_bwd(sg_ctx *ctx, bool fused, const sg_tensor *qkv, co
     return sg_attention_backward(ctx, qkv, att, da, heads, dqkv, work);
 }
 
-/* att's shape for B sequences of Tb: (B, H, Tb, Tb), or lse's (B, H, Tb) when fused. */
-static sg_status att_set_shape(sg_tensor *att, bool fused, int64_t B, int heads, int64_t Tb)
+/* The saved attention tensors for B sequences of Tb: att (B, H, Tb, Tb), the work buffer
+ * staying as built (sized for T, it serves any Tb); or, fused, lse in att and delta in work,
+ * both (B, H, Tb). */
+static sg_status att_set_shape(sg_tensor *att, sg_tensor *work, bool fused, int64_t B, int heads, int64_t Tb)
 {
-    if (fused) return sg_tensor_set_shape(att, 3, (int64_t[]){B, heads, Tb});
-    return sg_tensor_set_shape(att, 4, (int64_t[]){B, heads, Tb, Tb});
+    if (!fused) return sg_tensor_set_shape(att, 4, (int64_t[]){B, heads, Tb, Tb});
+    SG_TRY(sg_tensor_set_shape(work, 3, (int64_t[]){B, heads, Tb}));
+    return sg_tensor_set_shape(att, 3, (int64_t[]){B, heads, Tb});
 }
 
 typedef struct attn_module {
@@ -295,8 +297,7 @@ static sg_status attn_set_rows(sg_module *mod, int64_t rows)
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
         if (ts[i]) SG_TRY(sg_tensor_set_rows(ts[i], rows));
     int64_t B = batch_of(mod), Tb = rows / B;
-    if (t->fused) SG_TRY(sg_tensor_set_shape(t->work, 3, (int64_t[]){B, t->heads, Tb}));
-    return att_set_shape(t->att, t->fused, B, t->heads, Tb);
+    return att_set_shape(t->att, t->work, t->fused, B, t->heads, Tb);
 }
 
 static const sg_module_i attn_i = {"attention", attn_forward, attn_backward, attn_destroy, attn_set_rows, NULL};
@@ -329,7 +330,7 @@ sg_status sg_module_attention(sg_builder *b, const char *name, int64_t C, int he
     int64_t B = b->batch, T = b->opts.seq, M = b->rows;
     sg_dtype dt = b->opts.precision;
     int64_t we = sg_attention_work_elems(B, T, C, heads);
-    t->fused = use_fused(dt, C, heads);
+    t->fused = sg_module_attention_fused(dt, C, heads);
     SG_TRY(sg_module_buffer(mod, dt, "qkv", 2, (int64_t[]){M, 3 * C}, &t->qkv));
     if (t->fused) {
         SG_TRY(sg_module_buffer(mod, SG_DTYPE_F32, "lse", 3, (int64_t[]){B, heads, T}, &t->att));
@@ -449,8 +450,7 @@ static sg_status block_set_rows(sg_module *mod, int64_t rows)
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
         if (ts[i]) SG_TRY(sg_tensor_set_rows(ts[i], rows)); /* the dropout buffers may be absent */
     int64_t B = batch_of(mod), Tb = rows / B;
-    if (b->fused) SG_TRY(sg_tensor_set_shape(b->work, 3, (int64_t[]){B, b->heads, Tb}));
-    return att_set_shape(b->att, b->fused, B, b->heads, Tb);
+    return att_set_shape(b->att, b->work, b->fused, B, b->heads, Tb);
 }
 
 static const sg_module_i block_i = {"block", block_forward, block_backward, block_destroy, block_set_rows, NULL};
@@ -510,7 +510,7 @@ sg_status sg_module_gpt_block(sg_builder *bl, const char *name, int64_t C, int h
     b->mean2 = own(mod, &st, f32, "mean2", 1, &M), b->rstd2 = own(mod, &st, f32, "rstd2", 1, &M);
     b->qkv = own(mod, &st, dt, "qkv", 2, M3C), b->a = own(mod, &st, dt, "attn", 2, MC);
     b->p = own(mod, &st, dt, "proj", 2, MC);
-    b->fused = use_fused(dt, C, heads);
+    b->fused = sg_module_attention_fused(dt, C, heads);
     if (b->fused) b->att = own(mod, &st, f32, "lse", 3, (int64_t[]){B, H, T});
     else b->att = own(mod, &st, dt, "att", 4, (int64_t[]){B, H, T, T}); /* qkv's dtype */
     b->f = own(mod, &st, dt, "fc", 2, M4C), b->pre_f = own(mod, &st, dt, "fc.pre", 2, M4C);

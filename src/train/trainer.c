@@ -948,9 +948,9 @@ static sg_status trainer_step(sg_trainer *t, int64_t index)
     if (t->dist) SG_TRY(sg_dist_poll(t->dist)); /* a failed run fails every step, at once */
     t->armed = t->steps >= t->opts.warmup && !t->fallback && t->opts.scope != SG_SCOPE_EAGER;
     /* An eager call's ops count their work (replays count none): the first one's, per step. */
-    const bool eager_call = !t->armed;
+    const bool count = !t->armed && !t->work_counted;
     sg_work w0;
-    sg_ctx_work(t->ctx, &w0);
+    if (count) sg_ctx_work(t->ctx, &w0);
     sg_status st = SG_OK;
     if (t->armed && t->opts.scope == SG_SCOPE_STEP && (!varies(t) || t->use_switch)) {
         /* The graph gathers its own batches, at the full shape (a bucket may have left less). */
@@ -960,7 +960,7 @@ static sg_status trainer_step(sg_trainer *t, int64_t index)
         st = host_steps(t, index);
     }
     if (st == SG_OK && t->dist) st = sg_dist_step_end(t->dist); /* the watchdog's progress mark */
-    if (st == SG_OK && eager_call && !t->work_counted) {
+    if (st == SG_OK && count) {
         sg_work w1;
         sg_ctx_work(t->ctx, &w1);
         double any = 0;
