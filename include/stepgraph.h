@@ -357,7 +357,9 @@ typedef struct sg_optim_hparams {
 /* AdamW over a flat buffer of P elements cut into n_seg parameter tensors: seg_start
  * (n_seg+1, I32) holds each tensor's first element and P last; weight decay applies where
  * seg_decay (n_seg, I32) is nonzero. hp (8 F32): sg_optim_hparams in device memory, read by
- * the kernel; hp.step is incremented by one in the same launch. param/grad/m/v: F32 (P).
+ * the kernel; hp.step is incremented by one in the same launch. param/grad/m/v: F32 (P), or
+ * m and v BF16 (P) (bf16 state: each new value rounded stochastically, see
+ * sg_optim_set_state_dtype).
  * skip (1 I32, device; may be NULL): when nonzero the kernel changes nothing, hp.step
  * included (a step with non-finite gradients). param_lo (P, BF16; may be NULL): the compute
  * copy of mixed precision, written as bf16(param) in the same pass (left alone on a skip). */
@@ -366,8 +368,8 @@ sg_status sg_adamw_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg
                         const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip,
                         sg_tensor *param_lo);
 /* SGD with momentum over the same layout: buf = momentum*buf + (1-dampening)*g (g includes
- * weight decay); param -= lr * buf. On the first step buf = g, as PyTorch. skip and param_lo
- * as for AdamW. */
+ * weight decay); param -= lr * buf. On the first step buf = g, as PyTorch. skip, param_lo and
+ * a BF16 buf as for AdamW's m. */
 sg_status sg_sgd_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *buf,
                       sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
                       int n_seg, const sg_tensor *skip, sg_tensor *param_lo);
@@ -759,6 +761,17 @@ float sg_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float pea
 sg_status sg_optim_get_hparams(sg_optim *o, sg_optim_hparams *out);
 /* One optimizer step over all parameters: one kernel launch. */
 sg_status sg_optim_step(sg_optim *o);
+/* The dtype the optimizer keeps its state in (AdamW's m and v, SGD's momentum buffer):
+ * SG_DTYPE_F32 (the default) or SG_DTYPE_BF16 (f32 parameters only): half the state's memory,
+ * and 8 bytes a parameter less for an AdamW step to move (a step is memory-bound). Each new state
+ * value is computed in f32 and rounded to bf16 stochastically (unbiased; bits a pure function of
+ * the step and the element, so runs stay deterministic): rounding to nearest would stall the
+ * second moment, whose per-step change (1 - beta2 = 0.001 of it) is below half a bf16 unit.
+ * The state's current values are converted. Set it before the optimizer's first step and before
+ * any capture or trainer uses it: afterwards it is SG_ERR_INVALID (graphs hold the old buffers).
+ * A checkpoint holds the state in its dtype, so a run that loads one sets the same dtype first. */
+sg_status sg_optim_set_state_dtype(sg_optim *o, sg_dtype dtype);
+sg_dtype sg_optim_state_dtype(const sg_optim *o);
 
 /* ---- your own models: modules, the builder, data sets ------------------------------------ *
  *
@@ -2121,6 +2134,7 @@ typedef struct sg_verify_options {
     sg_status (*before_step)(void *user, int64_t step, sg_optim *eager, sg_optim *graph);
     sg_status (*after_step)(void *user, int64_t step, sg_model *eager, sg_model *graph);
     void (*on_step)(void *user, const sg_verify_step *row);
+    sg_dtype optim_state;        /* both sides: sg_optim_set_state_dtype (default F32) */
 } sg_verify_options;
 
 sg_verify_options sg_verify_options_default(void);

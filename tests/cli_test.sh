@@ -193,6 +193,15 @@ check_resume() {
 }
 # shellcheck disable=SC2086
 check_resume resume "$tmp/ck.safetensors" $g
+# bf16 optimizer state: resumes the same way (the checkpoint holds it, stochastic rounding's bits
+# depend on the step only); a run that keeps f32 state refuses the checkpoint, naming the option.
+# shellcheck disable=SC2086
+check_resume "resume with --optim-state bf16" "$tmp/ck16.safetensors" $g --optim-state bf16
+# shellcheck disable=SC2086
+expect 1 "holds bf16 optimizer state, this optimizer keeps f32.*--optim-state bf16" -- train $g --steps 2 --resume "$tmp/ck16.safetensors"
+expect 2 "--optim-state 'f16': expected f32 or bf16" -- train --model mlp-16-1-4 --optim-state f16
+expect 2 "--optim-state 'x': expected f32 or bf16" -- bench --model mlp-16-1-4 --optim-state x
+expect 2 "--optim-state 'x': expected f32 or bf16" -- verify --model mlp-16-1-4 --optim-state x
 # Past the model's 16 positions only recompute generates (the window slides); the default mode
 # (loop, a KV cache) fits the default --length to the cache: 13 bytes after a 3-byte prompt.
 out=$("$bin" sample --model gpt-64-1-2-16 --resume "$tmp/ck.safetensors" --prompt "GNU" --length 30 --mode recompute --backend cpu 2>&1); rc=$?

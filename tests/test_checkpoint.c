@@ -1092,15 +1092,18 @@ typedef struct trn {
     sg_trainer *t;
 } trn;
 
-static trn trn_make(sg_ctx *ctx)
+static trn trn_make_state(sg_ctx *ctx, sg_dtype state)
 {
     trn r = {.ctx = ctx};
     TU_OK(ctx, sg_model_create(ctx, "mlp-32-2-8", tu_next(), &r.m));
     TU_OK(ctx, sg_optim_create(ctx, r.m, SG_OPTIM_ADAMW, &r.o));
+    TU_OK(ctx, sg_optim_set_state_dtype(r.o, state));
     sg_trainer_options to = sg_trainer_options_default();
     TU_OK(ctx, sg_trainer_create(r.m, r.o, &to, &r.t));
     return r;
 }
+
+static trn trn_make(sg_ctx *ctx) { return trn_make_state(ctx, SG_DTYPE_F32); }
 
 static void trn_drop(trn *r)
 {
@@ -1221,6 +1224,51 @@ static void check_trainer_metadata(sg_ctx *ctx)
     struct stat sb;
     TU_CHECK(stat(bad, &sb) != 0, "a refused save wrote %s", bad);
     trn_case_drop(&tc);
+}
+
+/* bf16 optimizer state (sg_optim_set_state_dtype): saved as bf16 with metadata optim_state,
+ * restored bit for bit by a trainer that keeps bf16 state, refused (naming both dtypes and the
+ * call that sets it, the trainer unchanged) by one that keeps f32, and an f32 checkpoint
+ * refused by a bf16 trainer. The dtype is fixed once the optimizer has stepped. */
+static void check_trainer_optim_state(sg_ctx *ctx)
+{
+    char path[256];
+    tpath(path, sizeof path, "bf16-state.safetensors");
+    trn b = trn_make_state(ctx, SG_DTYPE_BF16);
+    TU_CHECK(sg_optim_state_dtype(b.o) == SG_DTYPE_BF16, "the state dtype did not change");
+    sg_tensor *m, *v, *hp;
+    sg_optim_state(b.o, &m, &v, &hp);
+    TU_CHECK(m->dtype == SG_DTYPE_BF16 && v->dtype == SG_DTYPE_BF16, "the moments are %s and %s",
+             sg_dtype_name(m->dtype), sg_dtype_name(v->dtype));
+    TU_OK(ctx, sg_trainer_step(b.t, 0));
+    TU_FAILS(ctx, sg_optim_set_state_dtype(b.o, SG_DTYPE_F32), SG_ERR_INVALID, "already stepped");
+    TU_FAILS(ctx, sg_optim_set_state_dtype(b.o, SG_DTYPE_I32), SG_ERR_DTYPE, "expected F32 or BF16");
+    TU_OK(ctx, sg_optim_set_state_dtype(b.o, SG_DTYPE_BF16)); /* no change: allowed */
+    TU_OK(ctx, sg_trainer_save(b.t, 3, path));
+    unsigned char *saved = malloc(STATE_CAP), *now = malloc(STATE_CAP), *got = malloc(STATE_CAP);
+    size_t n = trn_state(&b, saved, STATE_CAP);
+    TU_OK(ctx, sg_trainer_step(b.t, 1));
+    trn_state(&b, now, STATE_CAP);
+    TU_CHECK(memcmp(saved, now, n), "a step changed nothing");
+    int64_t step = -1;
+    TU_OK(ctx, sg_trainer_load(b.t, path, &step));
+    TU_CHECK(step == 3 && trn_state(&b, got, STATE_CAP) == n && !memcmp(got, saved, n),
+             "the bf16-state checkpoint did not restore the state (step %lld)", (long long)step);
+    trn f = trn_make(ctx); /* f32 state */
+    size_t nf = trn_state(&f, now, STATE_CAP);
+    step = -1;
+    TU_FAILS(ctx, sg_trainer_load(f.t, path, &step), SG_ERR_DTYPE,
+             "holds bf16 optimizer state, this optimizer keeps f32: set the same with sg_optim_set_state_dtype");
+    TU_CHECK(step == -1 && trn_state(&f, got, STATE_CAP) == nf && !memcmp(got, now, nf),
+             "a refused load changed the f32 trainer");
+    char path32[256];
+    tpath(path32, sizeof path32, "f32-state.safetensors");
+    TU_OK(ctx, sg_trainer_save(f.t, 1, path32));
+    TU_FAILS(ctx, sg_trainer_load(b.t, path32, &step), SG_ERR_DTYPE, "holds f32 optimizer state");
+    free(saved), free(now), free(got);
+    trn_drop(&f);
+    trn_drop(&b);
+    remove(path), remove(path32);
 }
 
 /* NaN or Inf in a parameter, a moment, the hyperparameters or the loss scaler: refused naming
@@ -1362,6 +1410,7 @@ int main(int argc, char **argv)
     check_save_target(ctx);
     check_trainer_metadata(ctx);
     check_trainer_nonfinite(ctx);
+    check_trainer_optim_state(ctx);
     check_capture(ctx);
     if (be == SG_BACKEND_CUDA) check_cross_backend(ctx);
     sg_ctx_destroy(ctx);

@@ -542,6 +542,210 @@ static void cpu_errors(void)
     sg_ctx_destroy(ctx);
 }
 
+/* ---- bf16 state: stochastic rounding ---- */
+
+/* The rounding itself on chosen values, against the rule written out here: the f32's low 16
+ * bits plus r carry into the kept top half. A bf16 value is exact for every r; a value half a
+ * unit above one rounds up iff r >= 0x8000 (either sign: the magnitude); the carry moves the
+ * exponent at the top of a binade; inf and NaN keep their class. */
+static void sr_rule(void)
+{
+    const float exact = 1.5f, half_up = 1.5f + 0x1p-8f, neg_half = -(1.5f + 0x1p-8f);
+    uint32_t rs[4] = {0, 0x7fff, 0x8000, 0xffff};
+    for (int k = 0; k < 4; k++) {
+        uint32_t r = rs[k] | ((uint32_t)tu_randint(0, 0xffff) << 16); /* the high half is ignored */
+        TU_CHECK(sg_bf16_round_stochastic(exact, r) == 0x3fc0, "sr: 1.5 with r 0x%x gave 0x%04x", r,
+                 sg_bf16_round_stochastic(exact, r));
+        uint16_t up = sg_bf16_round_stochastic(half_up, r), want = (rs[k] >= 0x8000) ? 0x3fc1 : 0x3fc0;
+        TU_CHECK(up == want, "sr: 1.5 + 2^-8 with r 0x%x gave 0x%04x, expected 0x%04x", r, up, want);
+        uint16_t dn = sg_bf16_round_stochastic(neg_half, r);
+        TU_CHECK(dn == (uint16_t)(want | 0x8000), "sr: -(1.5 + 2^-8) with r 0x%x gave 0x%04x", r, dn);
+    }
+    /* Just under 2: 1.9921875 (0x3fff) + almost a unit: r = 0xffff carries into 2.0 (0x4000). */
+    float top = 1.9921875f + 0x1p-7f * 0.99f;
+    TU_CHECK(sg_bf16_round_stochastic(top, 0xffff) == 0x4000, "sr: carry across the binade");
+    TU_CHECK(sg_bf16_round_stochastic(INFINITY, 0xffff) == 0x7f80, "sr: inf");
+    TU_CHECK((sg_bf16_round_stochastic(NAN, 0xffff) & 0x7fff) > 0x7f80, "sr: NaN stayed a NaN");
+}
+
+/* One step from the same bf16-representable state, once with f32 state (A) and once with bf16
+ * state (B), on ctx: the parameters must agree bit for bit (the update reads the new moments
+ * before they are stored), and each bf16 state element must be the stochastic rounding of A's
+ * f32 value with the documented bits (Philox at (i / 4, t), word i % 4, low half m or buf,
+ * high half v), so the bits are neither always down nor always up. Then a second step on the
+ * new state (B's rounded values copied into A) checks t = 2's bits. */
+static void lowp_case(sg_ctx *ctx, int op, int64_t P, int n_seg, double momentum)
+{
+    const char *opname = op == OPT_ADAMW ? "adamw" : "sgd";
+    int32_t *start = malloc((size_t)(n_seg + 1) * sizeof *start), *decay = malloc((size_t)n_seg * sizeof *decay);
+    make_segments(P, n_seg, start, decay);
+    sg_tensor *ss = int_tensor(ctx, start, n_seg + 1, "seg_start"), *sd = int_tensor(ctx, decay, n_seg, "seg_decay");
+    opt_state a, b;
+    const char *names[4] = {"param", "grad", op == OPT_ADAMW ? "m" : "buf", "v"};
+    double lo[4] = {-1, -1, -0.1, 1e-3}, hi[4] = {1, 1, 0.1, 1e-2};
+    for (int j = 0; j < 4; j++) {
+        sg_dtype bdt = j >= 2 ? SG_DTYPE_BF16 : SG_DTYPE_F32;
+        a.t[j] = tu_tensor1(ctx, SG_DTYPE_F32, P, names[j]);
+        b.t[j] = tu_tensor1(ctx, bdt, P, names[j]);
+        double *x = tu_random(b.t[j], lo[j], hi[j]); /* bf16 state: the values as rounded */
+        free(x);
+        x = tu_get(b.t[j]);
+        tu_set(a.t[j], x);
+        free(x);
+    }
+    double hv[8];
+    hp_values(op, momentum, hv);
+    a.hp = tu_tensor1(ctx, SG_DTYPE_F32, 8, "hp");
+    b.hp = tu_tensor1(ctx, SG_DTYPE_F32, 8, "hp");
+    tu_set(a.hp, hv);
+    tu_set(b.hp, hv);
+    int nstate = op == OPT_ADAMW ? 2 : 1;
+    for (int t = 1; t <= 2; t++) {
+        one_step(op, &a, ss, sd, n_seg, NULL, NULL);
+        one_step(op, &b, ss, sd, n_seg, NULL, NULL);
+        char what[160];
+        snprintf(what, sizeof what, "%s bf16 state %s P=%lld step %d: param", ctx->backend == SG_BACKEND_CPU ? "cpu" : "gpu",
+                 opname, (long long)P, t);
+        void *pa = tu_raw(a.t[0]);
+        expect_bits(what, b.t[0], pa);
+        free(pa);
+        int64_t ups = 0, downs = 0;
+        for (int j = 0; j < nstate && (op == OPT_ADAMW || momentum != 0); j++) {
+            float *x = tu_raw(a.t[2 + j]);
+            uint16_t *y = tu_raw(b.t[2 + j]);
+            int64_t bad = 0, first = -1;
+            for (int64_t i = 0; i < P; i++) {
+                uint32_t w = sg_optim_sr_bits((uint64_t)i / 4, (uint32_t)t).v[i % 4];
+                uint16_t want = sg_bf16_round_stochastic(x[i], j ? w >> 16 : w & 0xffffu);
+                if (y[i] != want && bad++ == 0) first = i;
+                uint32_t xb;
+                memcpy(&xb, &x[i], 4);
+                if (xb & 0xffffu) {
+                    if (y[i] == (uint16_t)(xb >> 16)) downs++;
+                    else ups++;
+                }
+            }
+            TU_CHECK(bad == 0, "%s bf16 state %s P=%lld step %d: %lld of %lld %s elements are not the "
+                     "stochastic rounding of the f32 state; first [%lld]: 0x%04x for %.9g", ctx->backend == SG_BACKEND_CPU ? "cpu" : "gpu",
+                     opname, (long long)P, t, (long long)bad, (long long)P, names[2 + j], (long long)first,
+                     first >= 0 ? y[first] : 0, first >= 0 ? x[first] : 0.0);
+            free(x);
+            free(y);
+            double *bv = tu_get(b.t[2 + j]); /* the next step starts from the same state */
+            tu_set(a.t[2 + j], bv);
+            free(bv);
+        }
+        /* Some inexact values went each way (at P >= 1000 the chance that all of more than
+         * 500 fair-ish draws land one way is below 2^-500). */
+        if (P >= 1000 && (op == OPT_ADAMW || momentum != 0))
+            TU_CHECK(ups > 0 && downs > 0, "%s bf16 state %s: %lld rounded up, %lld down",
+                     ctx->backend == SG_BACKEND_CPU ? "cpu" : "gpu", opname,
+                     (long long)ups, (long long)downs);
+        double *g = tu_random(a.t[1], -1, 1);
+        tu_set(b.t[1], g);
+        free(g);
+    }
+    for (int j = 0; j < 4; j++) sg_tensor_destroy(a.t[j]), sg_tensor_destroy(b.t[j]);
+    sg_tensor *ts[] = {a.hp, b.hp, ss, sd};
+    for (int i = 0; i < 4; i++) sg_tensor_destroy(ts[i]);
+    free(start);
+    free(decay);
+}
+
+/* The point of stochastic rounding: AdamW's v with beta2 = 0.999 under a constant gradient,
+ * from v0 = g^2 / 2, for K steps (lr 0: the parameters stay). Exactly v_K = g^2 + (v0 - g^2)
+ * b2^K. Rounding to nearest would never move v: each step's change, 0.001 (g^2 - v) <= 0.0005
+ * g^2 = 0.001 v, is below half a bf16 unit (at least 2^-9 v = 0.00195 v), so v_K = v0 = 0.5 g^2
+ * against 0.816 g^2 (K = 1000). With stochastic rounding each stored value is unbiased: its
+ * error e has mean 0 and variance at most u^2 / 4 (u: one bf16 unit, at most 2^-7 of the value)
+ * and is damped by b2 each later step, so an element's accumulated relative error has standard
+ * deviation at most 2^-7 sqrt(1 / (4 (1 - b2^2))) = 0.087, and the mean over P = 2048 elements
+ * 0.087 / sqrt(2048) = 0.0019. The bound 0.012 is 6 of those; the f32 arithmetic adds ~1e-7. */
+static void sr_unbiased(sg_ctx *ctx)
+{
+    const int64_t P = 2048;
+    const int K = 1000;
+    int32_t start[2] = {0, (int32_t)P}, decay[1] = {0};
+    sg_tensor *ss = int_tensor(ctx, start, 2, "seg_start"), *sd = int_tensor(ctx, decay, 1, "seg_decay");
+    opt_state s;
+    s.t[0] = tu_tensor1(ctx, SG_DTYPE_F32, P, "param");
+    s.t[1] = tu_tensor1(ctx, SG_DTYPE_F32, P, "grad");
+    s.t[2] = tu_tensor1(ctx, SG_DTYPE_BF16, P, "m");
+    s.t[3] = tu_tensor1(ctx, SG_DTYPE_BF16, P, "v");
+    double *p = tu_random(s.t[0], -1, 1);
+    p = (free(p), tu_get(s.t[0])); /* as stored */
+    double *g = malloc((size_t)P * sizeof *g), *v0 = malloc((size_t)P * sizeof *v0);
+    for (int64_t i = 0; i < P; i++) {
+        g[i] = tu_uniform(0.5, 2) * (tu_randint(0, 1) ? 1 : -1);
+        v0[i] = g[i] * g[i] / 2;
+    }
+    tu_set(s.t[1], g);
+    g = (free(g), tu_get(s.t[1])); /* as stored */
+    tu_set(s.t[3], v0);
+    free(v0);
+    v0 = tu_get(s.t[3]);
+    TU_OK(ctx, sg_tensor_fill(s.t[2], 0.0));
+    double hv[8] = {0, 0.9, 0.999, 1e-8, 0, 0, 0, 0};
+    s.hp = tu_tensor1(ctx, SG_DTYPE_F32, 8, "hp");
+    tu_set(s.hp, hv);
+    for (int k = 0; k < K; k++) one_step(OPT_ADAMW, &s, ss, sd, 1, NULL, NULL);
+    double *v = tu_get(s.t[3]), mean = 0, b2k = pow(0.999, K);
+    for (int64_t i = 0; i < P; i++) {
+        double g2 = g[i] * g[i];
+        mean += (v[i] / (g2 + (v0[i] - g2) * b2k) - 1) / (double)P;
+    }
+    TU_CHECK(fabs(mean) <= 0.012, "%s bf16 state: after %d steps v's mean relative error is %.5f (bound "
+             "0.012; rounding to nearest would give about -0.39)", ctx->backend == SG_BACKEND_CPU ? "cpu" : "gpu",
+             K, mean);
+    double *pn = tu_get(s.t[0]);
+    int64_t moved = 0;
+    for (int64_t i = 0; i < P; i++) moved += pn[i] != p[i];
+    TU_CHECK(moved == 0, "%s bf16 state: lr 0 moved %lld parameters", ctx->backend == SG_BACKEND_CPU ? "cpu" : "gpu",
+             (long long)moved);
+    free(p), free(pn), free(g), free(v0), free(v);
+    for (int j = 0; j < 4; j++) sg_tensor_destroy(s.t[j]);
+    sg_tensor_destroy(s.hp), sg_tensor_destroy(ss), sg_tensor_destroy(sd);
+}
+
+/* bf16 state against what it needs: one dtype for m and v, f32 parameters. */
+static void lowp_errors(sg_ctx *ctx)
+{
+    const int64_t P = 8;
+    int32_t st[2] = {0, 8}, dc[1] = {1};
+    sg_tensor *ss = int_tensor(ctx, st, 2, "seg_start"), *sd = int_tensor(ctx, dc, 1, "seg_decay");
+    sg_tensor *p = tu_tensor1(ctx, SG_DTYPE_F32, P, "param"), *g = tu_tensor1(ctx, SG_DTYPE_F32, P, "grad");
+    sg_tensor *m = tu_tensor1(ctx, SG_DTYPE_BF16, P, "m"), *v32 = tu_tensor1(ctx, SG_DTYPE_F32, P, "v");
+    sg_tensor *m7 = tu_tensor1(ctx, SG_DTYPE_BF16, P - 1, "m7"), *hp = tu_tensor1(ctx, SG_DTYPE_F32, 8, "hp");
+    double hv[8];
+    hp_values(OPT_ADAMW, 0, hv);
+    tu_set(hp, hv);
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v32, hp, ss, sd, 1, NULL, NULL), SG_ERR_DTYPE, "one state dtype");
+    TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m7, m, hp, ss, sd, 1, NULL, NULL), SG_ERR_SHAPE, "'m'");
+    if (ctx->backend == SG_BACKEND_CPU) {
+        sg_tensor *p64 = tu_tensor1(ctx, SG_DTYPE_F64, P, "p64"), *g64 = tu_tensor1(ctx, SG_DTYPE_F64, P, "g64");
+        TU_FAILS(ctx, sg_sgd_step(ctx, p64, g64, m, hp, ss, sd, 1, NULL, NULL), SG_ERR_DTYPE, "'buf'");
+        sg_tensor_destroy(p64), sg_tensor_destroy(g64);
+    }
+    double *hn = tu_get(hp);
+    TU_CHECK(hn[SG_HP_STEP] == 0, "bf16 state: hp.step is %g after rejected calls", hn[SG_HP_STEP]);
+    free(hn);
+    sg_tensor *ts[] = {ss, sd, p, g, m, v32, m7, hp};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+}
+
+/* Every bf16-state check on ctx. */
+static void lowp_tests(sg_ctx *ctx)
+{
+    lowp_case(ctx, OPT_ADAMW, 1000, 37, 0);
+    lowp_case(ctx, OPT_ADAMW, 4099, 600, 0);
+    lowp_case(ctx, OPT_SGD, 1000, 5, 0.9);
+    lowp_case(ctx, OPT_SGD, 77, 3, 0); /* momentum 0: buf untouched (the rounding check skips) */
+    lowp_case(ctx, OPT_ADAMW, 3, 2, 0);
+    if (ctx->backend == SG_BACKEND_CUDA) lowp_case(ctx, OPT_ADAMW, (1 << 20) + 3, 9, 0);
+    sr_unbiased(ctx);
+    lowp_errors(ctx);
+}
+
 static void cpu_tests(void)
 {
     for (int rep = 0; rep < 3; rep++) {
@@ -557,6 +761,8 @@ static void cpu_tests(void)
     mixed_case(ctx, OPT_SGD, SG_DTYPE_F32, 77, 3, 0, 1);
     mixed_case(ctx, OPT_ADAMW, SG_DTYPE_F64, 513, 5, 0, 2);
     mixed_case(ctx, OPT_SGD, SG_DTYPE_F64, 1, 1, 0.9, 0);
+    sr_rule();
+    lowp_tests(ctx);
     sg_ctx_destroy(ctx);
     cpu_errors();
 }
@@ -721,6 +927,7 @@ static void gpu_tests(void)
     mixed_case(gpu, OPT_ADAMW, SG_DTYPE_F32, 1001, 7, 0, 1);
     mixed_case(gpu, OPT_SGD, SG_DTYPE_F32, 1001, 7, 0.9, 2);
     gpu_errors(gpu, cpu);
+    lowp_tests(gpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
 }

@@ -52,6 +52,7 @@ static const char *bench_usage =
     SG_CLI_ACCUM_HELP
     SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (mixed precision with loss scaling; not mlp)\n"
+    "  --optim-state D     f32 (default) or bf16: the AdamW moments' dtype (stepgraph train)\n"
     "  --data PATH         gpt: the text to train on, as stepgraph train --data (default: a\n"
     "                      licence text); with --vocab, a token file;\n"
     "                      resnet, efficientnet: a digits file (scikit-learn's 8 x 8\n"
@@ -123,6 +124,7 @@ static int64_t seq_lens[32];
 static const char *seq_lens_arg;
 static long long overflow_every; /* --overflow-every N (bf16): a forced overflow every N steps */
 static sg_dtype precision = SG_DTYPE_F32;
+static sg_dtype optim_state = SG_DTYPE_F32; /* --optim-state */
 static const char *data_path;   /* gpt: --data (NULL: the default text) */
 static int64_t vocab;           /* gpt: --vocab (0: bytes) */
 static sg_model_options model_opts; /* --classes, --recompute */
@@ -255,7 +257,7 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = model_opts.classes,
                                    .recompute = model_opts.recompute};
     if (sg_model_create_ex(ctx, name, 1, &mo, &m) != SG_OK || sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o) != SG_OK ||
-        sg_trainer_create(m, o, &to, &t) != SG_OK)
+        sg_optim_set_state_dtype(o, optim_state) != SG_OK || sg_trainer_create(m, o, &to, &t) != SG_OK)
         goto fail;
     /* Validate: the mean loss on fixed batches must fall over the warm-up. */
     if (held_out_loss(m, &l0) != SG_OK) goto fail;
@@ -466,6 +468,7 @@ static bool print_json_row(const bench_row *r, bool memory, bool sol, const char
     sg_cli_kv_str(w, "model", r->model);
     sg_cli_kv_str(w, "scope", sg_scope_name(r->scope));
     sg_cli_kv_str(w, "precision", precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
+    sg_cli_kv_str(w, "optim_state", optim_state == SG_DTYPE_BF16 ? "bf16" : "f32");
     json_num(w, "ms_per_step", r->ms, 5);
     json_num(w, "host_ms_per_step", r->host_ms, 5);
     json_num(w, "kernels_per_step", r->kernels, 2);
@@ -570,6 +573,8 @@ int sg_cmd_bench(int argc, char **argv)
             long long k = 1;
             bad = bad || !sg_cli_int("bench", "--steps-per-graph", v, 1, 1024, &k);
             steps_per_call = (int)k;
+        } else if (sg_cli_opt(argc, argv, &i, "--optim-state", &v, &bad)) {
+            bad = bad || !sg_cli_optim_state("bench", v, &optim_state);
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("bench", v, &precision);
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {

@@ -69,6 +69,8 @@ bool sg_cli_cond_check(const char *cmd, const sg_trainer_options *tr, sg_dtype p
     "                      the graph is built without them, and the run says so\n"
 /* --precision: fp32 (or f32) or bf16 (mixed precision). */
 bool sg_cli_precision(const char *cmd, const char *s, sg_dtype *out);
+/* --optim-state: f32 (or fp32) or bf16 (sg_optim_set_state_dtype); false after printing why. */
+bool sg_cli_optim_state(const char *cmd, const char *s, sg_dtype *out);
 /* "8,16,32", the value of option opt -> sorted increasing sizes (at most max of them); false
  * with a message naming opt otherwise. */
 bool sg_cli_buckets(const char *cmd, const char *opt, const char *s, int64_t *out, int *n, int max);

@@ -222,15 +222,27 @@ bool sg_cli_cond_check(const char *cmd, const sg_trainer_options *tr, sg_dtype p
     return err == NULL;
 }
 
-bool sg_cli_precision(const char *cmd, const char *s, sg_dtype *out)
+/* fp32 (or f32) or bf16 into *out; false after printing why, naming opt and the preferred
+ * spelling of f32 (`f32name`). */
+static bool f32_or_bf16(const char *cmd, const char *opt, const char *f32name, const char *s, sg_dtype *out)
 {
     if (!strcmp(s, "fp32") || !strcmp(s, "f32")) *out = SG_DTYPE_F32;
     else if (!strcmp(s, "bf16")) *out = SG_DTYPE_BF16;
     else {
-        fprintf(stderr, "stepgraph %s: --precision '%s': expected fp32 or bf16\n", cmd, s);
+        fprintf(stderr, "stepgraph %s: %s '%s': expected %s or bf16\n", cmd, opt, s, f32name);
         return false;
     }
     return true;
+}
+
+bool sg_cli_precision(const char *cmd, const char *s, sg_dtype *out)
+{
+    return f32_or_bf16(cmd, "--precision", "fp32", s, out);
+}
+
+bool sg_cli_optim_state(const char *cmd, const char *s, sg_dtype *out)
+{
+    return f32_or_bf16(cmd, "--optim-state", "f32", s, out);
 }
 
 bool sg_cli_buckets(const char *cmd, const char *opt, const char *s, int64_t *out, int *n, int max)

@@ -70,6 +70,10 @@ static const char *train_usage =
     "  --steps N           training steps (optimizer steps; default 200)\n"
     "  --backend B         cpu, cuda or auto (default auto: CUDA if a GPU is usable)\n"
     "  --optim O           adamw or sgd (default adamw)\n"
+    "  --optim-state D     f32 or bf16: the dtype of the optimizer's state (AdamW's moments,\n"
+    "                      SGD's momentum), bf16 rounded stochastically: half its memory and\n"
+    "                      8 bytes a parameter less for an AdamW step to move (default f32).\n"
+    "                      --resume needs the saving run's\n"
     "  --lr X              learning rate (default 1e-3 for adamw, 1e-2 for sgd)\n"
     "  --wd X              weight decay on weights, not biases (default 0)\n"
     "  --seed S            seed of the initial parameters and the data (default 1)\n"
@@ -139,6 +143,7 @@ typedef struct train_opts {
     long long steps, seed, log_every;
     sg_backend backend;
     sg_optim_kind optim;
+    sg_dtype optim_state;
     double lr, wd;
     bool lr_set, quiet;
     sg_trainer_options tr;
@@ -340,6 +345,8 @@ static int parse(int argc, char **argv, train_opts *o)
                 fprintf(stderr, "stepgraph train: --on-capture-fail '%s': expected error or eager\n", v);
                 bad = true;
             }
+        } else if (sg_cli_opt(argc, argv, &i, "--optim-state", &v, &bad)) {
+            bad = bad || !sg_cli_optim_state("train", v, &o->optim_state);
         } else if (sg_cli_opt(argc, argv, &i, "--optim", &v, &bad)) {
             if (!bad && !strcmp(v, "adamw")) o->optim = SG_OPTIM_ADAMW;
             else if (!bad && !strcmp(v, "sgd")) o->optim = SG_OPTIM_SGD;
@@ -679,7 +686,8 @@ int sg_cmd_train(int argc, char **argv)
         rc = fail(ctx, "model");
         goto out;
     }
-    if (sg_optim_create(ctx, m, o.optim, &opt) != SG_OK || sg_readback_create(ctx, 4, &rb) != SG_OK ||
+    if (sg_optim_create(ctx, m, o.optim, &opt) != SG_OK || sg_optim_set_state_dtype(opt, o.optim_state) != SG_OK ||
+        sg_readback_create(ctx, 4, &rb) != SG_OK ||
         (metrics && o.mo.precision == SG_DTYPE_BF16 &&
          sg_readback_create(ctx, sizeof(sg_loss_scaler), &rb_scale) != SG_OK)) {
         rc = fail(ctx, "optimizer");

@@ -29,6 +29,7 @@ static const char *verify_usage =
     "                      state is compared too)\n"
     "  --dropout P         gpt: dropout probability (default 0)\n"
     "  --clip X            clip gradients to global norm X inside the step (default off)\n"
+    "  --optim-state D     f32 (default) or bf16: both sides' AdamW moments (stepgraph train)\n"
     SG_CLI_ACCUM_HELP
     "  --steps-per-graph K step scope: each trainer call runs K optimizer steps (one launch\n"
     "                      of a graph that holds them); a compared step is then a call of K\n"
@@ -142,6 +143,8 @@ int sg_cmd_verify(int argc, char **argv)
             bad = bad || !sg_cli_precision("verify", v, &mo.precision);
         } else if (sg_cli_model_opt("verify", argc, argv, &i, &mo, &bad)) {
             /* --classes, --recompute */
+        } else if (sg_cli_opt(argc, argv, &i, "--optim-state", &v, &bad)) {
+            bad = bad || !sg_cli_optim_state("verify", v, &vo.optim_state);
         } else if (sg_cli_accum_opt("verify", argc, argv, &i, &vo.accum, &bad)) {
             /* --accum */
         } else if (sg_cli_cond_opt("verify", argc, argv, &i, &tr, &bad)) {

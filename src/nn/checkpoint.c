@@ -1167,13 +1167,15 @@ sg_status sg_checkpoint_load_ex(sg_ctx *ctx, const char *path, const sg_ckpt_ent
     sg_status st = read_header(ctx, path, f, size, &text, &h, &data_len);
     if (st == SG_OK && !(match = calloc((size_t)(n ? n : 1), sizeof *match)))
         st = LOAD_FAIL(SG_ERR_OOM, "out of host memory", path);
-    if (st == SG_OK) st = match_entries(ctx, path, &h, e, n, match);
     if (st == SG_OK && !(meta = meta_text(text, &h)))
         st = LOAD_FAIL(SG_ERR_OOM, "out of host memory", path);
     if (st == SG_OK && meta_json_out && strlen(meta) + 1 > meta_cap)
         st = LOAD_FAIL(SG_ERR_INVALID, "the metadata is %zu bytes, the buffer for it holds %zu",
                        path, strlen(meta) + 1, meta_cap);
+    /* The caller's metadata check first: it names what differs between the runs (a model, an
+     * optimizer state's dtype) where a tensor's mismatch would only show its effect. */
     if (st == SG_OK && check) st = check(ctx, path, meta, user);
+    if (st == SG_OK) st = match_entries(ctx, path, &h, e, n, match);
     if (st == SG_OK && data_len > SIZE_MAX)
         st = LOAD_FAIL(SG_ERR_OOM, "data too large for this host", path);
     if (st == SG_OK && data_len && !(data = malloc((size_t)data_len)))

@@ -66,7 +66,8 @@ sg_status sg_checkpoint_load(sg_ctx *ctx, const char *path, const sg_ckpt_entry 
                              char *meta_json_out, size_t meta_cap);
 
 /* Checks a file's metadata (the "__metadata__" object as JSON text, "{}" when absent) during
- * a load, after the tensors are validated and before any is written: SG_OK lets the load go
+ * a load, after the header is parsed and before the tensors are matched to the caller's (so
+ * its message, naming what differs between the runs, comes first) or any is written: SG_OK lets the load go
  * on; any other status (set with sg_fail, naming path) stops it with nothing written. */
 typedef sg_status (*sg_ckpt_meta_check)(sg_ctx *ctx, const char *path, const char *meta_json,
                                         void *user);

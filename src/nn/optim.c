@@ -22,6 +22,7 @@ struct sg_optim {
     sg_tensor *scaler;       /* (SG_SCALER_COUNT) F32: sg_loss_scaler */
     sg_tensor *skip;         /* (1) I32: sg_amp_unscale's found; nonzero skips the step */
     sg_tensor *param_lo;     /* (P) BF16: bf16 of the parameters */
+    bool stepped;            /* an update was queued or captured: the state buffers are fixed */
 };
 
 _Static_assert(sizeof(sg_optim_hparams) == 8 * sizeof(float), "hparams are 8 floats");
@@ -71,6 +72,42 @@ sg_status sg_optim_create_for(sg_ctx *ctx, sg_param_set *ps, sg_optim_kind kind,
     }
     *out = o;
     return SG_OK;
+}
+
+sg_dtype sg_optim_state_dtype(const sg_optim *o) { return o ? o->m->dtype : SG_DTYPE_F32; }
+
+/* A new state tensor of dtype dt holding old's values, in place of old. */
+static sg_status restate(sg_optim *o, sg_tensor **t, sg_dtype dt)
+{
+    sg_tensor *n = NULL;
+    sg_status st = sg_tensor_create(o->ctx, dt, (*t)->ndim, (*t)->shape, (*t)->name, &n);
+    if (st == SG_OK) st = sg_tensor_convert(n, *t);
+    if (st != SG_OK) {
+        sg_tensor_destroy(n);
+        return st;
+    }
+    sg_tensor_destroy(*t);
+    *t = n;
+    return SG_OK;
+}
+
+sg_status sg_optim_set_state_dtype(sg_optim *o, sg_dtype dtype)
+{
+    if (!o) return SG_ERR_NULL;
+    const char *fn = "sg_optim_set_state_dtype";
+    if (dtype != SG_DTYPE_F32 && dtype != SG_DTYPE_BF16)
+        return sg_fail(o->ctx, SG_ERR_DTYPE, "%s: %s: expected F32 or BF16", fn, sg_dtype_name(dtype));
+    if (dtype == SG_DTYPE_BF16 && o->ps->flat->dtype != SG_DTYPE_F32)
+        return sg_fail(o->ctx, SG_ERR_DTYPE, "%s: BF16 state needs F32 parameters; these are %s", fn,
+                       sg_dtype_name(o->ps->flat->dtype));
+    if (dtype == o->m->dtype) return SG_OK;
+    if (o->stepped)
+        return sg_fail(o->ctx, SG_ERR_INVALID, "%s: the optimizer has already stepped or been captured; "
+                       "set the state dtype right after sg_optim_create", fn);
+    if (sg_ctx_capturing(o->ctx))
+        return sg_fail(o->ctx, SG_ERR_CAPTURE, "%s: called during a capture (it allocates)", fn);
+    SG_TRY(restate(o, &o->m, dtype));
+    return o->v ? restate(o, &o->v, dtype) : SG_OK;
 }
 
 void sg_optim_state(sg_optim *o, sg_tensor **m, sg_tensor **v, sg_tensor **hp)
@@ -148,6 +185,7 @@ sg_status sg_optim_update(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
     sg_param_set *ps = o->ps;
+    o->stepped = true;
     if (o->kind == SG_OPTIM_ADAMW)
         return sg_adamw_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->v, o->hp, ps->seg_start,
                              ps->seg_decay, ps->count, o->skip, o->param_lo);

@@ -23,10 +23,7 @@ __device__ __forceinline__ float4 load4(const float *p, int64_t i4)
 }
 __device__ __forceinline__ float4 load4(const __nv_bfloat16 *p, int64_t i4)
 {
-    /* A bf16 is the top half of the f32 of the same value; element 0 is the low half. */
-    uint2 u = reinterpret_cast<const uint2 *>(p)[i4];
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+    return bf16x4_to_float4(reinterpret_cast<const uint2 *>(p)[i4]);
 }
 
 /* grad (n) = grad_lo (n) * (1 / scale) in f32; found = some result is inf or NaN; then the

@@ -68,4 +68,12 @@ __device__ __forceinline__ void sg_pdl_trigger(void)
 #endif
 }
 
+/* Four bf16 packed in a uint2 (element 0 in the low half) as f32: a bf16 is the top half of
+ * the f32 of the same value. */
+__device__ __forceinline__ float4 bf16x4_to_float4(uint2 u)
+{
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
 #endif

@@ -24,6 +24,24 @@ static sg_status check_like_param(sg_ctx *ctx, const char *fn, const sg_tensor *
     return SG_OK;
 }
 
+/* A state tensor (m, v, buf): as param, or BF16 beside an F32 param (bf16 state, rounded
+ * stochastically by the step; optim.h). */
+static sg_status check_state(sg_ctx *ctx, const char *fn, const sg_tensor *param, const char *what,
+                             const sg_tensor *t)
+{
+    SG_TRY(sg_check_tensor(ctx, fn, what, t));
+    if (t->dtype != SG_DTYPE_BF16 || param->dtype != SG_DTYPE_F32)
+        return check_like_param(ctx, fn, param, what, t);
+    bool same = t->ndim == param->ndim;
+    for (int i = 0; same && i < t->ndim; i++) same = t->shape[i] == param->shape[i];
+    if (!same) {
+        char sa[96], sb[96];
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' is %s but 'param' is %s; expected the same shape",
+                       fn, what, sg_shape_str(t, sa, sizeof sa), sg_shape_str(param, sb, sizeof sb));
+    }
+    return SG_OK;
+}
+
 /* hp: 8 floats (sg_optim_hparams). */
 static sg_status check_hp(sg_ctx *ctx, const char *fn, const sg_tensor *hp)
 {
@@ -117,9 +135,12 @@ static sg_status check_step(sg_ctx *ctx, const char *fn, const sg_tensor *param,
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(sg_check_float(ctx, fn, "param", param));
     SG_TRY(check_like_param(ctx, fn, param, "grad", grad));
-    SG_TRY(check_like_param(ctx, fn, param, mname, m));
+    SG_TRY(check_state(ctx, fn, param, mname, m));
     if (v) {
-        SG_TRY(check_like_param(ctx, fn, param, "v", v));
+        SG_TRY(check_state(ctx, fn, param, "v", v));
+        if (v->dtype != m->dtype)
+            return sg_fail(ctx, SG_ERR_DTYPE, "%s: 'm' is %s but 'v' is %s; expected one state dtype", fn,
+                           sg_dtype_name(m->dtype), sg_dtype_name(v->dtype));
         if (v->data == m->data)
             return sg_fail(ctx, SG_ERR_INVALID, "%s: 'm' and 'v' share storage; expected two "
                            "buffers", fn);

@@ -27,6 +27,21 @@ static void store_lo(sg_tensor *param_lo, const sg_tensor *param, int64_t i)
     if (param_lo) sg_st(param_lo, i, sg_ld(param, i));
 }
 
+/* The state's bits for element i at step t (sg_optim_sr_bits' word i % 4), when a state
+ * tensor is bf16; 0 otherwise (unused). */
+static uint32_t sr_word(const sg_tensor *state, int64_t i, double t)
+{
+    if (state->dtype != SG_DTYPE_BF16) return 0;
+    return sg_optim_sr_bits((uint64_t)i / 4, (uint32_t)t).v[i % 4];
+}
+
+/* Stores a new state value: bf16 state rounds it to f32, then stochastically with r. */
+static void st_state(sg_tensor *state, int64_t i, double v, uint32_t r)
+{
+    if (state->dtype == SG_DTYPE_BF16) ((uint16_t *)state->data)[i] = sg_bf16_round_stochastic((float)v, r);
+    else sg_st(state, i, v);
+}
+
 /* t = step + 1. Per element: decoupled decay p *= 1 - lr*wd (decayed segments only);
  * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * mhat / (sqrt(vhat) + eps). */
 void sg_adamw_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *m, sg_tensor *v,
@@ -47,8 +62,9 @@ void sg_adamw_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *m, sg
             p -= h.lr * (mi / bc1) / (sqrt(vi / bc2) + h.eps);
             sg_st(param, i, p);
             store_lo(param_lo, param, i);
-            sg_st(m, i, mi);
-            sg_st(v, i, vi);
+            uint32_t w = sr_word(m, i, t);
+            st_state(m, i, mi, w & 0xffffu);
+            st_state(v, i, vi, w >> 16);
         }
     }
     sg_st(hp, SG_HP_STEP, t);
@@ -71,7 +87,7 @@ void sg_sgd_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *buf, sg
             if (decay[s]) g += h.wd * p;
             if (h.momentum != 0) {
                 double b = t == 1 ? g : h.momentum * sg_ld(buf, i) + (1 - h.dampening) * g;
-                sg_st(buf, i, b);
+                st_state(buf, i, b, sr_word(buf, i, t) & 0xffffu);
                 g = b;
             }
             sg_st(param, i, p - h.lr * g);

@@ -1,4 +1,6 @@
-/* optim_cuda.cu: the multi-tensor optimizer kernel (AdamW, SGD with momentum), f32: one launch
+/* optim_cuda.cu: the multi-tensor optimizer kernel (AdamW, SGD with momentum), f32 parameters
+ * with f32 state, or bf16 state rounded stochastically (optim.h; 8 bytes a parameter less
+ * for AdamW, read and written once each): one launch
  * updates every parameter of the flat buffer, reading the hyperparameters from device memory
  * and incrementing hp.step in the same launch. Mixed precision: a device flag `skip` (nonzero:
  * the whole launch returns at entry, nothing written) and a bf16 copy of the new parameters
@@ -7,6 +9,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include "ops/dtype_cuda.cuh"
 
 enum optim_op { OP_ADAMW, OP_SGD };
 
@@ -17,6 +20,7 @@ enum optim_op { OP_ADAMW, OP_SGD };
 /* Per-launch scalars, derived once per thread from hp (8 floats, broadcast loads). */
 struct hyper {
     float lr, b1, b2, eps, wd, momentum, dampening, step;
+    uint32_t t;       /* step + 1, the stochastic rounding's counter word */
     float decay_mul;  /* AdamW: 1 - lr*wd */
     float step_size;  /* AdamW: lr / (1 - b1^t) */
     float bc2_sqrt;   /* AdamW: sqrt(1 - b2^t) */
@@ -36,6 +40,7 @@ __device__ __forceinline__ hyper read_hyper(const float *hp)
     h.dampening = hp[SG_HP_DAMPENING];
     h.step = hp[SG_HP_STEP];
     float t = h.step + 1.f;
+    h.t = (uint32_t)t;
     /* fp32 bias corrections, as PyTorch's capturable/fused paths compute them. */
     h.decay_mul = 1.f - h.lr * h.wd;
     h.step_size = h.lr / (1.f - powf(h.b1, t));
@@ -82,16 +87,46 @@ template <int OP> __device__ __forceinline__ bool uses_m(const hyper &h)
     return OP == OP_ADAMW || h.momentum != 0.f;
 }
 
-template <int OP>
-__device__ __forceinline__ void update_one(const hyper &h, bool decay, float *p, const float *g,
-                                           float *m, float *v, __nv_bfloat16 *plo, int64_t i)
+/* State storage: f32, or bf16 rounded stochastically (optim.h) with r, 16 random bits. */
+__device__ __forceinline__ float ld_state(const float *s, int64_t i) { return s[i]; }
+__device__ __forceinline__ float ld_state(const __nv_bfloat16 *s, int64_t i) { return __bfloat162float(s[i]); }
+__device__ __forceinline__ void st_state(float *s, int64_t i, float x, uint32_t) { s[i] = x; }
+__device__ __forceinline__ void st_state(__nv_bfloat16 *s, int64_t i, float x, uint32_t r)
 {
-    float pi = p[i], mi = uses_m<OP>(h) ? m[i] : 0.f, vi = OP == OP_ADAMW ? v[i] : 0.f;
+    reinterpret_cast<unsigned short *>(s)[i] = sg_bf16_round_stochastic(x, r);
+}
+__device__ __forceinline__ float4 ld_state4(const float *s, int64_t i4)
+{
+    return reinterpret_cast<const float4 *>(s)[i4];
+}
+__device__ __forceinline__ float4 ld_state4(const __nv_bfloat16 *s, int64_t i4)
+{
+    return bf16x4_to_float4(reinterpret_cast<const uint2 *>(s)[i4]);
+}
+/* r[k] >> shift: element k's 16 bits (shift 0: m or buf; 16: v). */
+__device__ __forceinline__ void st_state4(float *s, int64_t i4, float4 x, const uint32_t *, int)
+{
+    reinterpret_cast<float4 *>(s)[i4] = x;
+}
+__device__ __forceinline__ void st_state4(__nv_bfloat16 *s, int64_t i4, float4 x, const uint32_t *r, int shift)
+{
+    uint32_t a = sg_bf16_round_stochastic(x.x, r[0] >> shift), b = sg_bf16_round_stochastic(x.y, r[1] >> shift);
+    uint32_t c = sg_bf16_round_stochastic(x.z, r[2] >> shift), d = sg_bf16_round_stochastic(x.w, r[3] >> shift);
+    reinterpret_cast<uint2 *>(s)[i4] = make_uint2(a | (b << 16), c | (d << 16));
+}
+template <typename S> __device__ __forceinline__ bool sr() { return sizeof(S) == 2; }
+
+template <int OP, typename S>
+__device__ __forceinline__ void update_one(const hyper &h, bool decay, float *p, const float *g,
+                                           S *m, S *v, __nv_bfloat16 *plo, int64_t i)
+{
+    float pi = p[i], mi = uses_m<OP>(h) ? ld_state(m, i) : 0.f, vi = OP == OP_ADAMW ? ld_state(v, i) : 0.f;
     update<OP>(h, decay, pi, g[i], mi, vi);
     p[i] = pi;
     if (plo) plo[i] = __float2bfloat16_rn(pi);
-    if (uses_m<OP>(h)) m[i] = mi;
-    if (OP == OP_ADAMW) v[i] = vi;
+    uint32_t w = sr<S>() ? sg_optim_sr_bits((uint64_t)i / 4, h.t).v[i % 4] : 0u;
+    if (uses_m<OP>(h)) st_state(m, i, mi, w & 0xffffu);
+    if (OP == OP_ADAMW) st_state(v, i, vi, w >> 16);
 }
 
 /* Two floats rounded to bf16 (nearest even) and packed, the first in the low half. */
@@ -113,10 +148,10 @@ __device__ __forceinline__ unsigned pack_bf16x2(float a, float b)
  * Every thread reads the old hp.step at entry; each block then counts itself done in *done
  * and the last one writes step + 1. atomicInc wraps the counter back to 0 on the last block,
  * so the next launch (or graph replay) finds it at 0. */
-template <int OP>
+template <int OP, typename S>
 __global__ void __launch_bounds__(OPT_THREADS)
-optim_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
-             float *__restrict__ v, float *hp, const int *__restrict__ seg_start,
+optim_kernel(float *__restrict__ p, const float *__restrict__ g, S *__restrict__ m,
+             S *__restrict__ v, float *hp, const int *__restrict__ seg_start,
              const int *__restrict__ seg_decay, int n_seg, int64_t n, bool vec,
              const int *__restrict__ skip, __nv_bfloat16 *__restrict__ plo, unsigned int *done)
 {
@@ -132,8 +167,8 @@ optim_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restri
             if (i + 4 <= end) {
                 float4 p4 = reinterpret_cast<const float4 *>(p)[i / 4];
                 float4 g4 = reinterpret_cast<const float4 *>(g)[i / 4];
-                float4 m4 = uses_m<OP>(h) ? reinterpret_cast<const float4 *>(m)[i / 4] : g4;
-                float4 v4 = OP == OP_ADAMW ? reinterpret_cast<const float4 *>(v)[i / 4] : g4;
+                float4 m4 = uses_m<OP>(h) ? ld_state4(m, i / 4) : g4;
+                float4 v4 = OP == OP_ADAMW ? ld_state4(v, i / 4) : g4;
                 /* A float4 may straddle segments: walk s forward per element. */
                 int s = seg_find(seg_start, lo, hi, i);
                 bool d[4];
@@ -149,18 +184,23 @@ optim_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restri
                 if (plo)
                     reinterpret_cast<uint2 *>(plo)[i / 4] =
                         make_uint2(pack_bf16x2(p4.x, p4.y), pack_bf16x2(p4.z, p4.w));
-                if (uses_m<OP>(h)) reinterpret_cast<float4 *>(m)[i / 4] = m4;
-                if (OP == OP_ADAMW) reinterpret_cast<float4 *>(v)[i / 4] = v4;
+                uint32_t r[4] = {0, 0, 0, 0};
+                if (sr<S>()) {
+                    sg_philox_out w = sg_optim_sr_bits((uint64_t)i / 4, h.t);
+                    r[0] = w.v[0], r[1] = w.v[1], r[2] = w.v[2], r[3] = w.v[3];
+                }
+                if (uses_m<OP>(h)) st_state4(m, i / 4, m4, r, 0);
+                if (OP == OP_ADAMW) st_state4(v, i / 4, v4, r, 16);
             } else {
                 for (; i < end; i++) /* the buffer's last 1-3 elements */
-                    update_one<OP>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, m, v,
-                                   plo, i);
+                    update_one<OP, S>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, m, v,
+                                      plo, i);
             }
         } else {
             for (int k = 0; k < 4; k++) {
                 int64_t i = base + k * OPT_THREADS + threadIdx.x;
                 if (i < end)
-                    update_one<OP>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, m, v,
+                    update_one<OP, S>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, m, v,
                                    plo, i);
             }
         }
@@ -192,13 +232,24 @@ static sg_status launch(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg
     int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * OPT_BLOCKS_PER_SM;
     if (cap < 1) cap = 1;
     int blocks = (int)(want < 1 ? 1 : (want < cap ? want : cap));
-    bool vec = aligned16(param->data) && aligned16(grad->data) && aligned16(m->data) &&
-               (!v || aligned16(v->data)) && (!param_lo || aligned8(param_lo->data));
-    optim_kernel<OP><<<blocks, OPT_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
-        (float *)param->data, (const float *)grad->data, (float *)m->data,
-        v ? (float *)v->data : nullptr, (float *)hp->data, (const int *)seg_start->data,
-        (const int *)seg_decay->data, n_seg, n, vec, skip ? (const int *)skip->data : nullptr,
-        param_lo ? (__nv_bfloat16 *)param_lo->data : nullptr, (unsigned int *)done);
+    const bool lo_state = m->dtype == SG_DTYPE_BF16; /* v has m's dtype (optim.c) */
+    bool (*state_aligned)(const void *) = lo_state ? aligned8 : aligned16;
+    bool vec = aligned16(param->data) && aligned16(grad->data) && state_aligned(m->data) &&
+               (!v || state_aligned(v->data)) && (!param_lo || aligned8(param_lo->data));
+    cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
+    float *pp = (float *)param->data, *hpp = (float *)hp->data;
+    const float *gp = (const float *)grad->data;
+    const int *ss = (const int *)seg_start->data, *sd = (const int *)seg_decay->data;
+    const int *sk = skip ? (const int *)skip->data : nullptr;
+    __nv_bfloat16 *lo = param_lo ? (__nv_bfloat16 *)param_lo->data : nullptr;
+    if (lo_state)
+        optim_kernel<OP, __nv_bfloat16><<<blocks, OPT_THREADS, 0, st>>>(
+            pp, gp, (__nv_bfloat16 *)m->data, v ? (__nv_bfloat16 *)v->data : nullptr, hpp, ss, sd,
+            n_seg, n, vec, sk, lo, (unsigned int *)done);
+    else
+        optim_kernel<OP, float><<<blocks, OPT_THREADS, 0, st>>>(
+            pp, gp, (float *)m->data, v ? (float *)v->data : nullptr, hpp, ss, sd, n_seg, n, vec,
+            sk, lo, (unsigned int *)done);
     SG_CUDA_CHECK_LAUNCH(ctx, "optim_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;

@@ -1204,10 +1204,15 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     char steps[32], accum[16];
     snprintf(steps, sizeof steps, "%lld", (long long)step);
     snprintf(accum, sizeof accum, "%d", t->opts.accum);
-    /* "accum" only when it is not 1: checkpoints of unaccumulated runs stay as they were. */
-    const char *meta[] = {"format", "stepgraph-1", "model", t->m->name, "step", steps,
-                          "precision", sg_dtype_name(t->m->precision),
-                          t->opts.accum > 1 ? "accum" : NULL, accum, NULL};
+    /* "accum" only when it is not 1, "optim_state" only when it is not F32: checkpoints of
+     * other runs stay as they were. */
+    sg_dtype sdt = sg_optim_state_dtype(t->o);
+    const char *meta[14] = {"format", "stepgraph-1", "model", t->m->name, "step", steps,
+                            "precision", sg_dtype_name(t->m->precision)};
+    int k = 8;
+    if (t->opts.accum > 1) meta[k++] = "accum", meta[k++] = accum;
+    if (sdt != SG_DTYPE_F32) meta[k++] = "optim_state", meta[k++] = sg_dtype_name(sdt);
+    meta[k] = NULL;
     sg_status st = sg_checkpoint_save(t->ctx, path, e, n, meta);
     free(e);
     return st;
@@ -1247,6 +1252,14 @@ static sg_status ckpt_meta_check(sg_ctx *ctx, const char *path, const char *meta
     if (strcmp(v, f32) && strcmp(v, bf16))
         return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_load: '%s': metadata precision '%s' is not "
                        "'%s' or '%s'", path, v, f32, bf16);
+    /* The optimizer state's dtype (absent: F32) must be this optimizer's: the tensors load as
+     * they are. */
+    const char *state = sg_dtype_name(sg_optim_state_dtype(cm->t->o));
+    if (sg_checkpoint_meta_get(meta, "optim_state", v, sizeof v) != SG_OK) strcpy(v, f32);
+    if (strcmp(v, state))
+        return sg_fail(ctx, SG_ERR_DTYPE, "sg_trainer_load: '%s' holds %s optimizer state, this optimizer keeps %s: "
+                       "set the same with sg_optim_set_state_dtype (the CLI: --optim-state %s) before loading",
+                       path, v, state, strcmp(v, bf16) ? "f32" : "bf16");
     SG_TRY(meta_value(ctx, path, meta, "step", v, sizeof v));
     if (!sg_parse_decimal(v, strlen(v), SG_TRAINER_MAX_STEP, &cm->step))
         return sg_fail(ctx, SG_ERR_INVALID, "sg_trainer_load: '%s': metadata step '%s' is not a "

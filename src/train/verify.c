@@ -155,6 +155,7 @@ sg_status sg_verify(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_
         st = factory(ctx, user, &s[k].m);
         if (st == SG_OK && !s[k].m) st = sg_ctx_fail(ctx, SG_ERR_NULL, "sg_verify: the factory returned no model");
         if (st == SG_OK) st = sg_optim_create(ctx, s[k].m, o.optim, &s[k].o);
+        if (st == SG_OK) st = sg_optim_set_state_dtype(s[k].o, o.optim_state);
         if (st == SG_OK) st = sg_trainer_create(s[k].m, s[k].o, &to, &s[k].t);
     }
     int64_t P = 0;
