@@ -4,7 +4,10 @@
 # default for bf16, head size 64) and with STEPGRAPH_ATTENTION=unfused, and bench/torch_ref.py
 # (SDPA attention, as PyTorch users write it) in its graph and compile modes, and its graph mode
 # with the explicit math attention (--attention math), reported beside it. JSON lines into
-# $OUT/gpu_bound.jsonl, then one table: ms/step, and stepgraph's best over PyTorch's best.
+# $OUT/gpu_bound.jsonl, then one table: ms/step, and stepgraph's best over PyTorch's best. Also
+# step scope with the AdamW moments in bf16 (--optim-state bf16), tagged "bf16-state": the
+# best/best line takes stepgraph's best with f32 state only (the like-for-like optimizer), and a
+# second line with bf16 state.
 #
 #   bench/gpu_bound.sh [BUILD_DIR]   (default build-gpu)
 #   env: GPU_BOUND_MODELS (default gpt-768-12-8-256,gpt-256-4-8-128), GPU_BOUND_PRECISIONS
@@ -29,6 +32,8 @@ for l in sys.stdin:
 for p in ${PRECS//,/ }; do
   "$SG" bench --model "$MODELS" --scope eager,step --precision "$p" --steps "$STEPS" --json 2>>"$OUT/gpu_bound.err" \
     | tag stepgraph >> "$J" || echo "stepgraph bench $p failed" >&2
+  "$SG" bench --model "$MODELS" --scope step --precision "$p" --optim-state bf16 --steps "$STEPS" --json \
+    2>>"$OUT/gpu_bound.err" | tag "stepgraph bf16-state" >> "$J" || echo "stepgraph bf16-state $p failed" >&2
   if [ "$p" = bf16 ]; then
     STEPGRAPH_ATTENTION=unfused "$SG" bench --model "$MODELS" --scope step --precision "$p" --steps "$STEPS" --json \
       2>>"$OUT/gpu_bound.err" | tag "stepgraph unfused-attention" >> "$J" || echo "stepgraph unfused $p failed" >&2
@@ -49,8 +54,12 @@ for k in keys:
     sel = [r for r in rows if (r["model"], r["precision"]) == k]
     for r in sel:
         print(f"| {k[0]} | {k[1]} | {r['impl']} | {r.get('scope', r.get('mode'))} | {ms(r):.3f} | {r.get('peak_mib', '')} |")
-    sg = [ms(r) for r in sel if r["impl"].startswith("stepgraph") and r.get("scope") == "step"]
+    sg = [ms(r) for r in sel if r["impl"].startswith("stepgraph") and r.get("scope") == "step"
+          and "bf16-state" not in r["impl"]]
+    sg16 = [ms(r) for r in sel if r["impl"] == "stepgraph bf16-state"]
     pt = [ms(r) for r in sel if r["impl"].startswith("pytorch")]
     if sg and pt:
         print(f"| {k[0]} | {k[1]} | **best/best** | | **{min(sg) / min(pt):.2f}x** | |")
+    if sg16 and pt:
+        print(f"| {k[0]} | {k[1]} | **bf16 state/best** | | **{min(sg16) / min(pt):.2f}x** | |")
 PY

@@ -50,6 +50,17 @@ static int count_nodes(cudaGraph_t gr)
     return (int)n;
 }
 
+/* Kernel nodes keep the priority of the stream they were captured on (stream capture copies it
+ * into each node), and the graph runs them at it: without the flag every node would run at the
+ * launch stream's priority, so data parallelism's all-reduces, launched on a high-priority
+ * stream so that they overlap the backward eagerly, would queue behind the backward's kernels
+ * in a replay. STEPGRAPH_NODE_PRIORITY=0 leaves the flag off (to measure what it changes). */
+static unsigned long long instantiate_flags(void)
+{
+    const char *v = getenv("STEPGRAPH_NODE_PRIORITY");
+    return v && !strcmp(v, "0") ? 0ull : (unsigned long long)cudaGraphInstantiateFlagUseNodePriority;
+}
+
 static sg_status cuda_instantiate(sg_graph *g, void *graph)
 {
     sg_ctx *ctx = g->ctx;
@@ -61,7 +72,7 @@ static sg_status cuda_instantiate(sg_graph *g, void *graph)
     cudaError_t e = cudaMemGetInfo(&free0, &total);
     if (e == cudaSuccess) {
         call = "cudaGraphInstantiateWithFlags";
-        e = cudaGraphInstantiateWithFlags(&exec, gr, 0);
+        e = cudaGraphInstantiateWithFlags(&exec, gr, instantiate_flags());
     }
     if (e == cudaSuccess) {
         call = "cudaGraphUpload";
