@@ -1710,6 +1710,18 @@ typedef struct sg_prof_step {
 sg_status sg_prof_analyze(const sg_prof_record *r, size_t n, sg_prof_step *steps, int max_steps,
                           int *n_steps);
 
+/* Device time by op family, where the speed-of-light floor's families (sg_sol_floor) measure
+ * their time. While a profiler records, each op's call leaves a range record of no length named
+ * sg_prof_family_marker(its family) ("work:matmul", ...) before it queues anything. Each
+ * kernel, copy and set is given the family of the last marker at or before the start of the API
+ * call that queued it, on that call's thread and inside the same "step" range; out_us[
+ * SG_WORK_FAMILIES] takes the rest: work queued outside every op (the batch copy-in) and work a
+ * graph ran (its ops were called once, at capture), so profile eager steps to split a step by
+ * family. Microseconds summed over the records (overlapping work counts twice). Pure: records
+ * of your own work too. SG_ERR_NULL, SG_ERR_OOM. */
+const char *sg_prof_family_marker(sg_work_family f);
+sg_status sg_prof_family_us(const sg_prof_record *r, size_t n, double out_us[SG_WORK_FAMILIES + 1]);
+
 /* Writes records as a Chrome trace-event JSON file ({"traceEvents": [...]}) that Perfetto and
  * chrome://tracing open: process 1 "host" with one track per thread (API calls, named ranges
  * nested by time), process 2 + device id "GPU n" with one track per stream (kernels, copies,
@@ -1834,6 +1846,9 @@ typedef struct sg_advise_profile {
     /* One step's work (sg_trainer_stats.work of the eager steps above; work_counted 0: none). */
     sg_work work;
     int work_counted;
+    /* The eager step's device time by op family, from the busy_ms window (sg_prof_family_us),
+     * ms a step; [SG_WORK_FAMILIES]: work outside every op. NAN where no profiler ran. */
+    double family_ms[SG_WORK_FAMILIES + 1];
 } sg_advise_profile;
 
 /* One scope's prediction. */

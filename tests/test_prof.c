@@ -307,6 +307,75 @@ static size_t synthetic_window(sg_prof_record *r)
 #define W_HOST_EVENTS 15  /* 5 ranges + 10 API calls */
 #define W_DEVICE_EVENTS 11 /* every device record but the untimed one */
 
+/* sg_prof_family_us on a synthetic window with random durations (us). Step A [0, 100]: a
+ * kernel queued before any op's marker (the copy-in: other); a matmul marker, then a launch; a
+ * norm marker, then a runtime launch whose kernel carries its nested driver call's id; an
+ * optimizer marker, then a set; a graph launch of two kernels (other, though a marker came
+ * before it); an unknown "work:" name, which is no marker. Step B [200, 300]: a launch before
+ * its first marker (other: step A's optimizer marker does not reach across the step's start),
+ * an attention marker on another thread (not this one's), then a loss marker and a copy. The
+ * expected sums are taken in record order, as the function takes them. */
+static void cpu_family(void)
+{
+    double d[9], want[SG_WORK_FAMILIES + 1] = {0};
+    for (int i = 0; i < 9; i++) d[i] = tu_randint(500, 20000) * 1e-3; /* whole ns, as CUPTI stamps */
+    sg_prof_record r[32];
+    size_t n = 0;
+    r[n++] = w_range("step", 0, 100, 0);
+    r[n++] = w_api("cudaMemcpyAsync", 1, 1, 2);
+    r[n++] = w_dev(SG_PROF_KIND_MEMCPY, 7, 1, 3, 3 + d[0], 0, "memcpy HtoD");
+    want[SG_WORK_FAMILIES] += d[0];
+    r[n++] = w_range(sg_prof_family_marker(SG_WORK_MATMUL), 5, 5, 1);
+    r[n++] = w_api("cuLaunchKernel", 2, 6, 7);
+    r[n++] = w_dev(SG_PROF_KIND_KERNEL, 7, 2, 10, 10 + d[1], 0, "gemm");
+    want[SG_WORK_MATMUL] += d[1];
+    r[n++] = w_range(sg_prof_family_marker(SG_WORK_NORM), 30, 30, 1);
+    r[n++] = w_api("cudaLaunchKernel", 3, 31, 34);
+    sg_prof_record inner = w_api("cuLaunchKernel", 4, 32, 33);
+    inner.depth = 1;
+    r[n++] = inner;
+    r[n++] = w_dev(SG_PROF_KIND_KERNEL, 7, 4, 35, 35 + d[2], 0, "ln");
+    want[SG_WORK_NORM] += d[2];
+    r[n++] = w_range(sg_prof_family_marker(SG_WORK_OPTIMIZER), 60, 60, 0);
+    r[n++] = w_api("cudaMemsetAsync", 5, 61, 62);
+    r[n++] = w_dev(SG_PROF_KIND_MEMSET, 8, 5, 63, 63 + d[3], 0, "memset");
+    want[SG_WORK_OPTIMIZER] += d[3];
+    r[n++] = w_range("work:bogus", 70, 70, 0);
+    r[n++] = w_api("cudaGraphLaunch", 6, 71, 72);
+    r[n++] = w_dev(SG_PROF_KIND_KERNEL, 7, 6, 73, 73 + d[4], 9, "g1");
+    r[n++] = w_dev(SG_PROF_KIND_KERNEL, 7, 6, 80, 80 + d[5], 9, "g2");
+    want[SG_WORK_FAMILIES] += d[4], want[SG_WORK_FAMILIES] += d[5];
+    r[n++] = w_range("step", 200, 300, 0);
+    r[n++] = w_api("cudaLaunchKernel", 7, 201, 202);
+    r[n++] = w_dev(SG_PROF_KIND_KERNEL, 7, 7, 205, 205 + d[6], 0, "batch");
+    want[SG_WORK_FAMILIES] += d[6];
+    sg_prof_record other = w_range(sg_prof_family_marker(SG_WORK_ATTENTION), 210, 210, 0);
+    other.thread_id = W_THREAD + 1;
+    r[n++] = other;
+    r[n++] = w_api("cudaLaunchKernel", 8, 211, 212);
+    r[n++] = w_dev(SG_PROF_KIND_KERNEL, 7, 8, 215, 215 + d[7], 0, "k");
+    want[SG_WORK_FAMILIES] += d[7];
+    r[n++] = w_range(sg_prof_family_marker(SG_WORK_LOSS), 240, 240, 0);
+    r[n++] = w_api("cudaMemcpyAsync", 9, 241, 242);
+    r[n++] = w_dev(SG_PROF_KIND_MEMCPY, 7, 9, 245, 245 + d[8], 0, "memcpy DtoH");
+    want[SG_WORK_LOSS] += d[8];
+    /* Any order of records gives the same split: shuffle. */
+    for (size_t i = n - 1; i > 0; i--) {
+        size_t j = (size_t)tu_randint(0, (int)i);
+        sg_prof_record t = r[i];
+        r[i] = r[j], r[j] = t;
+    }
+    double got[SG_WORK_FAMILIES + 1];
+    TU_CHECK(sg_prof_family_us(r, n, got) == SG_OK, "sg_prof_family_us failed");
+    for (int k = 0; k <= SG_WORK_FAMILIES; k++) /* sums of at most 4 terms: 4 ulp of 100 us */
+        TU_CHECK(fabs(got[k] - want[k]) <= 4 * 100 * 0x1p-52, "family %s: %.9f us, expected %.9f",
+                 k < SG_WORK_FAMILIES ? sg_work_family_name((sg_work_family)k) : "other", got[k], want[k]);
+    TU_CHECK(sg_prof_family_us(NULL, 1, got) == SG_ERR_NULL && sg_prof_family_us(r, n, NULL) == SG_ERR_NULL,
+             "NULL arguments were not refused");
+    TU_CHECK(sg_prof_family_us(r, 0, got) == SG_OK && got[0] == 0 && got[SG_WORK_FAMILIES] == 0, "no records");
+    TU_CHECK(sg_prof_family_marker(SG_WORK_FAMILIES) == NULL, "a marker for no family");
+}
+
 static void check_step(const char *what, const sg_prof_step *got, const sg_prof_step *want)
 {
     TU_CHECK(got->kernels == want->kernels && got->launch_calls == want->launch_calls &&
@@ -922,6 +991,29 @@ static void gpu_trainer_window(sg_ctx *ctx, sg_prof *p, sg_scope sc)
         TU_CHECK(kernels >= launched, "%s: %llu kernels in the steps, the runtime launched %llu",
                  what, (unsigned long long)kernels, (unsigned long long)launched);
     }
+    /* By op family: the whole device time is split (each record once); eagerly the matmuls,
+     * the loss and the optimizer have theirs; under step scope the graph's work is other. */
+    double fam[SG_WORK_FAMILIES + 1], all = 0, split = 0;
+    TU_OK(ctx, sg_prof_family_us(rec, n, fam));
+    for (size_t i = 0; i < n; i++)
+        if ((rec[i].kind == SG_PROF_KIND_KERNEL || rec[i].kind == SG_PROF_KIND_MEMCPY || rec[i].kind == SG_PROF_KIND_MEMSET) &&
+            !(rec[i].start_ns == 0 && rec[i].end_ns == 0) && rec[i].end_ns >= rec[i].start_ns)
+            all += (double)(rec[i].end_ns - rec[i].start_ns) * 1e-3;
+    for (int k = 0; k <= SG_WORK_FAMILIES; k++) split += fam[k];
+    TU_CHECK(fabs(split - all) <= 1e-9 * all, "%s: families sum to %.3f us of %.3f", what, split, all);
+    printf("%s: by family (us):", what);
+    for (int k = 0; k <= SG_WORK_FAMILIES; k++)
+        printf(" %s %.1f", k < SG_WORK_FAMILIES ? sg_work_family_name((sg_work_family)k) : "other", fam[k]);
+    printf("\n");
+    if (sc == SG_SCOPE_EAGER)
+        TU_CHECK(fam[SG_WORK_MATMUL] > 0 && fam[SG_WORK_LOSS] > 0 && fam[SG_WORK_OPTIMIZER] > 0 &&
+                 fam[SG_WORK_MATMUL] > fam[SG_WORK_FAMILIES],
+                 "%s: matmul %.1f, loss %.1f, optimizer %.1f, other %.1f us", what, fam[SG_WORK_MATMUL],
+                 fam[SG_WORK_LOSS], fam[SG_WORK_OPTIMIZER], fam[SG_WORK_FAMILIES]);
+    else
+        TU_CHECK(fam[SG_WORK_MATMUL] == 0 && fam[SG_WORK_OPTIMIZER] == 0 && fam[SG_WORK_FAMILIES] > 0,
+                 "%s: a replayed step's work was given a family (matmul %.1f, optimizer %.1f us)", what,
+                 fam[SG_WORK_MATMUL], fam[SG_WORK_OPTIMIZER]);
     gpu_check_trace(what, ctx, p, sg_scope_name(sc));
     sg_trainer_destroy(t);
     sg_optim_destroy(o);
@@ -973,6 +1065,7 @@ int main(int argc, char **argv)
         cpu_api_classes();
         cpu_mark_nested();
         cpu_analyze();
+        cpu_family();
         cpu_trace();
         cpu_refusals();
     } else if (strcmp(mode, "gpu") == 0) {

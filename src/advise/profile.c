@@ -157,10 +157,12 @@ static sg_status time_blocks(sg_ctx *ctx, sg_trainer *t, int k, const sg_advise_
  * that cannot run (no CUPTI, another client) leaves NAN and a note; a step that fails is an
  * error. */
 static sg_status measure_busy(sg_ctx *ctx, sg_trainer *t, int k, const sg_advise_timing *tm, int64_t *s,
-                              double *busy_ms, double *kernels, double *short_share, char *note, size_t note_n)
+                              double *busy_ms, double *kernels, double *short_share, double *family_ms,
+                              char *note, size_t note_n)
 {
     int n = whole_calls(tm->busy_steps, k);
     *busy_ms = *kernels = *short_share = NAN;
+    for (int f = 0; family_ms && f <= SG_WORK_FAMILIES; f++) family_ms[f] = NAN;
     sg_prof *p = NULL;
     sg_prof_result r;
     sg_status pst = sg_prof_create(ctx, &p);
@@ -175,6 +177,11 @@ static sg_status measure_busy(sg_ctx *ctx, sg_trainer *t, int k, const sg_advise
         *busy_ms = r.busy_us / 1e3 / n;
         *kernels = (double)r.kernels / n;
         *short_share = r.short_kernel_share;
+        size_t nr = 0;
+        const sg_prof_record *rec = sg_prof_records(p, &nr);
+        double us[SG_WORK_FAMILIES + 1];
+        if (family_ms && sg_prof_family_us(rec, nr, us) == SG_OK)
+            for (int f = 0; f <= SG_WORK_FAMILIES; f++) family_ms[f] = us[f] / 1e3 / n;
         if (r.dropped && note)
             snprintf(note, note_n, "CUPTI dropped %llu records: GPU-busy undercounts", (unsigned long long)r.dropped);
     } else if (st == SG_OK && note) {
@@ -417,6 +424,7 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
     if (!factory || !out) return sg_fail(ctx, SG_ERR_NULL, "sg_advise_profile_model: factory or out is NULL");
     memset(out, 0, sizeof *out);
     out->busy_ms = out->kernels = out->short_kernel_share = NAN;
+    for (int f = 0; f <= SG_WORK_FAMILIES; f++) out->family_ms[f] = NAN;
     if (ctx->backend != SG_BACKEND_CUDA)
         return sg_fail(ctx, SG_ERR_UNSUPPORTED,
                        "sg_advise_profile_model: the %s backend has no kernel launches or GPU-busy time to "
@@ -446,8 +454,8 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
     if (st == SG_OK) st = time_blocks(ctx, tr, 1, &t, &s, &out->wall_ms, &out->block_host_ms, &out->launches);
     if (st == SG_OK) st = probe_regions(ctx, m, tr, &s, out);
     if (st == SG_OK)
-        st = measure_busy(ctx, tr, 1, &t, &s, &out->busy_ms, &out->kernels, &out->short_kernel_share, out->note,
-                          sizeof out->note);
+        st = measure_busy(ctx, tr, 1, &t, &s, &out->busy_ms, &out->kernels, &out->short_kernel_share,
+                          out->family_ms, out->note, sizeof out->note);
     if (st == SG_OK) st = check_not_stopped(ctx, tr, &eager, "sg_advise_profile_model");
     sg_trainer_destroy(tr);
     if (st == SG_OK) st = probe_static_load(ctx, m, &s, out);
@@ -494,7 +502,7 @@ sg_status sg_advise_measure(sg_ctx *ctx, sg_model_factory factory, void *user, s
     if (st == SG_OK) st = time_blocks(ctx, tr, K, &t, &s, &out->step_ms, &out->host_ms, &out->launches);
     if (st == SG_OK) {
         double k, sh;
-        st = measure_busy(ctx, tr, K, &t, &s, &out->busy_ms, &k, &sh, NULL, 0);
+        st = measure_busy(ctx, tr, K, &t, &s, &out->busy_ms, &k, &sh, NULL, NULL, 0);
     }
     if (st == SG_OK) st = check_not_stopped(ctx, tr, &to, "sg_advise_measure");
     if (st == SG_OK) st = sg_ctx_alloc_stats(ctx, &a1);

@@ -181,6 +181,14 @@ static void print_sol(const sg_advise_result *r)
         if (p->work.flops[k] > 0 || p->work.bytes[k] > 0)
             printf(" %s %.4f", sg_work_family_name((sg_work_family)k), r->sol.family_ms[k]);
     printf("\n");
+    if (!isfinite(p->family_ms[SG_WORK_FAMILIES])) return;
+    /* Where the eager step's device time went, against each family's floor. */
+    printf("  the eager step's device time by family (ms, x its floor):");
+    for (int k = 0; k < SG_WORK_FAMILIES; k++)
+        if (p->work.flops[k] > 0 || p->work.bytes[k] > 0 || p->family_ms[k] > 0)
+            printf(" %s %.4f (%.1fx)", sg_work_family_name((sg_work_family)k), p->family_ms[k],
+                   r->sol.family_ms[k] > 0 ? p->family_ms[k] / r->sol.family_ms[k] : NAN);
+    printf(" other %.4f\n", p->family_ms[SG_WORK_FAMILIES]);
 }
 
 /* sg_advise's progress: the tables as each stage completes (text output), and every failed
@@ -382,8 +390,13 @@ static bool print_json(const sg_advise_result *r, const sg_trainer_options *tr)
         kv_num(w, "flops", r->profile.work.flops[k]);
         kv_num(w, "bytes", r->profile.work.bytes[k]);
         kv_num(w, "floor_ms", r->sol_ok ? r->sol.family_ms[k] : NAN);
+        kv_num(w, "eager_ms", r->profile.family_ms[k]);
         sg_json_object_end(w);
     }
+    sg_json_key(w, "other");
+    sg_json_object_begin(w);
+    kv_num(w, "eager_ms", r->profile.family_ms[SG_WORK_FAMILIES]);
+    sg_json_object_end(w);
     sg_json_object_end(w);
     sg_json_object_end(w);
     sg_json_key(w, "checklist");

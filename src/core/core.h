@@ -185,6 +185,10 @@ struct sg_ctx {
     /* Named ranges (sg_range_push/pop): an observer (the profiler) sees each push and pop. */
     void (*range_hook)(void *user, const char *name, bool push);
     void *range_user;
+    /* An observer of each op's call (the profiler's, while it records): told the op's work
+     * family as the op is called, before it launches anything (sg_ctx_count_work). */
+    void (*work_hook)(void *user, int family);
+    void *work_user;
 };
 
 /* During capture, fails with SG_ERR_CAPTURE: "<call>: <what> during capture in module 'm'; <hint>",
@@ -236,6 +240,7 @@ static inline void sg_ctx_count_launches(sg_ctx *ctx, int n) { ctx->launches += 
 static inline void sg_ctx_count_work(sg_ctx *ctx, sg_work_family f, double flops, double bytes)
 {
     ctx->work.flops[f] += flops, ctx->work.bytes[f] += bytes;
+    if (ctx->work_hook) ctx->work_hook(ctx->work_user, (int)f);
 }
 /* The bytes of up to 8 tensors (NULLs count 0): an op's inputs and outputs. */
 double sg_tensors_bytes(const sg_tensor *a, const sg_tensor *b, const sg_tensor *c, const sg_tensor *d,

@@ -445,3 +445,92 @@ const sg_prof_record *sg_prof_records(const sg_prof *p, size_t *n)
     return NULL;
 }
 #endif /* !SG_HAVE_CUPTI */
+
+/* ---- device time by op family ---- */
+
+const char *sg_prof_family_marker(sg_work_family f)
+{
+    static const char *const names[SG_WORK_FAMILIES] = {"work:matmul", "work:attention", "work:conv", "work:norm",
+                                                        "work:elementwise", "work:loss", "work:optimizer"};
+    return f >= 0 && f < SG_WORK_FAMILIES ? names[f] : NULL;
+}
+
+/* A point on a thread's timeline: a family marker (family >= 0) or a step's start (-1). */
+typedef struct mark {
+    uint32_t thread;
+    uint64_t t;
+    int family;
+} mark;
+
+static int mark_cmp(const void *a, const void *b)
+{
+    const mark *x = a, *y = b;
+    if (x->thread != y->thread) return x->thread < y->thread ? -1 : 1;
+    if (x->t != y->t) return x->t < y->t ? -1 : 1;
+    return x->family < y->family ? -1 : x->family > y->family; /* a step's start before a marker at its time */
+}
+
+static int api_by_corr(const void *a, const void *b)
+{
+    const sg_prof_record *x = *(const sg_prof_record *const *)a, *y = *(const sg_prof_record *const *)b;
+    if (x->correlation_id != y->correlation_id) return x->correlation_id < y->correlation_id ? -1 : 1;
+    return x->depth - y->depth; /* the outermost call of an id first */
+}
+
+/* The family in force at time t on thread th: the last point at or before t, when it is a
+ * marker (a step's start resets it); -1 otherwise. */
+static int family_at(const mark *m, size_t n, uint32_t th, uint64_t t)
+{
+    size_t lo = 0, hi = n; /* first point after (th, t) */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (m[mid].thread < th || (m[mid].thread == th && m[mid].t <= t)) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == 0 || m[lo - 1].thread != th) return -1;
+    return m[lo - 1].family;
+}
+
+sg_status sg_prof_family_us(const sg_prof_record *r, size_t n, double out_us[SG_WORK_FAMILIES + 1])
+{
+    if (!out_us || (n && !r)) return SG_ERR_NULL;
+    for (int k = 0; k <= SG_WORK_FAMILIES; k++) out_us[k] = 0;
+    if (n == 0) return SG_OK;
+    mark *m = malloc(n * sizeof *m);
+    const sg_prof_record **api = malloc(n * sizeof *api);
+    if (!m || !api) {
+        free(m), free(api);
+        return SG_ERR_OOM;
+    }
+    size_t nm = 0, na = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].kind == SG_PROF_KIND_API && record_timed(&r[i])) api[na++] = &r[i];
+        if (r[i].kind != SG_PROF_KIND_RANGE || !r[i].name) continue;
+        if (!strcmp(r[i].name, "step")) m[nm++] = (mark){r[i].thread_id, r[i].start_ns, -1};
+        else if (!strncmp(r[i].name, "work:", 5))
+            for (int k = 0; k < SG_WORK_FAMILIES; k++)
+                if (!strcmp(r[i].name, sg_prof_family_marker((sg_work_family)k))) m[nm++] = (mark){r[i].thread_id, r[i].start_ns, k};
+    }
+    qsort(m, nm, sizeof *m, mark_cmp);
+    qsort(api, na, sizeof *api, api_by_corr);
+    for (size_t i = 0; i < n; i++) {
+        const sg_prof_record *d = &r[i];
+        if ((d->kind != SG_PROF_KIND_KERNEL && d->kind != SG_PROF_KIND_MEMCPY && d->kind != SG_PROF_KIND_MEMSET) ||
+            !record_timed(d))
+            continue;
+        double us = (double)(d->end_ns - d->start_ns) * 1e-3;
+        size_t lo = 0, hi = na; /* the first API record with this correlation id */
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (api[mid]->correlation_id < d->correlation_id) lo = mid + 1;
+            else hi = mid;
+        }
+        int k = -1;
+        if (lo < na && api[lo]->correlation_id == d->correlation_id && api[lo]->api != SG_PROF_API_GRAPH_LAUNCH &&
+            d->graph_id == 0)
+            k = family_at(m, nm, api[lo]->thread_id, api[lo]->start_ns);
+        out_us[k >= 0 ? k : SG_WORK_FAMILIES] += us;
+    }
+    free(m), free(api);
+    return SG_OK;
+}

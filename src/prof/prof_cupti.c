@@ -319,6 +319,27 @@ static void range_hook(void *user, const char *name, bool push)
     prof_unlock();
 }
 
+/* ---- op families: the context's work hook while a window records ---- */
+
+/* Each op's call, as it happens: a range record of no length named sg_prof_family_marker(f),
+ * at the depth of the ranges open around it, which sg_prof_family_us reads back. */
+static void work_hook(void *user, int family)
+{
+    sg_prof *p = user;
+    uint64_t t = 0;
+    CUptiResult r = cuptiGetTimestamp(&t);
+    if (r != CUPTI_SUCCESS) {
+        if (p->hook_err == CUPTI_SUCCESS) p->hook_err = r;
+        return;
+    }
+    sg_prof_record rec = {.kind = SG_PROF_KIND_RANGE, .start_ns = t, .end_ns = t,
+                          .thread_id = (uint32_t)syscall(SYS_gettid), .depth = p->range_depth,
+                          .name = sg_prof_family_marker((sg_work_family)family)};
+    prof_lock();
+    if (p->running) record_push(p, rec);
+    prof_unlock();
+}
+
 /* ---- the API ---- */
 
 /* Disables the first n collected kinds; returns the first failure (all are tried). */
@@ -434,6 +455,8 @@ sg_status sg_prof_start(sg_prof *p)
     p->prev_user = p->ctx->range_user;
     p->ctx->range_hook = range_hook;
     p->ctx->range_user = p;
+    p->ctx->work_hook = work_hook;
+    p->ctx->work_user = p;
     return SG_OK;
 }
 
@@ -446,6 +469,7 @@ sg_status sg_prof_stop(sg_prof *p, sg_prof_result *out)
                        "sg_prof_stop: the profiler is not started; call sg_prof_start first");
     p->ctx->range_hook = p->prev_hook; /* no more ranges: the window ends here */
     p->ctx->range_user = p->prev_user;
+    p->ctx->work_hook = NULL, p->ctx->work_user = NULL;
     /* Every queued activity must finish before its record is complete; then no new records,
      * then CUPTI hands over what it holds (the forced flush includes part-filled buffers). */
     sg_status st = sg_ctx_sync(p->ctx);
