@@ -4,7 +4,8 @@
  * cublasLtMatmul whose epilogue adds the bias and applies ReLU or GELU (keeping pre in the aux
  * buffer); where that epilogue cannot run (see sg_linear_forward_cuda), a plain matmul and one
  * bias+act kernel. Backward: one kernel (d(pre) = dy * act'(act_in) in place, and db as a
- * deterministic column sum in f32), then cublasLtMatmul for dw and for dx. Matmul plans
+ * deterministic column sum in f32), then cublasLtMatmul for dw and for dx; without an
+ * activation, db comes from the dw matmul's BGRADB epilogue instead (no kernel). Matmul plans
  * (descriptor, layouts, algorithm) are cached per shape and dtype in the context (ext slot
  * SG_EXT_LINEAR), so a call costs a lookup, at most two pointer attributes and the launch.
  *
@@ -22,6 +23,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
+#include <string.h>
 #include "ops/dtype_cuda.cuh"
 
 /* ---- plan cache ---- */
@@ -85,6 +87,7 @@ static const char *epilogue_name(int e)
     case CUBLASLT_EPILOGUE_RELU_BIAS: return "RELU_BIAS";
     case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
     }
     return "?";
 }
@@ -800,16 +803,28 @@ extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, co
     void *g = dy->data; /* d(pre) once the kernel has run */
     bool ran;
 
-    if (act != SG_ACT_NONE || db)
-        SG_TRY(launch_dact_bias(ctx, dt, act, g, act_in ? act_in->data : NULL,
-                                db ? db->data : NULL, m, n));
-
     /* Row-major dw(N,K) = dpre(M,N)^T x(M,K) is column-major dw^T(K x N) = x^T dpre:
      *   A = x:    stored column-major K x M (ld K), op N;
      *   B = dpre: stored column-major N x M (ld N), op T -> M x N;
-     *   D = dw:   column-major K x N (ld K). m = K, n = N, k = M. */
-    SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, CUBLASLT_EPILOGUE_DEFAULT, xp,
-                  g, dw->data, NULL, NULL, false, &ran));
+     *   D = dw:   column-major K x N (ld K). m = K, n = N, k = M.
+     * Without an activation, db (the column sums of dpre = dy) rides on this matmul: the
+     * BGRADB epilogue sums B over the product's k (M) into a vector of D's N columns, from the
+     * values as stored, as the kernel does (the f32 sums in another order). As for the forward's
+     * bias, cuBLASLt's alignment preferences do not cover that vector, so it must be 16-byte
+     * aligned; where it is not, or the heuristic refuses (or STEPGRAPH_BGRAD=0, to measure), the
+     * kernel sums it. With an activation the kernel runs anyway (d(pre) in place) and sums db in
+     * the same pass. */
+    ran = false;
+    const char *bgrad = getenv("STEPGRAPH_BGRAD");
+    if (act == SG_ACT_NONE && db && align_of(db->data) >= 16 && !(bgrad && !strcmp(bgrad, "0")))
+        SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, CUBLASLT_EPILOGUE_BGRADB, xp, g, dw->data,
+                      db->data, NULL, true, &ran));
+    if (!ran && (act != SG_ACT_NONE || db))
+        SG_TRY(launch_dact_bias(ctx, dt, act, g, act_in ? act_in->data : NULL,
+                                db ? db->data : NULL, m, n));
+    if (!ran)
+        SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, CUBLASLT_EPILOGUE_DEFAULT, xp,
+                      g, dw->data, NULL, NULL, false, &ran));
 
     /* Row-major dx(M,K) = dpre(M,N) w(N,K) is column-major dx^T(K x M) = w^T dpre^T:
      *   A = w:    stored column-major K x N (ld K), op N;
