@@ -24,6 +24,14 @@ static double naive_gelu_grad(double v)
     return (naive_gelu(v + h) - naive_gelu(v - h)) / (2 * h);
 }
 
+/* The same derivative in closed form, d/dv of naive_gelu: 0.5 (1 + t) + 0.5 v (1 - t^2) u'(v),
+ * t = tanh(u), u = c (v + 0.044715 v^3), u' = c (1 + 3 * 0.044715 v^2). */
+static double exact_gelu_grad(double v)
+{
+    const double c = 0.7978845608028654, t = tanh(c * (v + 0.044715 * v * v * v));
+    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * c * (1 + 3 * 0.044715 * v * v);
+}
+
 /* x's shape: (M, K), or (2, M/2, K) when nd and M is even; the same leading dims with last
  * dim c into out. Returns ndim. */
 static int lead_shape(int64_t m, int nd, int64_t c, int64_t *out)
@@ -990,6 +998,205 @@ static void cpu_bf16(void)
     sg_ctx_destroy(ctx);
 }
 
+/* ---- sg_linear_backward_through: the gradient taken on through the layer before's activation ----
+ *
+ * through_case(ctx, ref, dt, ...): on ctx (either backend) against the f64 CPU reference on the
+ * same stored inputs: x = x_act(x_pre) as stored, a layer with act NONE or GELU and a bias.
+ * The reference itself is checked (on the CPU, f64) against the composition it replaces:
+ * sg_linear_backward's dx, then times x_act'(x_pre) elementwise, then the column sums. Tolerances:
+ * dx_pre is a sum of N products times a factor in [-0.13, 1.13] (gelu', whose |value| <= 1.13),
+ * so gemm_tol(N) scaled by 1.13 in f32; x_db sums M of those: gemm_tol(M) on top, times
+ * |factor| bound, plus M times dx_pre's atol (each summand carries it); bf16: the bf16 rule
+ * elementwise against the reference summed from dx_pre as stored, as bf16_check does. */
+static void through_case(sg_ctx *ctx, sg_ctx *ref, sg_dtype dt, int64_t m, int64_t n, int64_t k,
+                         sg_activation act, sg_activation x_act, int mis, int with_db)
+{
+    char what[160];
+    snprintf(what, sizeof what, "%s %s through m=%lld n=%lld k=%lld act %s x_act %s%s%s",
+             ctx->backend == SG_BACKEND_CPU ? "cpu" : "gpu", sg_dtype_name(dt), (long long)m, (long long)n,
+             (long long)k, act_name(act), act_name(x_act), mis ? " misaligned" : "", with_db ? "" : " no x_db");
+    const sg_dtype d = SG_DTYPE_F64;
+    sg_tensor *base[8] = {NULL};
+    int nb = 0;
+#define T2(name, r, c) tu_keep(tu_maybe_view(ctx, dt, 2, (int64_t[]){r, c}, mis, name, &base[nb++]))
+    sg_tensor *xp = T2("x_pre", m, k), *x = T2("x", m, k), *w = T2("w", n, k), *dy = T2("dy", m, n);
+    sg_tensor *dxp = T2("dx_pre", m, k), *dw = T2("dw", n, k);
+    sg_tensor *pre = act == SG_ACT_GELU ? T2("pre", m, n) : NULL;
+#undef T2
+    sg_tensor *db = tu_keep(tu_tensor1(ctx, dt, n, "db"));
+    sg_tensor *xdb = with_db ? tu_keep(tu_tensor1(ctx, dt, k, "x_db")) : NULL;
+    for (int i = 0; i < nb; i++) tu_keep(base[i]);
+    free(tu_random(xp, -2, 2));
+    free(tu_random(w, -1 / sqrt((double)k), 1 / sqrt((double)k)));
+    free(tu_random(dy, -1, 1));
+    if (pre) free(tu_random(pre, -2, 2));
+    /* x = x_act(x_pre), computed on the CPU in f64 and stored in dt. */
+    double *xpv = tu_get(xp), *xv = malloc((size_t)(m * k) * sizeof *xv);
+    for (int64_t i = 0; i < m * k; i++)
+        xv[i] = x_act == SG_ACT_GELU ? naive_gelu(xpv[i]) : (xpv[i] > 0 ? xpv[i] : 0);
+    tu_set(x, xv);
+    free(xpv), free(xv);
+    /* x_act RELU reads the output (as act_in does): x itself. */
+    const sg_tensor *xin = x_act == SG_ACT_RELU ? x : xp;
+    /* The f64 reference on the same stored values. */
+    sg_tensor *xr = tu_keep(tu_clone_to(ref, x, d)), *wr = tu_keep(tu_clone_to(ref, w, d));
+    sg_tensor *dyr = tu_keep(tu_clone_to(ref, dy, d)), *xinr = tu_keep(tu_clone_to(ref, xin, d));
+    sg_tensor *dyr2 = tu_keep(tu_clone_to(ref, dy, d)); /* dy before the calls overwrite it with d(pre) */
+    sg_tensor *prer = pre ? tu_keep(tu_clone_to(ref, pre, d)) : NULL;
+    sg_tensor *dxpr = tu_keep(tu_tensor2(ref, d, m, k, "dx_pre_ref")), *dwr = tu_keep(tu_tensor2(ref, d, n, k, "dw_ref"));
+    sg_tensor *dbr = tu_keep(tu_tensor1(ref, d, n, "db_ref")), *xdbr = tu_keep(tu_tensor1(ref, d, k, "x_db_ref"));
+    sg_tensor *outs[] = {dxp, dw, db, xdb};
+    for (int i = 0; i < 4; i++)
+        if (outs[i]) tu_poison(outs[i]);
+    TU_OK(ctx, sg_linear_backward_through(ctx, x, w, dy, act, pre, dw, db, x_act, xin, dxp, xdb));
+    TU_OK(ref, sg_linear_backward_through(ref, xr, wr, dyr, act, prer, dwr, dbr, x_act, xinr, dxpr, xdbr));
+    /* The reference against the composition it replaces (f64: rounding only). */
+    sg_tensor *dxr = tu_keep(tu_tensor2(ref, d, m, k, "dx"));
+    sg_tensor *dwr2 = tu_keep(tu_tensor2(ref, d, n, k, "dw2")), *dbr2 = tu_keep(tu_tensor1(ref, d, n, "db2"));
+    TU_OK(ref, sg_linear_backward(ref, xr, wr, dyr2, act, prer, dxr, dwr2, dbr2));
+    double *dx = tu_get(dxr), *xi = tu_get(xinr), *got = tu_get(dxpr), *gdb = tu_get(xdbr);
+    double *col = calloc((size_t)k, sizeof *col), worst = 0, worst_db = 0;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t i = 0; i < k; i++) {
+            double v = dx[r * k + i] * (x_act == SG_ACT_GELU ? exact_gelu_grad(xi[r * k + i]) : (xi[r * k + i] > 0));
+            col[i] += v;
+            worst = fmax(worst, fabs(v - got[r * k + i]));
+        }
+    for (int64_t i = 0; i < k; i++) worst_db = fmax(worst_db, fabs(col[i] - gdb[i]));
+    TU_CHECK(worst <= 1e-12 && worst_db <= 1e-12 * (double)m, "%s: the f64 reference is not the composition "
+             "(dx_pre off by %.3g, x_db by %.3g)", what, worst, worst_db);
+    free(dx), free(xi), free(got), free(gdb), free(col);
+    char label[200];
+    if (dt == SG_DTYPE_BF16) {
+        /* x_db from dx_pre as stored: the reference's sums of this run's dx_pre. */
+        sg_tensor *dps = tu_keep(tu_clone_to(ref, dxp, d));
+        double *ps = tu_get(dps), *cs = calloc((size_t)k, sizeof *cs);
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t i = 0; i < k; i++) cs[i] += ps[r * k + i];
+        sg_tensor *xdbs = tu_keep(tu_tensor1(ref, d, k, "x_db_stored"));
+        tu_set(xdbs, cs);
+        free(ps), free(cs);
+        bf16_check(what, "dx_pre", dxp, dxpr, NULL, false);
+        bf16_check(what, "dw", dw, dwr, NULL, false);
+        bf16_check(what, "db", db, dbr, NULL, false);
+        if (xdb) bf16_check(what, "x_db", xdb, xdbs, xdbr, false);
+    } else {
+        tu_tol tx = gemm_tol(n), tb;
+        tx.atol *= 1.13;
+        tb = gemm_tol(m);
+        tb.atol = tb.atol * 1.13 + (double)m * tx.atol;
+        snprintf(label, sizeof label, "%s: dx_pre", what);
+        tu_close_tensors(label, dxp, dxpr, tx);
+        snprintf(label, sizeof label, "%s: dw", what);
+        tu_close_tensors(label, dw, dwr, gemm_tol(m));
+        snprintf(label, sizeof label, "%s: db", what);
+        tu_close_tensors(label, db, dbr, gemm_tol(m));
+        if (xdb) {
+            snprintf(label, sizeof label, "%s: x_db", what);
+            tu_close_tensors(label, xdb, xdbr, tb);
+        }
+    }
+    tu_free_live();
+}
+
+/* The checks sg_linear_backward_through adds, each naming the tensor or argument. */
+static void through_errors(sg_ctx *ctx)
+{
+    const sg_dtype f = SG_DTYPE_F32;
+    sg_tensor *x = tu_keep(tu_tensor2(ctx, f, 4, 8, "x")), *xp = tu_keep(tu_tensor2(ctx, f, 4, 8, "xp"));
+    sg_tensor *w = tu_keep(tu_tensor2(ctx, f, 5, 8, "w")), *dy = tu_keep(tu_tensor2(ctx, f, 4, 5, "dy"));
+    sg_tensor *dw = tu_keep(tu_tensor2(ctx, f, 5, 8, "dw")), *dxp = tu_keep(tu_tensor2(ctx, f, 4, 8, "dxp"));
+    sg_tensor *xdb = tu_keep(tu_tensor1(ctx, f, 8, "xdb")), *xdb7 = tu_keep(tu_tensor1(ctx, f, 7, "xdb7"));
+    sg_tensor *xp9 = tu_keep(tu_tensor2(ctx, f, 4, 9, "xp9"));
+    const sg_activation N0 = SG_ACT_NONE, G = SG_ACT_GELU;
+    TU_FAILS(ctx, sg_linear_backward_through(ctx, x, w, dy, N0, NULL, dw, NULL, N0, xp, dxp, xdb), SG_ERR_INVALID,
+             "x_act NONE");
+    TU_FAILS(ctx, sg_linear_backward_through(ctx, x, w, dy, N0, NULL, dw, NULL, G, NULL, dxp, xdb), SG_ERR_NULL,
+             "'x_pre' is NULL");
+    TU_FAILS(ctx, sg_linear_backward_through(ctx, x, w, dy, N0, NULL, dw, NULL, G, xp, NULL, xdb), SG_ERR_NULL,
+             "'dx_pre' is NULL");
+    TU_FAILS(ctx, sg_linear_backward_through(ctx, x, w, dy, N0, NULL, dw, NULL, G, xp9, dxp, xdb), SG_ERR_SHAPE,
+             "'x_pre'");
+    TU_FAILS(ctx, sg_linear_backward_through(ctx, x, w, dy, N0, NULL, dw, NULL, G, xp, dxp, xdb7), SG_ERR_SHAPE,
+             "'x_db'");
+    TU_FAILS(ctx, sg_linear_backward_through(ctx, x, w, dy, N0, NULL, dw, NULL, G, xp, xp, xdb), SG_ERR_INVALID,
+             "'dx_pre' overlaps 'x_pre'");
+    TU_FAILS(ctx, sg_linear_backward_through(ctx, x, w, dy, N0, NULL, dw, NULL, SG_ACT_SILU, xp, dxp, xdb),
+             SG_ERR_INVALID, "expected RELU or GELU");
+    tu_free_live();
+}
+
+/* Finite differences: L(x_pre) = sum(r * y), y = x_act(x_pre) @ w^T + b, so dL/dx_pre is the
+ * through backward's dx_pre with dy = r, and x_db its column sums (the gradient of a shift of
+ * each column of x_pre). f64, central differences with h = 1e-6: truncation ~h^2 times L's third
+ * derivative and cancellation ~1e-16 |L| / h, both under 1e-8 here; tolerance 1e-7. */
+typedef struct through_fd {
+    sg_ctx *ctx;
+    sg_tensor *xp, *x, *w, *b, *y, *r;
+    sg_activation x_act;
+} through_fd;
+
+static double through_loss(void *u)
+{
+    through_fd *c = u;
+    if (c->x_act == SG_ACT_GELU) TU_OK(c->ctx, sg_gelu_forward(c->ctx, c->xp, c->x));
+    else TU_OK(c->ctx, sg_relu_forward(c->ctx, c->xp, c->x));
+    TU_OK(c->ctx, sg_linear_forward(c->ctx, c->x, c->w, c->b, SG_ACT_NONE, c->y, NULL));
+    return tu_dot(c->y, c->r);
+}
+
+static void cpu_through_fd(sg_ctx *ctx, sg_activation x_act)
+{
+    const sg_dtype d = SG_DTYPE_F64;
+    const int64_t m = 5, n = 4, k = 6;
+    through_fd c = {ctx, tu_keep(tu_tensor2(ctx, d, m, k, "x_pre")), tu_keep(tu_tensor2(ctx, d, m, k, "x")),
+                    tu_keep(tu_tensor2(ctx, d, n, k, "w")), tu_keep(tu_tensor1(ctx, d, n, "b")),
+                    tu_keep(tu_tensor2(ctx, d, m, n, "y")), tu_keep(tu_tensor2(ctx, d, m, n, "r")), x_act};
+    double *v = tu_random(c.xp, -2, 2);
+    for (int64_t i = 0; i < m * k; i++) /* ReLU: clear of its kink, where differences mean nothing */
+        if (fabs(v[i]) < 0.05) v[i] = v[i] < 0 ? -0.5 : 0.5;
+    tu_set(c.xp, v);
+    free(v);
+    free(tu_random(c.w, -1, 1));
+    free(tu_random(c.b, -1, 1));
+    free(tu_random(c.r, -1, 1));
+    through_loss(&c); /* x from x_pre */
+    sg_tensor *dy = tu_keep(tu_clone_to(ctx, c.r, d)), *dw = tu_keep(tu_tensor2(ctx, d, n, k, "dw"));
+    sg_tensor *dxp = tu_keep(tu_tensor2(ctx, d, m, k, "dx_pre")), *xdb = tu_keep(tu_tensor1(ctx, d, k, "x_db"));
+    tu_poison(dxp);
+    tu_poison(xdb);
+    const sg_tensor *xin = x_act == SG_ACT_RELU ? c.x : c.xp;
+    TU_OK(ctx, sg_linear_backward_through(ctx, c.x, c.w, dy, SG_ACT_NONE, NULL, dw, NULL, x_act, xin, dxp, xdb));
+    char what[64];
+    snprintf(what, sizeof what, "cpu through %s: dx_pre", act_name(x_act));
+    tu_gradcheck(what, through_loss, &c, c.xp, dxp, 0, 1e-6, (tu_tol){1e-7, 1e-7});
+    double *g = tu_get(dxp), *xd = tu_get(xdb), *col = calloc((size_t)k, sizeof *col);
+    for (int64_t i = 0; i < m * k; i++) col[i % k] += g[i];
+    snprintf(what, sizeof what, "cpu through %s: x_db", act_name(x_act));
+    tu_close(what, xd, col, k, (tu_tol){1e-12, 1e-12});
+    free(g);
+    free(xd);
+    free(col);
+    tu_free_live();
+}
+
+static void cpu_through(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    cpu_through_fd(ctx, SG_ACT_GELU);
+    cpu_through_fd(ctx, SG_ACT_RELU);
+    const sg_dtype dts[] = {SG_DTYPE_F32, SG_DTYPE_BF16};
+    for (int t = 0; t < 2; t++) {
+        through_case(ctx, ctx, dts[t], 1, 1, 1, SG_ACT_NONE, SG_ACT_GELU, 0, 1);
+        through_case(ctx, ctx, dts[t], tu_randint(2, 40), tu_randint(1, 40), tu_randint(1, 40), SG_ACT_GELU,
+                     SG_ACT_GELU, 1, 1);
+        through_case(ctx, ctx, dts[t], tu_randint(2, 40), tu_randint(1, 40), tu_randint(1, 40), SG_ACT_NONE,
+                     SG_ACT_RELU, 0, tu_randint(0, 1));
+    }
+    through_errors(ctx);
+    sg_ctx_destroy(ctx);
+}
+
 static void gpu_vs_cpu(void)
 {
     sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
@@ -1069,6 +1276,16 @@ static void gpu_vs_cpu(void)
     tu_free_live();
     bf16_errors(gpu);
     gpu_case(gpu, cpu, (gpu_spec){9, 24, 16, SG_ACT_RELU, 1, 1, 0, 0, 0});
+    /* Through an activation: the GPT MLP's shape (the DGELU_BGRAD epilogue), K not a multiple
+     * of 8 and views at element 1 (the matmul, then the kernel), ReLU (the kernel). */
+    const sg_dtype dts[] = {SG_DTYPE_F32, SG_DTYPE_BF16};
+    for (int t = 0; t < 2; t++) {
+        through_case(gpu, cpu, dts[t], 512, 192, 768, SG_ACT_NONE, SG_ACT_GELU, 0, 1);
+        through_case(gpu, cpu, dts[t], 256, 64, 96, SG_ACT_GELU, SG_ACT_GELU, 0, 0);
+        through_case(gpu, cpu, dts[t], 77, 40, 30, SG_ACT_NONE, SG_ACT_GELU, 1, 1);
+        through_case(gpu, cpu, dts[t], 64, 32, 48, SG_ACT_NONE, SG_ACT_RELU, 0, 1);
+    }
+    through_errors(gpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
 }
@@ -1085,6 +1302,7 @@ int main(int argc, char **argv)
         cpu_f32_vs_f64();
         cpu_errors();
         cpu_bf16();
+        cpu_through();
         cpu_timing();
     }
     return tu_finish("test_linear");

@@ -243,7 +243,7 @@ sg_status sg_conv2d_backward(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x, cons
     }
 #ifdef SG_HAVE_CUDNN
     if (c->gemm) /* dy is not overwritten: no activation */
-        return sg_linear_backward_cuda(ctx, x, w, (sg_tensor *)dy, SG_ACT_NONE, NULL, dx, dw, db, pos(c),
+        return sg_linear_backward_cuda(ctx, x, w, (sg_tensor *)dy, SG_ACT_NONE, NULL, dx, dw, db, NULL, pos(c),
                                        c->y_shape[3], c->x_shape[3]);
     return sg_conv2d_backward_cuda(ctx, c, x, w, dy, dx, dw, db);
 #else

@@ -66,6 +66,7 @@ typedef struct lin_args {
     sg_activation act;
     sg_tensor *dy, *out, *pre, *dw, *db; /* out: y (forward) or dx (backward) */
     int64_t m, n, k;
+    sg_linear_through th;                /* backward: x_act NONE, or through it */
 } lin_args;
 
 static sg_status lin_fwd_cpu(sg_ctx *ctx, const void *p)
@@ -77,7 +78,7 @@ static sg_status lin_fwd_cpu(sg_ctx *ctx, const void *p)
 static sg_status lin_bwd_cpu(sg_ctx *ctx, const void *p)
 {
     const lin_args *a = p;
-    return sg_linear_backward_cpu(ctx, a->x, a->w, a->dy, a->act, a->act_in, a->out, a->dw, a->db,
+    return sg_linear_backward_cpu(ctx, a->x, a->w, a->dy, a->act, a->act_in, a->out, a->dw, a->db, &a->th,
                                   a->m, a->n, a->k);
 }
 
@@ -112,17 +113,17 @@ sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
 
     sg_ctx_count_work(ctx, SG_WORK_MATMUL, 2.0 * (double)m * (double)n * (double)k, sg_tensors_bytes(x, w, b, y, pre, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
-        lin_args a = {x, w, b, NULL, act, NULL, y, pre, NULL, NULL, m, n, k};
+        lin_args a = {x, w, b, NULL, act, NULL, y, pre, NULL, NULL, m, n, k, {SG_ACT_NONE, NULL, NULL}};
         return sg_cpu_run(ctx, lin_fwd_cpu, &a, sizeof a);
     }
     return SG_CUDA_DISPATCH(ctx, sg_linear_forward_cuda(ctx, x, w, b, act, y, pre, m, n, k));
 }
 
-sg_status sg_linear_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
-                             sg_tensor *dy, sg_activation act, const sg_tensor *act_in,
-                             sg_tensor *dx, sg_tensor *dw, sg_tensor *db)
+/* sg_linear_backward, and with th->x_act not NONE sg_linear_backward_through (dx is dx_pre). */
+static sg_status backward(sg_ctx *ctx, const char *fn, const sg_tensor *x, const sg_tensor *w, sg_tensor *dy,
+                          sg_activation act, const sg_tensor *act_in, sg_tensor *dx, sg_tensor *dw, sg_tensor *db,
+                          const sg_linear_through *th)
 {
-    static const char fn[] = "sg_linear_backward";
     if (!ctx) return SG_ERR_NULL;
     int64_t m = 0, n = 0, k = 0; /* set by check_x_w (0: quiets -Wmaybe-uninitialized) */
     SG_TRY(check_act(ctx, fn, act));
@@ -138,27 +139,59 @@ sg_status sg_linear_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w
     } else {
         act_in = NULL; /* ignored */
     }
-    if (dx) SG_TRY(check_rows(ctx, fn, "dx", dx, m, k, x->dtype));
+    const bool through = th->x_act != SG_ACT_NONE;
+    const char *dxn = through ? "dx_pre" : "dx";
+    if (through) {
+        if (th->x_act != SG_ACT_RELU && th->x_act != SG_ACT_GELU)
+            return sg_fail(ctx, SG_ERR_INVALID, "%s: x_act %d: expected RELU or GELU (the activation x came from)",
+                           fn, (int)th->x_act);
+        if (!th->x_pre || !dx)
+            return sg_fail(ctx, SG_ERR_NULL, "%s: tensor '%s' is NULL", fn, !th->x_pre ? "x_pre" : "dx_pre");
+        SG_TRY(check_rows(ctx, fn, "x_pre", th->x_pre, m, k, x->dtype));
+        if (th->x_db) SG_TRY(check_vec(ctx, fn, "x_db", th->x_db, k, x->dtype));
+    }
+    if (dx) SG_TRY(check_rows(ctx, fn, dxn, dx, m, k, x->dtype));
     SG_TRY(sg_check_dtype(ctx, fn, "dw", dw, x->dtype));
     SG_TRY(sg_check_shape2(ctx, fn, "dw", dw, n, k));
     if (db) SG_TRY(check_vec(ctx, fn, "db", db, n, x->dtype));
 
     /* Outputs (dy too: it receives d(pre)) must not overlap any other argument, except
      * act_in may be dy itself: that update is elementwise. */
-    const char *names[] = {"dy", "dx", "dw", "db", "x", "w", "act_in"};
-    const sg_tensor *ts[] = {dy, dx, dw, db, x, w, act_in};
-    for (int o = 0; o < 4; o++)
-        for (int i = 0; i < 7; i++)
-            if (i != o && !(o == 0 && i == 6))
+    const char *names[] = {"dy", dxn, "dw", "db", "x_db", "x", "w", "act_in", "x_pre"};
+    const sg_tensor *ts[] = {dy, dx, dw, db, through ? th->x_db : NULL, x, w, act_in, through ? th->x_pre : NULL};
+    for (int o = 0; o < 5; o++)
+        for (int i = 0; i < 9; i++)
+            if (i != o && !(o == 0 && i == 7))
                 SG_TRY(sg_check_not_overlapping(ctx, fn, names[o], ts[o], names[i], ts[i]));
 
-    /* dw, and dx when asked; dy read (and, with an activation, written back as d(pre)). */
+    /* dw, and dx when asked; dy read (and, with an activation, written back as d(pre)); through
+     * an activation x_pre read and x_db written. */
     sg_ctx_count_work(ctx, SG_WORK_MATMUL, (dx ? 4.0 : 2.0) * (double)m * (double)n * (double)k,
-                      sg_tensors_bytes(x, w, dy, act_in, dx, dw, db, act != SG_ACT_NONE ? dy : NULL));
+                      sg_tensors_bytes(x, w, dy, act_in, dx, dw, db, act != SG_ACT_NONE ? dy : NULL) +
+                          (through ? sg_tensors_bytes(th->x_pre, th->x_db, NULL, NULL, NULL, NULL, NULL, NULL) : 0));
     if (ctx->backend == SG_BACKEND_CPU) {
-        lin_args a = {x, w, NULL, act_in, act, dy, dx, NULL, dw, db, m, n, k};
+        lin_args a = {x, w, NULL, act_in, act, dy, dx, NULL, dw, db, m, n, k, *th};
         return sg_cpu_run(ctx, lin_bwd_cpu, &a, sizeof a);
     }
-    return SG_CUDA_DISPATCH(ctx, sg_linear_backward_cuda(ctx, x, w, dy, act, act_in, dx, dw, db,
-                                                         m, n, k));
+    return SG_CUDA_DISPATCH(ctx, sg_linear_backward_cuda(ctx, x, w, dy, act, act_in, dx, dw, db, th, m, n, k));
+}
+
+sg_status sg_linear_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                             sg_tensor *dy, sg_activation act, const sg_tensor *act_in,
+                             sg_tensor *dx, sg_tensor *dw, sg_tensor *db)
+{
+    const sg_linear_through none = {SG_ACT_NONE, NULL, NULL};
+    return backward(ctx, "sg_linear_backward", x, w, dy, act, act_in, dx, dw, db, &none);
+}
+
+sg_status sg_linear_backward_through(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w, sg_tensor *dy,
+                                     sg_activation act, const sg_tensor *act_in, sg_tensor *dw, sg_tensor *db,
+                                     sg_activation x_act, const sg_tensor *x_pre, sg_tensor *dx_pre,
+                                     sg_tensor *x_db)
+{
+    const sg_linear_through th = {x_act, x_pre, x_db};
+    if (x_act == SG_ACT_NONE)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_linear_backward_through: x_act NONE: expected RELU or GELU "
+                       "(without one, sg_linear_backward)");
+    return backward(ctx, "sg_linear_backward_through", x, w, dy, act, act_in, dx_pre, dw, db, &th);
 }

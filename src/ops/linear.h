@@ -32,18 +32,25 @@ extern "C" {
 sg_status sg_linear_forward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
                                 const sg_tensor *b, sg_activation act, sg_tensor *y,
                                 sg_tensor *pre, int64_t m, int64_t n, int64_t k);
+/* Backward: with x_act not NONE (sg_linear_backward_through), dx is dx_pre = x_act'(x_pre) *
+ * (d(pre) @ w), rounded once, and x_db (may be NULL) its column sums as stored. */
+typedef struct sg_linear_through {
+    sg_activation x_act;
+    const sg_tensor *x_pre;
+    sg_tensor *x_db;
+} sg_linear_through;
 sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
                                  sg_tensor *dy, sg_activation act, const sg_tensor *act_in,
-                                 sg_tensor *dx, sg_tensor *dw, sg_tensor *db, int64_t m,
-                                 int64_t n, int64_t k);
+                                 sg_tensor *dx, sg_tensor *dw, sg_tensor *db,
+                                 const sg_linear_through *th, int64_t m, int64_t n, int64_t k);
 
 sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
                                  const sg_tensor *b, sg_activation act, sg_tensor *y,
                                  sg_tensor *pre, int64_t m, int64_t n, int64_t k);
 sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
                                   sg_tensor *dy, sg_activation act, const sg_tensor *act_in,
-                                  sg_tensor *dx, sg_tensor *dw, sg_tensor *db, int64_t m,
-                                  int64_t n, int64_t k);
+                                  sg_tensor *dx, sg_tensor *dw, sg_tensor *db,
+                                  const sg_linear_through *th, int64_t m, int64_t n, int64_t k);
 
 #ifdef __cplusplus
 }

@@ -77,10 +77,12 @@ done:
  * db(N) = sum_m dpre[m,:]; dw(N,K) = dpre^T @ x; dx(M,K) = dpre @ w. */
 sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
                                  sg_tensor *dy, sg_activation act, const sg_tensor *act_in,
-                                 sg_tensor *dx, sg_tensor *dw, sg_tensor *db, int64_t m,
-                                 int64_t n, int64_t k)
+                                 sg_tensor *dx, sg_tensor *dw, sg_tensor *db,
+                                 const sg_linear_through *th, int64_t m, int64_t n, int64_t k)
 {
-    double *xo = NULL, *wo = NULL, *go = NULL, *ao = NULL;
+    double *xo = NULL, *wo = NULL, *go = NULL, *ao = NULL, *po = NULL;
+    const bool through = th && th->x_act != SG_ACT_NONE;
+    const double *pd = through ? sg_cpu_as_f64(th->x_pre, &po) : NULL;
     const double *xd = sg_cpu_as_f64(x, &xo);
     const double *wd = sg_cpu_as_f64(w, &wo);
     const double *gd = sg_cpu_as_f64(dy, &go);
@@ -89,7 +91,7 @@ sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tenso
     int64_t accn = n > k ? n : k;
     double *acc = malloc((size_t)accn * sizeof *acc);
     sg_status st = SG_OK;
-    if (!xd || !wd || !gd || (act_in && !ad) || !dpre || !acc) {
+    if (!xd || !wd || !gd || (act_in && !ad) || (through && !pd) || !dpre || !acc) {
         st = oom(ctx, "sg_linear_backward");
         goto done;
     }
@@ -127,7 +129,7 @@ sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tenso
         sg_cpu_store(dw, j * k, acc, k);
     }
 
-    /* dx[r,:] = sum_j dpre[r,j] * w[j,:] */
+    /* dx[r,:] = sum_j dpre[r,j] * w[j,:]; through an activation, times x_act'(x_pre[r,:]). */
     if (dx) {
         for (int64_t r = 0; r < m; r++) {
             for (int64_t i = 0; i < k; i++) acc[i] = 0.0;
@@ -136,7 +138,22 @@ sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tenso
                 double *restrict ar = acc;
                 for (int64_t i = 0; i < k; i++) ar[i] += a * wr[i];
             }
+            if (th && th->x_act == SG_ACT_RELU)
+                for (int64_t i = 0; i < k; i++) acc[i] = pd[r * k + i] > 0 ? acc[i] : 0.0;
+            if (th && th->x_act == SG_ACT_GELU)
+                for (int64_t i = 0; i < k; i++) acc[i] *= gelu_grad(pd[r * k + i]);
             sg_cpu_store(dx, r * k, acc, k);
+        }
+        if (through && th->x_db) { /* the column sums of dx as stored */
+            double *col = calloc((size_t)k, sizeof *col);
+            if (!col) {
+                st = oom(ctx, "sg_linear_backward_through");
+                goto done;
+            }
+            for (int64_t r = 0; r < m; r++)
+                for (int64_t i = 0; i < k; i++) col[i] += sg_ld(dx, r * k + i);
+            sg_cpu_store(th->x_db, 0, col, k);
+            free(col);
         }
     }
 done:
@@ -144,6 +161,7 @@ done:
     free(wo);
     free(go);
     free(ao);
+    free(po);
     free(dpre);
     free(acc);
     return st;

@@ -88,6 +88,8 @@ static const char *epilogue_name(int e)
     case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
     case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
+    case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD: return "DGELU_BGRAD";
     }
     return "?";
 }
@@ -794,8 +796,8 @@ extern "C" sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, con
 extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
                                              sg_tensor *dy, sg_activation act,
                                              const sg_tensor *act_in, sg_tensor *dx,
-                                             sg_tensor *dw, sg_tensor *db, int64_t m, int64_t n,
-                                             int64_t k)
+                                             sg_tensor *dw, sg_tensor *db, const sg_linear_through *th,
+                                             int64_t m, int64_t n, int64_t k)
 {
     static const char fn[] = "sg_linear_backward";
     const sg_dtype dt = x->dtype;
@@ -813,7 +815,7 @@ extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, co
      * bias, cuBLASLt's alignment preferences do not cover that vector, so it must be 16-byte
      * aligned; where it is not, or the heuristic refuses (or STEPGRAPH_BGRAD=0, to measure), the
      * kernel sums it. With an activation the kernel runs anyway (d(pre) in place) and sums db in
-     * the same pass. */
+     * the same pass. STEPGRAPH_BGRAD=0 also keeps the DGELU epilogues below off. */
     ran = false;
     const char *bgrad = getenv("STEPGRAPH_BGRAD");
     if (act == SG_ACT_NONE && db && align_of(db->data) >= 16 && !(bgrad && !strcmp(bgrad, "0")))
@@ -830,8 +832,24 @@ extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, co
      *   A = w:    stored column-major K x N (ld K), op N;
      *   B = dpre: stored column-major N x M (ld N), op N;
      *   D = dx:   column-major K x M (ld K). m = K, n = M, k = N. */
-    if (dx)
-        SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, CUBLASLT_EPILOGUE_DEFAULT,
-                      wp, g, dx->data, NULL, NULL, false, &ran));
+    if (!dx) return SG_OK;
+    /* Through the layer before's activation (sg_linear_backward_through): with GELU the DGELU
+     * epilogue multiplies by gelu'(x_pre) (the aux input, D-shaped: K x M, ld K, so K % 8 == 0
+     * and 16-byte aligned as in the forward) and, with x_db, the BGRAD form sums the result's
+     * rows into it (a vector of D's K rows, 16-byte aligned). Otherwise, or if the heuristic
+     * refuses, the plain matmul and then the activation kernel on dx, as the layer before's
+     * backward would run it. */
+    const bool through = th && th->x_act != SG_ACT_NONE;
+    void *xdb = through && th->x_db ? th->x_db->data : NULL;
+    ran = false;
+    if (through && th->x_act == SG_ACT_GELU && k % 8 == 0 && align_of(th->x_pre->data) >= 16 &&
+        (!xdb || align_of(xdb) >= 16) && !(bgrad && !strcmp(bgrad, "0")))
+        SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_N, k, m, n,
+                      xdb ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU, wp, g, dx->data, xdb,
+                      (void *)th->x_pre->data, true, &ran));
+    if (ran) return SG_OK;
+    SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, CUBLASLT_EPILOGUE_DEFAULT,
+                  wp, g, dx->data, NULL, NULL, false, &ran));
+    if (through) return launch_dact_bias(ctx, dt, th->x_act, dx->data, th->x_pre->data, xdb, m, k);
     return SG_OK;
 }
