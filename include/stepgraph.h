@@ -278,6 +278,27 @@ sg_status sg_layernorm_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor 
 sg_status sg_layernorm_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
                                 const sg_tensor *mean, const sg_tensor *rstd, const sg_tensor *dy,
                                 sg_tensor *dx, sg_tensor *dgamma, sg_tensor *dbeta);
+/* The residual add fused with the LayerNorm after it (a pre-LayerNorm block's x2 = x + branch,
+ * then LN2(x2)), in one pass: s = a + b (M, C) is written (the residual stream's next value,
+ * rounded to the storage dtype as sg_add_forward rounds it), and y, mean, rstd are
+ * sg_layernorm_forward of s as stored. Bit for bit what sg_add_forward then
+ * sg_layernorm_forward write, on each backend. a, b, s, y of one shape and dtype; s and y must
+ * not overlap any other tensor of the call (a and b may). */
+sg_status sg_add_layernorm_forward(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b,
+                                   const sg_tensor *gamma, const sg_tensor *beta, float eps,
+                                   sg_tensor *s, sg_tensor *y, sg_tensor *mean, sg_tensor *rstd);
+/* sg_layernorm_backward with the residual's gradient added to dx in the same pass:
+ * dx = dres + LayerNorm's dx (for a residual x2 = x + f(LN(x)), dres = dx2 and dy = the
+ * gradient f gives back to LN's output).
+ * LayerNorm's dx is rounded to the storage dtype first, then the sum is rounded again: one
+ * rounding more than the sum needs (up to half an ulp of LN's dx more error, which matters in
+ * bf16), kept so that the result is bit for bit what sg_layernorm_backward then
+ * sg_add_forward(dres, dx) write, on each backend. dres (M, C), of x's dtype, may be NULL:
+ * then identical to sg_layernorm_backward. dx must not overlap dres (dres may be dy). */
+sg_status sg_layernorm_backward_add(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
+                                    const sg_tensor *mean, const sg_tensor *rstd,
+                                    const sg_tensor *dy, const sg_tensor *dres, sg_tensor *dx,
+                                    sg_tensor *dgamma, sg_tensor *dbeta);
 
 /* Token + position embedding: y (B, T, C) = wte[tokens[b, t]] + wpe[t]; tokens (B, T) I32,
  * wte (V, C), wpe (Tmax >= T, C). A token outside 0..V-1 is an error on the CPU; on CUDA its

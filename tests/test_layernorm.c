@@ -1,11 +1,15 @@
-/* test_layernorm.c: LayerNorm forward and backward. `cpu`: the forward against the formula
- * written here, float64 finite differences of dx, dgamma and dbeta (N-D x, C odd and even),
- * bf16 storage against f64 on the same bf16 values, argument errors (mixed dtypes included;
- * the context usable afterwards), and a captured plan that replays it. `gpu`: the CUDA
- * kernels, f32 and bf16, against the CPU reference in the same dtype on fresh random inputs
- * (warp-per-row and block-per-row, 16-byte and scalar paths), outputs poisoned first; bitwise
- * determinism; the launches per call; a captured graph that reproduces the eager results bit
- * for bit. */
+/* test_layernorm.c: LayerNorm forward and backward, and the fused residual forms
+ * (sg_add_layernorm_forward, sg_layernorm_backward_add). `cpu`: the forward against the formula
+ * written here, float64 finite differences of dx, dgamma and dbeta (N-D x, C odd and even; the
+ * fused ops through L = sum(r y) + sum(q s)), bf16 storage against f64 on the same bf16 values,
+ * the fused ops in f32 and bf16 against float64 within the roundings they make and bit for bit
+ * against the unfused pair (sg_add_forward with the plain op) in every dtype, argument errors
+ * (mixed dtypes included; the context usable afterwards), and a captured plan that replays
+ * them. `gpu`: the CUDA kernels, f32 and bf16, against the CPU reference in the same dtype on
+ * fresh random inputs (warp-per-row and block-per-row, 16-byte and scalar paths, blocks of one
+ * tile of rows and of several; the fused ops with unaligned a, b and dres), outputs poisoned
+ * first; the fused ops bit for bit against the unfused pair; bitwise determinism; the launches
+ * per call; a captured graph that reproduces the eager results bit for bit. */
 #include "ops/layernorm.h" /* SG_LAYERNORM_CUDA_MAX_C */
 #include "testutil.h"
 
@@ -258,6 +262,18 @@ static void mixed_dtypes(sg_ctx *ctx)
     TU_FAILS(ctx, sg_layernorm_backward(ctx, xb, gb, mean, rstd, dyb, dxb, dgb, bf32),
              SG_ERR_DTYPE, "tensor 'dbeta' is f32, expected bf16");
     TU_OK(ctx, sg_layernorm_backward(ctx, xb, gb, mean, rstd, dyb, dxb, dgb, dbb));
+    /* The fused forms: a sets the dtype (b, s), x sets it for dres. */
+    TU_FAILS(ctx, sg_add_layernorm_forward(ctx, xb, xf, gb, bb, 1e-5f, dxb, yb, mean, rstd),
+             SG_ERR_DTYPE, "sg_add_layernorm_forward: 'a' is (3, 8) bf16 but 'b' is (3, 8) f32");
+    TU_FAILS(ctx, sg_add_layernorm_forward(ctx, xb, dyb, gb, bb, 1e-5f, yf, yb, mean, rstd),
+             SG_ERR_DTYPE, "'a' is (3, 8) bf16 but 's' is (3, 8) f32");
+    TU_FAILS(ctx, sg_add_layernorm_forward(ctx, xb, dyb, gf, bb, 1e-5f, dxb, yb, mean, rstd),
+             SG_ERR_DTYPE, "tensor 'gamma' is f32, expected bf16");
+    TU_OK(ctx, sg_add_layernorm_forward(ctx, xb, dyb, gb, bb, 1e-5f, dxb, yb, mean, rstd));
+    TU_FAILS(ctx, sg_layernorm_backward_add(ctx, xb, gb, mean, rstd, dyb, xf, dxb, dgb, dbb),
+             SG_ERR_DTYPE,
+             "sg_layernorm_backward_add: 'x' is (3, 8) bf16 but 'dres' is (3, 8) f32");
+    TU_OK(ctx, sg_layernorm_backward_add(ctx, xb, gb, mean, rstd, dyb, yb, dxb, dgb, dbb));
     sg_tensor *ts[] = {xb, yb, dyb, dxb, gb, bb, dgb, dbb, xf, yf, gf, bf32, mean, rstd, mb};
     tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
@@ -382,25 +398,404 @@ static void cpu_errors(sg_ctx *ctx)
     tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
+/* ---- the fused residual forms: sg_add_layernorm_forward, sg_layernorm_backward_add ---- */
+
+/* Unit roundoff of a storage dtype: rounding to nearest moves a value by at most u |value|. */
+static double unit_roundoff(sg_dtype dt)
+{
+    return dt == SG_DTYPE_F64 ? 0x1p-53 : dt == SG_DTYPE_F32 ? 0x1p-24 : 0x1p-8; /* bf16: 8 bits */
+}
+
+/* |got[i] - ref[i]| <= bound[i] for every i (NaN fails); the worst element printed. */
+static void close_bounded(const char *what, const double *got, const double *ref,
+                          const double *bound, int64_t n)
+{
+    int64_t worst = -1, bad = 0;
+    double excess = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs(got[i] - ref[i]) - bound[i];
+        if (isnan(e)) e = INFINITY;
+        if (e > 0) bad++;
+        if (e > excess) excess = e, worst = i;
+    }
+    TU_CHECK(
+        !bad,
+        "%s: %lld of %lld elements outside their bound; worst [%lld] got %.9g ref %.9g bound %.3g",
+        what, (long long)bad, (long long)n, (long long)worst, got[worst], ref[worst], bound[worst]);
+}
+
+/* Tensor t against ref (n values) within bound, labelled "<what> <name>". */
+static void check_bounded(const char *what, const char *name, const sg_tensor *t, const double *ref,
+                          const double *bound, int64_t n)
+{
+    char w[200];
+    snprintf(w, sizeof w, "%s %s", what, name);
+    double *got = tu_get(t);
+    close_bounded(w, got, ref, bound, n);
+    free(got);
+}
+
+/* LayerNorm's backward written out from the definition, from given statistics (the saved
+ * ones, as the op reads them): dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma;
+ * dgamma = sum_r dy xhat, dbeta = sum_r dy. */
+static void naive_layernorm_backward(const double *x, const double *gam, const double *mean,
+                                     const double *rstd, const double *dy, int64_t M, int64_t C,
+                                     double *dx, double *dg, double *db)
+{
+    for (int64_t c = 0; c < C; c++) dg[c] = db[c] = 0;
+    for (int64_t r = 0; r < M; r++) {
+        const double *xr = x + r * C, *dyr = dy + r * C;
+        double sg = 0, sgx = 0;
+        for (int64_t c = 0; c < C; c++) {
+            double xhat = (xr[c] - mean[r]) * rstd[r], g = dyr[c] * gam[c];
+            sg += g, sgx += g * xhat;
+            dg[c] += dyr[c] * xhat, db[c] += dyr[c];
+        }
+        for (int64_t c = 0; c < C; c++) {
+            double xhat = (xr[c] - mean[r]) * rstd[r];
+            dx[r * C + c] = rstd[r] * (dyr[c] * gam[c] - sg / C - xhat * sgx / C);
+        }
+    }
+}
+
+/* The fused op's tensors for (M, C) in dt (mean and rstd f32, or f64 with f64), inputs fresh
+ * and random, never zero: a with an offset per row (so the mean is not ~0), b, gamma, beta,
+ * dy, dres. odd: a, b and dres are views one element into a buffer (not 16-byte aligned),
+ * while s, y, dx and the rest are aligned, so the kernels keep their 16-byte path for those
+ * and read a, b, dres element by element (the fused ops' own case). */
+typedef struct fused_t {
+    sg_ctx *ctx;
+    sg_dtype dt;
+    int64_t M, C;
+    sg_tensor *a, *b, *g, *beta, *dy, *dres;       /* inputs */
+    sg_tensor *s, *y, *mean, *rstd, *dx, *dg, *db; /* outputs */
+    sg_tensor *base[3];                            /* the buffers of odd views, or NULL */
+    float eps;
+} fused_t;
+
+static fused_t fused_make(sg_ctx *ctx, int64_t M, int64_t C, sg_dtype dt, bool odd)
+{
+    fused_t f = {.ctx = ctx, .dt = dt, .M = M, .C = C};
+    const int64_t sh[2] = {M, C};
+    const sg_dtype st = dt == SG_DTYPE_F64 ? SG_DTYPE_F64 : SG_DTYPE_F32;
+    f.a = tu_maybe_view(ctx, dt, 2, sh, odd, "a", &f.base[0]);
+    f.b = tu_maybe_view(ctx, dt, 2, sh, odd, "b", &f.base[1]);
+    f.dres = tu_maybe_view(ctx, dt, 2, sh, odd, "dres", &f.base[2]);
+    f.g = tu_tensor1(ctx, dt, C, "gamma"), f.beta = tu_tensor1(ctx, dt, C, "beta");
+    f.dy = tu_tensor2(ctx, dt, M, C, "dy");
+    f.s = tu_tensor2(ctx, dt, M, C, "s"), f.y = tu_tensor2(ctx, dt, M, C, "y");
+    f.dx = tu_tensor2(ctx, dt, M, C, "dx");
+    f.mean = tu_tensor1(ctx, st, M, "mean"), f.rstd = tu_tensor1(ctx, st, M, "rstd");
+    f.dg = tu_tensor1(ctx, dt, C, "dgamma"), f.db = tu_tensor1(ctx, dt, C, "dbeta");
+    free(random_rows(f.a, 2.0));
+    free(tu_random(f.b, -1, 1));
+    free(tu_random(f.g, -1.5, 1.5));
+    free(tu_random(f.beta, -1, 1));
+    free(tu_random(f.dy, -1, 1));
+    free(tu_random(f.dres, -1, 1));
+    f.eps = (float)tu_uniform(1e-5, 1e-3);
+    return f;
+}
+
+static void fused_free(fused_t *f)
+{
+    sg_tensor *ts[] = {f->a,    f->b,    f->g,  f->beta, f->dy, f->dres,    f->s,       f->y,
+                       f->mean, f->rstd, f->dx, f->dg,   f->db, f->base[0], f->base[1], f->base[2]};
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
+static void fused_forward(fused_t *f)
+{
+    tu_poison(f->s), tu_poison(f->y), tu_poison(f->mean), tu_poison(f->rstd);
+    TU_OK(f->ctx, sg_add_layernorm_forward(f->ctx, f->a, f->b, f->g, f->beta, f->eps, f->s, f->y,
+                                           f->mean, f->rstd));
+}
+
+/* The backward of the stored s, with the forward's statistics. */
+static void fused_backward(fused_t *f)
+{
+    tu_poison(f->dx), tu_poison(f->dg), tu_poison(f->db);
+    TU_OK(f->ctx, sg_layernorm_backward_add(f->ctx, f->s, f->g, f->mean, f->rstd, f->dy, f->dres,
+                                            f->dx, f->dg, f->db));
+}
+
+/* L = sum(r y) + sum(q s) with s = a + b, y = LayerNorm(s): dL/ds = LN's backward of r plus q,
+ * which is sg_layernorm_backward_add with dy = r and dres = q; and dL/da = dL/db = dL/ds. So
+ * finite differences through the fused forward alone check the fused backward. */
+static double fused_loss(void *u)
+{
+    fused_t *f = u;
+    TU_OK(f->ctx, sg_add_layernorm_forward(f->ctx, f->a, f->b, f->g, f->beta, f->eps, f->s, f->y,
+                                           f->mean, f->rstd));
+    return tu_dot(f->y, f->dy) + tu_dot(f->s, f->dres);
+}
+
+/* f64: the forward against the formula (s exactly a + b: both sides add the same two doubles),
+ * then finite differences of dx (through a and through b), dgamma and dbeta. */
+static void cpu_fused_gradcheck(sg_ctx *ctx, int64_t M, int64_t C)
+{
+    fused_t f = fused_make(ctx, M, C, SG_DTYPE_F64, false);
+    char w[160];
+    fused_forward(&f);
+    double *av = tu_get(f.a), *bv = tu_get(f.b), *gv = tu_get(f.g), *bev = tu_get(f.beta);
+    double *sv = malloc((size_t)(M * C) * sizeof *sv), *ye = malloc((size_t)(M * C) * sizeof *ye),
+           *me = malloc((size_t)M * sizeof *me), *re = malloc((size_t)M * sizeof *re);
+    for (int64_t i = 0; i < M * C; i++) sv[i] = av[i] + bv[i];
+    naive_layernorm(sv, gv, bev, M, C, f.eps, ye, me, re);
+    snprintf(w, sizeof w, "add+layernorm f64 (%lld,%lld) s vs a + b", (long long)M, (long long)C);
+    tu_close_vals(w, f.s, sv, M * C, (tu_tol){0, 0});
+    snprintf(w, sizeof w, "add+layernorm f64 (%lld,%lld) y vs formula", (long long)M, (long long)C);
+    tu_close_vals(w, f.y, ye, M * C, tu_tol_for(SG_DTYPE_F64));
+    snprintf(w, sizeof w, "add+layernorm f64 (%lld,%lld) rstd vs formula", (long long)M,
+             (long long)C);
+    tu_close_vals(w, f.rstd, re, M, tu_tol_for(SG_DTYPE_F64));
+
+    fused_backward(&f);
+    /* h = 1e-5: truncation ~h^2 f''' and rounding ~1e-16 |L| / h both stay under 1e-8 (the
+     * q s term is linear: its differences are exact). */
+    tu_tol tol = {1e-8, 1e-6};
+    sg_tensor *wrt[4] = {f.a, f.b, f.g, f.beta}, *grad[4] = {f.dx, f.dx, f.dg, f.db};
+    const char *names[4] = {"dx (through a)", "dx (through b)", "dgamma", "dbeta"};
+    for (int i = 0; i < 4; i++) {
+        char gw[96]; /* tu_gradcheck appends to it, in 160 bytes */
+        snprintf(gw, sizeof gw, "add+layernorm f64 (%lld,%lld) %s", (long long)M, (long long)C,
+                 names[i]);
+        tu_gradcheck(gw, fused_loss, &f, wrt[i], grad[i], 0, 1e-5, tol);
+    }
+    free(av), free(bv), free(gv), free(bev), free(sv), free(ye), free(me), free(re);
+    fused_free(&f);
+}
+
+/* f32 and bf16 on the CPU against float64 computed here from the same stored values, each
+ * output within the roundings the reference makes (u = the dtype's unit roundoff; at = 1e-10
+ * for the double arithmetic, which the two sides order differently: sums of C <= 300 terms of
+ * size <= ~10, times rstd <= ~10, differ by under 1e-12):
+ *   s: one rounding of a + b: u |a + b|.  y: one rounding of the double result: u |y|.
+ *   mean, rstd: stored in f32: 2^-24 |value|.  dgamma, dbeta: one rounding: u |value|.
+ *   dx: LayerNorm's dx rounded (u |ln|), added to dres and rounded again (u times the sum,
+ *   which is within u |ln| of dres + ln). */
+static void cpu_fused_dtype(sg_ctx *ctx, sg_dtype dt, int64_t M, int64_t C)
+{
+    const double u = unit_roundoff(dt), u32 = 0x1p-24, at = 1e-10;
+    const int64_t n = M * C;
+    char what[96];
+    snprintf(what, sizeof what, "add+layernorm %s cpu (%lld,%lld)", sg_dtype_name(dt), (long long)M,
+             (long long)C);
+    fused_t f = fused_make(ctx, M, C, dt, false);
+    fused_forward(&f);
+    double *av = tu_get(f.a), *bv = tu_get(f.b), *gv = tu_get(f.g), *bev = tu_get(f.beta);
+    double *sv = tu_get(f.s), *sum = calloc((size_t)n, sizeof *sum),
+           *bound = calloc((size_t)n, sizeof *bound);
+    for (int64_t i = 0; i < n; i++) sum[i] = av[i] + bv[i], bound[i] = u * fabs(sum[i]);
+    check_bounded(what, "s vs a + b", f.s, sum, bound, n);
+
+    /* y, mean, rstd: the formula on s as stored (the op normalises the rounded sum). */
+    double *ye = malloc((size_t)n * sizeof *ye), *me = malloc((size_t)M * sizeof *me),
+           *re = malloc((size_t)M * sizeof *re);
+    naive_layernorm(sv, gv, bev, M, C, f.eps, ye, me, re);
+    for (int64_t i = 0; i < n; i++) bound[i] = u * fabs(ye[i]) + at;
+    check_bounded(what, "y vs formula", f.y, ye, bound, n);
+    for (int64_t r = 0; r < M; r++) bound[r] = u32 * fabs(me[r]) + at;
+    check_bounded(what, "mean vs formula", f.mean, me, bound, M);
+    for (int64_t r = 0; r < M; r++) bound[r] = u32 * fabs(re[r]) + at;
+    check_bounded(what, "rstd vs formula", f.rstd, re, bound, M);
+
+    /* The backward from the saved (f32) statistics, as the op reads them. */
+    fused_backward(&f);
+    double *mv = tu_get(f.mean), *rv = tu_get(f.rstd), *dyv = tu_get(f.dy), *dresv = tu_get(f.dres);
+    double *ln = malloc((size_t)n * sizeof *ln), *dxe = malloc((size_t)n * sizeof *dxe),
+           *dge = malloc((size_t)C * sizeof *dge), *dbe = malloc((size_t)C * sizeof *dbe);
+    naive_layernorm_backward(sv, gv, mv, rv, dyv, M, C, ln, dge, dbe);
+    for (int64_t i = 0; i < n; i++) {
+        dxe[i] = dresv[i] + ln[i];
+        bound[i] = u * fabs(ln[i]) + u * (fabs(dxe[i]) + u * fabs(ln[i])) + at;
+    }
+    check_bounded(what, "dx vs dres + formula", f.dx, dxe, bound, n);
+    for (int64_t c = 0; c < C; c++) bound[c] = u * fabs(dge[c]) + at;
+    check_bounded(what, "dgamma vs formula", f.dg, dge, bound, C);
+    for (int64_t c = 0; c < C; c++) bound[c] = u * fabs(dbe[c]) + at;
+    check_bounded(what, "dbeta vs formula", f.db, dbe, bound, C);
+
+    double *hs[] = {av, bv, gv, bev, sv,    sum, bound, ye,  me,
+                    re, mv, rv, dyv, dresv, ln,  dxe,   dge, dbe};
+    for (size_t k = 0; k < sizeof hs / sizeof *hs; k++) free(hs[k]);
+    fused_free(&f);
+}
+
+/* Are two tensors equal bit for bit? (what: the comparison, for the message) */
+static void same_bits(const char *what, const sg_tensor *a, const sg_tensor *b)
+{
+    void *x = tu_raw(a);
+    TU_CHECK(tu_same_bytes(b, x), "%s: '%s' and '%s' differ", what, a->name, b->name);
+    free(x);
+}
+
+/* The fused ops against the pair they replace, on ctx's backend, in dt: sg_add_forward then
+ * sg_layernorm_forward; sg_layernorm_backward then sg_add_forward(dres, dx). Bit for bit, as
+ * documented. Also: dres NULL is sg_layernorm_backward, bit for bit; a call twice gives the
+ * same bits; and on the GPU, one launch forward and two backward. */
+static void fused_vs_pair(sg_ctx *ctx, int64_t M, int64_t C, sg_dtype dt, bool odd)
+{
+    char what[160];
+    snprintf(what, sizeof what, "add+layernorm %s %s (%lld,%lld)%s vs the unfused pair",
+             ctx->backend == SG_BACKEND_CPU ? "cpu" : "gpu", sg_dtype_name(dt), (long long)M,
+             (long long)C, odd ? " unaligned a, b, dres" : "");
+    fused_t f = fused_make(ctx, M, C, dt, odd);
+    const sg_dtype st = f.mean->dtype;
+    sg_tensor *s2 = tu_tensor2(ctx, dt, M, C, "s_pair"), *y2 = tu_tensor2(ctx, dt, M, C, "y_pair"),
+              *m2 = tu_tensor1(ctx, st, M, "mean_pair"), *r2 = tu_tensor1(ctx, st, M, "rstd_pair"),
+              *ln = tu_tensor2(ctx, dt, M, C, "ln_dx_pair"),
+              *dx2 = tu_tensor2(ctx, dt, M, C, "dx_pair"),
+              *dg2 = tu_tensor1(ctx, dt, C, "dgamma_pair"),
+              *db2 = tu_tensor1(ctx, dt, C, "dbeta_pair");
+    sg_tensor *outs[] = {f.s, f.y, f.mean, f.rstd, f.dx, f.dg, f.db};
+    for (int i = 0; i < 7; i++) tu_poison(outs[i]); /* before counting: a fill is a launch */
+    uint64_t n0 = sg_ctx_launch_count(ctx);
+    TU_OK(ctx,
+          sg_add_layernorm_forward(ctx, f.a, f.b, f.g, f.beta, f.eps, f.s, f.y, f.mean, f.rstd));
+    uint64_t n1 = sg_ctx_launch_count(ctx);
+    TU_OK(ctx,
+          sg_layernorm_backward_add(ctx, f.s, f.g, f.mean, f.rstd, f.dy, f.dres, f.dx, f.dg, f.db));
+    uint64_t n2 = sg_ctx_launch_count(ctx);
+    void *first[2] = {tu_raw(f.y), tu_raw(f.dx)};
+    if (ctx->backend == SG_BACKEND_CUDA) {
+        TU_CHECK(n1 - n0 == 1, "%s: the fused forward made %llu launches, expected 1", what,
+                 (unsigned long long)(n1 - n0));
+        TU_CHECK(n2 - n1 == 2, "%s: the fused backward made %llu launches, expected 2", what,
+                 (unsigned long long)(n2 - n1));
+    }
+    sg_tensor *o2[] = {s2, y2, m2, r2, ln, dx2, dg2, db2};
+    for (size_t i = 0; i < sizeof o2 / sizeof *o2; i++) tu_poison(o2[i]);
+    TU_OK(ctx, sg_add_forward(ctx, f.a, f.b, s2));
+    TU_OK(ctx, sg_layernorm_forward(ctx, s2, f.g, f.beta, f.eps, y2, m2, r2));
+    same_bits(what, f.s, s2), same_bits(what, f.y, y2), same_bits(what, f.mean, m2),
+        same_bits(what, f.rstd, r2);
+    TU_OK(ctx, sg_layernorm_backward(ctx, f.s, f.g, f.mean, f.rstd, f.dy, ln, dg2, db2));
+    TU_OK(ctx, sg_add_forward(ctx, f.dres, ln, dx2));
+    same_bits(what, f.dx, dx2), same_bits(what, f.dg, dg2), same_bits(what, f.db, db2);
+
+    /* dres NULL: LayerNorm's backward alone. */
+    tu_poison(f.dx), tu_poison(f.dg), tu_poison(f.db);
+    TU_OK(ctx,
+          sg_layernorm_backward_add(ctx, f.s, f.g, f.mean, f.rstd, f.dy, NULL, f.dx, f.dg, f.db));
+    same_bits(what, f.dx, ln), same_bits(what, f.dg, dg2), same_bits(what, f.db, db2);
+
+    /* Again: the same bits. */
+    fused_forward(&f);
+    fused_backward(&f);
+    TU_CHECK(tu_same_bytes(f.y, first[0]) && tu_same_bytes(f.dx, first[1]),
+             "%s: two identical runs differ", what);
+    free(first[0]), free(first[1]);
+    tu_destroy_all(o2, sizeof o2 / sizeof *o2);
+    fused_free(&f);
+}
+
+/* Refusals of the fused ops, each naming what is wrong; a refused call writes nothing; the
+ * context computes afterwards. */
+static void cpu_fused_errors(sg_ctx *ctx)
+{
+    const int64_t M = 3, C = 5;
+    const sg_dtype d = SG_DTYPE_F64;
+    fused_t f = fused_make(ctx, M, C, d, false);
+    sg_tensor *b36 = tu_tensor2(ctx, d, M, C + 1, "b36"),
+              *b32 = tu_tensor2(ctx, SG_DTYPE_F32, M, C, "b32"),
+              *g6 = tu_tensor1(ctx, d, C + 1, "g6"), *m4 = tu_tensor1(ctx, d, M + 1, "m4");
+    const char *fw = "sg_add_layernorm_forward: ", *bw = "sg_layernorm_backward_add: ";
+    char want[160];
+#define FWD(a_, b_, s_, y_, m_)                                                                    \
+    sg_add_layernorm_forward(ctx, a_, b_, f.g, f.beta, 1e-5f, s_, y_, m_, f.rstd)
+#define BWD(dy_, dres_, dx_)                                                                       \
+    sg_layernorm_backward_add(ctx, f.s, f.g, f.mean, f.rstd, dy_, dres_, dx_, f.dg, f.db)
+    TU_CHECK(sg_add_layernorm_forward(NULL, f.a, f.b, f.g, f.beta, 1e-5f, f.s, f.y, f.mean,
+                                      f.rstd) == SG_ERR_NULL,
+             "ctx NULL");
+    snprintf(want, sizeof want, "%stensor 'a' is NULL", fw);
+    TU_FAILS(ctx, FWD(NULL, f.b, f.s, f.y, f.mean), SG_ERR_NULL, want);
+    TU_FAILS(ctx, FWD(f.a, NULL, f.s, f.y, f.mean), SG_ERR_NULL, "tensor 'b' is NULL");
+    TU_FAILS(ctx, FWD(f.a, f.b, NULL, f.y, f.mean), SG_ERR_NULL, "tensor 's' is NULL");
+    TU_FAILS(ctx, FWD(f.a, f.b, f.s, NULL, f.mean), SG_ERR_NULL, "tensor 'y' is NULL");
+    TU_FAILS(ctx, FWD(f.a, b36, f.s, f.y, f.mean), SG_ERR_SHAPE,
+             "'a' is (3, 5) f64 but 'b' is (3, 6) f64");
+    TU_FAILS(ctx, FWD(f.a, b32, f.s, f.y, f.mean), SG_ERR_DTYPE,
+             "'a' is (3, 5) f64 but 'b' is (3, 5) f32");
+    TU_FAILS(ctx, FWD(f.a, f.b, b36, f.y, f.mean), SG_ERR_SHAPE, "but 's' is (3, 6) f64");
+    TU_FAILS(ctx, FWD(f.a, f.b, f.s, b36, f.mean), SG_ERR_SHAPE, "but 'y' is (3, 6) f64");
+    TU_FAILS(ctx, FWD(f.a, f.b, f.s, f.y, m4), SG_ERR_SHAPE,
+             "'mean' is (4) f64 but 'a' is (3, 5) f64; expected (3)");
+    TU_FAILS(ctx,
+             sg_add_layernorm_forward(ctx, f.a, f.b, g6, f.beta, 1e-5f, f.s, f.y, f.mean, f.rstd),
+             SG_ERR_SHAPE, "'gamma' is (6) f64, expected (5) f64");
+    TU_FAILS(ctx,
+             sg_add_layernorm_forward(ctx, f.a, f.b, f.g, f.beta, NAN, f.s, f.y, f.mean, f.rstd),
+             SG_ERR_INVALID, "sg_add_layernorm_forward: eps is nan, expected a finite value >= 0");
+    TU_FAILS(ctx, FWD(f.a, f.b, f.a, f.y, f.mean), SG_ERR_INVALID,
+             "output 's' overlaps 'a' in memory");
+    TU_FAILS(ctx, FWD(f.a, f.b, f.b, f.y, f.mean), SG_ERR_INVALID,
+             "output 's' overlaps 'b' in memory");
+    TU_FAILS(ctx, FWD(f.a, f.b, f.s, f.s, f.mean), SG_ERR_INVALID,
+             "output 'y' overlaps 's' in memory");
+    TU_FAILS(ctx, FWD(f.a, f.b, f.s, f.y, f.rstd), SG_ERR_INVALID, "output 'mean' overlaps 'rstd'");
+
+    /* a and b may be one tensor (inputs may share memory): s = 2a exactly. */
+    TU_OK(ctx, FWD(f.a, f.a, f.s, f.y, f.mean));
+    double *av = tu_get(f.a), *sv = tu_get(f.s);
+    for (int64_t i = 0; i < M * C; i++)
+        TU_CHECK(sv[i] == 2 * av[i], "a + a: s[%lld] = %g, a = %g", (long long)i, sv[i], av[i]);
+    free(av), free(sv);
+
+    snprintf(want, sizeof want, "%stensor 'dy' is NULL", bw);
+    TU_FAILS(ctx, BWD(NULL, f.dres, f.dx), SG_ERR_NULL, want);
+    TU_FAILS(ctx, BWD(f.dy, f.dres, NULL), SG_ERR_NULL, "tensor 'dx' is NULL");
+    TU_FAILS(ctx, BWD(f.dy, b36, f.dx), SG_ERR_SHAPE, "'x' is (3, 5) f64 but 'dres' is (3, 6) f64");
+    TU_FAILS(ctx, BWD(f.dy, b32, f.dx), SG_ERR_DTYPE, "'x' is (3, 5) f64 but 'dres' is (3, 5) f32");
+    TU_FAILS(ctx, BWD(f.dy, f.dres, f.dres), SG_ERR_INVALID,
+             "output 'dx' overlaps 'dres' in memory");
+    TU_FAILS(ctx, BWD(f.dy, f.dres, f.dy), SG_ERR_INVALID, "output 'dx' overlaps 'dy' in memory");
+    TU_FAILS(ctx,
+             sg_layernorm_backward_add(ctx, f.s, f.g, m4, f.rstd, f.dy, f.dres, f.dx, f.dg, f.db),
+             SG_ERR_SHAPE, "sg_layernorm_backward_add: 'mean' is (4) f64 but 'x' is (3, 5) f64");
+    /* A refused call writes nothing. */
+    TU_OK(ctx, sg_tensor_fill(f.dx, 12345.0));
+    TU_FAILS(ctx, BWD(f.dy, f.dres, f.dres), SG_ERR_INVALID, "overlaps");
+    double *dxv = tu_get(f.dx);
+    for (int64_t i = 0; i < M * C; i++)
+        TU_CHECK(dxv[i] == 12345.0, "a refused call wrote dx[%lld]", (long long)i);
+    free(dxv);
+    /* dres may be dy (inputs may share memory): dx = dy + LayerNorm's dx. */
+    TU_OK(ctx, BWD(f.dy, f.dy, f.dx));
+#undef FWD
+#undef BWD
+    /* The context still computes: the pair's bits, as above. */
+    fused_vs_pair(ctx, M, C, d, false);
+    sg_tensor *ts[] = {b36, b32, g6, m4};
+    tu_destroy_all(ts, 4);
+    fused_free(&f);
+}
+
 /* ---- capture: the op recorded into a graph (CPU: a plan) replays what eager computes ---- */
 
+/* The plain op, then the fused ones: s = x + x2 normalised, and its backward adding dres. */
 typedef struct ln_step {
     sg_ctx *ctx;
-    const sg_tensor *x, *g, *b, *dy;
-    sg_tensor *y, *mean, *rstd, *dx, *dg, *db;
+    const sg_tensor *x, *g, *b, *dy, *x2, *dres;
+    sg_tensor *o[13]; /* y, mean, rstd, dx, dgamma, dbeta; s, y, mean, rstd, dx, dgamma, dbeta */
 } ln_step;
 
 static sg_status ln_step_fn(void *u)
 {
     ln_step *s = u;
-    SG_TRY(sg_layernorm_forward(s->ctx, s->x, s->g, s->b, 1e-5f, s->y, s->mean, s->rstd));
-    return sg_layernorm_backward(s->ctx, s->x, s->g, s->mean, s->rstd, s->dy, s->dx, s->dg, s->db);
+    sg_tensor **o = s->o;
+    SG_TRY(sg_layernorm_forward(s->ctx, s->x, s->g, s->b, 1e-5f, o[0], o[1], o[2]));
+    SG_TRY(sg_layernorm_backward(s->ctx, s->x, s->g, o[1], o[2], s->dy, o[3], o[4], o[5]));
+    SG_TRY(
+        sg_add_layernorm_forward(s->ctx, s->x, s->x2, s->g, s->b, 1e-5f, o[6], o[7], o[8], o[9]));
+    return sg_layernorm_backward_add(s->ctx, o[6], s->g, o[8], o[9], s->dy, s->dres, o[10], o[11],
+                                     o[12]);
 }
 
 static void poison_step(ln_step *s)
 {
-    sg_tensor *o[] = {s->y, s->mean, s->rstd, s->dx, s->dg, s->db};
-    for (int i = 0; i < 6; i++) tu_poison(o[i]);
+    for (int i = 0; i < 13; i++) tu_poison(s->o[i]);
 }
 
 /* Two sets of outputs (eager, graph) compared bit for bit, for two input fills. dt: f32 or
@@ -408,50 +803,57 @@ static void poison_step(ln_step *s)
 static void capture_case(sg_ctx *ctx, int64_t M, int64_t C, sg_dtype dt)
 {
     sg_tensor *x = tu_tensor2(ctx, dt, M, C, "x"), *dy = tu_tensor2(ctx, dt, M, C, "dy");
+    sg_tensor *x2 = tu_tensor2(ctx, dt, M, C, "x2"), *dres = tu_tensor2(ctx, dt, M, C, "dres");
     sg_tensor *g = tu_tensor1(ctx, dt, C, "gamma"), *b = tu_tensor1(ctx, dt, C, "beta");
-    ln_step e = {.ctx = ctx, .x = x, .g = g, .b = b, .dy = dy}, r = e;
+    ln_step e = {.ctx = ctx, .x = x, .g = g, .b = b, .dy = dy, .x2 = x2, .dres = dres}, r = e;
     ln_step *both[2] = {&e, &r};
-    for (int k = 0; k < 2; k++) {
-        ln_step *s = both[k];
-        s->y = tu_tensor2(ctx, dt, M, C, "y"), s->dx = tu_tensor2(ctx, dt, M, C, "dx");
-        s->mean = tu_tensor1(ctx, SG_DTYPE_F32, M, "mean");
-        s->rstd = tu_tensor1(ctx, SG_DTYPE_F32, M, "rstd");
-        s->dg = tu_tensor1(ctx, dt, C, "dgamma"), s->db = tu_tensor1(ctx, dt, C, "dbeta");
-    }
+    static const char *const on[13] = {"y",          "mean",       "rstd",     "dx",
+                                       "dgamma",     "dbeta",      "s",        "fused.y",
+                                       "fused.mean", "fused.rstd", "fused.dx", "fused.dgamma",
+                                       "fused.dbeta"};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 13; i++) {
+            bool row = i == 1 || i == 2 || i == 8 || i == 9, col = i == 4 || i == 5 || i > 10;
+            both[k]->o[i] = row   ? tu_tensor1(ctx, SG_DTYPE_F32, M, on[i])
+                            : col ? tu_tensor1(ctx, dt, C, on[i])
+                                  : tu_tensor2(ctx, dt, M, C, on[i]);
+        }
     free(random_rows(x, 2.0));
     free(tu_random(dy, -1, 1));
+    free(tu_random(x2, -1, 1));
+    free(tu_random(dres, -1, 1));
     free(tu_random(g, -1.5, 1.5));
     free(tu_random(b, -1, 1));
 
-    const sg_tensor *ins[2] = {x, dy};
+    const sg_tensor *ins[4] = {x, dy, x2, dres};
     sg_graph_options o = sg_graph_options_default();
     o.name = "layernorm";
     o.warmup = 1;
     o.static_inputs = ins;
-    o.n_static_inputs = 2;
+    o.n_static_inputs = 4;
     sg_graph *graph = NULL;
     TU_OK(ctx, sg_graph_capture(ctx, ln_step_fn, &r, &o, &graph));
     for (int round = 0; round < 2; round++) {
         if (round) { /* new inputs, refilled in place */
             free(random_rows(x, 2.0));
             free(tu_random(dy, -1, 1));
+            free(tu_random(x2, -1, 1));
+            free(tu_random(dres, -1, 1));
         }
         poison_step(&e), poison_step(&r);
         TU_OK(ctx, ln_step_fn(&e));
         TU_OK(ctx, sg_graph_replay(graph));
-        const sg_tensor *ge[] = {e.y, e.mean, e.rstd, e.dx, e.dg, e.db};
-        const sg_tensor *gr[] = {r.y, r.mean, r.rstd, r.dx, r.dg, r.db};
-        for (int i = 0; i < 6; i++) {
+        for (int i = 0; i < 13; i++) {
             char w[128];
             snprintf(w, sizeof w, "layernorm %s (%lld,%lld) replay %d: %s vs eager",
-                     sg_dtype_name(dt), (long long)M, (long long)C, round, ge[i]->name);
-            tu_close_tensors(w, gr[i], ge[i], (tu_tol){0, 0});
+                     sg_dtype_name(dt), (long long)M, (long long)C, round, e.o[i]->name);
+            tu_close_tensors(w, r.o[i], e.o[i], (tu_tol){0, 0});
         }
     }
     sg_graph_destroy(graph);
-    sg_tensor *ts[] = {x,    dy,   g,   b,      e.y,    e.mean, e.rstd, e.dx,
-                       e.dg, e.db, r.y, r.mean, r.rstd, r.dx,   r.dg,   r.db};
+    sg_tensor *ts[] = {x, dy, x2, dres, g, b};
     tu_destroy_all(ts, sizeof ts / sizeof *ts);
+    tu_destroy_all(e.o, 13), tu_destroy_all(r.o, 13);
 }
 
 static void cpu_tests(void)
@@ -471,6 +873,22 @@ static void cpu_tests(void)
     cpu_bf16(ctx);
     cpu_errors(ctx);
     mixed_dtypes(ctx);
+    /* The fused forms: gradients (C even, C odd with M = 1, C = 1), f32 and bf16 against float64
+     * (M = 1 with C not a multiple of 8, and a random shape), the unfused pair bit for bit in
+     * every dtype (unaligned views once), refusals. */
+    cpu_fused_gradcheck(ctx, tu_randint(2, 5), 2 * tu_randint(1, 6));
+    cpu_fused_gradcheck(ctx, 1, 2 * tu_randint(1, 5) + 1);
+    cpu_fused_gradcheck(ctx, tu_randint(2, 4), 1);
+    const sg_dtype fdt[3] = {SG_DTYPE_F64, SG_DTYPE_F32, SG_DTYPE_BF16};
+    for (int d = 0; d < 3; d++) {
+        if (fdt[d] != SG_DTYPE_F64) {
+            cpu_fused_dtype(ctx, fdt[d], 1, 8 * tu_randint(0, 30) + tu_randint(1, 7));
+            cpu_fused_dtype(ctx, fdt[d], tu_randint(2, 40), tu_randint(1, 300));
+        }
+        fused_vs_pair(ctx, tu_randint(1, 40), tu_randint(1, 300), fdt[d], false);
+        fused_vs_pair(ctx, 1, 8 * tu_randint(0, 30) + tu_randint(1, 7), fdt[d], true);
+    }
+    cpu_fused_errors(ctx);
     capture_case(ctx, tu_randint(1, 20), tu_randint(1, 40), SG_DTYPE_F32);
     capture_case(ctx, tu_randint(1, 20), tu_randint(1, 40), SG_DTYPE_BF16);
     sg_ctx_destroy(ctx);
@@ -570,6 +988,73 @@ static void gpu_case(sg_ctx *gpu, sg_ctx *cpu, int ndim, const int64_t *shape, b
     tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
 
+/* Copies src's inputs (and eps) into dst, of another context. */
+static void fused_copy_inputs(fused_t *dst, const fused_t *src)
+{
+    const sg_tensor *from[] = {src->a, src->b, src->g, src->beta, src->dy, src->dres};
+    sg_tensor *to[] = {dst->a, dst->b, dst->g, dst->beta, dst->dy, dst->dres};
+    for (int i = 0; i < 6; i++) {
+        double *v = tu_get(from[i]);
+        tu_set(to[i], v);
+        free(v);
+    }
+    dst->eps = src->eps;
+}
+
+/* The fused ops on the GPU against the CPU reference in dt, fresh random inputs, outputs
+ * poisoned (fused_forward, fused_backward). Tolerances:
+ *   s: bit for bit. Both round the exact a + b once: the GPU's f32 sum of two f32 is the rounded
+ *   exact sum; of two bf16, rounded to f32 then to bf16, the same as rounding once, since
+ *   24 >= 2*8 + 2 bits make that double rounding innocuous.
+ *   y, mean, rstd, dgamma, dbeta: gpu_case's rules for the plain op (the same arithmetic, on s).
+ *   dx = dres + LayerNorm's dx: LayerNorm's part within gpu_case's rule for dx (atol + rtol |ln|,
+ *   ln the reference's plain dx), then each side rounds the sum once: up to 2u |dx| apart more
+ *   (u the dtype's unit roundoff; the factor (1 + 2u) on the first part: the roundings scale it).
+ * The backward reads the reference's statistics and s (bit for bit the GPU's), so both start
+ * from the same values. */
+static void gpu_fused_case(sg_ctx *gpu, sg_ctx *cpu, int64_t M, int64_t C, sg_dtype dt, bool odd)
+{
+    char what[128];
+    snprintf(what, sizeof what, "add+layernorm (%lld,%lld) %s%s", (long long)M, (long long)C,
+             sg_dtype_name(dt), odd ? " unaligned a, b, dres" : "");
+    fused_t g = fused_make(gpu, M, C, dt, odd), c = fused_make(cpu, M, C, dt, false);
+    fused_copy_inputs(&c, &g);
+    fused_forward(&c);
+    fused_forward(&g);
+    tu_tol tol = tu_tol_for(dt), tol_stats = tu_tol_for(SG_DTYPE_F32);
+    tu_close_named(what, "s", g.s, c.s, (tu_tol){0, 0});
+    tu_close_named(what, "y", g.y, c.y, tol);
+    tu_close_named(what, "mean", g.mean, c.mean, tol_stats);
+    tu_close_named(what, "rstd", g.rstd, c.rstd, tol_stats);
+
+    double *v = tu_get(c.mean);
+    tu_set(g.mean, v), free(v);
+    v = tu_get(c.rstd);
+    tu_set(g.rstd, v), free(v);
+    fused_backward(&c);
+    fused_backward(&g);
+    sg_tensor *ln = tu_tensor2(cpu, dt, M, C, "ln_dx_ref"), *dg2 = tu_tensor1(cpu, dt, C, "dg2"),
+              *db2 = tu_tensor1(cpu, dt, C, "db2");
+    TU_OK(cpu, sg_layernorm_backward(cpu, c.s, c.g, c.mean, c.rstd, c.dy, ln, dg2, db2));
+    /* As gpu_case: with C = 1, rstd = 1/sqrt(eps) multiplies a one-ulp rounding of LN's dx. */
+    tu_tol tol_dx = tol;
+    if (C == 1) tol_dx.atol *= 1.0 / sqrt(g.eps);
+    const double u = unit_roundoff(dt);
+    double *lnv = tu_get(ln), *ref = tu_get(c.dx), *got = tu_get(g.dx);
+    double *bound = malloc((size_t)(M * C) * sizeof *bound);
+    for (int64_t i = 0; i < M * C; i++)
+        bound[i] = (1 + 2 * u) * (tol_dx.atol + tol_dx.rtol * fabs(lnv[i])) + 2 * u * fabs(ref[i]);
+    char w[200];
+    snprintf(w, sizeof w, "%s dx", what);
+    close_bounded(w, got, ref, bound, M * C);
+    tu_close_named(what, "dgamma", g.dg, c.dg, tol);
+    tu_close_named(what, "dbeta", g.db, c.db, tol);
+    free(lnv), free(ref), free(got), free(bound);
+    sg_tensor *ts[] = {ln, dg2, db2};
+    tu_destroy_all(ts, 3);
+    fused_free(&g), fused_free(&c);
+}
+
 /* Documented limits: mixed dtypes (as on the CPU); the backward's column cap. */
 static void gpu_edges(sg_ctx *gpu)
 {
@@ -586,6 +1071,9 @@ static void gpu_edges(sg_ctx *gpu)
               *r1 = tu_tensor1(gpu, SG_DTYPE_F32, 1, "r1");
     TU_FAILS(gpu, sg_layernorm_backward(gpu, x, g, m1, r1, dy, dx, dg, db), SG_ERR_UNSUPPORTED,
              "the CUDA backward takes at most");
+    TU_FAILS(gpu, sg_layernorm_backward_add(gpu, x, g, m1, r1, dy, NULL, dx, dg, db),
+             SG_ERR_UNSUPPORTED,
+             "sg_layernorm_backward_add: x has 262145 columns; the CUDA backward takes at most");
     sg_tensor *ts[] = {x, dy, dx, g, dg, db, m1, r1};
     tu_destroy_all(ts, sizeof ts / sizeof *ts);
 }
@@ -597,9 +1085,10 @@ static void gpu_tests(void)
     int64_t rm = tu_randint(1, 3000), rc = tu_randint(1, 6000);
     if (rm * rc > (4 << 20)) rm = (4 << 20) / rc; /* keep the double reference quick */
     /* Warp per row (C < 2048) and block per row; C % 4 (f32) or C % 8 (bf16) == 0: 16-byte
-     * path, and not. The same shapes in both dtypes. */
-    int64_t shapes[][2] = {{1, 1},    {7, 33},  {2048, 256}, {2048, 768}, {64, 4096},
-                           {5, 3001}, {300, 2}, {1, 2048},   {8, 100000}, {rm, rc}};
+     * path, and not; 20000 rows: backward blocks of several tiles of rows (rows per block >
+     * LN_TILE_ROWS on up to 300 SMs). The same shapes in both dtypes. */
+    int64_t shapes[][2] = {{1, 1},    {7, 33},  {2048, 256}, {2048, 768},  {64, 4096}, {5, 3001},
+                           {300, 2}, {1, 2048}, {8, 100000}, {20000, 96}, {rm, rc}};
     const sg_dtype dts[2] = {SG_DTYPE_F32, SG_DTYPE_BF16};
     for (int d = 0; d < 2; d++) {
         sg_dtype dt = dts[d];
@@ -612,6 +1101,17 @@ static void gpu_tests(void)
         int64_t v1[2] = {37, 256}, v2[2] = {3, 4096}; /* C % 8 == 0 but unaligned: scalar */
         gpu_case(gpu, cpu, 2, v1, true, dt);
         gpu_case(gpu, cpu, 2, v2, true, dt);
+        /* The fused forms on the same shapes, against the CPU and against the unfused pair;
+         * then with a, b and dres unaligned (their element-by-element loads). */
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            gpu_fused_case(gpu, cpu, shapes[s][0], shapes[s][1], dt, false);
+            fused_vs_pair(gpu, shapes[s][0], shapes[s][1], dt, false);
+        }
+        int64_t odd[][2] = {{37, 256}, {3, 4096}, {2048, 768}};
+        for (size_t s = 0; s < sizeof odd / sizeof *odd; s++) {
+            gpu_fused_case(gpu, cpu, odd[s][0], odd[s][1], dt, true);
+            fused_vs_pair(gpu, odd[s][0], odd[s][1], dt, true);
+        }
         capture_case(gpu, 256, 768, dt);
         capture_case(gpu, 33, 4100, dt);
     }

@@ -1,7 +1,7 @@
-/* layernorm_cpu.c: reference LayerNorm over the last dim, forward and backward, computed in
- * double for every dtype through sg_ld/sg_st (bf16 outputs are rounded only on the store).
- * The oracle the CUDA kernels are tested against.
- * Shapes: x, y, dy, dx (M, C); gamma, beta, dgamma, dbeta (C); mean, rstd (M). */
+/* layernorm_cpu.c: reference LayerNorm over the last dim, forward and backward, and its fused
+ * residual forms, computed in double for every dtype through sg_ld/sg_st (outputs are rounded
+ * only on the store). The oracle the CUDA kernels are tested against.
+ * Shapes: a, b, s, x, y, dy, dres, dx (M, C); gamma, beta, dgamma, dbeta (C); mean, rstd (M). */
 #include "ops/layernorm.h"
 
 #include <math.h>
@@ -31,14 +31,26 @@ void sg_layernorm_forward_cpu(const sg_tensor *x, const sg_tensor *gamma, const 
     }
 }
 
+/* The residual sum, stored (so rounded to s's dtype as sg_add_forward rounds it), then
+ * normalised as stored: the pair sg_add_forward + sg_layernorm_forward, bit for bit. */
+void sg_add_layernorm_forward_cpu(const sg_tensor *a, const sg_tensor *b, const sg_tensor *gamma,
+                                  const sg_tensor *beta, double eps, sg_tensor *s, sg_tensor *y,
+                                  sg_tensor *mean, sg_tensor *rstd)
+{
+    for (int64_t i = 0; i < a->numel; i++) sg_st(s, i, sg_ld(a, i) + sg_ld(b, i));
+    sg_layernorm_forward_cpu(s, gamma, beta, eps, y, mean, rstd);
+}
+
 /* With xhat = (x - mean) * rstd and g = dy * gamma, per row:
  *   dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)),
  * and over rows: dgamma = sum_r dy * xhat, dbeta = sum_r dy. The statistics are the saved
  * ones (as the CUDA kernels read them), not recomputed. dgamma and dbeta are summed column by
- * column (strided reads, no temporary buffer: replaying a captured plan allocates nothing). */
+ * column (strided reads, no temporary buffer: replaying a captured plan allocates nothing).
+ * With dres, dx is rounded to its dtype, read back and added to dres, and rounded again: what
+ * sg_layernorm_backward then sg_add_forward store, bit for bit (the CUDA kernels do the same). */
 void sg_layernorm_backward_cpu(const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *mean,
-                               const sg_tensor *rstd, const sg_tensor *dy, sg_tensor *dx,
-                               sg_tensor *dgamma, sg_tensor *dbeta)
+                               const sg_tensor *rstd, const sg_tensor *dy, const sg_tensor *dres,
+                               sg_tensor *dx, sg_tensor *dgamma, sg_tensor *dbeta)
 {
     int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
     for (int64_t r = 0; r < M; r++) {
@@ -56,6 +68,7 @@ void sg_layernorm_backward_cpu(const sg_tensor *x, const sg_tensor *gamma, const
             double g = sg_ld(dy, o + c) * sg_ld(gamma, c);
             double xhat = (sg_ld(x, o + c) - m) * s;
             sg_st(dx, o + c, s * (g - g_mean - xhat * gx_mean));
+            if (dres) sg_st(dx, o + c, sg_ld(dres, o + c) + sg_ld(dx, o + c));
         }
     }
     for (int64_t c = 0; c < C; c++) {

@@ -1,21 +1,52 @@
-/* layernorm_cuda.cu: LayerNorm kernels and their launchers. Storage type T: f32, or bf16 for
- * mixed precision (x, y, gamma, beta, dy, dx, dgamma, dbeta all bf16, as autocast keeps them);
- * math in f32, the saved mean and rstd in f32 for both. Deterministic: every sum runs in a fixed
- * order for a given shape and GPU (grids depend on M, C and the SM count only); no float atomics.
+/* layernorm_cuda.cu: LayerNorm kernels and their launchers, with the residual add fused in
+ * where a pre-LayerNorm block has one. Storage type T: f32, or bf16 for mixed precision (x, y,
+ * gamma, beta, dy, dx, dgamma, dbeta, and the residual's a, b, s, dres all bf16, as autocast
+ * keeps them); math in f32, the saved mean and rstd in f32 for both. Deterministic: every sum
+ * runs in a fixed order for a given shape and GPU (grids depend on M, C and the SM count only,
+ * the access width on C and the pointers' alignment); no float atomics.
  *
  * Forward (one launch): a group of G threads per row, G = 32 (a warp; 8 rows per block) or, for
  * C >= LN_BLOCK_ROW_MIN_C, G = the block. Two passes over the row (mean, then the variance of
  * x - mean, as the reference does), then a third that writes y. Rows are re-read from L1/L2,
  * not kept in registers, so any C works; 16-byte loads (4 f32 or 8 bf16) where C and the
- * pointers allow.
+ * pointers allow. Fused residual (ADD): the first pass reads a and b and writes s = a + b
+ * rounded to T, and sums s as rounded; the later passes read s back (the thread's own stores).
+ * The access width is chosen from s, y, gamma and beta as the plain kernel chooses it from x,
+ * y, gamma and beta (a and b, when not 16-byte aligned, are read element by element at that
+ * width), so s, y, mean and rstd are bit for bit those of sg_add_forward then the plain kernel.
  *
- * Backward (two launches). Kernel 1: block b owns rows [b*rpb, (b+1)*rpb): its groups write dx
- * row by row (two row sums: mean(g) and mean(g*xhat), g = dy*gamma); then its threads take one
- * column each and sum dy*xhat and dy over the block's rows in row order, in double, into a
- * per-block partial in scratch (slot SG_SLOT_LAYERNORM). Kernel 2: dgamma and dbeta, each
- * column the sum of the partials in a fixed order, rounded once to T. Partials: double [nparts][2C],
- * nparts <= MAX_C / C, so the scratch has one fixed size (4 MiB) and is allocated once per
- * context. */
+ * Backward (two launches). Kernel 1: block b owns rows [b*rpb, (b+1)*rpb) and takes them
+ * LN_TILE_ROWS at a time. Phase A: a group per row (as in the forward) sums g and g*xhat
+ * (g = dy*gamma, xhat = (x - mean)*rstd) into the tile's row statistics in shared memory.
+ * Phase B, by column: a thread owns a vector column (V columns) for every S-th row of the tile
+ * (S adjacent lanes share a column; S a power of two up to 32, larger when C has few vector
+ * columns, so that the block stays busy); it reads x and dy (and dres) once, writes
+ * dx = rstd*(g - mean(g) - xhat*mean(g*xhat)) (+ dres), and adds dy*xhat and dy into double
+ * registers in row order. The S lanes' sums are combined by an xor butterfly (a fixed order)
+ * and added to the block's partial in scratch (slot SG_SLOT_LAYERNORM, double [nparts][2C],
+ * dgamma's columns then dbeta's; a block of more than one tile reads its partial back and adds
+ * to it, tile by tile). So x and dy are read twice, the second time from L1/L2 right after the
+ * first, and the column sums come from registers phase B holds anyway (the kernel this one
+ * replaced read every element a third time, by column, for them). Kernel 2: dgamma and dbeta,
+ * each column the sum of the partials in a fixed order (LN_RED_SLICES threads per column, each
+ * with LN_RED_UNROLL loads in flight, then the slices in order), rounded once to T.
+ *
+ * Why the column sums stay in double: dgamma = sum over rows of dy*xhat has terms of both
+ * signs, so over M rows it is near sqrt(M) terms in size while the sum of the terms' magnitudes
+ * is near M: f32 partials would add an error near u_f32 * sum|dy*xhat| (u_f32 = 2^-24), about
+ * sqrt(M) times the f32 rounding of the result. In double, dgamma and dbeta stay within one
+ * rounding to T of the exact sum of the terms. The double adds cost little beside the loads
+ * (H100: f64 at half the f32 rate), and the partials (2C doubles per block, at most
+ * LN_BWD_BLOCKS_PER_SM blocks per SM) stay in L2. nparts <= MAX_C / C, so the scratch has one
+ * fixed size (4 MiB) and is allocated once per context.
+ *
+ * Residual gradient (ADD): dx = dres + LayerNorm's dx, the latter rounded to T first and the
+ * sum rounded again, bit for bit what the plain kernel then sg_add_forward write.
+ *
+ * The arithmetic of the rows is written with rounding intrinsics (__fadd_rn, __fmul_rn,
+ * __fmaf_rn, and their double forms): the compiler may fuse a plain a*b + c into an FMA or not,
+ * case by case, and the kernels with and without the residual must round every element, and
+ * every column sum, the same way. */
 #include "ops/layernorm.h"
 
 #include <cuda_bf16.h>
@@ -27,8 +58,12 @@
 #define LN_BLOCK_ROW_MIN_C 2048 /* from this many columns a whole block takes one row */
 #define LN_FWD_BLOCKS_PER_SM 16 /* forward grid cap (grid-stride beyond it) */
 #define LN_BWD_BLOCKS_PER_SM 2  /* backward: at most this many partials per SM */
-#define LN_RED_COLS 32          /* reduce kernel: columns per block ... */
+#define LN_TILE_ROWS 32         /* backward: rows whose statistics a block holds at a time */
+#define LN_ROWS_IN_FLIGHT 2     /* backward phase B: rows a thread loads before computing (4
+                                 * spilled at 2 blocks per SM in bf16, 128 registers) */
+#define LN_RED_COLS 16          /* reduce kernel: columns per block (128 bytes of a partial) ... */
 #define LN_RED_SLICES (LN_THREADS / LN_RED_COLS) /* ... and partial slices per column */
+#define LN_RED_UNROLL 4         /* reduce kernel: loads in flight per thread */
 #define LN_SCRATCH_BYTES ((size_t)2 * SG_LAYERNORM_CUDA_MAX_C * sizeof(double))
 #define FULL_MASK 0xffffffffu
 
@@ -52,13 +87,35 @@ template <int G> __device__ __forceinline__ float2 group_sum2(float2 v, float2 *
     return r;
 }
 
+/* V elements at vector index j of p: one access when vec (p 16-byte aligned), else V scalar
+ * loads: a fused operand that is not aligned, read at the width the other tensors chose. */
+template <typename T, int V> __device__ __forceinline__ vec_t<T, V> ldv_any(const T *p, int64_t j, bool vec)
+{
+    if (vec) return ldv<T, V>(p, j);
+    vec_t<T, V> v;
+#pragma unroll
+    for (int k = 0; k < V; k++) v.e[k] = p[j * V + k];
+    return v;
+}
+
+/* LayerNorm's dx of one element, rounded to T: rstd*(g - mean(g) - xhat*mean(g*xhat)) with
+ * g = dy*gamma, xhat = (x - mean)*rstd; q = (mean, rstd, mean(g), mean(g*xhat)). */
+template <typename T> __device__ __forceinline__ T ln_dx(float dy, float gamma, float x, float4 q)
+{
+    const float g = __fmul_rn(dy, gamma), xhat = __fmul_rn(__fsub_rn(x, q.x), q.y);
+    return from_f<T>(__fmul_rn(q.y, __fmaf_rn(-xhat, q.w, __fsub_rn(g, q.z))));
+}
+
 /* ---- forward ---- */
 
 /* x, y (M, C); gamma, beta (C); mean, rstd (M). Group `group` of block b takes rows
- * b*R + group, stepping by gridDim.x*R. V: elements per access (C % V == 0). (No
- * __launch_bounds__ on the row kernels: with it ptxas held them to 48 registers and spilled.) */
-template <typename T, int G, int V>
-__global__ void ln_forward_kernel(const T *__restrict__ x, const T *__restrict__ gamma,
+ * b*R + group, stepping by gridDim.x*R. V: elements per access (C % V == 0). ADD: x and x2 are
+ * a and b (both read by 16-byte accesses only when ab_vec), s = a + b is written and
+ * normalised. (No __launch_bounds__ here: with it ptxas held the kernel to 48 registers and
+ * spilled.) */
+template <typename T, int G, int V, bool ADD>
+__global__ void ln_forward_kernel(const T *__restrict__ x, const T *__restrict__ x2,
+                                  T *__restrict__ s, bool ab_vec, const T *__restrict__ gamma,
                                   const T *__restrict__ beta, T *__restrict__ y,
                                   float *__restrict__ mean, float *__restrict__ rstd, int64_t M,
                                   int64_t C, float eps)
@@ -69,31 +126,43 @@ __global__ void ln_forward_kernel(const T *__restrict__ x, const T *__restrict__
     const int64_t nv = C / V;
     const float inv_c = 1.f / (float)C;
     for (int64_t r = (int64_t)blockIdx.x * R + group; r < M; r += (int64_t)gridDim.x * R) {
-        const T *xr = x + r * C;
-        float2 s = {0.f, 0.f};
+        /* What the later passes read: x, or s as this thread stored it in the first. */
+        const T *xr = ADD ? s + r * C : x + r * C;
+        float2 q = {0.f, 0.f};
         for (int64_t j = gt; j < nv; j += G) {
-            vec_t<T, V> xv = ldv<T, V>(xr, j);
+            vec_t<T, V> xv;
+            if (ADD) {
+                const vec_t<T, V> av = ldv_any<T, V>(x + r * C, j, ab_vec),
+                                  bv = ldv_any<T, V>(x2 + r * C, j, ab_vec);
 #pragma unroll
-            for (int k = 0; k < V; k++) s.x += to_f(xv.e[k]);
+                for (int k = 0; k < V; k++)
+                    xv.e[k] = from_f<T>(__fadd_rn(to_f(av.e[k]), to_f(bv.e[k])));
+                stv<T, V>(s + r * C, j, xv);
+            } else {
+                xv = ldv<T, V>(xr, j);
+            }
+#pragma unroll
+            for (int k = 0; k < V; k++) q.x = __fadd_rn(q.x, to_f(xv.e[k]));
         }
-        const float m = group_sum2<G>(s, sh).x * inv_c;
-        s = make_float2(0.f, 0.f);
+        const float m = __fmul_rn(group_sum2<G>(q, sh).x, inv_c);
+        q = make_float2(0.f, 0.f);
         for (int64_t j = gt; j < nv; j += G) {
             vec_t<T, V> xv = ldv<T, V>(xr, j);
 #pragma unroll
             for (int k = 0; k < V; k++) {
-                float d = to_f(xv.e[k]) - m;
-                s.x += d * d;
+                const float d = __fsub_rn(to_f(xv.e[k]), m);
+                q.x = __fmaf_rn(d, d, q.x);
             }
         }
-        const float rs = rsqrtf(group_sum2<G>(s, sh).x * inv_c + eps);
+        const float rs = rsqrtf(__fmaf_rn(group_sum2<G>(q, sh).x, inv_c, eps));
         T *yr = y + r * C;
         for (int64_t j = gt; j < nv; j += G) {
             vec_t<T, V> xv = ldv<T, V>(xr, j), gv = ldv<T, V>(gamma, j), bv = ldv<T, V>(beta, j);
             vec_t<T, V> yv;
 #pragma unroll
             for (int k = 0; k < V; k++)
-                yv.e[k] = from_f<T>((to_f(xv.e[k]) - m) * rs * to_f(gv.e[k]) + to_f(bv.e[k]));
+                yv.e[k] = from_f<T>(__fmaf_rn(__fmul_rn(__fsub_rn(to_f(xv.e[k]), m), rs),
+                                              to_f(gv.e[k]), to_f(bv.e[k])));
             stv<T, V>(yr, j, yv);
         }
         if (gt == 0) {
@@ -105,70 +174,116 @@ __global__ void ln_forward_kernel(const T *__restrict__ x, const T *__restrict__
 
 /* ---- backward ---- */
 
-/* Kernel 1. x, dy, dx (M, C); gamma (C); mean, rstd (M); partials (gridDim.x, 2C): block b's
- * sum over its rows of dy*xhat (columns 0..C-1) and of dy (C..2C-1). */
-template <typename T, int G, int V>
-__global__ void ln_backward_rows_kernel(const T *__restrict__ x, const T *__restrict__ gamma,
-                                        const float *__restrict__ mean,
-                                        const float *__restrict__ rstd, const T *__restrict__ dy,
-                                        T *__restrict__ dx, double *__restrict__ partials,
-                                        int64_t M, int64_t C, int64_t rpb)
+/* Kernel 1. x, dy, dres, dx (M, C); gamma (C); mean, rstd (M); partials (gridDim.x, 2C):
+ * block b's sum over its rows of dy*xhat (columns 0..C-1) and of dy (C..2C-1). ADD: dres is
+ * added to dx (read by 16-byte accesses only when dres_vec). The launch bounds keep the grid's
+ * LN_BWD_BLOCKS_PER_SM blocks resident at once (at most 128 registers; no spills, by ptxas -v,
+ * CUDA 13, sm_90). */
+template <typename T, int G, int V, bool ADD>
+__global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
+    ln_backward_rows_kernel(const T *__restrict__ x, const T *__restrict__ gamma,
+                            const float *__restrict__ mean, const float *__restrict__ rstd,
+                            const T *__restrict__ dy, const T *__restrict__ dres, bool dres_vec,
+                            T *__restrict__ dx, double *__restrict__ partials, int64_t M,
+                            int64_t C, int64_t rpb)
 {
-    constexpr int R = LN_THREADS / G;
+    constexpr int R = LN_THREADS / G, U = LN_ROWS_IN_FLIGHT;
     __shared__ float2 sh[LN_WARPS];
+    __shared__ float4 st[LN_TILE_ROWS]; /* per tile row: mean, rstd, mean(g), mean(g*xhat) */
     const int group = threadIdx.x / G, gt = threadIdx.x % G;
     const int64_t nv = C / V;
     const float inv_c = 1.f / (float)C;
     const int64_t r0 = (int64_t)blockIdx.x * rpb, r1 = r0 + rpb < M ? r0 + rpb : M;
-
-    /* dx, a group per row (the loop is uniform over the group, so over the block when G is). */
-    for (int64_t r = r0 + group; r < r1; r += R) {
-        const T *xr = x + r * C, *dyr = dy + r * C;
-        const float m = mean[r], s = rstd[r];
-        float2 a = {0.f, 0.f}; /* sum g, sum g * xhat */
-        for (int64_t j = gt; j < nv; j += G) {
-            vec_t<T, V> xv = ldv<T, V>(xr, j), dv = ldv<T, V>(dyr, j), gv = ldv<T, V>(gamma, j);
-#pragma unroll
-            for (int k = 0; k < V; k++) {
-                float g = to_f(dv.e[k]) * to_f(gv.e[k]);
-                a.x += g;
-                a.y += g * ((to_f(xv.e[k]) - m) * s);
-            }
-        }
-        a = group_sum2<G>(a, sh);
-        const float g_mean = a.x * inv_c, gx_mean = a.y * inv_c;
-        T *dxr = dx + r * C;
-        for (int64_t j = gt; j < nv; j += G) {
-            vec_t<T, V> xv = ldv<T, V>(xr, j), dv = ldv<T, V>(dyr, j), gv = ldv<T, V>(gamma, j);
-            vec_t<T, V> out;
-#pragma unroll
-            for (int k = 0; k < V; k++) {
-                float g = to_f(dv.e[k]) * to_f(gv.e[k]);
-                float xhat = (to_f(xv.e[k]) - m) * s;
-                out.e[k] = from_f<T>(s * (g - g_mean - xhat * gx_mean));
-            }
-            stv<T, V>(dxr, j, out);
-        }
-    }
-
-    /* This block's dgamma and dbeta partials: a thread per column (coalesced across the
-     * block), rows in order, all in double (xhat too: H100 runs f64 at half the f32 rate, and
-     * these sums over up to thousands of rows then match the reference to f32 rounding). */
+    /* Phase B's layout: S lanes per vector column, cpp columns per pass of the block. */
+    int S = 1;
+    while (S < 32 && 2 * S * nv <= LN_THREADS) S *= 2;
+    const int sl = threadIdx.x % S, cpp = LN_THREADS / S;
     double *pb = partials + (int64_t)blockIdx.x * 2 * C;
-    for (int64_t c = threadIdx.x; c < C; c += LN_THREADS) {
-        double dg = 0, db = 0;
-        for (int64_t r = r0; r < r1; r++) {
-            const double d = to_f(dy[r * C + c]);
-            dg += d * (((double)to_f(x[r * C + c]) - mean[r]) * rstd[r]);
-            db += d;
+
+    for (int64_t t0 = r0; t0 < r1; t0 += LN_TILE_ROWS) {
+        const int nt = (int)(r1 - t0 < LN_TILE_ROWS ? r1 - t0 : LN_TILE_ROWS);
+
+        /* Phase A: the tile's row sums, a group per row (the loop is uniform over the group,
+         * so over the block when G is). */
+        for (int i = group; i < nt; i += R) {
+            const int64_t r = t0 + i;
+            const T *xr = x + r * C, *dyr = dy + r * C;
+            const float m = mean[r], s = rstd[r];
+            float2 a = {0.f, 0.f}; /* sum g, sum g * xhat */
+            for (int64_t j = gt; j < nv; j += G) {
+                vec_t<T, V> xv = ldv<T, V>(xr, j), dv = ldv<T, V>(dyr, j), gv = ldv<T, V>(gamma, j);
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    const float g = __fmul_rn(to_f(dv.e[k]), to_f(gv.e[k]));
+                    a.x = __fadd_rn(a.x, g);
+                    a.y = __fmaf_rn(g, __fmul_rn(__fsub_rn(to_f(xv.e[k]), m), s), a.y);
+                }
+            }
+            a = group_sum2<G>(a, sh);
+            if (gt == 0) st[i] = make_float4(m, s, __fmul_rn(a.x, inv_c), __fmul_rn(a.y, inv_c));
         }
-        pb[c] = dg;
-        pb[C + c] = db;
+        __syncthreads();
+
+        /* Phase B: dx and the column sums, a vector column and every S-th row of the tile per
+         * thread (rows sl, sl + S, ...: U of them loaded before any is used). Every thread runs
+         * every pass, so the whole warp reaches the butterfly. */
+        for (int64_t jb = 0; jb < nv; jb += cpp) {
+            const int64_t j = jb + threadIdx.x / S;
+            const bool on = j < nv;
+            double dg[V], db[V];
+#pragma unroll
+            for (int k = 0; k < V; k++) dg[k] = db[k] = 0;
+            if (on) {
+                const vec_t<T, V> gv = ldv<T, V>(gamma, j);
+                for (int i0 = sl; i0 < nt; i0 += U * S) {
+                    vec_t<T, V> xs[U], ds[U], res[U];
+#pragma unroll
+                    for (int u = 0; u < U; u++)
+                        if (i0 + u * S < nt) {
+                            const int64_t o = (t0 + i0 + u * S) * nv + j;
+                            xs[u] = ldv<T, V>(x, o), ds[u] = ldv<T, V>(dy, o);
+                            if (ADD) res[u] = ldv_any<T, V>(dres, o, dres_vec);
+                        }
+#pragma unroll
+                    for (int u = 0; u < U; u++)
+                        if (i0 + u * S < nt) {
+                            const float4 q = st[i0 + u * S]; /* mean, rstd, mean(g), mean(g xhat) */
+                            vec_t<T, V> out;
+#pragma unroll
+                            for (int k = 0; k < V; k++) {
+                                const float d = to_f(ds[u].e[k]), xk = to_f(xs[u].e[k]);
+                                const T v = ln_dx<T>(d, to_f(gv.e[k]), xk, q);
+                                out.e[k] = ADD ? from_f<T>(__fadd_rn(to_f(res[u].e[k]), to_f(v))) : v;
+                                const double xh = __dmul_rn(__dsub_rn(xk, q.x), q.y);
+                                dg[k] = __fma_rn(d, xh, dg[k]);
+                                db[k] = __dadd_rn(db[k], d);
+                            }
+                            stv<T, V>(dx, (t0 + i0 + u * S) * nv + j, out);
+                        }
+                }
+            }
+            /* The S lanes of a column (adjacent, S-aligned) combine their rows' sums. */
+            for (int o = 1; o < S; o <<= 1)
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    dg[k] += __shfl_xor_sync(FULL_MASK, dg[k], o);
+                    db[k] += __shfl_xor_sync(FULL_MASK, db[k], o);
+                }
+            if (on && sl == 0)
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    const int64_t c = j * V + k;
+                    pb[c] = t0 == r0 ? dg[k] : pb[c] + dg[k];
+                    pb[C + c] = t0 == r0 ? db[k] : pb[C + c] + db[k];
+                }
+        }
+        __syncthreads(); /* st is rewritten by the next tile */
     }
 }
 
 /* Kernel 2. Column j of the 2C partial columns (dgamma then dbeta): LN_RED_SLICES threads each
- * sum every LN_RED_SLICES-th partial in order, then one adds the slices in order. */
+ * sum every LN_RED_SLICES-th partial in order (LN_RED_UNROLL loads issued, then added in
+ * order), then one adds the slices in order. */
 template <typename T>
 __global__ void __launch_bounds__(LN_THREADS)
     ln_backward_reduce_kernel(const double *__restrict__ partials, int nparts, int64_t C,
@@ -179,7 +294,17 @@ __global__ void __launch_bounds__(LN_THREADS)
     const int64_t j = (int64_t)blockIdx.x * LN_RED_COLS + cx;
     double a = 0;
     if (j < 2 * C)
-        for (int p = sy; p < nparts; p += LN_RED_SLICES) a += partials[(int64_t)p * 2 * C + j];
+        for (int p0 = sy; p0 < nparts; p0 += LN_RED_UNROLL * LN_RED_SLICES) {
+            double v[LN_RED_UNROLL];
+#pragma unroll
+            for (int u = 0; u < LN_RED_UNROLL; u++) {
+                const int p = p0 + u * LN_RED_SLICES;
+                v[u] = p < nparts ? partials[(int64_t)p * 2 * C + j] : 0.0;
+            }
+#pragma unroll
+            for (int u = 0; u < LN_RED_UNROLL; u++)
+                if (p0 + u * LN_RED_SLICES < nparts) a += v[u];
+        }
     sh[sy][cx] = a;
     __syncthreads();
     if (sy == 0 && j < 2 * C) {
@@ -203,58 +328,82 @@ static int cap_blocks(int64_t want, int64_t cap)
     return (int)(want < 1 ? 1 : (want < cap ? want : cap));
 }
 
+/* One forward launch: b NULL, the plain kernel on a; else the fused one. */
 template <typename T, int G, int V>
-static void launch_forward(int blocks, cudaStream_t st, const sg_tensor *x, const sg_tensor *gamma,
-                           const sg_tensor *beta, float eps, sg_tensor *y, sg_tensor *mean,
-                           sg_tensor *rstd, int64_t M, int64_t C)
+static void launch_forward(int blocks, cudaStream_t st, const sg_tensor *a, const sg_tensor *b,
+                           bool ab_vec, const sg_tensor *gamma, const sg_tensor *beta, float eps,
+                           sg_tensor *s, sg_tensor *y, sg_tensor *mean, sg_tensor *rstd, int64_t M,
+                           int64_t C)
 {
-    ln_forward_kernel<T, G, V><<<blocks, LN_THREADS, 0, st>>>(
-        (const T *)x->data, (const T *)gamma->data, (const T *)beta->data, (T *)y->data,
-        (float *)mean->data, (float *)rstd->data, M, C, eps);
+    const T *pa = (const T *)a->data, *pg = (const T *)gamma->data, *pbeta = (const T *)beta->data;
+    T *py = (T *)y->data;
+    float *pm = (float *)mean->data, *pr = (float *)rstd->data;
+    if (b)
+        ln_forward_kernel<T, G, V, true><<<blocks, LN_THREADS, 0, st>>>(
+            pa, (const T *)b->data, (T *)s->data, ab_vec, pg, pbeta, py, pm, pr, M, C, eps);
+    else
+        ln_forward_kernel<T, G, V, false><<<blocks, LN_THREADS, 0, st>>>(
+            pa, nullptr, nullptr, false, pg, pbeta, py, pm, pr, M, C, eps);
 }
 
 template <typename T>
-static sg_status forward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
-                           const sg_tensor *beta, float eps, sg_tensor *y, sg_tensor *mean,
-                           sg_tensor *rstd)
+static sg_status forward_t(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b,
+                           const sg_tensor *gamma, const sg_tensor *beta, float eps, sg_tensor *s,
+                           sg_tensor *y, sg_tensor *mean, sg_tensor *rstd)
 {
     constexpr int VEC = 16 / sizeof(T);
-    const int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
-    const bool vec = C % VEC == 0 && aligned16(x->data) && aligned16(y->data) &&
+    const int64_t C = a->shape[a->ndim - 1], M = a->numel / C;
+    /* The width follows the tensor LayerNorm reads (s when fused), as the plain call's does;
+     * a and b then take it where they are aligned, else element by element. */
+    const sg_tensor *xn = b ? s : a;
+    const bool vec = C % VEC == 0 && aligned16(xn->data) && aligned16(y->data) &&
                      aligned16(gamma->data) && aligned16(beta->data);
+    const bool ab_vec = b && aligned16(a->data) && aligned16(b->data);
     const bool block_row = C >= LN_BLOCK_ROW_MIN_C;
     const int64_t rows_per_block = block_row ? 1 : LN_WARPS;
     const int blocks = cap_blocks((M + rows_per_block - 1) / rows_per_block,
                                   (int64_t)sg_ctx_sm_count(ctx) * LN_FWD_BLOCKS_PER_SM);
     cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
     if (block_row && vec)
-        launch_forward<T, LN_THREADS, VEC>(blocks, st, x, gamma, beta, eps, y, mean, rstd, M, C);
+        launch_forward<T, LN_THREADS, VEC>(blocks, st, a, b, ab_vec, gamma, beta, eps, s, y, mean,
+                                           rstd, M, C);
     else if (block_row)
-        launch_forward<T, LN_THREADS, 1>(blocks, st, x, gamma, beta, eps, y, mean, rstd, M, C);
+        launch_forward<T, LN_THREADS, 1>(blocks, st, a, b, ab_vec, gamma, beta, eps, s, y, mean,
+                                         rstd, M, C);
     else if (vec)
-        launch_forward<T, 32, VEC>(blocks, st, x, gamma, beta, eps, y, mean, rstd, M, C);
+        launch_forward<T, 32, VEC>(blocks, st, a, b, ab_vec, gamma, beta, eps, s, y, mean, rstd, M,
+                                   C);
     else
-        launch_forward<T, 32, 1>(blocks, st, x, gamma, beta, eps, y, mean, rstd, M, C);
+        launch_forward<T, 32, 1>(blocks, st, a, b, ab_vec, gamma, beta, eps, s, y, mean, rstd, M, C);
     SG_CUDA_CHECK_LAUNCH(ctx, "ln_forward_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
 }
 
+/* One launch of kernel 1: dres NULL, the plain kernel; else the one that adds it. */
 template <typename T, int G, int V>
 static void launch_backward_rows(int blocks, cudaStream_t st, const sg_tensor *x,
                                  const sg_tensor *gamma, const sg_tensor *mean,
-                                 const sg_tensor *rstd, const sg_tensor *dy, sg_tensor *dx,
-                                 double *partials, int64_t M, int64_t C, int64_t rpb)
+                                 const sg_tensor *rstd, const sg_tensor *dy, const sg_tensor *dres,
+                                 bool dres_vec, sg_tensor *dx, double *partials, int64_t M,
+                                 int64_t C, int64_t rpb)
 {
-    ln_backward_rows_kernel<T, G, V><<<blocks, LN_THREADS, 0, st>>>(
-        (const T *)x->data, (const T *)gamma->data, (const float *)mean->data,
-        (const float *)rstd->data, (const T *)dy->data, (T *)dx->data, partials, M, C, rpb);
+    const T *px = (const T *)x->data, *pg = (const T *)gamma->data, *pdy = (const T *)dy->data;
+    const float *pm = (const float *)mean->data, *pr = (const float *)rstd->data;
+    if (dres)
+        ln_backward_rows_kernel<T, G, V, true><<<blocks, LN_THREADS, 0, st>>>(
+            px, pg, pm, pr, pdy, (const T *)dres->data, dres_vec, (T *)dx->data, partials, M, C,
+            rpb);
+    else
+        ln_backward_rows_kernel<T, G, V, false><<<blocks, LN_THREADS, 0, st>>>(
+            px, pg, pm, pr, pdy, nullptr, false, (T *)dx->data, partials, M, C, rpb);
 }
 
 template <typename T>
 static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
                             const sg_tensor *mean, const sg_tensor *rstd, const sg_tensor *dy,
-                            sg_tensor *dx, sg_tensor *dgamma, sg_tensor *dbeta)
+                            const sg_tensor *dres, sg_tensor *dx, sg_tensor *dgamma,
+                            sg_tensor *dbeta)
 {
     constexpr int VEC = 16 / sizeof(T);
     const int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
@@ -274,22 +423,24 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *ga
     const int64_t rpb = (M + want - 1) / want;
     const int blocks = (int)((M + rpb - 1) / rpb);
 
+    /* The width follows x, dy, dx and gamma (as without dres); dres takes it where aligned. */
     const bool vec = C % VEC == 0 && aligned16(x->data) && aligned16(dy->data) &&
                      aligned16(dx->data) && aligned16(gamma->data);
+    const bool dres_vec = dres && aligned16(dres->data);
     const bool block_row = C >= LN_BLOCK_ROW_MIN_C;
     cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
     if (block_row && vec)
-        launch_backward_rows<T, LN_THREADS, VEC>(blocks, st, x, gamma, mean, rstd, dy, dx, partials,
-                                                 M, C, rpb);
+        launch_backward_rows<T, LN_THREADS, VEC>(blocks, st, x, gamma, mean, rstd, dy, dres,
+                                                 dres_vec, dx, partials, M, C, rpb);
     else if (block_row)
-        launch_backward_rows<T, LN_THREADS, 1>(blocks, st, x, gamma, mean, rstd, dy, dx, partials,
-                                               M, C, rpb);
+        launch_backward_rows<T, LN_THREADS, 1>(blocks, st, x, gamma, mean, rstd, dy, dres,
+                                               dres_vec, dx, partials, M, C, rpb);
     else if (vec)
-        launch_backward_rows<T, 32, VEC>(blocks, st, x, gamma, mean, rstd, dy, dx, partials, M, C,
-                                         rpb);
+        launch_backward_rows<T, 32, VEC>(blocks, st, x, gamma, mean, rstd, dy, dres, dres_vec, dx,
+                                         partials, M, C, rpb);
     else
-        launch_backward_rows<T, 32, 1>(blocks, st, x, gamma, mean, rstd, dy, dx, partials, M, C,
-                                       rpb);
+        launch_backward_rows<T, 32, 1>(blocks, st, x, gamma, mean, rstd, dy, dres, dres_vec, dx,
+                                       partials, M, C, rpb);
     SG_CUDA_CHECK_LAUNCH(ctx, "ln_backward_rows_kernel");
     sg_ctx_count_launches(ctx, 1);
 
@@ -301,38 +452,38 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *ga
     return SG_OK;
 }
 
-extern "C" sg_status sg_layernorm_forward_cuda(sg_ctx *ctx, const sg_tensor *x,
-                                               const sg_tensor *gamma, const sg_tensor *beta,
-                                               float eps, sg_tensor *y, sg_tensor *mean,
-                                               sg_tensor *rstd)
+extern "C" sg_status sg_layernorm_forward_cuda(sg_ctx *ctx, const sg_tensor *a,
+                                               const sg_tensor *b, const sg_tensor *gamma,
+                                               const sg_tensor *beta, float eps, sg_tensor *s,
+                                               sg_tensor *y, sg_tensor *mean, sg_tensor *rstd)
 {
-    switch (x->dtype) {
+    switch (a->dtype) {
     case SG_DTYPE_F32:
-        return forward_t<float>(ctx, x, gamma, beta, eps, y, mean, rstd);
+        return forward_t<float>(ctx, a, b, gamma, beta, eps, s, y, mean, rstd);
     case SG_DTYPE_BF16:
-        return forward_t<__nv_bfloat16>(ctx, x, gamma, beta, eps, y, mean, rstd);
+        return forward_t<__nv_bfloat16>(ctx, a, b, gamma, beta, eps, s, y, mean, rstd);
     default:
-        return sg_fail(ctx, SG_ERR_DTYPE,
-                       "sg_layernorm_forward: 'x' is %s; the CUDA kernels "
-                       "take f32 or bf16",
-                       sg_dtype_name(x->dtype));
+        return sg_fail(ctx, SG_ERR_DTYPE, "%s: '%s' is %s; the CUDA kernels take f32 or bf16",
+                       b ? "sg_add_layernorm_forward" : "sg_layernorm_forward", b ? "a" : "x",
+                       sg_dtype_name(a->dtype));
     }
 }
 
 extern "C" sg_status sg_layernorm_backward_cuda(sg_ctx *ctx, const sg_tensor *x,
                                                 const sg_tensor *gamma, const sg_tensor *mean,
                                                 const sg_tensor *rstd, const sg_tensor *dy,
-                                                sg_tensor *dx, sg_tensor *dgamma, sg_tensor *dbeta)
+                                                const sg_tensor *dres, sg_tensor *dx,
+                                                sg_tensor *dgamma, sg_tensor *dbeta)
 {
     switch (x->dtype) {
     case SG_DTYPE_F32:
-        return backward_t<float>(ctx, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+        return backward_t<float>(ctx, x, gamma, mean, rstd, dy, dres, dx, dgamma, dbeta);
     case SG_DTYPE_BF16:
-        return backward_t<__nv_bfloat16>(ctx, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+        return backward_t<__nv_bfloat16>(ctx, x, gamma, mean, rstd, dy, dres, dx, dgamma, dbeta);
     default:
         return sg_fail(ctx, SG_ERR_DTYPE,
-                       "sg_layernorm_backward: 'x' is %s; the CUDA kernels "
-                       "take f32 or bf16",
+                       "%s: 'x' is %s; the CUDA kernels take f32 or bf16",
+                       dres ? "sg_layernorm_backward_add" : "sg_layernorm_backward",
                        sg_dtype_name(x->dtype));
     }
 }
