@@ -365,7 +365,7 @@ typedef struct block_module {
     /* forward activations (M rows), the block's own */
     sg_tensor *h1, *mean1, *rstd1, *qkv, *att, *a, *p, *pd, *x2, *h2, *mean2, *rstd2, *f, *pre_f, *q, *qd, *y;
     /* backward scratch and attention work: shared by every block (sg_builder_shared) */
-    sg_tensor *work, *g, *gq, *df, *dh2, *dx2, *dp, *da, *dqkv, *dh1, *dx;
+    sg_tensor *work, *gq, *df, *dh2, *dx2, *dp, *da, *dqkv, *dh1, *dx;
 } block_module;
 
 #define W(i) sg_module_w(mod, b->ip[i])
@@ -382,8 +382,10 @@ static sg_status block_forward(sg_module *mod, const sg_tensor *x, const sg_tens
     SG_TRY(attention_fwd(ctx, b->fused, b->qkv, b->heads, b->a, b->att, b->work));
     SG_TRY(sg_linear_forward(ctx, b->a, W(4), W(5), SG_ACT_NONE, b->p, NULL));
     if (p > 0) SG_TRY(sg_dropout_forward(ctx, b->p, p, b->rng, b->site, b->pd));
-    SG_TRY(sg_add_forward(ctx, x, p > 0 ? b->pd : b->p, b->x2));
-    SG_TRY(sg_layernorm_forward(ctx, b->x2, W(6), W(7), SG_LN_EPS_GPT, b->h2, b->mean2, b->rstd2));
+    /* x2 = x + branch, and h2 = LN2(x2), in one pass (x2 is saved: the residual and LN2's
+     * backward read it) */
+    SG_TRY(sg_add_layernorm_forward(ctx, x, p > 0 ? b->pd : b->p, W(6), W(7), SG_LN_EPS_GPT, b->x2, b->h2,
+                                    b->mean2, b->rstd2));
     SG_TRY(sg_linear_forward(ctx, b->h2, W(8), W(9), SG_ACT_GELU, b->f, b->pre_f));
     SG_TRY(sg_linear_forward(ctx, b->f, W(10), W(11), SG_ACT_NONE, b->q, NULL));
     if (p > 0) SG_TRY(sg_dropout_forward(ctx, b->q, p, b->rng, b->site + 1, b->qd));
@@ -404,10 +406,14 @@ static sg_status block_backward(sg_module *mod, sg_tensor *dy, sg_tensor **dx)
         SG_TRY(sg_dropout_backward(ctx, dy, p, b->rng, b->site + 1, b->gq));
         gq = b->gq;
     }
-    SG_TRY(sg_linear_backward(ctx, b->f, W(10), gq, SG_ACT_NONE, NULL, b->df, G(10), G(11)));
-    SG_TRY(sg_linear_backward(ctx, b->h2, W(8), b->df, SG_ACT_GELU, b->pre_f, b->dh2, G(8), G(9)));
-    SG_TRY(sg_layernorm_backward(ctx, b->x2, W(6), b->mean2, b->rstd2, b->dh2, b->g, G(6), G(7)));
-    SG_TRY(sg_add_forward(ctx, dy, b->g, b->dx2)); /* the residual carries dy through */
+    /* The projection's backward goes on through the GELU: df = gelu'(pre_f) * (dq W10) and the
+     * fc's bias gradient in one (on CUDA the dx matmul's DGELU_BGRAD epilogue), so the fc's
+     * backward has no activation or bias left to do. */
+    SG_TRY(sg_linear_backward_through(ctx, b->f, W(10), gq, SG_ACT_NONE, NULL, G(10), G(11), SG_ACT_GELU,
+                                      b->pre_f, b->df, G(9)));
+    SG_TRY(sg_linear_backward(ctx, b->h2, W(8), b->df, SG_ACT_NONE, NULL, b->dh2, G(8), NULL));
+    /* dx2 = dy (the residual carries it through) + LN2's backward of dh2 */
+    SG_TRY(sg_layernorm_backward_add(ctx, b->x2, W(6), b->mean2, b->rstd2, b->dh2, dy, b->dx2, G(6), G(7)));
     /* attention branch: x2 = x + drop(proj(attn(qkv(ln1(x))))) */
     sg_tensor *gp = b->dx2;
     if (p > 0) {
@@ -417,8 +423,8 @@ static sg_status block_backward(sg_module *mod, sg_tensor *dy, sg_tensor **dx)
     SG_TRY(sg_linear_backward(ctx, b->a, W(4), gp, SG_ACT_NONE, NULL, b->da, G(4), G(5)));
     SG_TRY(attention_bwd(ctx, b->fused, b->qkv, b->a, b->att, b->da, b->heads, b->dqkv, b->work));
     SG_TRY(sg_linear_backward(ctx, b->h1, W(2), b->dqkv, SG_ACT_NONE, NULL, b->dh1, G(2), G(3)));
-    SG_TRY(sg_layernorm_backward(ctx, b->x, W(0), b->mean1, b->rstd1, b->dh1, b->g, G(0), G(1)));
-    SG_TRY(sg_add_forward(ctx, b->dx2, b->g, b->dx));
+    /* dx = dx2 (the residual) + LN1's backward of dh1 */
+    SG_TRY(sg_layernorm_backward_add(ctx, b->x, W(0), b->mean1, b->rstd1, b->dh1, b->dx2, b->dx, G(0), G(1)));
     *dx = b->dx;
     return SG_OK;
 }
@@ -445,7 +451,7 @@ static sg_status block_set_rows(sg_module *mod, int64_t rows)
     block_module *b = (block_module *)mod;
     SG_TRY(check_seq_rows(mod, rows));
     sg_tensor *ts[] = {b->h1, b->mean1, b->rstd1, b->qkv, b->a, b->p, b->pd, b->x2, b->h2, b->mean2,
-                       b->rstd2, b->f, b->pre_f, b->q, b->qd, b->y, b->g, b->gq, b->df, b->dh2, b->dx2,
+                       b->rstd2, b->f, b->pre_f, b->q, b->qd, b->y, b->gq, b->df, b->dh2, b->dx2,
                        b->dp, b->da, b->dqkv, b->dh1, b->dx};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
         if (ts[i]) SG_TRY(sg_tensor_set_rows(ts[i], rows)); /* the dropout buffers may be absent */
@@ -523,7 +529,7 @@ sg_status sg_module_gpt_block(sg_builder *bl, const char *name, int64_t C, int h
     int64_t we = sg_attention_work_elems(B, T, C, heads);
     if (b->fused) b->work = shared(bl, &st, f32, "attn.delta", 3, (int64_t[]){B, H, T});
     else b->work = shared(bl, &st, f32, "attn.work", 1, &we);
-    b->g = shared(bl, &st, dt, "d.ln", 2, MC), b->df = shared(bl, &st, dt, "d.fc", 2, M4C);
+    b->df = shared(bl, &st, dt, "d.fc", 2, M4C);
     b->dh2 = shared(bl, &st, dt, "d.h2", 2, MC), b->dx2 = shared(bl, &st, dt, "d.x2", 2, MC);
     b->da = shared(bl, &st, dt, "d.attn", 2, MC), b->dqkv = shared(bl, &st, dt, "d.qkv", 2, M3C);
     b->dh1 = shared(bl, &st, dt, "d.h1", 2, MC);
