@@ -233,11 +233,13 @@ sg_status sg_linear_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w
  * with the gradient taken on through that activation: instead of dx, dx_pre(M,K) =
  * x_act'(x_pre) * (d(pre) @ w), and x_db(K) (may be NULL) its column sums, the layer before's
  * bias gradient; that layer's backward then runs with SG_ACT_NONE and no db. x_act GELU (x_pre:
- * that layer's pre) or RELU (x_pre: its output y). x_db sums dx_pre as stored. On CUDA with
- * GELU the dx matmul's DGELU_BGRAD epilogue does it all (a 16-byte aligned x_pre and x_db, K a
- * multiple of 8), rounding dx_pre once, as the CPU reference does; otherwise the matmul, then one
- * kernel, which in bf16 rounds the product before the activation's factor too, as
- * sg_linear_backward followed by the layer before's backward. */
+ * that layer's pre) or RELU (x_pre: its output y). x_db sums dx_pre as stored. On CUDA: the
+ * matmul, then one kernel (in bf16 the product is rounded before the activation's factor too,
+ * as sg_linear_backward then the layer before's backward would; the CPU reference rounds once).
+ * With the environment variable STEPGRAPH_BGRAD=1, cuBLASLt's DGELU_BGRAD epilogue where it
+ * applies (GELU, a 16-byte aligned x_pre and x_db, K a multiple of 8; x_db then sums the values
+ * before rounding), and BGRADB for sg_linear_backward's db without an activation: measured
+ * slower on the H100, where cuBLASLt runs both as kernels of their own (bench/RESULTS.md). */
 sg_status sg_linear_backward_through(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w, sg_tensor *dy,
                                      sg_activation act, const sg_tensor *act_in, sg_tensor *dw, sg_tensor *db,
                                      sg_activation x_act, const sg_tensor *x_pre, sg_tensor *dx_pre,

@@ -4,8 +4,8 @@
  * cublasLtMatmul whose epilogue adds the bias and applies ReLU or GELU (keeping pre in the aux
  * buffer); where that epilogue cannot run (see sg_linear_forward_cuda), a plain matmul and one
  * bias+act kernel. Backward: one kernel (d(pre) = dy * act'(act_in) in place, and db as a
- * deterministic column sum in f32), then cublasLtMatmul for dw and for dx; without an
- * activation, db comes from the dw matmul's BGRADB epilogue instead (no kernel). Matmul plans
+ * deterministic column sum in f32), then cublasLtMatmul for dw and for dx (STEPGRAPH_BGRAD=1:
+ * cuBLASLt's BGRADB and DGELU_BGRAD epilogues instead, measured slower; see below). Matmul plans
  * (descriptor, layouts, algorithm) are cached per shape and dtype in the context (ext slot
  * SG_EXT_LINEAR), so a call costs a lookup, at most two pointer attributes and the launch.
  *
@@ -809,16 +809,18 @@ extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, co
      *   A = x:    stored column-major K x M (ld K), op N;
      *   B = dpre: stored column-major N x M (ld N), op T -> M x N;
      *   D = dw:   column-major K x N (ld K). m = K, n = N, k = M.
-     * Without an activation, db (the column sums of dpre = dy) rides on this matmul: the
-     * BGRADB epilogue sums B over the product's k (M) into a vector of D's N columns, from the
-     * values as stored, as the kernel does (the f32 sums in another order). As for the forward's
-     * bias, cuBLASLt's alignment preferences do not cover that vector, so it must be 16-byte
-     * aligned; where it is not, or the heuristic refuses (or STEPGRAPH_BGRAD=0, to measure), the
-     * kernel sums it. With an activation the kernel runs anyway (d(pre) in place) and sums db in
-     * the same pass. STEPGRAPH_BGRAD=0 also keeps the DGELU epilogues below off. */
+     * With STEPGRAPH_BGRAD=1 and no activation, db (the column sums of dpre = dy) comes from
+     * this matmul's BGRADB epilogue (B summed over the product's k, M, into a vector of D's N
+     * columns; 16-byte aligned, which cuBLASLt's alignment preferences do not cover). Off by
+     * default: on the H100 (CUDA 13, gpt-768-12-8-256 bf16) cuBLASLt ran it as a kernel of its
+     * own after the matmul (globalKernelBgradAB, 4.5 us each) and the DGELU_BGRAD form below as
+     * another (35 us each, against about 20 for dact_bias_kernel): the step took 5.225 ms with
+     * them, 4.893 without. Otherwise the kernel sums db, and with an activation writes d(pre)
+     * in place in the same pass. */
     ran = false;
     const char *bgrad = getenv("STEPGRAPH_BGRAD");
-    if (act == SG_ACT_NONE && db && align_of(db->data) >= 16 && !(bgrad && !strcmp(bgrad, "0")))
+    const bool lt_bgrad = bgrad && !strcmp(bgrad, "1");
+    if (act == SG_ACT_NONE && db && align_of(db->data) >= 16 && lt_bgrad)
         SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, CUBLASLT_EPILOGUE_BGRADB, xp, g, dw->data,
                       db->data, NULL, true, &ran));
     if (!ran && (act != SG_ACT_NONE || db))
@@ -833,17 +835,17 @@ extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, co
      *   B = dpre: stored column-major N x M (ld N), op N;
      *   D = dx:   column-major K x M (ld K). m = K, n = M, k = N. */
     if (!dx) return SG_OK;
-    /* Through the layer before's activation (sg_linear_backward_through): with GELU the DGELU
-     * epilogue multiplies by gelu'(x_pre) (the aux input, D-shaped: K x M, ld K, so K % 8 == 0
-     * and 16-byte aligned as in the forward) and, with x_db, the BGRAD form sums the result's
-     * rows into it (a vector of D's K rows, 16-byte aligned). Otherwise, or if the heuristic
-     * refuses, the plain matmul and then the activation kernel on dx, as the layer before's
-     * backward would run it. */
+    /* Through the layer before's activation (sg_linear_backward_through): the plain matmul
+     * and then the activation kernel on dx, as the layer before's backward would run it. With
+     * STEPGRAPH_BGRAD=1 and GELU, the DGELU epilogue instead (gelu'(x_pre) from the aux input,
+     * D-shaped: K x M, ld K, so K % 8 == 0 and 16-byte aligned as in the forward) and, with
+     * x_db, its BGRAD form summing the result's rows (a vector of D's K rows, 16-byte aligned;
+     * cuBLASLt sums the f32 values before they are rounded), where the heuristic has it. */
     const bool through = th && th->x_act != SG_ACT_NONE;
     void *xdb = through && th->x_db ? th->x_db->data : NULL;
     ran = false;
     if (through && th->x_act == SG_ACT_GELU && k % 8 == 0 && align_of(th->x_pre->data) >= 16 &&
-        (!xdb || align_of(xdb) >= 16) && !(bgrad && !strcmp(bgrad, "0")))
+        (!xdb || align_of(xdb) >= 16) && lt_bgrad)
         SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_N, k, m, n,
                       xdb ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU, wp, g, dx->data, xdb,
                       (void *)th->x_pre->data, true, &ran));
