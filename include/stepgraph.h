@@ -795,7 +795,9 @@ sg_status sg_optim_set_hparams(sg_optim *o, const sg_optim_hparams *hp);
 float sg_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float peak, float floor);
 /* Reads the device hyperparameters back (a host sync). */
 sg_status sg_optim_get_hparams(sg_optim *o, sg_optim_hparams *out);
-/* One optimizer step over all parameters: one kernel launch. */
+/* One optimizer step over all parameters: one kernel launch. The optimizer's state is allocated
+ * by sg_trainer_create, or else by the first step, which must then run before any capture of
+ * one (a graph's warm-up runs do). */
 sg_status sg_optim_step(sg_optim *o);
 /* The dtype the optimizer keeps its state in (AdamW's m and v, SGD's momentum buffer):
  * SG_DTYPE_F32 (the default) or SG_DTYPE_BF16 (f32 parameters only): half the state's memory,
@@ -803,8 +805,11 @@ sg_status sg_optim_step(sg_optim *o);
  * value is computed in f32 and rounded to bf16 stochastically (unbiased; bits a pure function of
  * the step and the element, so runs stay deterministic): rounding to nearest would stall the
  * second moment, whose per-step change (1 - beta2 = 0.001 of it) is below half a bf16 unit.
- * The state's current values are converted. Set it before the optimizer's first step and before
- * any capture or trainer uses it: afterwards it is SG_ERR_INVALID (graphs hold the old buffers).
+ * The state is allocated, zeroed, in this dtype when sg_trainer_create (or the first step) needs
+ * it, so setting the dtype right after sg_optim_create never holds f32 state; a state already
+ * allocated is converted (its f32 memory goes back to the context's cache). Set it before the
+ * optimizer's first step and before any capture: afterwards it is SG_ERR_INVALID (graphs hold the
+ * old buffers).
  * A checkpoint holds the state in its dtype, so a run that loads one sets the same dtype first. */
 sg_status sg_optim_set_state_dtype(sg_optim *o, sg_dtype dtype);
 sg_dtype sg_optim_state_dtype(const sg_optim *o);

@@ -1256,6 +1256,13 @@ static void check_trainer_optim_state(sg_ctx *ctx)
              "the bf16-state checkpoint did not restore the state (step %lld)", (long long)step);
     trn f = trn_make(ctx); /* f32 state */
     size_t nf = trn_state(&f, now, STATE_CAP);
+    /* The bf16 trainer holds the smaller state (its f32 state was never allocated: the dtype was
+     * set before the trainer made it). */
+    sg_trainer_stats sb, sf;
+    TU_OK(ctx, sg_trainer_get_stats(b.t, &sb));
+    TU_OK(ctx, sg_trainer_get_stats(f.t, &sf));
+    TU_CHECK(sb.optim_bytes < sf.optim_bytes, "optimizer state: %zu bytes in bf16, %zu in f32", sb.optim_bytes,
+             sf.optim_bytes);
     step = -1;
     TU_FAILS(ctx, sg_trainer_load(f.t, path, &step), SG_ERR_DTYPE,
              "holds bf16 optimizer state, this optimizer keeps f32: set the same with sg_optim_set_state_dtype");

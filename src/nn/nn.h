@@ -262,8 +262,11 @@ void sg_sequential_set_backward_hook(sg_module *seq, sg_backward_hook fn, void *
 /* ---- optimizers (the public sg_optim_* calls live in optim.c; creation takes a model,
  * so the public sg_optim_create is in models/, which calls this) ---- */
 sg_status sg_optim_create_for(sg_ctx *ctx, sg_param_set *ps, sg_optim_kind kind, sg_optim **out);
-/* The optimizer's device state, for checkpoints: m, v (NULL for SGD) and the hyperparameters. */
+/* The optimizer's device state, for checkpoints: m, v (NULL for SGD) and the hyperparameters.
+ * m and v are NULL until allocated: sg_optim_alloc_state (sg_trainer_create calls it; so does
+ * the first update) makes them, zeroed, in the state dtype (sg_optim_set_state_dtype). */
 void sg_optim_state(sg_optim *o, sg_tensor **m, sg_tensor **v, sg_tensor **hp);
+sg_status sg_optim_alloc_state(sg_optim *o);
 /* Mixed precision: the backward writes bf16 gradients (grad_lo, (P) BF16, scaled by the loss
  * scale in scaler); sg_optim_unscale turns them into the f32 ones (divided by the scale) and
  * sets found (1 I32) when they are not finite, updating the scale; sg_optim_update then skips

@@ -16,7 +16,10 @@ struct sg_optim {
     sg_optim_kind kind;
     sg_param_set *ps;        /* not owned */
     sg_tensor *hp;           /* (8) F32: sg_optim_hparams */
-    sg_tensor *m, *v;        /* AdamW moments; SGD uses m as the momentum buffer */
+    sg_tensor *m, *v;        /* AdamW moments; SGD uses m as the momentum buffer: allocated in
+                              * state_dtype on first need (sg_optim_alloc_state), so a state
+                              * dtype set before then never holds f32 state at all */
+    sg_dtype state_dtype;
     /* mixed precision (all NULL without it; not owned) */
     const sg_tensor *grad_lo;/* (P) BF16: the gradients the backward wrote, scaled */
     sg_tensor *scaler;       /* (SG_SCALER_COUNT) F32: sg_loss_scaler */
@@ -53,14 +56,9 @@ sg_status sg_optim_create_for(sg_ctx *ctx, sg_param_set *ps, sg_optim_kind kind,
     sg_optim *o = calloc(1, sizeof *o);
     if (!o) return sg_fail(ctx, SG_ERR_OOM, "sg_optim_create: out of host memory");
     o->ctx = ctx, o->kind = kind, o->ps = ps;
-    int64_t n8 = 8, P = ps->flat->numel;
+    o->state_dtype = SG_DTYPE_F32;
+    int64_t n8 = 8;
     sg_status st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, &n8, "optim.hparams", &o->hp);
-    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, &P, "optim.m", &o->m);
-    if (st == SG_OK) st = sg_tensor_fill(o->m, 0.0);
-    if (st == SG_OK && kind == SG_OPTIM_ADAMW) {
-        st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, &P, "optim.v", &o->v);
-        if (st == SG_OK) st = sg_tensor_fill(o->v, 0.0);
-    }
     sg_optim_hparams h = defaults(kind);
     if (st == SG_OK) st = sg_tensor_copy_from_host(o->hp, &h, sizeof h);
     /* The kernel's "last block done" counter: reserved now, so steps allocate nothing. */
@@ -74,7 +72,23 @@ sg_status sg_optim_create_for(sg_ctx *ctx, sg_param_set *ps, sg_optim_kind kind,
     return SG_OK;
 }
 
-sg_dtype sg_optim_state_dtype(const sg_optim *o) { return o ? o->m->dtype : SG_DTYPE_F32; }
+sg_dtype sg_optim_state_dtype(const sg_optim *o) { return o ? o->state_dtype : SG_DTYPE_F32; }
+
+/* A zeroed state tensor of P elements in the state dtype. */
+static sg_status new_state(sg_optim *o, const char *name, sg_tensor **out)
+{
+    int64_t P = o->ps->flat->numel;
+    SG_TRY(sg_tensor_create(o->ctx, o->state_dtype, 1, &P, name, out));
+    return sg_tensor_fill(*out, 0.0);
+}
+
+sg_status sg_optim_alloc_state(sg_optim *o)
+{
+    if (!o) return SG_ERR_NULL;
+    if (!o->m) SG_TRY(new_state(o, "optim.m", &o->m));
+    if (!o->v && o->kind == SG_OPTIM_ADAMW) SG_TRY(new_state(o, "optim.v", &o->v));
+    return SG_OK;
+}
 
 /* A new state tensor of dtype dt holding old's values, in place of old. */
 static sg_status restate(sg_optim *o, sg_tensor **t, sg_dtype dt)
@@ -100,14 +114,17 @@ sg_status sg_optim_set_state_dtype(sg_optim *o, sg_dtype dtype)
     if (dtype == SG_DTYPE_BF16 && o->ps->flat->dtype != SG_DTYPE_F32)
         return sg_fail(o->ctx, SG_ERR_DTYPE, "%s: BF16 state needs F32 parameters; these are %s", fn,
                        sg_dtype_name(o->ps->flat->dtype));
-    if (dtype == o->m->dtype) return SG_OK;
+    if (dtype == o->state_dtype) return SG_OK;
     if (o->stepped)
         return sg_fail(o->ctx, SG_ERR_INVALID, "%s: the optimizer has already stepped or been captured; "
                        "set the state dtype right after sg_optim_create", fn);
     if (sg_ctx_capturing(o->ctx))
         return sg_fail(o->ctx, SG_ERR_CAPTURE, "%s: called during a capture (it allocates)", fn);
-    SG_TRY(restate(o, &o->m, dtype));
-    return o->v ? restate(o, &o->v, dtype) : SG_OK;
+    /* Not allocated yet (no trainer, no step): it will be, in this dtype. */
+    if (o->m) SG_TRY(restate(o, &o->m, dtype));
+    if (o->v) SG_TRY(restate(o, &o->v, dtype));
+    o->state_dtype = dtype;
+    return SG_OK;
 }
 
 void sg_optim_state(sg_optim *o, sg_tensor **m, sg_tensor **v, sg_tensor **hp)
@@ -185,6 +202,7 @@ sg_status sg_optim_update(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
     sg_param_set *ps = o->ps;
+    SG_TRY(sg_optim_alloc_state(o));
     o->stepped = true;
     if (o->kind == SG_OPTIM_ADAMW)
         return sg_adamw_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->v, o->hp, ps->seg_start,

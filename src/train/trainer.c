@@ -602,6 +602,8 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
                        op.accum > 1 && (op.n_buckets || op.n_seq_buckets)
                            ? ", and 1 with batch or sequence buckets (a step of padded rows or tokens is one batch)"
                            : "");
+    /* The optimizer's state now, in its dtype: before any capture, and counted in the stats. */
+    SG_TRY(sg_optim_alloc_state(o));
     sg_trainer *t = calloc(1, sizeof *t);
     if (!t) return sg_fail(m->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
     t->ctx = m->ctx, t->m = m, t->o = o, t->opts = op;
