@@ -1272,6 +1272,15 @@ static void check_trainer_optim_state(sg_ctx *ctx)
     tpath(path32, sizeof path32, "f32-state.safetensors");
     TU_OK(ctx, sg_trainer_save(f.t, 1, path32));
     TU_FAILS(ctx, sg_trainer_load(b.t, path32, &step), SG_ERR_DTYPE, "holds f32 optimizer state");
+    /* A state already allocated (the trainer made it in f32) is converted, before any step. */
+    trn c = trn_make(ctx);
+    TU_OK(ctx, sg_optim_set_state_dtype(c.o, SG_DTYPE_BF16));
+    sg_optim_state(c.o, &m, &v, &hp);
+    TU_CHECK(m && v && m->dtype == SG_DTYPE_BF16 && v->dtype == SG_DTYPE_BF16 &&
+                 sg_optim_state_dtype(c.o) == SG_DTYPE_BF16,
+             "an allocated f32 state was not converted");
+    TU_OK(ctx, sg_trainer_step(c.t, 0));
+    trn_drop(&c);
     free(saved), free(now), free(got);
     trn_drop(&f);
     trn_drop(&b);

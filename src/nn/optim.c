@@ -90,19 +90,14 @@ sg_status sg_optim_alloc_state(sg_optim *o)
     return SG_OK;
 }
 
-/* A new state tensor of dtype dt holding old's values, in place of old. */
-static sg_status restate(sg_optim *o, sg_tensor **t, sg_dtype dt)
+/* A new state tensor of dtype dt holding t's values (NULL for a NULL t). */
+static sg_status restate(sg_optim *o, const sg_tensor *t, sg_dtype dt, sg_tensor **out)
 {
-    sg_tensor *n = NULL;
-    sg_status st = sg_tensor_create(o->ctx, dt, (*t)->ndim, (*t)->shape, (*t)->name, &n);
-    if (st == SG_OK) st = sg_tensor_convert(n, *t);
-    if (st != SG_OK) {
-        sg_tensor_destroy(n);
-        return st;
-    }
-    sg_tensor_destroy(*t);
-    *t = n;
-    return SG_OK;
+    *out = NULL;
+    if (!t) return SG_OK;
+    sg_status st = sg_tensor_create(o->ctx, dt, t->ndim, t->shape, t->name, out);
+    if (st == SG_OK) st = sg_tensor_convert(*out, t);
+    return st;
 }
 
 sg_status sg_optim_set_state_dtype(sg_optim *o, sg_dtype dtype)
@@ -120,9 +115,18 @@ sg_status sg_optim_set_state_dtype(sg_optim *o, sg_dtype dtype)
                        "set the state dtype right after sg_optim_create", fn);
     if (sg_ctx_capturing(o->ctx))
         return sg_fail(o->ctx, SG_ERR_CAPTURE, "%s: called during a capture (it allocates)", fn);
-    /* Not allocated yet (no trainer, no step): it will be, in this dtype. */
-    if (o->m) SG_TRY(restate(o, &o->m, dtype));
-    if (o->v) SG_TRY(restate(o, &o->v, dtype));
+    /* Not allocated yet (no trainer, no step): it will be, in this dtype. Allocated: both
+     * converted before either replaces its old tensor, so a failure changes nothing. */
+    sg_tensor *m = NULL, *v = NULL;
+    sg_status st = restate(o, o->m, dtype, &m);
+    if (st == SG_OK) st = restate(o, o->v, dtype, &v);
+    if (st != SG_OK) {
+        sg_tensor_destroy(m);
+        sg_tensor_destroy(v);
+        return st;
+    }
+    if (o->m) sg_tensor_destroy(o->m), o->m = m;
+    if (o->v) sg_tensor_destroy(o->v), o->v = v;
     o->state_dtype = dtype;
     return SG_OK;
 }
