@@ -254,6 +254,12 @@ int sg_ctx_sm_count(const sg_ctx *ctx);
 /* Whether kernels that take it may be launched with programmatic dependent launch (sm_90 and
  * later; the environment variable SG_PDL=0 turns it off, to measure what it gives). */
 bool sg_ctx_pdl(const sg_ctx *ctx);
+/* Measurement switches read from the environment when the context is created (CUDA contexts;
+ * false otherwise): cuBLASLt's BGRADB / DGELU_BGRAD epilogues in the linear backward
+ * (STEPGRAPH_BGRAD=1; off by default, measured slower), and graphs instantiated to run each
+ * kernel at its captured priority (on unless STEPGRAPH_NODE_PRIORITY=0). */
+bool sg_ctx_lt_bgrad(const sg_ctx *ctx);
+bool sg_ctx_node_priority(const sg_ctx *ctx);
 
 /* Turns a CUDA runtime error code (an int, so C code need not include CUDA headers) into a
  * status with a message naming the call, file and line. */
@@ -380,6 +386,9 @@ sg_status sg_check_float(const sg_ctx *ctx, const char *fn, const char *what, co
 sg_status sg_check_float_or_bf16(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t);
 sg_status sg_check_same_shape(const sg_ctx *ctx, const char *fn, const char *wa,
                               const sg_tensor *a, const char *wb, const sg_tensor *b);
+/* The same shape, any dtypes (SG_ERR_SHAPE naming both). */
+sg_status sg_check_same_dims(const sg_ctx *ctx, const char *fn, const char *wa,
+                             const sg_tensor *a, const char *wb, const sg_tensor *b);
 sg_status sg_check_shape2(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
                           int64_t rows, int64_t cols);
 /* "(32, 512) f32" into buf. */

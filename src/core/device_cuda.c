@@ -16,6 +16,8 @@ typedef struct sg_cuda_state {
     size_t workspace_bytes;
     int sm_count;
     bool pdl; /* programmatic dependent launch: sm_90 and later, unless SG_PDL=0 */
+    bool lt_bgrad;      /* STEPGRAPH_BGRAD=1: cuBLASLt's bias-gradient epilogues (linear_cuda.cu) */
+    bool node_priority; /* graphs keep captured kernel priorities, unless STEPGRAPH_NODE_PRIORITY=0 */
 } sg_cuda_state;
 
 static sg_cuda_state *state(const sg_ctx *ctx) { return (sg_cuda_state *)ctx->cuda; }
@@ -49,6 +51,8 @@ void *sg_ctx_stream(const sg_ctx *ctx) { return ctx->cuda ? (void *)state(ctx)->
 void *sg_ctx_cublaslt(const sg_ctx *ctx) { return ctx->cuda ? (void *)state(ctx)->lt : NULL; }
 int sg_ctx_sm_count(const sg_ctx *ctx) { return ctx->cuda ? state(ctx)->sm_count : 0; }
 bool sg_ctx_pdl(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->pdl; }
+bool sg_ctx_lt_bgrad(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->lt_bgrad; }
+bool sg_ctx_node_priority(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->node_priority; }
 
 void *sg_ctx_workspace(const sg_ctx *ctx, size_t *bytes)
 {
@@ -102,6 +106,9 @@ static sg_status cuda_init(sg_ctx *ctx)
     s->sm_count = prop.multiProcessorCount;
     const char *pdl = getenv("SG_PDL");
     s->pdl = prop.major >= 9 && !(pdl && !strcmp(pdl, "0"));
+    const char *bgrad = getenv("STEPGRAPH_BGRAD"), *prio = getenv("STEPGRAPH_NODE_PRIORITY");
+    s->lt_bgrad = bgrad && !strcmp(bgrad, "1");
+    s->node_priority = !(prio && !strcmp(prio, "0"));
     snprintf(ctx->device_name, sizeof ctx->device_name, "%s (sm_%d%d, %d SMs)", prop.name,
              prop.major, prop.minor, prop.multiProcessorCount);
     INIT_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));

@@ -294,14 +294,30 @@ sg_status sg_check_float_or_bf16(const sg_ctx *ctx, const char *fn, const char *
     return sg_check_float(ctx, fn, what, t);
 }
 
+static bool same_dims(const sg_tensor *a, const sg_tensor *b)
+{
+    bool same = a->ndim == b->ndim;
+    for (int i = 0; same && i < a->ndim; i++) same = a->shape[i] == b->shape[i];
+    return same;
+}
+
+sg_status sg_check_same_dims(const sg_ctx *ctx, const char *fn, const char *wa,
+                             const sg_tensor *a, const char *wb, const sg_tensor *b)
+{
+    SG_TRY(sg_check_tensor(ctx, fn, wa, a));
+    SG_TRY(sg_check_tensor(ctx, fn, wb, b));
+    if (same_dims(a, b)) return SG_OK;
+    char sa[96], sb[96];
+    return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' is %s but '%s' is %s; expected the same shape", fn, wa,
+                   sg_shape_str(a, sa, sizeof sa), wb, sg_shape_str(b, sb, sizeof sb));
+}
+
 sg_status sg_check_same_shape(const sg_ctx *ctx, const char *fn, const char *wa,
                               const sg_tensor *a, const char *wb, const sg_tensor *b)
 {
     SG_TRY(sg_check_tensor(ctx, fn, wa, a));
     SG_TRY(sg_check_tensor(ctx, fn, wb, b));
-    bool same = a->ndim == b->ndim && a->dtype == b->dtype;
-    for (int i = 0; same && i < a->ndim; i++) same = a->shape[i] == b->shape[i];
-    if (!same) {
+    if (!same_dims(a, b) || a->dtype != b->dtype) {
         char sa[96], sb[96];
         return sg_fail(ctx, a->dtype == b->dtype ? SG_ERR_SHAPE : SG_ERR_DTYPE,
                        "%s: '%s' is %s but '%s' is %s; expected the same shape and dtype", fn, wa,

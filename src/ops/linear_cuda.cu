@@ -818,8 +818,7 @@ extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, co
      * them, 4.893 without. Otherwise the kernel sums db, and with an activation writes d(pre)
      * in place in the same pass. */
     ran = false;
-    const char *bgrad = getenv("STEPGRAPH_BGRAD");
-    const bool lt_bgrad = bgrad && !strcmp(bgrad, "1");
+    const bool lt_bgrad = sg_ctx_lt_bgrad(ctx);
     if (act == SG_ACT_NONE && db && align_of(db->data) >= 16 && lt_bgrad)
         SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, CUBLASLT_EPILOGUE_BGRADB, xp, g, dw->data,
                       db->data, NULL, true, &ran));

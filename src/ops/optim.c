@@ -32,14 +32,7 @@ static sg_status check_state(sg_ctx *ctx, const char *fn, const sg_tensor *param
     SG_TRY(sg_check_tensor(ctx, fn, what, t));
     if (t->dtype != SG_DTYPE_BF16 || param->dtype != SG_DTYPE_F32)
         return check_like_param(ctx, fn, param, what, t);
-    bool same = t->ndim == param->ndim;
-    for (int i = 0; same && i < t->ndim; i++) same = t->shape[i] == param->shape[i];
-    if (!same) {
-        char sa[96], sb[96];
-        return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' is %s but 'param' is %s; expected the same shape",
-                       fn, what, sg_shape_str(t, sa, sizeof sa), sg_shape_str(param, sb, sizeof sb));
-    }
-    return SG_OK;
+    return sg_check_same_dims(ctx, fn, what, t, "param", param);
 }
 
 /* hp: 8 floats (sg_optim_hparams). */
