@@ -382,6 +382,13 @@ typedef struct sg_loss_scaler {
  * skip that step. */
 sg_status sg_amp_unscale(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
                          sg_tensor *scaler, sg_tensor *found);
+/* sg_amp_unscale's check and scaler update without writing the unscaled gradients: found and
+ * the scaler exactly as sg_amp_unscale would leave them, and inv (1 F32, device) = 1 / scale,
+ * the factor of this step (the scale before the update). For an optimizer that unscales as it
+ * reads (sg_adamw_step_amp, sg_sgd_step_amp): the f32 gradients are never written, which saves
+ * a pass that writes 4 bytes and reads 2 a parameter. */
+sg_status sg_amp_check(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *scaler, sg_tensor *found,
+                       sg_tensor *inv);
 
 /* Optimizer hyperparameters, as they live in device memory (read by the kernels). */
 typedef struct sg_optim_hparams {
@@ -409,6 +416,16 @@ sg_status sg_adamw_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg
 sg_status sg_sgd_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *buf,
                       sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
                       int n_seg, const sg_tensor *skip, sg_tensor *param_lo);
+/* The same steps on the scaled gradients of mixed precision: grad_lo (P, BF16 or F32; F64 too
+ * on the CPU) multiplied by inv (1 F32, device: sg_amp_check's) in f32 as each is read, the
+ * value sg_amp_unscale would have written, so the result is bit for bit sg_amp_unscale followed
+ * by sg_adamw_step / sg_sgd_step. Pass sg_amp_check's found as skip. */
+sg_status sg_adamw_step_amp(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad_lo, const sg_tensor *inv,
+                            sg_tensor *m, sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
+                            const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip, sg_tensor *param_lo);
+sg_status sg_sgd_step_amp(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad_lo, const sg_tensor *inv,
+                          sg_tensor *buf, sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
+                          int n_seg, const sg_tensor *skip, sg_tensor *param_lo);
 
 
 /* ---- vision ops: images channels last (N, H, W, C) ----------------------------------------- *
@@ -783,7 +800,15 @@ sg_status sg_model_param_info(const sg_model *m, int i, const char **name, int64
 sg_tensor *sg_model_buffers(sg_model *m);
 int sg_model_buffer_tensors(const sg_model *m);
 sg_status sg_model_buffer_info(const sg_model *m, int i, const char **name, int64_t *offset, int64_t *numel);
+/* The f32 gradients. Under mixed precision the backward writes scaled bf16 gradients
+ * (sg_model_grads_lo) and the step's unscale writes these; with one micro-batch and no
+ * clipping the trainer's step (and sg_optim_step) folds the unscale into the optimizer
+ * (sg_amp_check, sg_adamw_step_amp), and then these are not written: read sg_model_grads_lo
+ * and divide by the scale the step used. */
 sg_tensor *sg_model_grads(sg_model *m);
+/* Mixed precision: the (P) BF16 gradients the backward writes, times the loss scale. NULL
+ * for an fp32 model. */
+sg_tensor *sg_model_grads_lo(sg_model *m);
 
 sg_status sg_optim_create(sg_ctx *ctx, sg_model *m, sg_optim_kind kind, sg_optim **out);
 void sg_optim_destroy(sg_optim *o);
@@ -795,7 +820,9 @@ sg_status sg_optim_set_hparams(sg_optim *o, const sg_optim_hparams *hp);
 float sg_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float peak, float floor);
 /* Reads the device hyperparameters back (a host sync). */
 sg_status sg_optim_get_hparams(sg_optim *o, sg_optim_hparams *out);
-/* One optimizer step over all parameters: one kernel launch. The optimizer's state is allocated
+/* One optimizer step over all parameters: one kernel launch (mixed precision: two, the check
+ * of the gradients and the update, which unscales them as it reads them: sg_amp_check,
+ * sg_adamw_step_amp). The optimizer's state is allocated
  * by sg_trainer_create, or else by the first step, which must then run before any capture of
  * one (a graph's warm-up runs do). */
 sg_status sg_optim_step(sg_optim *o);

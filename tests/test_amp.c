@@ -9,7 +9,8 @@
  * the grid-stride loop), f32 and bf16, in place and misaligned, scales that are not powers of
  * two; non-finite values at the first and the last element of a large buffer; many calls in a
  * row on one context (the scratch words must be back at 0 after each); one launch per call;
- * and a CUDA Graph of the unscale replayed while the scale changes.
+ * and a CUDA Graph of the unscale replayed while the scale changes. Both: sg_amp_check (the
+ * check and scaler update alone) against sg_amp_unscale, and its refusals.
  *
  * Tolerances: none. Unscaling multiplies by 1 / scale in f32 on both backends (the CPU divides
  * in f32 too), and a product of two floats rounded once is the same number everywhere; with a
@@ -448,6 +449,9 @@ static void cpu_errors(void)
     sg_ctx_destroy(ctx);
 }
 
+static void check_vs_unscale(sg_ctx *ctx, sg_dtype dt, int64_t P, double scale, int64_t bad_at);
+static void check_errors(sg_ctx *ctx);
+
 static void cpu_tests(void)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
@@ -465,6 +469,10 @@ static void cpu_tests(void)
     check_unscale_overflow(ctx);
     check_transitions(ctx);
     check_capture(ctx, SG_DTYPE_BF16, 1001);
+    check_vs_unscale(ctx, SG_DTYPE_BF16, 1001, 3000.5, -1);
+    check_vs_unscale(ctx, SG_DTYPE_F32, 7, 0.25, 3);
+    check_vs_unscale(ctx, SG_DTYPE_F64, 5, 65536, -1);
+    check_errors(ctx);
     sg_ctx_destroy(ctx);
     cpu_errors();
 }
@@ -584,6 +592,73 @@ static void gpu_repeat(sg_ctx *gpu, sg_ctx *cpu, sg_dtype dt, int64_t P)
 }
 
 /* The checks CUDA can make without reading device memory. */
+/* sg_amp_check against sg_amp_unscale on ctx, from the same grad_lo (dt, P elements; an inf
+ * at bad_at when >= 0) and scaler state: found and the scaler bit for bit, inv = f32(1 / the
+ * scale before), grad_lo untouched; on CUDA one launch, the scratch words back at 0. */
+static void check_vs_unscale(sg_ctx *ctx, sg_dtype dt, int64_t P, double scale, int64_t bad_at)
+{
+    char what[160];
+    snprintf(what, sizeof what, "%s sg_amp_check %s P=%lld scale %g%s", ctx->backend == SG_BACKEND_CUDA ? "gpu" : "cpu",
+             sg_dtype_name(dt), (long long)P, scale, bad_at >= 0 ? " with an inf" : "");
+    amp_bufs a = bufs_create(ctx, dt, P, 0);
+    sg_tensor *sc = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler_check");
+    sg_tensor *found = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found_check"), *inv = tu_tensor1(ctx, SG_DTYPE_F32, 1, "inv");
+    double *x = fill_scaled(a.lo, scale);
+    if (bad_at >= 0) {
+        x[bad_at] = INFINITY;
+        tu_set(a.lo, x);
+    }
+    free(x);
+    scaler_state s = {scale, tu_randint(0, 3), 4, tu_randint(0, 3)};
+    set_scaler(a.sc, s), set_scaler(sc, s);
+    void *lo_bits = tu_raw(a.lo);
+    tu_poison(found), tu_poison(inv);
+    uint64_t before = sg_ctx_launch_count(ctx);
+    TU_OK(ctx, sg_amp_check(ctx, a.lo, sc, found, inv));
+    uint64_t launches = sg_ctx_launch_count(ctx) - before;
+    if (ctx->backend == SG_BACKEND_CUDA) {
+        TU_CHECK(launches == 1, "%s: %llu launches, expected 1", what, (unsigned long long)launches);
+        expect_scratch_zero(ctx, what);
+    }
+    free(run_unscale(&a));
+    TU_CHECK(read1(found) == read1(a.found) && read1(found) == (bad_at >= 0), "%s: found %g, sg_amp_unscale's %g", what,
+             read1(found), read1(a.found));
+    expect_scaler(what, sc, get_scaler(a.sc));
+    const float want = 1.0f / (float)scale;
+    TU_CHECK(read1(inv) == (double)want, "%s: inv %.9g, expected %.9g", what, read1(inv), (double)want);
+    void *now = tu_raw(a.lo);
+    TU_CHECK(memcmp(now, lo_bits, sg_tensor_nbytes(a.lo)) == 0, "%s: grad_lo changed", what);
+    free(now), free(lo_bits);
+    sg_tensor_destroy(sc), sg_tensor_destroy(found), sg_tensor_destroy(inv);
+    bufs_destroy(&a);
+}
+
+/* sg_amp_check's refusals: inv's dtype, size and overlaps; nothing written. */
+static void check_errors(sg_ctx *ctx)
+{
+    sg_tensor *lo = tu_tensor1(ctx, SG_DTYPE_BF16, 8, "grad_lo"), *sc = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler");
+    sg_tensor *found = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found"), *inv = tu_tensor1(ctx, SG_DTYPE_F32, 1, "inv");
+    sg_tensor *inv2 = tu_tensor1(ctx, SG_DTYPE_F32, 2, "inv2"), *inv_i = tu_tensor1(ctx, SG_DTYPE_I32, 1, "inv_i32");
+    sg_tensor *inv_in_sc = NULL;
+    TU_OK(ctx, sg_tensor_view(sc, 3, 1, (int64_t[]){1}, "inv_in_scaler", &inv_in_sc));
+    free(tu_random(lo, -1, 1));
+    scaler_state s = {8, 0, 2000, 0};
+    set_scaler(sc, s);
+    tu_poison(found), tu_poison(inv);
+    TU_FAILS(ctx, sg_amp_check(ctx, lo, sc, found, NULL), SG_ERR_NULL, "'inv'");
+    TU_FAILS(ctx, sg_amp_check(ctx, lo, sc, found, inv2), SG_ERR_SHAPE, "'inv' is (2) f32, expected 1 element");
+    TU_FAILS(ctx, sg_amp_check(ctx, lo, sc, found, inv_i), SG_ERR_DTYPE, "'inv' is i32");
+    TU_FAILS(ctx, sg_amp_check(ctx, lo, sc, found, inv_in_sc), SG_ERR_INVALID, "overlaps");
+    TU_FAILS(ctx, sg_amp_check(ctx, lo, found, found, inv), SG_ERR_DTYPE, "'scaler'");
+    TU_CHECK(read1(found) == -123456789.0, "found written by rejected sg_amp_check calls");
+    expect_scaler("scaler after rejected sg_amp_check calls", sc, s);
+    TU_OK(ctx, sg_amp_check(ctx, lo, sc, found, inv)); /* still usable */
+    TU_CHECK(read1(inv) == 0.125 && read1(found) == 0, "sg_amp_check after the errors: inv %g found %g", read1(inv),
+             read1(found));
+    sg_tensor *ts[] = {inv_in_sc, lo, sc, found, inv, inv2, inv_i};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+}
+
 static void gpu_errors(sg_ctx *gpu, sg_ctx *cpu)
 {
     sg_tensor *lo_i32 = tu_tensor1(gpu, SG_DTYPE_I32, 8, "lo_i32");
@@ -656,6 +731,10 @@ static void gpu_tests(void)
     gpu_repeat(gpu, cpu, SG_DTYPE_BF16, big);
     gpu_repeat(gpu, cpu, SG_DTYPE_F32, 1003);
     check_capture(gpu, SG_DTYPE_BF16, (1 << 20) + 5);
+    check_vs_unscale(gpu, SG_DTYPE_BF16, big, 3000.5, -1);
+    check_vs_unscale(gpu, SG_DTYPE_BF16, big, 65536, big - 1);
+    check_vs_unscale(gpu, SG_DTYPE_F32, 1001, 0.25, 0);
+    check_errors(gpu);
     gpu_errors(gpu, cpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);

@@ -30,6 +30,7 @@ static bool same(side *a, side *b, const char *what, int call)
 {
     bool ok = tu_same_bits(a->m->loss, b->m->loss, what, call);
     ok = ok && tu_same_bits(sg_model_grads(a->m), sg_model_grads(b->m), what, call);
+    if (sg_model_grads_lo(a->m)) ok = ok && tu_same_bits(sg_model_grads_lo(a->m), sg_model_grads_lo(b->m), what, call);
     ok = ok && tu_same_bits(sg_model_params(a->m), sg_model_params(b->m), what, call);
     ok = ok && tu_same_bits(a->m->scaler, b->m->scaler, what, call);
     TU_CHECK(ok, "%s: eager and the graph differ after call %d", what, call);

@@ -5,12 +5,16 @@
  * steps on several sizes, one launch per step. Both: mixed precision's `skip` flag (nonzero:
  * param, moments, hp and param_lo bit for bit as they were; 0: the same bits as no flag) and
  * bf16 copy (param_lo is bf16(param), rounded to nearest even, bit for bit; the update itself
- * unchanged by it).
+ * unchanged by it); the unscale folded into the step (sg_amp_check + sg_adamw_step_amp /
+ * sg_sgd_step_amp) bit for bit the separate passes (amp_case).
  * No finite-difference check: an optimizer step is not the gradient of anything; its
  * correctness is the update rule itself, which the reference comparison checks. */
 #include "testutil.h"
 
+#include "ops/amp.h"
 #include "ops/optim.h"
+
+#include <math.h>
 
 #define N_STEPS 5
 #define MAX_SEG 4096
@@ -341,6 +345,133 @@ static void mixed_case(sg_ctx *ctx, int op, sg_dtype dt, int64_t P, int n_seg, d
     for (int i = 0; i < nb; i++) sg_tensor_destroy(bases[i]);
     free(start);
     free(decay);
+}
+
+/* The unscale folded into the step (sg_amp_check, then sg_adamw_step_amp / sg_sgd_step_amp)
+ * against the separate passes (sg_amp_unscale into f32 gradients, then sg_adamw_step /
+ * sg_sgd_step), on one context from the same values: param, the state, hp, param_lo, the
+ * scaler and found bit for bit after each of 4 steps, with fresh bf16 gradients every step, an
+ * inf among them at step 3 (both skip, the scale halves), a scale that is not a power of two
+ * (the f32 product is what both must agree on), and inv = f32(1 / the scale before the step).
+ * On CUDA the folded step is two launches. state: the state dtype (F32 or BF16);
+ * misaligned: grad_lo a view at element 1 (the scalar path). */
+static void amp_case(sg_ctx *ctx, int op, sg_dtype state, int64_t P, int n_seg, double momentum, int misaligned)
+{
+    const int gpu = ctx->backend == SG_BACKEND_CUDA;
+    char what[200];
+    int k = snprintf(what, sizeof what, "%s %s amp %s state P=%lld%s", gpu ? "gpu" : "cpu",
+                     op == OPT_ADAMW ? "adamw" : "sgd", sg_dtype_name(state), (long long)P,
+                     misaligned ? " grad_lo misaligned" : "");
+    int32_t *start = malloc((size_t)(n_seg + 1) * sizeof *start), *decay = malloc((size_t)n_seg * sizeof *decay);
+    make_segments(P, n_seg, start, decay);
+    sg_tensor *ss = int_tensor(ctx, start, n_seg + 1, "seg_start"), *sd = int_tensor(ctx, decay, n_seg, "seg_decay");
+    const char *names[4] = {"param", "grad", op == OPT_ADAMW ? "m" : "buf", "v"};
+    double lo[4] = {-1, -1, -0.1, 1e-3}, hi[4] = {1, 1, 0.1, 1e-2};
+    opt_state A, B; /* A: separate passes (t[1] the f32 gradients), B: folded (t[1] unused) */
+    for (int j = 0; j < 4; j++) {
+        sg_dtype dt = j >= 2 ? state : SG_DTYPE_F32;
+        A.t[j] = tu_tensor1(ctx, dt, P, names[j]);
+        B.t[j] = tu_tensor1(ctx, dt, P, names[j]);
+        free(tu_random(A.t[j], lo[j], hi[j]));
+        double *x = tu_get(A.t[j]); /* as stored (bf16 state rounded) */
+        tu_set(B.t[j], x);
+        free(x);
+    }
+    double hv[8];
+    hp_values(op, momentum, hv);
+    A.hp = tu_tensor1(ctx, SG_DTYPE_F32, 8, "hp"), B.hp = tu_tensor1(ctx, SG_DTYPE_F32, 8, "hp");
+    tu_set(A.hp, hv), tu_set(B.hp, hv);
+    sg_tensor *glo_base = NULL, *glo = layout_tensor(ctx, SG_DTYPE_BF16, P, misaligned, "grad_lo", &glo_base);
+    sg_tensor *sa = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler_a");
+    sg_tensor *sb = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler_b");
+    sg_tensor *fa = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found_a"), *fb = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found_b");
+    sg_tensor *inv = tu_tensor1(ctx, SG_DTYPE_F32, 1, "inv");
+    sg_tensor *pla = tu_tensor1(ctx, SG_DTYPE_BF16, P, "param_lo_a"), *plb = tu_tensor1(ctx, SG_DTYPE_BF16, P, "param_lo_b");
+    /* scale 3000.5 (not a power of two), growth every 2 finite steps: it doubles at step 2,
+     * halves at step 3 (the inf), and the factor differs from step to step. */
+    const double sc0[SG_SCALER_COUNT] = {3000.5, 0, 2, 0};
+    tu_set(sa, sc0), tu_set(sb, sc0);
+    for (int t = 1; t <= 4; t++) {
+        double *g = tu_random(glo, -3000, 3000);
+        if (t == 3) {
+            g[tu_randint(0, (int)(P - 1))] = INFINITY;
+            tu_set(glo, g);
+        }
+        free(g);
+        double *scv = tu_get(sb);
+        const float want_inv = 1.0f / (float)scv[SG_SCALER_SCALE];
+        free(scv);
+        tu_poison(A.t[1]), tu_poison(fa), tu_poison(fb), tu_poison(inv);
+        TU_OK(ctx, sg_amp_unscale(ctx, glo, A.t[1], sa, fa));
+        if (op == OPT_ADAMW)
+            TU_OK(ctx, sg_adamw_step(ctx, A.t[0], A.t[1], A.t[2], A.t[3], A.hp, ss, sd, n_seg, fa, pla));
+        else
+            TU_OK(ctx, sg_sgd_step(ctx, A.t[0], A.t[1], A.t[2], A.hp, ss, sd, n_seg, fa, pla));
+        uint64_t before = sg_ctx_launch_count(ctx);
+        TU_OK(ctx, sg_amp_check(ctx, glo, sb, fb, inv));
+        if (op == OPT_ADAMW)
+            TU_OK(ctx, sg_adamw_step_amp(ctx, B.t[0], glo, inv, B.t[2], B.t[3], B.hp, ss, sd, n_seg, fb, plb));
+        else
+            TU_OK(ctx, sg_sgd_step_amp(ctx, B.t[0], glo, inv, B.t[2], B.hp, ss, sd, n_seg, fb, plb));
+        uint64_t launches = sg_ctx_launch_count(ctx) - before;
+        snprintf(what + k, sizeof what - k, " step %d", t);
+        if (gpu) TU_CHECK(launches == 2, "%s: %llu launches, expected 2", what, (unsigned long long)launches);
+        void *bits[4];
+        snapshot(op, &A, bits);
+        expect_state(what, op, &B, bits);
+        free_bits(bits);
+        const sg_tensor *pairs[3][2] = {{pla, plb}, {sa, sb}, {fa, fb}};
+        for (int i = 0; i < 3; i++) {
+            void *x = tu_raw(pairs[i][0]);
+            expect_bits(what, pairs[i][1], x);
+            free(x);
+        }
+        double *f = tu_get(fb), *iv = tu_get(inv);
+        TU_CHECK(f[0] == (t == 3), "%s: found is %g", what, f[0]);
+        TU_CHECK(iv[0] == (double)want_inv, "%s: inv is %.9g, expected 1 / scale = %.9g", what, iv[0], (double)want_inv);
+        free(f), free(iv);
+    }
+    double *h = tu_get(B.hp);
+    TU_CHECK(h[SG_HP_STEP] == 3, "%s: hp.step is %g after 3 steps and a skip", what, h[SG_HP_STEP]);
+    free(h);
+    for (int j = 0; j < 4; j++) sg_tensor_destroy(A.t[j]), sg_tensor_destroy(B.t[j]);
+    sg_tensor *ts[] = {A.hp, B.hp, glo, glo_base, sa, sb, fa, fb, inv, pla, plb, ss, sd};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+    free(start), free(decay);
+}
+
+/* sg_adamw_step_amp's own refusals: grad_lo's dtype and element count, inv's. */
+static void amp_errors(sg_ctx *ctx)
+{
+    const int64_t P = 10;
+    sg_tensor *p = tu_tensor1(ctx, SG_DTYPE_F32, P, "param"), *m = tu_tensor1(ctx, SG_DTYPE_F32, P, "m");
+    sg_tensor *v = tu_tensor1(ctx, SG_DTYPE_F32, P, "v"), *hp = tu_tensor1(ctx, SG_DTYPE_F32, 8, "hp");
+    sg_tensor *g = tu_tensor1(ctx, SG_DTYPE_BF16, P, "grad_lo"), *g9 = tu_tensor1(ctx, SG_DTYPE_BF16, 9, "grad_lo9");
+    sg_tensor *gi = tu_tensor1(ctx, SG_DTYPE_I32, P, "grad_i32"), *inv = tu_tensor1(ctx, SG_DTYPE_F32, 1, "inv");
+    sg_tensor *inv2 = tu_tensor1(ctx, SG_DTYPE_F32, 2, "inv2"), *invb = tu_tensor1(ctx, SG_DTYPE_BF16, 1, "invb");
+    int32_t st[2] = {0, (int32_t)P}, dc[1] = {1};
+    sg_tensor *ss = int_tensor(ctx, st, 2, "seg_start"), *sd = int_tensor(ctx, dc, 1, "seg_decay");
+    double hv[8];
+    hp_values(OPT_ADAMW, 0, hv);
+    tu_set(hp, hv);
+    free(tu_random(g, -1, 1)), free(tu_random(p, -1, 1));
+    TU_OK(ctx, sg_tensor_fill(m, 0));
+    TU_OK(ctx, sg_tensor_fill(v, 0));
+    TU_OK(ctx, sg_tensor_fill(inv, 0.5));
+    TU_FAILS(ctx, sg_adamw_step_amp(ctx, p, g, NULL, m, v, hp, ss, sd, 1, NULL, NULL), SG_ERR_NULL, "'inv'");
+    TU_FAILS(ctx, sg_adamw_step_amp(ctx, p, gi, inv, m, v, hp, ss, sd, 1, NULL, NULL), SG_ERR_DTYPE,
+             "'grad_lo' is i32");
+    TU_FAILS(ctx, sg_adamw_step_amp(ctx, p, g9, inv, m, v, hp, ss, sd, 1, NULL, NULL), SG_ERR_SHAPE, "grad_lo");
+    TU_FAILS(ctx, sg_adamw_step_amp(ctx, p, g, inv2, m, v, hp, ss, sd, 1, NULL, NULL), SG_ERR_SHAPE, "'inv'");
+    TU_FAILS(ctx, sg_adamw_step_amp(ctx, p, g, invb, m, v, hp, ss, sd, 1, NULL, NULL), SG_ERR_DTYPE, "inv");
+    TU_FAILS(ctx, sg_sgd_step_amp(ctx, p, g, inv, m, hp, ss, sd, 1, NULL, hp), SG_ERR_DTYPE, "param_lo");
+    /* inv inside the parameters the step writes */
+    sg_tensor *inside = NULL;
+    TU_OK(ctx, sg_tensor_view(p, 3, 1, (int64_t[]){1}, "inv_in_param", &inside));
+    TU_FAILS(ctx, sg_adamw_step_amp(ctx, p, g, inside, m, v, hp, ss, sd, 1, NULL, NULL), SG_ERR_INVALID, "inv");
+    TU_OK(ctx, sg_adamw_step_amp(ctx, p, g, inv, m, v, hp, ss, sd, 1, NULL, NULL)); /* still usable */
+    sg_tensor *ts[] = {p, m, v, hp, g, g9, gi, inv, inv2, invb, ss, sd, inside};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
 }
 
 /* ---- cpu ---- */
@@ -763,6 +894,10 @@ static void cpu_tests(void)
     mixed_case(ctx, OPT_SGD, SG_DTYPE_F64, 1, 1, 0.9, 0);
     sr_rule();
     lowp_tests(ctx);
+    amp_case(ctx, OPT_ADAMW, SG_DTYPE_F32, 1000, 37, 0, 0);
+    amp_case(ctx, OPT_ADAMW, SG_DTYPE_BF16, 513, 5, 0, 1);
+    amp_case(ctx, OPT_SGD, SG_DTYPE_F32, 77, 3, 0.9, 0);
+    amp_errors(ctx);
     sg_ctx_destroy(ctx);
     cpu_errors();
 }
@@ -928,6 +1063,14 @@ static void gpu_tests(void)
     mixed_case(gpu, OPT_SGD, SG_DTYPE_F32, 1001, 7, 0.9, 2);
     gpu_errors(gpu, cpu);
     lowp_tests(gpu);
+    /* the unscale folded into the step: the float4 path and its tail, the scalar path, many
+     * blocks */
+    amp_case(gpu, OPT_ADAMW, SG_DTYPE_F32, 1000, 37, 0, 0);
+    amp_case(gpu, OPT_ADAMW, SG_DTYPE_BF16, 4099, 600, 0, 0);
+    amp_case(gpu, OPT_ADAMW, SG_DTYPE_F32, 1001, 7, 0, 1);
+    amp_case(gpu, OPT_SGD, SG_DTYPE_BF16, (1 << 20) + 3, 9, 0.9, 0);
+    amp_case(gpu, OPT_ADAMW, SG_DTYPE_F32, (1 << 22) + 5, 17, 0, 0);
+    amp_errors(gpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
 }

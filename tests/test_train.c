@@ -1,7 +1,8 @@
 /* test_train.c: the MLP end to end. `cpu`: the loss falls by a stated factor (AdamW and SGD),
  * no allocation after the first step, and the public API rejects bad input clearly and stays
  * usable. `gpu`: 20 steps on the GPU match 20 on the CPU (loss every step, every parameter at
- * the end), and after the first step a GPU step makes zero device allocations. */
+ * the end), and after the first step a GPU step makes zero device allocations. Both: a bf16
+ * GPT with the unscale folded into the optimizer bit for bit the separate passes. */
 #include "testutil.h"
 
 typedef struct run {
@@ -179,6 +180,48 @@ static void gpu_vs_cpu(sg_optim_kind kind, float lr, const char *name, uint64_t 
     stop(&g);
 }
 
+/* Mixed precision, one micro-batch, no clipping: the trainer folds the unscale into the
+ * optimizer (sg_amp_check, sg_adamw_step_amp). Against STEPGRAPH_UNSCALE=separate (sg_amp_unscale
+ * into the f32 gradients, then sg_adamw_step): loss, parameters, bf16 gradients and scaler bit
+ * for bit over 6 steps, eager and step scope. The f32 gradients, poisoned first, stay poisoned
+ * on the folded side (nothing wrote them: the fold ran) and are finite on the other. */
+static void fold_unscale(sg_backend be)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    const uint64_t seed = tu_next();
+    sg_model_options mo = {0};
+    mo.precision = SG_DTYPE_BF16;
+    const sg_scope scopes[2] = {SG_SCOPE_EAGER, SG_SCOPE_STEP};
+    for (int k = 0; k < 2; k++) {
+        sg_trainer_options to = sg_trainer_options_default();
+        to.scope = scopes[k];
+        tu_side a = tu_side_make(ctx, "gpt-64-2-4-16", seed, &mo, &to);
+        TU_CHECK(setenv("STEPGRAPH_UNSCALE", "separate", 1) == 0, "setenv");
+        tu_side b = tu_side_make(ctx, "gpt-64-2-4-16", seed, &mo, &to);
+        TU_CHECK(unsetenv("STEPGRAPH_UNSCALE") == 0, "unsetenv");
+        tu_poison(sg_model_grads(a.m)), tu_poison(sg_model_grads(b.m));
+        bool ok = true;
+        for (int s = 0; s < 6 && ok; s++) {
+            TU_OK(ctx, sg_trainer_step(a.t, s));
+            TU_OK(ctx, sg_trainer_step(b.t, s));
+            ok = tu_same_bits(sg_model_loss(b.m), sg_model_loss(a.m), "loss (folded unscale)", s + 1) &&
+                 tu_same_bits(sg_model_params(b.m), sg_model_params(a.m), "parameters (folded unscale)", s + 1) &&
+                 tu_same_bits(sg_model_grads_lo(b.m), sg_model_grads_lo(a.m), "bf16 gradients (folded unscale)", s + 1) &&
+                 tu_same_bits(sg_model_loss_scaler(b.m), sg_model_loss_scaler(a.m), "scaler (folded unscale)", s + 1);
+        }
+        double *ga = tu_get(sg_model_grads(a.m)), *gb = tu_get(sg_model_grads(b.m));
+        int64_t n = sg_tensor_numel(sg_model_grads(a.m)), nan_a = 0, fin_b = 0;
+        for (int64_t i = 0; i < n; i++) nan_a += isnan(ga[i]), fin_b += isfinite(gb[i]);
+        TU_CHECK(nan_a == n, "%s scope: %lld of %lld f32 gradients written with the unscale folded",
+                 sg_scope_name(scopes[k]), (long long)(n - nan_a), (long long)n);
+        TU_CHECK(fin_b == n, "%s scope: %lld of %lld f32 gradients not finite with the unscale separate",
+                 sg_scope_name(scopes[k]), (long long)(n - fin_b), (long long)n);
+        free(ga), free(gb);
+        tu_side_drop(&a), tu_side_drop(&b);
+    }
+    sg_ctx_destroy(ctx);
+}
+
 static void gpu_no_allocations(const char *name)
 {
     run g = start(SG_BACKEND_CUDA, name, SG_OPTIM_ADAMW, 1e-3f, tu_next());
@@ -220,6 +263,7 @@ static void gpu_suite(void)
      * test_optim checks Adam's arithmetic element by element. */
     gpu_vs_cpu(SG_OPTIM_ADAMW, 1e-3f, name, 2, (tu_tol){2e-4, 1e-3}, 1.0, 20 * 2 * 1e-3);
     gpu_no_allocations(name);
+    fold_unscale(SG_BACKEND_CUDA);
 }
 
 int main(int argc, char **argv)
@@ -232,6 +276,7 @@ int main(int argc, char **argv)
         cpu_learns(SG_OPTIM_ADAMW, 3e-3f, 3.0);
         cpu_learns(SG_OPTIM_SGD, 5e-2f, 2.0);
         cpu_errors();
+        fold_unscale(SG_BACKEND_CPU);
     }
     return tu_finish("test_train");
 }

@@ -275,10 +275,17 @@ sg_status sg_optim_alloc_state(sg_optim *o);
  * outlive the optimizer's use of them. */
 sg_status sg_optim_set_mixed(sg_optim *o, const sg_tensor *grad_lo, sg_tensor *scaler,
                              sg_tensor *found, sg_tensor *param_lo);
-/* The two halves of sg_optim_step, for callers that act in between (clipping): unscale (a
- * no-op without mixed precision), then the fused update. */
+/* The two halves of a step for callers that act in between (clipping, accumulation): unscale
+ * (a no-op without mixed precision; the f32 gradients written), then the fused update reading
+ * them. */
 sg_status sg_optim_unscale(sg_optim *o);
 sg_status sg_optim_update(sg_optim *o);
+/* sg_optim_step's halves: the check of the scaled gradients and the scaler update without the
+ * f32 copy (sg_amp_check; a no-op without mixed precision), then the update that unscales the
+ * bf16 gradients as it reads them (sg_adamw_step_amp; sg_optim_update without mixed
+ * precision). Bit for bit the two halves above, a pass over the gradients fewer. */
+sg_status sg_optim_check(sg_optim *o);
+sg_status sg_optim_update_amp(sg_optim *o);
 /* Gradient accumulation under mixed precision: the f32 gradients hold the sum of the
  * micro-batches' bf16 gradients, still scaled (all by the same scale): unscaled in place,
  * found set when the sum is not finite (some micro-batch's gradients were not, or the sum

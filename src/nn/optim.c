@@ -25,6 +25,7 @@ struct sg_optim {
     sg_tensor *scaler;       /* (SG_SCALER_COUNT) F32: sg_loss_scaler */
     sg_tensor *skip;         /* (1) I32: sg_amp_unscale's found; nonzero skips the step */
     sg_tensor *param_lo;     /* (P) BF16: bf16 of the parameters */
+    sg_tensor *inv;          /* (1) F32, owned: sg_amp_check's 1 / scale for sg_optim_update_amp */
     bool stepped;            /* an update was queued or captured: the state buffers are fixed */
 };
 
@@ -45,6 +46,7 @@ void sg_optim_destroy(sg_optim *o)
     sg_tensor_destroy(o->hp);
     sg_tensor_destroy(o->m);
     sg_tensor_destroy(o->v);
+    sg_tensor_destroy(o->inv);
     free(o);
 }
 
@@ -143,6 +145,11 @@ sg_status sg_optim_set_mixed(sg_optim *o, const sg_tensor *grad_lo, sg_tensor *s
 {
     if (!o) return SG_ERR_NULL;
     o->grad_lo = grad_lo, o->scaler = scaler, o->skip = found, o->param_lo = param_lo;
+    if (grad_lo && !o->inv) {
+        int64_t one = 1;
+        SG_TRY(sg_tensor_create(o->ctx, SG_DTYPE_F32, 1, &one, "optim.inv_scale", &o->inv));
+        SG_TRY(sg_tensor_fill(o->inv, 1.0));
+    }
     if (!grad_lo || o->ctx->backend == SG_BACKEND_CPU) return SG_OK;
     void *scratch;
     return sg_ctx_scratch(o->ctx, SG_SLOT_AMP, SG_AMP_SCRATCH_BYTES, &scratch);
@@ -196,10 +203,31 @@ sg_status sg_optim_unscale_sum(sg_optim *o)
     return sg_amp_unscale(o->ctx, o->ps->grad_flat, o->ps->grad_flat, o->scaler, o->skip);
 }
 
+sg_status sg_optim_check(sg_optim *o)
+{
+    if (!o) return SG_ERR_NULL;
+    if (!o->grad_lo) return SG_OK;
+    return sg_amp_check(o->ctx, o->grad_lo, o->scaler, o->skip, o->inv);
+}
+
 sg_status sg_optim_step(sg_optim *o)
 {
-    SG_TRY(sg_optim_unscale(o));
-    return sg_optim_update(o);
+    SG_TRY(sg_optim_check(o));
+    return sg_optim_update_amp(o);
+}
+
+sg_status sg_optim_update_amp(sg_optim *o)
+{
+    if (!o) return SG_ERR_NULL;
+    if (!o->grad_lo) return sg_optim_update(o);
+    sg_param_set *ps = o->ps;
+    SG_TRY(sg_optim_alloc_state(o));
+    o->stepped = true;
+    if (o->kind == SG_OPTIM_ADAMW)
+        return sg_adamw_step_amp(o->ctx, ps->flat, o->grad_lo, o->inv, o->m, o->v, o->hp, ps->seg_start,
+                                 ps->seg_decay, ps->count, o->skip, o->param_lo);
+    return sg_sgd_step_amp(o->ctx, ps->flat, o->grad_lo, o->inv, o->m, o->hp, ps->seg_start, ps->seg_decay,
+                           ps->count, o->skip, o->param_lo);
 }
 
 sg_status sg_optim_update(sg_optim *o)

@@ -1,5 +1,6 @@
-/* amp.c: public entry point of dynamic loss scaling (sg_amp_unscale): check grad_lo, grad,
- * scaler and found, then run the CPU reference (through sg_cpu_run, so a CPU capture records
+/* amp.c: public entry points of dynamic loss scaling (sg_amp_unscale, and sg_amp_check, its
+ * check and scaler update without the unscaled copy): check grad_lo, grad, scaler, found and
+ * inv, then run the CPU reference (through sg_cpu_run, so a CPU capture records
  * it) or the CUDA kernel. Nothing is written before every check has passed. */
 #include "ops/amp.h"
 
@@ -74,14 +75,21 @@ static sg_status check_overlaps(sg_ctx *ctx, const char *fn, const sg_tensor *gr
 
 typedef struct amp_args {
     const sg_tensor *grad_lo;
-    sg_tensor *grad, *scaler, *found;
+    sg_tensor *grad, *scaler, *found, *inv;
 } amp_args;
 
 static sg_status unscale_cpu(sg_ctx *ctx, const void *p)
 {
     const amp_args *a = p;
-    sg_amp_unscale_cpu(a->grad_lo, a->grad, a->scaler, a->found);
+    sg_amp_unscale_cpu(a->grad_lo, a->grad, a->scaler, a->found, a->inv);
     return SG_OK;
+}
+
+static sg_status check_scaler_found(sg_ctx *ctx, const char *fn, const sg_tensor *scaler, const sg_tensor *found)
+{
+    SG_TRY(check_small(ctx, fn, "scaler", scaler, SG_DTYPE_F32, SG_SCALER_COUNT,
+                       " (sg_loss_scaler: scale, good_steps, growth_interval, skipped)"));
+    return check_small(ctx, fn, "found", found, SG_DTYPE_I32, 1, "");
 }
 
 sg_status sg_amp_unscale(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
@@ -91,14 +99,31 @@ sg_status sg_amp_unscale(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(check_grad_lo(ctx, fn, grad_lo));
     SG_TRY(check_grad(ctx, fn, grad_lo, grad));
-    SG_TRY(check_small(ctx, fn, "scaler", scaler, SG_DTYPE_F32, SG_SCALER_COUNT,
-                       " (sg_loss_scaler: scale, good_steps, growth_interval, skipped)"));
-    SG_TRY(check_small(ctx, fn, "found", found, SG_DTYPE_I32, 1, ""));
+    SG_TRY(check_scaler_found(ctx, fn, scaler, found));
     SG_TRY(check_overlaps(ctx, fn, grad_lo, grad, scaler, found));
     sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, sg_tensors_bytes(grad_lo, grad, NULL, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
-        amp_args a = {grad_lo, grad, scaler, found};
+        amp_args a = {grad_lo, grad, scaler, found, NULL};
         return sg_cpu_run(ctx, unscale_cpu, &a, sizeof a);
     }
-    return SG_CUDA_DISPATCH(ctx, sg_amp_unscale_cuda(ctx, grad_lo, grad, scaler, found));
+    return SG_CUDA_DISPATCH(ctx, sg_amp_unscale_cuda(ctx, grad_lo, grad, scaler, found, NULL));
+}
+
+sg_status sg_amp_check(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *scaler, sg_tensor *found, sg_tensor *inv)
+{
+    const char *fn = "sg_amp_check";
+    if (!ctx) return SG_ERR_NULL;
+    SG_TRY(check_grad_lo(ctx, fn, grad_lo));
+    SG_TRY(check_scaler_found(ctx, fn, scaler, found));
+    SG_TRY(check_small(ctx, fn, "inv", inv, SG_DTYPE_F32, 1, " (1 / scale)"));
+    /* The outputs (scaler, found, inv) against each other and against grad_lo. */
+    const char *names[4] = {"scaler", "found", "inv", "grad_lo"};
+    const sg_tensor *ts[4] = {scaler, found, inv, grad_lo};
+    SG_TRY(sg_check_disjoint(ctx, fn, 3, 4, names, ts));
+    sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, sg_tensors_bytes(grad_lo, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
+    if (ctx->backend == SG_BACKEND_CPU) {
+        amp_args a = {grad_lo, NULL, scaler, found, inv};
+        return sg_cpu_run(ctx, unscale_cpu, &a, sizeof a);
+    }
+    return SG_CUDA_DISPATCH(ctx, sg_amp_unscale_cuda(ctx, grad_lo, NULL, scaler, found, inv));
 }

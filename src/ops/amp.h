@@ -33,19 +33,23 @@ enum {
 #define SG_AMP_SCRATCH_BYTES 16
 
 /* The reference: grad_lo (P) f32, bf16 or f64, grad (P) F32 (may be grad_lo itself when both
- * are f32), scaler (SG_SCALER_COUNT) F32, found (1) I32, already validated. inv = 1 / scale in
- * f32 (as the kernel), grad = f32(grad_lo * inv); found = some element of grad is inf or NaN
- * (a non-finite grad_lo, or an unscaled value past f32's range, possible when scale < 1).
+ * are f32) or NULL, scaler (SG_SCALER_COUNT) F32, found (1) I32, inv_out (1) F32 or NULL,
+ * already validated. inv = 1 / scale in f32 (as the kernel); each unscaled value is
+ * f32(grad_lo * inv), written to grad unless grad is NULL (sg_amp_check: the optimizer unscales
+ * as it reads, sg_adamw_step_amp); found = some unscaled value is inf or NaN (a non-finite
+ * grad_lo, or an unscaled value past f32's range, possible when scale < 1); inv_out = inv, the
+ * factor of this step (the scale before the update below).
  * Then the scaler: found: scale *= 0.5, good_steps = 0, skipped += 1; else good_steps += 1 and
  * at growth_interval scale *= 2, good_steps = 0; scale clamped to [SG_LOSS_SCALE_MIN,
  * SG_LOSS_SCALE_MAX] with fmin(fmax(...)), so inf becomes the maximum and NaN the minimum. */
 void sg_amp_unscale_cpu(const sg_tensor *grad_lo, sg_tensor *grad, sg_tensor *scaler,
-                        sg_tensor *found);
+                        sg_tensor *found, sg_tensor *inv_out);
 
-/* One launch, f32 or bf16 grad_lo: grid-stride unscale and flag, the last block writes found
- * and the scaler, and resets the scratch words. */
+/* One launch, f32 or bf16 grad_lo: grid-stride unscale (grad NULL: only the check) and flag,
+ * the last block writes found, inv_out (when given) and the scaler, and resets the scratch
+ * words. */
 sg_status sg_amp_unscale_cuda(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
-                              sg_tensor *scaler, sg_tensor *found);
+                              sg_tensor *scaler, sg_tensor *found, sg_tensor *inv_out);
 
 #ifdef __cplusplus
 }

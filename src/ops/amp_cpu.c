@@ -6,7 +6,7 @@
 #include <math.h>
 
 void sg_amp_unscale_cpu(const sg_tensor *grad_lo, sg_tensor *grad, sg_tensor *scaler,
-                        sg_tensor *found)
+                        sg_tensor *found, sg_tensor *inv_out)
 {
     /* 1 / scale divided in f32, as the kernel does, so that a scale that is not a power of two
      * gives the same factor on both backends; a product of two floats is exact in double, so
@@ -16,9 +16,10 @@ void sg_amp_unscale_cpu(const sg_tensor *grad_lo, sg_tensor *grad, sg_tensor *sc
     for (int64_t i = 0; i < grad_lo->numel; i++) {
         float g = (float)(sg_ld(grad_lo, i) * inv); /* grad may be grad_lo: read, then write */
         bad |= !isfinite(g);
-        sg_st(grad, i, g);
+        if (grad) sg_st(grad, i, g);
     }
     sg_st(found, 0, bad);
+    if (inv_out) sg_st(inv_out, 0, inv);
 
     double scale = sg_ld(scaler, SG_SCALER_SCALE), good = sg_ld(scaler, SG_SCALER_GOOD_STEPS);
     double skipped = sg_ld(scaler, SG_SCALER_SKIPPED);

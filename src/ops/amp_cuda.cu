@@ -1,7 +1,7 @@
 /* amp_cuda.cu: the unscale of dynamic loss scaling in ONE launch with no host sync, so a
  * captured step can hold it. Every block reads the scale from the scaler at entry, unscales its
- * share of grad_lo (f32 or bf16) into grad (f32) in a grid-stride loop, and flags a non-finite
- * result; thread 0 ORs the block's flag into a word in scratch (sg_ctx_scratch slot
+ * share of grad_lo (f32 or bf16) into grad (f32) in a grid-stride loop (or, for sg_amp_check,
+ * only computes the unscaled values), and flags a non-finite result; thread 0 ORs the block's flag into a word in scratch (sg_ctx_scratch slot
  * SG_SLOT_AMP; an integer OR, so the outcome does not depend on the order), then takes a
  * ticket (__threadfence + atomicAdd, as clip_cuda.cu). The last block to finish writes found,
  * updates the scaler (see amp.h) and sets both scratch words back to 0 for the next call or
@@ -28,13 +28,14 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16 *p, int64_t i4)
 
 /* grad (n) = grad_lo (n) * (1 / scale) in f32; found = some result is inf or NaN; then the
  * scaler update (amp.h). lo and g may be the same f32 buffer (in place: no __restrict__; each
- * element is read, then written, by one thread). vec: lo and g aligned to 4 elements. scaler
- * is not const: the last block writes it. word, counter: the scratch words, 0 on entry and on
- * exit. */
+ * element is read, then written, by one thread); g NULL: nothing written but the flag (the
+ * check of sg_amp_check). vec: lo and g aligned to 4 elements. scaler is not const: the last
+ * block writes it. word, counter: the scratch words, 0 on entry and on exit. inv_out (NULL or
+ * 1 float): the last block writes this step's factor. */
 template <typename T>
 __global__ void __launch_bounds__(AMP_THREADS)
     amp_unscale_kernel(const T *lo, float *g, int64_t n, bool vec, float *scaler,
-                       unsigned *counter, unsigned *word, int *found)
+                       unsigned *counter, unsigned *word, int *found, float *inv_out)
 {
     __shared__ bool last;
     /* IEEE division (no fast math): the same f32 factor as the reference's 1.0f / scale. */
@@ -50,12 +51,12 @@ __global__ void __launch_bounds__(AMP_THREADS)
         v.z *= inv;
         v.w *= inv;
         bad |= !isfinite(v.x) | !isfinite(v.y) | !isfinite(v.z) | !isfinite(v.w);
-        reinterpret_cast<float4 *>(g)[i] = v;
+        if (g) reinterpret_cast<float4 *>(g)[i] = v;
     }
     for (int64_t i = n4 * 4 + tid; i < n; i += stride) {
         float v = to_f(lo[i]) * inv;
         bad |= !isfinite(v);
-        g[i] = v;
+        if (g) g[i] = v;
     }
     bad = __syncthreads_or(bad); /* also: every thread of the block has read the scale */
     if (threadIdx.x == 0) {
@@ -69,6 +70,7 @@ __global__ void __launch_bounds__(AMP_THREADS)
     const bool f = atomicExch(word, 0u) != 0;
     *counter = 0;
     *found = f ? 1 : 0;
+    if (inv_out) *inv_out = inv;
     float scale = scaler[SG_SCALER_SCALE], good = scaler[SG_SCALER_GOOD_STEPS];
     float skipped = scaler[SG_SCALER_SKIPPED];
     if (f) {
@@ -92,20 +94,20 @@ static bool aligned(const void *q, unsigned bytes) { return ((uintptr_t)q & (byt
 
 template <typename T>
 static void launch(const sg_ctx *ctx, cudaStream_t stream, const void *lo, float *g, int64_t n,
-                   float *scaler, unsigned *counter, unsigned *word, int *found)
+                   float *scaler, unsigned *counter, unsigned *word, int *found, float *inv_out)
 {
     /* One float4 a thread a trip; at most one wave, the rest by the grid-stride loop. */
     int64_t want = (n + 4 * AMP_THREADS - 1) / (4 * AMP_THREADS);
     int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * AMP_BLOCKS_PER_SM;
     if (cap < 1) cap = 1;
     int blocks = (int)(want < 1 ? 1 : (want < cap ? want : cap));
-    bool vec = aligned(lo, 4 * sizeof(T)) && aligned(g, 16);
+    bool vec = aligned(lo, 4 * sizeof(T)) && (!g || aligned(g, 16));
     amp_unscale_kernel<T><<<blocks, AMP_THREADS, 0, stream>>>((const T *)lo, g, n, vec, scaler,
-                                                             counter, word, found);
+                                                             counter, word, found, inv_out);
 }
 
 extern "C" sg_status sg_amp_unscale_cuda(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
-                                         sg_tensor *scaler, sg_tensor *found)
+                                         sg_tensor *scaler, sg_tensor *found, sg_tensor *inv_out)
 {
     /* Always the same size, so the buffer is allocated once and a captured graph keeps
      * pointing at it. */
@@ -113,12 +115,13 @@ extern "C" sg_status sg_amp_unscale_cuda(sg_ctx *ctx, const sg_tensor *grad_lo, 
     SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_AMP, SG_AMP_SCRATCH_BYTES, &s));
     unsigned *counter = (unsigned *)s, *word = counter + 1;
     cudaStream_t stream = (cudaStream_t)sg_ctx_stream(ctx);
-    float *g = (float *)grad->data, *sc = (float *)scaler->data;
+    float *g = grad ? (float *)grad->data : NULL, *sc = (float *)scaler->data;
+    float *io = inv_out ? (float *)inv_out->data : NULL;
     int *f = (int *)found->data;
     if (grad_lo->dtype == SG_DTYPE_BF16)
-        launch<__nv_bfloat16>(ctx, stream, grad_lo->data, g, grad->numel, sc, counter, word, f);
+        launch<__nv_bfloat16>(ctx, stream, grad_lo->data, g, grad_lo->numel, sc, counter, word, f, io);
     else
-        launch<float>(ctx, stream, grad_lo->data, g, grad->numel, sc, counter, word, f);
+        launch<float>(ctx, stream, grad_lo->data, g, grad_lo->numel, sc, counter, word, f, io);
     SG_CUDA_CHECK_LAUNCH(ctx, "amp_unscale_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;

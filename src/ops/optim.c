@@ -119,15 +119,36 @@ static sg_status check_mixed(sg_ctx *ctx, const char *fn, const sg_tensor *param
 }
 
 /* Everything both optimizers share; v is NULL for SGD. */
+/* The scaled gradients of the _amp steps: BF16 or F32 (F64 too on the CPU) with param's
+ * dims, and inv, 1 F32; neither shares bytes with what the step writes (check_mixed). */
+static sg_status check_scaled(sg_ctx *ctx, const char *fn, const sg_tensor *param, const sg_tensor *grad,
+                              const sg_tensor *inv)
+{
+    SG_TRY(sg_check_tensor(ctx, fn, "grad_lo", grad));
+    if (grad->dtype != SG_DTYPE_BF16 && grad->dtype != SG_DTYPE_F32 &&
+        !(grad->dtype == SG_DTYPE_F64 && ctx->backend == SG_BACKEND_CPU))
+        return sg_fail(ctx, SG_ERR_DTYPE, "%s: tensor 'grad_lo' is %s, expected bf16 or f32%s", fn,
+                       sg_dtype_name(grad->dtype), ctx->backend == SG_BACKEND_CPU ? " (or f64 on the CPU)" : "");
+    SG_TRY(sg_check_same_dims(ctx, fn, "grad_lo", grad, "param", param));
+    SG_TRY(sg_check_dtype(ctx, fn, "inv", inv, SG_DTYPE_F32));
+    if (inv->numel != 1) {
+        char s[96];
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'inv' is %s, expected 1 element (sg_amp_check's 1 / scale)", fn,
+                       sg_shape_str(inv, s, sizeof s));
+    }
+    return SG_OK;
+}
+
 static sg_status check_step(sg_ctx *ctx, const char *fn, const sg_tensor *param,
-                            const sg_tensor *grad, const char *mname, const sg_tensor *m,
+                            const sg_tensor *grad, const sg_tensor *inv, const char *mname, const sg_tensor *m,
                             const sg_tensor *v, const sg_tensor *hp, const sg_tensor *seg_start,
                             const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip,
                             const sg_tensor *param_lo)
 {
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(sg_check_float(ctx, fn, "param", param));
-    SG_TRY(check_like_param(ctx, fn, param, "grad", grad));
+    if (inv) SG_TRY(check_scaled(ctx, fn, param, grad, inv));
+    else SG_TRY(check_like_param(ctx, fn, param, "grad", grad));
     SG_TRY(check_state(ctx, fn, param, mname, m));
     if (v) {
         SG_TRY(check_state(ctx, fn, param, "v", v));
@@ -140,14 +161,20 @@ static sg_status check_step(sg_ctx *ctx, const char *fn, const sg_tensor *param,
     }
     SG_TRY(check_hp(ctx, fn, hp));
     SG_TRY(check_segments(ctx, fn, param->numel, seg_start, seg_decay, n_seg));
-    return check_mixed(ctx, fn, param, grad, mname, m, v, hp, seg_start, seg_decay, skip,
-                       param_lo);
+    SG_TRY(check_mixed(ctx, fn, param, grad, mname, m, v, hp, seg_start, seg_decay, skip, param_lo));
+    if (!inv) return SG_OK;
+    /* inv is read by every block while the step writes: apart from param_lo (checked above)
+     * and the other outputs. */
+    const char *names[5] = {"param", mname, "v", "hp", "grad_lo"};
+    const sg_tensor *ts[5] = {param, m, v, hp, grad};
+    for (int i = 0; i < 5; i++) SG_TRY(sg_check_not_overlapping(ctx, fn, names[i], ts[i], "inv", inv));
+    return sg_check_not_overlapping(ctx, fn, "param_lo", param_lo, "inv", inv);
 }
 
 /* The CPU references run through sg_cpu_run, so a CPU capture records them. */
 typedef struct optim_args {
     sg_tensor *param;
-    const sg_tensor *grad;
+    const sg_tensor *grad, *inv;
     sg_tensor *m, *v, *hp;
     const sg_tensor *seg_start, *seg_decay;
     int n_seg;
@@ -158,7 +185,7 @@ typedef struct optim_args {
 static sg_status adamw_cpu(sg_ctx *ctx, const void *p)
 {
     const optim_args *a = p;
-    sg_adamw_step_cpu(a->param, a->grad, a->m, a->v, a->hp, a->seg_start, a->seg_decay, a->n_seg,
+    sg_adamw_step_cpu(a->param, a->grad, a->inv, a->m, a->v, a->hp, a->seg_start, a->seg_decay, a->n_seg,
                       a->skip, a->param_lo);
     return SG_OK;
 }
@@ -166,9 +193,42 @@ static sg_status adamw_cpu(sg_ctx *ctx, const void *p)
 static sg_status sgd_cpu(sg_ctx *ctx, const void *p)
 {
     const optim_args *a = p;
-    sg_sgd_step_cpu(a->param, a->grad, a->m, a->hp, a->seg_start, a->seg_decay, a->n_seg,
+    sg_sgd_step_cpu(a->param, a->grad, a->inv, a->m, a->hp, a->seg_start, a->seg_decay, a->n_seg,
                     a->skip, a->param_lo);
     return SG_OK;
+}
+
+/* AdamW with f32 gradients (inv NULL) or scaled ones (sg_adamw_step_amp). */
+static sg_status adamw(sg_ctx *ctx, const char *fn, sg_tensor *param, const sg_tensor *grad, const sg_tensor *inv,
+                       sg_tensor *m, sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
+                       const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip, sg_tensor *param_lo)
+{
+    if (!ctx) return SG_ERR_NULL;
+    if (!v) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor 'v' is NULL", fn);
+    SG_TRY(check_step(ctx, fn, param, grad, inv, "m", m, v, hp, seg_start, seg_decay, n_seg, skip, param_lo));
+    sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, 2 * sg_tensors_bytes(param, m, v, NULL, NULL, NULL, NULL, NULL) + sg_tensors_bytes(grad, param_lo, NULL, NULL, NULL, NULL, NULL, NULL));
+    if (ctx->backend == SG_BACKEND_CPU) {
+        optim_args a = {param, grad, inv, m, v, hp, seg_start, seg_decay, n_seg, skip, param_lo};
+        return sg_cpu_run(ctx, adamw_cpu, &a, sizeof a);
+    }
+    return SG_CUDA_DISPATCH(ctx, sg_adamw_step_cuda(ctx, param, grad, inv, m, v, hp, seg_start,
+                                                    seg_decay, n_seg, skip, param_lo));
+}
+
+/* buf is required even when momentum is 0: momentum lives in device memory, unknown here. */
+static sg_status sgd(sg_ctx *ctx, const char *fn, sg_tensor *param, const sg_tensor *grad, const sg_tensor *inv,
+                     sg_tensor *buf, sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
+                     int n_seg, const sg_tensor *skip, sg_tensor *param_lo)
+{
+    SG_TRY(check_step(ctx, fn, param, grad, inv, "buf", buf, NULL, hp, seg_start, seg_decay, n_seg,
+                      skip, param_lo));
+    sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, 2 * sg_tensors_bytes(param, buf, NULL, NULL, NULL, NULL, NULL, NULL) + sg_tensors_bytes(grad, param_lo, NULL, NULL, NULL, NULL, NULL, NULL));
+    if (ctx->backend == SG_BACKEND_CPU) {
+        optim_args a = {param, grad, inv, buf, NULL, hp, seg_start, seg_decay, n_seg, skip, param_lo};
+        return sg_cpu_run(ctx, sgd_cpu, &a, sizeof a);
+    }
+    return SG_CUDA_DISPATCH(ctx, sg_sgd_step_cuda(ctx, param, grad, inv, buf, hp, seg_start,
+                                                  seg_decay, n_seg, skip, param_lo));
 }
 
 sg_status sg_adamw_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *m,
@@ -176,33 +236,30 @@ sg_status sg_adamw_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg
                         const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip,
                         sg_tensor *param_lo)
 {
-    const char *fn = "sg_adamw_step";
-    if (!ctx) return SG_ERR_NULL;
-    if (!v) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor 'v' is NULL", fn);
-    SG_TRY(check_step(ctx, fn, param, grad, "m", m, v, hp, seg_start, seg_decay, n_seg, skip,
-                      param_lo));
-    sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, 2 * sg_tensors_bytes(param, m, v, NULL, NULL, NULL, NULL, NULL) + sg_tensors_bytes(grad, param_lo, NULL, NULL, NULL, NULL, NULL, NULL));
-    if (ctx->backend == SG_BACKEND_CPU) {
-        optim_args a = {param, grad, m, v, hp, seg_start, seg_decay, n_seg, skip, param_lo};
-        return sg_cpu_run(ctx, adamw_cpu, &a, sizeof a);
-    }
-    return SG_CUDA_DISPATCH(ctx, sg_adamw_step_cuda(ctx, param, grad, m, v, hp, seg_start,
-                                                    seg_decay, n_seg, skip, param_lo));
+    return adamw(ctx, "sg_adamw_step", param, grad, NULL, m, v, hp, seg_start, seg_decay, n_seg, skip, param_lo);
 }
 
-/* buf is required even when momentum is 0: momentum lives in device memory, unknown here. */
+sg_status sg_adamw_step_amp(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad_lo, const sg_tensor *inv,
+                            sg_tensor *m, sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
+                            const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip, sg_tensor *param_lo)
+{
+    const char *fn = "sg_adamw_step_amp";
+    if (ctx && !inv) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor 'inv' is NULL", fn);
+    return adamw(ctx, fn, param, grad_lo, inv, m, v, hp, seg_start, seg_decay, n_seg, skip, param_lo);
+}
+
 sg_status sg_sgd_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *buf,
                       sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
                       int n_seg, const sg_tensor *skip, sg_tensor *param_lo)
 {
-    const char *fn = "sg_sgd_step";
-    SG_TRY(check_step(ctx, fn, param, grad, "buf", buf, NULL, hp, seg_start, seg_decay, n_seg,
-                      skip, param_lo));
-    sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, 2 * sg_tensors_bytes(param, buf, NULL, NULL, NULL, NULL, NULL, NULL) + sg_tensors_bytes(grad, param_lo, NULL, NULL, NULL, NULL, NULL, NULL));
-    if (ctx->backend == SG_BACKEND_CPU) {
-        optim_args a = {param, grad, buf, NULL, hp, seg_start, seg_decay, n_seg, skip, param_lo};
-        return sg_cpu_run(ctx, sgd_cpu, &a, sizeof a);
-    }
-    return SG_CUDA_DISPATCH(ctx, sg_sgd_step_cuda(ctx, param, grad, buf, hp, seg_start,
-                                                  seg_decay, n_seg, skip, param_lo));
+    return sgd(ctx, "sg_sgd_step", param, grad, NULL, buf, hp, seg_start, seg_decay, n_seg, skip, param_lo);
+}
+
+sg_status sg_sgd_step_amp(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad_lo, const sg_tensor *inv,
+                          sg_tensor *buf, sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
+                          int n_seg, const sg_tensor *skip, sg_tensor *param_lo)
+{
+    const char *fn = "sg_sgd_step_amp";
+    if (ctx && !inv) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor 'inv' is NULL", fn);
+    return sgd(ctx, fn, param, grad_lo, inv, buf, hp, seg_start, seg_decay, n_seg, skip, param_lo);
 }

@@ -20,6 +20,14 @@ static hp_d hp_read(const sg_tensor *hp)
 /* skip: a nonzero flag (non-finite gradients) means the step changes nothing. */
 static bool skipped(const sg_tensor *skip) { return skip && sg_ld(skip, 0) != 0; }
 
+/* Gradient i: as stored, or (inv given: mixed precision's scaled gradients) times inv rounded
+ * to f32 once, the value sg_amp_unscale_cpu writes (a product of two floats is exact in
+ * double). */
+static double grad_at(const sg_tensor *grad, const sg_tensor *inv, int64_t i)
+{
+    return inv ? (double)(float)(sg_ld(grad, i) * sg_ld(inv, 0)) : sg_ld(grad, i);
+}
+
 /* param_lo[i] = bf16 of param[i] as stored, rounded to nearest even as __float2bfloat16_rn
  * on the device (an f64 param goes through f32 first: sg_double_to_bf16). */
 static void store_lo(sg_tensor *param_lo, const sg_tensor *param, int64_t i)
@@ -44,7 +52,7 @@ static void st_state(sg_tensor *state, int64_t i, double v, uint32_t r)
 
 /* t = step + 1. Per element: decoupled decay p *= 1 - lr*wd (decayed segments only);
  * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * mhat / (sqrt(vhat) + eps). */
-void sg_adamw_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *m, sg_tensor *v,
+void sg_adamw_step_cpu(sg_tensor *param, const sg_tensor *grad, const sg_tensor *inv, sg_tensor *m, sg_tensor *v,
                        sg_tensor *hp, const sg_tensor *seg_start, const sg_tensor *seg_decay,
                        int n_seg, const sg_tensor *skip, sg_tensor *param_lo)
 {
@@ -55,7 +63,7 @@ void sg_adamw_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *m, sg
     const int32_t *start = seg_start->data, *decay = seg_decay->data;
     for (int s = 0; s < n_seg; s++) {
         for (int64_t i = start[s]; i < start[s + 1]; i++) {
-            double p = sg_ld(param, i), g = sg_ld(grad, i);
+            double p = sg_ld(param, i), g = grad_at(grad, inv, i);
             if (decay[s]) p *= 1 - h.lr * h.wd;
             double mi = h.beta1 * sg_ld(m, i) + (1 - h.beta1) * g;
             double vi = h.beta2 * sg_ld(v, i) + (1 - h.beta2) * g * g;
@@ -73,7 +81,7 @@ void sg_adamw_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *m, sg
 /* g += wd p (decayed segments); with momentum: buf = g on the first step (t == 1), else
  * buf = momentum buf + (1 - dampening) g, and g = buf; p -= lr g. buf is neither read nor
  * written when momentum is 0 (PyTorch keeps no buffer then). */
-void sg_sgd_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *buf, sg_tensor *hp,
+void sg_sgd_step_cpu(sg_tensor *param, const sg_tensor *grad, const sg_tensor *inv, sg_tensor *buf, sg_tensor *hp,
                      const sg_tensor *seg_start, const sg_tensor *seg_decay, int n_seg,
                      const sg_tensor *skip, sg_tensor *param_lo)
 {
@@ -83,7 +91,7 @@ void sg_sgd_step_cpu(sg_tensor *param, const sg_tensor *grad, sg_tensor *buf, sg
     const int32_t *start = seg_start->data, *decay = seg_decay->data;
     for (int s = 0; s < n_seg; s++) {
         for (int64_t i = start[s]; i < start[s + 1]; i++) {
-            double p = sg_ld(param, i), g = sg_ld(grad, i);
+            double p = sg_ld(param, i), g = grad_at(grad, inv, i);
             if (decay[s]) g += h.wd * p;
             if (h.momentum != 0) {
                 double b = t == 1 ? g : h.momentum * sg_ld(buf, i) + (1 - h.dampening) * g;

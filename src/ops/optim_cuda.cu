@@ -4,7 +4,9 @@
  * updates every parameter of the flat buffer, reading the hyperparameters from device memory
  * and incrementing hp.step in the same launch. Mixed precision: a device flag `skip` (nonzero:
  * the whole launch returns at entry, nothing written) and a bf16 copy of the new parameters
- * (param_lo) written in the same pass. Then the launchers. */
+ * (param_lo) written in the same pass; the gradients read as f32, or as mixed precision's
+ * scaled bf16 (or f32) ones times a device factor inv (sg_adamw_step_amp: the unscale done as
+ * they are read, the same f32 product sg_amp_unscale writes). Then the launchers. */
 #include "ops/optim.h"
 
 #include <cuda_bf16.h>
@@ -116,12 +118,32 @@ __device__ __forceinline__ void st_state4(__nv_bfloat16 *s, int64_t i4, float4 x
 }
 template <typename S> __device__ __forceinline__ bool sr() { return sizeof(S) == 2; }
 
-template <int OP, typename S>
-__device__ __forceinline__ void update_one(const hyper &h, bool decay, float *p, const float *g,
+/* Gradient loads: f32 as stored, or times inv (the scaled gradients of mixed precision). */
+template <bool SCALED, typename G> __device__ __forceinline__ float ld_grad(const G *g, int64_t i, float inv)
+{
+    return SCALED ? to_f(g[i]) * inv : to_f(g[i]);
+}
+__device__ __forceinline__ float4 ld_grad4_raw(const float *g, int64_t i4)
+{
+    return reinterpret_cast<const float4 *>(g)[i4];
+}
+__device__ __forceinline__ float4 ld_grad4_raw(const __nv_bfloat16 *g, int64_t i4)
+{
+    return bf16x4_to_float4(reinterpret_cast<const uint2 *>(g)[i4]);
+}
+template <bool SCALED, typename G> __device__ __forceinline__ float4 ld_grad4(const G *g, int64_t i4, float inv)
+{
+    float4 r = ld_grad4_raw(g, i4);
+    if (SCALED) r.x *= inv, r.y *= inv, r.z *= inv, r.w *= inv;
+    return r;
+}
+
+template <int OP, typename S, bool SCALED, typename G>
+__device__ __forceinline__ void update_one(const hyper &h, bool decay, float *p, const G *g, float inv,
                                            S *m, S *v, __nv_bfloat16 *plo, int64_t i)
 {
     float pi = p[i], mi = uses_m<OP>(h) ? ld_state(m, i) : 0.f, vi = OP == OP_ADAMW ? ld_state(v, i) : 0.f;
-    update<OP>(h, decay, pi, g[i], mi, vi);
+    update<OP>(h, decay, pi, ld_grad<SCALED>(g, i, inv), mi, vi);
     p[i] = pi;
     if (plo) plo[i] = __float2bfloat16_rn(pi);
     uint32_t w = sr<S>() ? sg_optim_sr_bits((uint64_t)i / 4, h.t).v[i % 4] : 0u;
@@ -137,6 +159,7 @@ __device__ __forceinline__ unsigned pack_bf16x2(float a, float b)
 }
 
 /* param/grad/m/v (n), cut into n_seg segments by seg_start (n_seg+1); seg_decay (n_seg);
+ * SCALED: grad is G (bf16 or f32) times *inv, else f32 as stored;
  * plo (n) bf16 or NULL: bf16(param) after the update; skip (1) or NULL: when nonzero every
  * thread returns before reading anything else, so nothing is written, hp.step and the block
  * counter included (every block sees the same flag: nothing in this launch writes it).
@@ -148,15 +171,16 @@ __device__ __forceinline__ unsigned pack_bf16x2(float a, float b)
  * Every thread reads the old hp.step at entry; each block then counts itself done in *done
  * and the last one writes step + 1. atomicInc wraps the counter back to 0 on the last block,
  * so the next launch (or graph replay) finds it at 0. */
-template <int OP, typename S>
+template <int OP, typename S, bool SCALED, typename G>
 __global__ void __launch_bounds__(OPT_THREADS)
-optim_kernel(float *__restrict__ p, const float *__restrict__ g, S *__restrict__ m,
-             S *__restrict__ v, float *hp, const int *__restrict__ seg_start,
+optim_kernel(float *__restrict__ p, const G *__restrict__ g, const float *__restrict__ inv_p,
+             S *__restrict__ m, S *__restrict__ v, float *hp, const int *__restrict__ seg_start,
              const int *__restrict__ seg_decay, int n_seg, int64_t n, bool vec,
              const int *__restrict__ skip, __nv_bfloat16 *__restrict__ plo, unsigned int *done)
 {
     if (skip && *skip != 0) return;
     const hyper h = read_hyper(hp);
+    const float inv = SCALED ? *inv_p : 1.f;
     for (int64_t base = blockIdx.x * (int64_t)OPT_CHUNK; base < n;
          base += (int64_t)gridDim.x * OPT_CHUNK) {
         int64_t end = base + OPT_CHUNK < n ? base + OPT_CHUNK : n;
@@ -166,7 +190,7 @@ optim_kernel(float *__restrict__ p, const float *__restrict__ g, S *__restrict__
             int64_t i = base + 4 * (int64_t)threadIdx.x;
             if (i + 4 <= end) {
                 float4 p4 = reinterpret_cast<const float4 *>(p)[i / 4];
-                float4 g4 = reinterpret_cast<const float4 *>(g)[i / 4];
+                float4 g4 = ld_grad4<SCALED>(g, i / 4, inv);
                 float4 m4 = uses_m<OP>(h) ? ld_state4(m, i / 4) : g4;
                 float4 v4 = OP == OP_ADAMW ? ld_state4(v, i / 4) : g4;
                 /* A float4 may straddle segments: walk s forward per element. */
@@ -193,14 +217,14 @@ optim_kernel(float *__restrict__ p, const float *__restrict__ g, S *__restrict__
                 if (OP == OP_ADAMW) st_state4(v, i / 4, v4, r, 16);
             } else {
                 for (; i < end; i++) /* the buffer's last 1-3 elements */
-                    update_one<OP, S>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, m, v,
+                    update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, inv, m, v,
                                       plo, i);
             }
         } else {
             for (int k = 0; k < 4; k++) {
                 int64_t i = base + k * OPT_THREADS + threadIdx.x;
                 if (i < end)
-                    update_one<OP, S>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, m, v,
+                    update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, inv, m, v,
                                    plo, i);
             }
         }
@@ -216,8 +240,33 @@ optim_kernel(float *__restrict__ p, const float *__restrict__ g, S *__restrict__
 static bool aligned16(const void *q) { return ((uintptr_t)q & 15u) == 0; }
 static bool aligned8(const void *q) { return ((uintptr_t)q & 7u) == 0; } /* 4 bf16 */
 
+/* The kernel for state S and gradients (G, SCALED); one launch. */
+template <int OP, typename S, bool SCALED, typename G>
+static void launch_kernel(int blocks, cudaStream_t st, float *p, const void *g, const float *inv, void *m, void *v,
+                          float *hp, const int *ss, const int *sd, int n_seg, int64_t n, bool vec, const int *sk,
+                          __nv_bfloat16 *lo, unsigned int *done)
+{
+    optim_kernel<OP, S, SCALED, G><<<blocks, OPT_THREADS, 0, st>>>(p, (const G *)g, inv, (S *)m, (S *)v, hp, ss, sd,
+                                                                   n_seg, n, vec, sk, lo, done);
+}
+
+/* The state dtype's kernel for the gradients: f32 as stored, or scaled (inv) bf16 or f32. */
+template <int OP, typename S>
+static void launch_state(const sg_tensor *grad, const float *inv, int blocks, cudaStream_t st, float *p, void *m,
+                         void *v, float *hp, const int *ss, const int *sd, int n_seg, int64_t n, bool vec,
+                         const int *sk, __nv_bfloat16 *lo, unsigned int *done)
+{
+    if (!inv)
+        launch_kernel<OP, S, false, float>(blocks, st, p, grad->data, inv, m, v, hp, ss, sd, n_seg, n, vec, sk, lo, done);
+    else if (grad->dtype == SG_DTYPE_BF16)
+        launch_kernel<OP, S, true, __nv_bfloat16>(blocks, st, p, grad->data, inv, m, v, hp, ss, sd, n_seg, n, vec, sk,
+                                                  lo, done);
+    else
+        launch_kernel<OP, S, true, float>(blocks, st, p, grad->data, inv, m, v, hp, ss, sd, n_seg, n, vec, sk, lo, done);
+}
+
 template <int OP>
-static sg_status launch(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_tensor *m,
+static sg_status launch(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, const sg_tensor *inv, sg_tensor *m,
                         sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
                         const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip,
                         sg_tensor *param_lo)
@@ -234,41 +283,41 @@ static sg_status launch(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg
     int blocks = (int)(want < 1 ? 1 : (want < cap ? want : cap));
     const bool lo_state = m->dtype == SG_DTYPE_BF16; /* v has m's dtype (optim.c) */
     bool (*state_aligned)(const void *) = lo_state ? aligned8 : aligned16;
-    bool vec = aligned16(param->data) && aligned16(grad->data) && state_aligned(m->data) &&
+    bool (*grad_aligned)(const void *) = grad->dtype == SG_DTYPE_BF16 ? aligned8 : aligned16;
+    bool vec = aligned16(param->data) && grad_aligned(grad->data) && state_aligned(m->data) &&
                (!v || state_aligned(v->data)) && (!param_lo || aligned8(param_lo->data));
     cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
     float *pp = (float *)param->data, *hpp = (float *)hp->data;
-    const float *gp = (const float *)grad->data;
+    const float *ip = inv ? (const float *)inv->data : nullptr;
     const int *ss = (const int *)seg_start->data, *sd = (const int *)seg_decay->data;
     const int *sk = skip ? (const int *)skip->data : nullptr;
     __nv_bfloat16 *lo = param_lo ? (__nv_bfloat16 *)param_lo->data : nullptr;
+    void *vp = v ? v->data : nullptr;
     if (lo_state)
-        optim_kernel<OP, __nv_bfloat16><<<blocks, OPT_THREADS, 0, st>>>(
-            pp, gp, (__nv_bfloat16 *)m->data, v ? (__nv_bfloat16 *)v->data : nullptr, hpp, ss, sd,
-            n_seg, n, vec, sk, lo, (unsigned int *)done);
+        launch_state<OP, __nv_bfloat16>(grad, ip, blocks, st, pp, m->data, vp, hpp, ss, sd, n_seg, n, vec, sk, lo,
+                                        (unsigned int *)done);
     else
-        optim_kernel<OP, float><<<blocks, OPT_THREADS, 0, st>>>(
-            pp, gp, (float *)m->data, v ? (float *)v->data : nullptr, hpp, ss, sd, n_seg, n, vec,
-            sk, lo, (unsigned int *)done);
+        launch_state<OP, float>(grad, ip, blocks, st, pp, m->data, vp, hpp, ss, sd, n_seg, n, vec, sk, lo,
+                                (unsigned int *)done);
     SG_CUDA_CHECK_LAUNCH(ctx, "optim_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
 }
 
-extern "C" sg_status sg_adamw_step_cuda(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad,
+extern "C" sg_status sg_adamw_step_cuda(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, const sg_tensor *inv,
                                         sg_tensor *m, sg_tensor *v, sg_tensor *hp,
                                         const sg_tensor *seg_start, const sg_tensor *seg_decay,
                                         int n_seg, const sg_tensor *skip, sg_tensor *param_lo)
 {
-    return launch<OP_ADAMW>(ctx, param, grad, m, v, hp, seg_start, seg_decay, n_seg, skip,
+    return launch<OP_ADAMW>(ctx, param, grad, inv, m, v, hp, seg_start, seg_decay, n_seg, skip,
                             param_lo);
 }
 
-extern "C" sg_status sg_sgd_step_cuda(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad,
+extern "C" sg_status sg_sgd_step_cuda(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, const sg_tensor *inv,
                                       sg_tensor *buf, sg_tensor *hp, const sg_tensor *seg_start,
                                       const sg_tensor *seg_decay, int n_seg,
                                       const sg_tensor *skip, sg_tensor *param_lo)
 {
-    return launch<OP_SGD>(ctx, param, grad, buf, nullptr, hp, seg_start, seg_decay, n_seg, skip,
+    return launch<OP_SGD>(ctx, param, grad, inv, buf, nullptr, hp, seg_start, seg_decay, n_seg, skip,
                           param_lo);
 }

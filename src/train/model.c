@@ -258,6 +258,7 @@ sg_status sg_model_param_info(const sg_model *m, int i, const char **name, int64
     return SG_OK;
 }
 sg_tensor *sg_model_grads(sg_model *m) { return m ? m->params->grad_flat : NULL; }
+sg_tensor *sg_model_grads_lo(sg_model *m) { return m ? m->params->grad_flat_lo : NULL; }
 
 sg_tensor *sg_model_buffers(sg_model *m) { return m && m->b && m->b->bufs.count ? m->b->bufs.flat : NULL; }
 int sg_model_buffer_tensors(const sg_model *m) { return m && m->b ? m->b->bufs.count : 0; }

@@ -22,6 +22,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct graphed_module graphed_module;
 
@@ -55,6 +56,7 @@ struct sg_trainer {
     /* control flow on the device: what the step graph is built with (the options, where the
      * context's capture makes conditional nodes) */
     bool use_loop, use_skip_if, use_switch;
+    bool fold_unscale;           /* sg_optim_check + sg_optim_update_amp (sg_trainer_create) */
     bool in_step_graph;          /* the step graph is being captured (the forms apply) */
     char cond_note[512];
     sg_tensor *micro_left;       /* (1) I32: loop turns left, micro-batches */
@@ -393,11 +395,18 @@ static sg_status run_micro(sg_trainer *t, int j)
     return micro_end(t, j);
 }
 
-static sg_status update_body(void *u) { return sg_optim_update(((sg_trainer *)u)->o); }
+/* The update: reading the f32 gradients, or unscaling the bf16 ones as it reads them. */
+static sg_status optim_update(sg_trainer *t)
+{
+    return t->fold_unscale ? sg_optim_update_amp(t->o) : sg_optim_update(t->o);
+}
+
+static sg_status update_body(void *u) { return optim_update(u); }
 
 /* Unscaling (mixed precision: the bf16 gradients, or with accum > 1 their f32 sum, divided by
  * the loss scale into the f32 ones, the skip flag set when they are not finite, the scale
- * updated), clipping and the optimizer (which does nothing on a skip). All device work: no
+ * updated; with fold_unscale only the check and the scale, the optimizer dividing as it
+ * reads), clipping and the optimizer (which does nothing on a skip). All device work: no
  * host sync. skip_if in the step graph: the update is the one branch of a SWITCH on the skip
  * flag, so it runs only when the flag is 0 (an IF on "finite"); its kernels still read the
  * flag, so the node changes what launches, not what is computed. Clipping stays outside: on
@@ -406,13 +415,14 @@ static sg_status run_optim(sg_trainer *t)
 {
     sg_model *m = t->m;
     const char *prev = sg_ctx_set_module(t->ctx, "optimizer");
-    sg_status st = t->opts.accum > 1 ? sg_optim_unscale_sum(t->o) : sg_optim_unscale(t->o);
+    sg_status st = t->fold_unscale ? sg_optim_check(t->o)
+                   : t->opts.accum > 1 ? sg_optim_unscale_sum(t->o) : sg_optim_unscale(t->o);
     if (st == SG_OK && t->opts.clip > 0)
         st = sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
     if (st == SG_OK && t->use_skip_if && t->in_step_graph)
         st = sg_graph_switch(t->ctx, m->found, 1, (sg_step_fn[]){update_body}, (void *[]){t});
     else if (st == SG_OK)
-        st = sg_optim_update(t->o);
+        st = optim_update(t);
     sg_ctx_set_module(t->ctx, prev);
     return st;
 }
@@ -608,6 +618,13 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     if (!t) return sg_fail(m->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
     t->ctx = m->ctx, t->m = m, t->o = o, t->opts = op;
     t->grad_scale = 1.0f / (float)op.accum;
+    /* Mixed precision with nothing between the unscale and the update (one micro-batch, no
+     * clipping): the optimizer unscales the bf16 gradients as it reads them, after a check
+     * pass, instead of a pass writing the f32 ones (bit for bit the same step; the f32
+     * gradients are then not written, sg_model_grads says so). STEPGRAPH_UNSCALE=separate
+     * keeps the separate pass, to measure the difference. */
+    const char *us = getenv("STEPGRAPH_UNSCALE");
+    t->fold_unscale = sg_model_grads_lo(m) && op.accum == 1 && !(op.clip > 0) && !(us && !strcmp(us, "separate"));
     snprintf(t->modules, sizeof t->modules, "%s", op.graph_modules ? op.graph_modules : "");
     t->opts.graph_modules = t->modules;
     sg_status st = SG_OK;

@@ -57,9 +57,18 @@ static const char *buffer_at(const sg_model *m, int64_t i)
     return "(padding)";
 }
 
+/* t's values as floats (F32, or BF16 widened in place from the end: element i's float covers
+ * bf16 elements 2i and 2i+1, already read by then). */
 static sg_status read_all(sg_ctx *ctx, const sg_tensor *t, float *out)
 {
-    return sg_tensor_copy_to_host(t, out, sg_tensor_nbytes(t));
+    SG_TRY(sg_tensor_copy_to_host(t, out, sg_tensor_nbytes(t)));
+    if (sg_tensor_dtype(t) != SG_DTYPE_BF16) return SG_OK;
+    const uint16_t *h = (const uint16_t *)out;
+    for (int64_t i = sg_tensor_numel(t) - 1; i >= 0; i--) {
+        uint16_t v = h[i];
+        out[i] = (float)sg_bf16_to_double(v);
+    }
+    return SG_OK;
 }
 
 /* One step's comparison; fills row and, on the first difference, r->mismatch. */
@@ -82,14 +91,21 @@ static sg_status compare_step(sg_ctx *ctx, side s[2], const sg_verify_options *o
         snprintf(r->mismatch, sizeof r->mismatch, "amp.scaler (eager scale %g, %g skipped; graph scale %g, %g skipped)",
                  sa.scale, sa.skipped, sb.scale, sb.skipped);
     }
-    for (int kind = 0; kind < 2; kind++) { /* gradients, then parameters */
-        SG_TRY(read_all(ctx, kind ? sg_model_params(s[0].m) : sg_model_grads(s[0].m), a));
-        SG_TRY(read_all(ctx, kind ? sg_model_params(s[1].m) : sg_model_grads(s[1].m), b));
-        int64_t i = compare(a, b, P, o->atol, o->rtol, kind ? &row->max_dparam : &row->max_dgrad);
+    /* The f32 gradients, mixed precision's scaled bf16 ones (what the backward wrote: with the
+     * unscale folded into the optimizer the f32 ones are not written), then the parameters. */
+    for (int kind = 0; kind < 3; kind++) {
+        sg_tensor *ta = kind == 0 ? sg_model_grads(s[0].m) : kind == 1 ? sg_model_grads_lo(s[0].m) : sg_model_params(s[0].m);
+        sg_tensor *tb = kind == 0 ? sg_model_grads(s[1].m) : kind == 1 ? sg_model_grads_lo(s[1].m) : sg_model_params(s[1].m);
+        if (!ta || !tb) continue;
+        SG_TRY(read_all(ctx, ta, a));
+        SG_TRY(read_all(ctx, tb, b));
+        double scaled_max = 0;
+        int64_t i = compare(a, b, P, o->atol, o->rtol, kind == 2 ? &row->max_dparam : kind ? &scaled_max : &row->max_dgrad);
         if (i >= 0 && !differ) {
             differ = true;
             snprintf(r->mismatch, sizeof r->mismatch, "%s%s (element %lld of the flat buffer: eager %.9g, graph %.9g)",
-                     param_at(s[0].m, i), kind ? "" : ".grad", (long long)i, a[i], b[i]);
+                     param_at(s[0].m, i), kind == 2 ? "" : kind ? ".grad (bf16, scaled)" : ".grad", (long long)i, a[i],
+                     b[i]);
         }
     }
     sg_tensor *ba = sg_model_buffers(s[0].m), *bb = sg_model_buffers(s[1].m);
