@@ -51,23 +51,28 @@ __device__ __forceinline__ hyper read_hyper(const float *hp)
     return h;
 }
 
-/* One element. AdamW: m, v are the moments; SGD: m is the momentum buffer, v unused. */
+/* One element. AdamW: m, v are the moments; SGD: m is the momentum buffer, v unused. Every
+ * operation is spelled out as an intrinsic (rounded as written, nothing contracted by the
+ * compiler): otherwise nvcc picks which product of a + b*c + d*e to fuse into an fma per
+ * instantiation, and the kernel that reads f32 gradients and the one that unscales bf16 ones
+ * (sg_adamw_step_amp), or the f32-state and bf16-state ones, would round differently. */
 template <int OP>
 __device__ __forceinline__ void update(const hyper &h, bool decay, float &p, float g, float &m,
                                        float &v)
 {
     if (OP == OP_ADAMW) {
-        if (decay) p *= h.decay_mul;
-        m = h.b1 * m + (1.f - h.b1) * g;
-        v = h.b2 * v + (1.f - h.b2) * g * g;
-        p -= h.step_size * m / (sqrtf(v) / h.bc2_sqrt + h.eps);
+        if (decay) p = __fmul_rn(p, h.decay_mul);
+        m = __fmaf_rn(h.b1, m, __fmul_rn(1.f - h.b1, g));
+        v = __fmaf_rn(h.b2, v, __fmul_rn(__fmul_rn(1.f - h.b2, g), g));
+        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), h.bc2_sqrt), h.eps);
+        p = __fsub_rn(p, __fdiv_rn(__fmul_rn(h.step_size, m), denom));
     } else {
-        if (decay) g += h.wd * p;
+        if (decay) g = __fmaf_rn(h.wd, p, g);
         if (h.momentum != 0.f) {
-            m = h.first ? g : h.momentum * m + (1.f - h.dampening) * g;
+            m = h.first ? g : __fmaf_rn(h.momentum, m, __fmul_rn(1.f - h.dampening, g));
             g = m;
         }
-        p -= h.lr * g;
+        p = __fsub_rn(p, __fmul_rn(h.lr, g));
     }
 }
 
@@ -121,7 +126,7 @@ template <typename S> __device__ __forceinline__ bool sr() { return sizeof(S) ==
 /* Gradient loads: f32 as stored, or times inv (the scaled gradients of mixed precision). */
 template <bool SCALED, typename G> __device__ __forceinline__ float ld_grad(const G *g, int64_t i, float inv)
 {
-    return SCALED ? to_f(g[i]) * inv : to_f(g[i]);
+    return SCALED ? __fmul_rn(to_f(g[i]), inv) : to_f(g[i]);
 }
 __device__ __forceinline__ float4 ld_grad4_raw(const float *g, int64_t i4)
 {
@@ -134,7 +139,7 @@ __device__ __forceinline__ float4 ld_grad4_raw(const __nv_bfloat16 *g, int64_t i
 template <bool SCALED, typename G> __device__ __forceinline__ float4 ld_grad4(const G *g, int64_t i4, float inv)
 {
     float4 r = ld_grad4_raw(g, i4);
-    if (SCALED) r.x *= inv, r.y *= inv, r.z *= inv, r.w *= inv;
+    if (SCALED) r.x = __fmul_rn(r.x, inv), r.y = __fmul_rn(r.y, inv), r.z = __fmul_rn(r.z, inv), r.w = __fmul_rn(r.w, inv);
     return r;
 }
 
