@@ -5,15 +5,26 @@
  * the output written in the (B*T, C) rows the next projection reads: no split or merge kernel.
  *
  * Tiles of 64 query rows by 64 keys; a block of 4 warps, each warp 16 rows of the tile. Each
- * tile is read once into shared memory, row-major (16-byte loads), and the B fragments of the
- * products are taken from it with ldmatrix (.trans where the tile's rows are the product's sum
- * index); a product's f32 result becomes the next product's A fragment in registers. The
- * forward keeps each row's running max and sum in registers (a row's 64 scores are spread over
- * the 4 threads of a quad) and saves lse = max + log(sum) for the backward. The backward is two
- * kernels and no atomics, so it is deterministic: one per query tile (dq, and delta = dout .
- * out for each row, written for the next kernel), one per key tile (dk and dv), each
- * recomputing the probabilities from lse. P and d(scores) are rounded to bf16 before the
- * products that read them, as flash attention and PyTorch's autocast do. */
+ * tile is read once into shared memory, row-major, by cp.async (16 bytes a copy; rows at or
+ * past T are zero-filled and not read), and the B fragments of the products are taken from it
+ * with ldmatrix (.trans where the tile's rows are the product's sum index); a product's f32
+ * result becomes the next product's A fragment in registers. The tiles a block walks through
+ * (k and v for the forward and dq, q and dout for dk and dv) are double-buffered: tile i + 1 is
+ * copied while tile i is computed, one __syncthreads a tile. The forward keeps each row's
+ * running max and sum in registers (a row's 64 scores are spread over the 4 threads of a quad)
+ * and saves lse = max + log(sum) for the backward. The backward is two kernels and no atomics,
+ * so it is deterministic: one per query tile (dq, and delta = dout . out for each row, written
+ * for the next kernel), one per key tile (dk and dv), each recomputing the probabilities from
+ * lse. P and d(scores) are rounded to bf16 before the products that read them, as flash
+ * attention and PyTorch's autocast do.
+ *
+ * Causal skipping: on the diagonal tile, a warp whose 16 rows (keys, for dk and dv) leave a
+ * half of the tile all masked skips that half's products. Their scores would be masked anyway,
+ * and their P and dS are exactly 0, so the P v, dS k and dS^T q steps skipped would add only
+ * zeros to the f32 accumulators (0 times a finite value is +-0, and x + +-0 == x unless x is
+ * -0, which an accumulator starting at +0 reaches only through an f32 underflow); the steps
+ * kept run in the same order. So for finite inputs every output has the bits of the full
+ * computation. Blocks start longest first (block_tile). */
 #include "ops/attention.h"
 
 #include <cuda_bf16.h>
@@ -23,10 +34,13 @@
 
 typedef __nv_bfloat16 bf16;
 
-#define FA_TILE 64   /* query rows and keys per tile */
-#define FA_HS 64     /* the head size these kernels take */
-#define FA_LD 72     /* shared-memory row stride, bf16 elements: 144 bytes, conflict-free frags */
-#define FA_THREADS 128
+#define FA_TILE 64     /* query rows and keys per tile */
+#define FA_HS 64       /* the head size these kernels take */
+#define FA_LD 72       /* shared-memory row stride, bf16 elements: 144 bytes, conflict-free frags */
+#define FA_THREADS 128 /* 4 warps, 16 rows of the tile each */
+#ifndef FA_FWD_WARPS
+#define FA_FWD_WARPS 4 /* the forward's warps a block: 4 (64 query rows) or 8 (128: to measure) */
+#endif
 #define FA_LOG2E 1.4426950408889634f
 
 /* c (16x8, f32) += a (16x16, bf16, row) b (16x8, bf16, col). */
@@ -46,16 +60,45 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-/* Rows r0..r0+63 of a (rows, ld) bf16 matrix, columns 0..63 from src, into s (64 x FA_LD),
- * row-major; rows at or past n are zero. 16-byte loads. */
-__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *src, int64_t ld, int r0, int n)
+/* cp.async (sm_80 on): 16 bytes from global to shared memory, asynchronously and not through
+ * L1; src_size 0 reads nothing and writes zeros. Completed by commit_group and wait_group,
+ * visible to the other threads after a __syncthreads. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_size)
 {
-    for (int i = threadIdx.x; i < FA_TILE * 8; i += FA_THREADS) {
-        int r = i >> 3, c = (i & 7) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r0 + r < n) v = *reinterpret_cast<const uint4 *>(src + (int64_t)(r0 + r) * ld + c);
-        *reinterpret_cast<uint4 *>(s + r * FA_LD + c) = v;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(__cvta_generic_to_global(src)), "r"(src_size)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+/* Waits until at most `pending` (a constant) of this thread's newest groups are in flight. */
+#define CP_ASYNC_WAIT(pending) asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory")
+
+/* Starts copying rows r0..r0+63 of a (rows, ld) bf16 matrix, columns 0..63, from src into s
+ * (64 x FA_LD), row-major, 16 bytes a copy over nthr threads (a constant); rows at or past n
+ * read nothing (the dummy address is row 0, which exists) and land as zeros. */
+__device__ __forceinline__ void load_tile_async(bf16 *s, const bf16 *src, int64_t ld, int r0, int n, int nthr)
+{
+#pragma unroll
+    for (int j = 0; j < FA_TILE * 8 / nthr; j++) {
+        const int i = threadIdx.x + j * nthr, r = i >> 3, c = (i & 7) * 8;
+        const bool in = r0 + r < n;
+        cp_async16(s + r * FA_LD + c, src + (in ? (int64_t)(r0 + r) * ld : 0) + c, in ? 16 : 0);
     }
+}
+
+/* The block's (tile, bh) of a (tiles, B*H) grid from its place in the launch order, bh running
+ * fastest: the tiles with the most work (the last query tile, the first key tile) start first
+ * and spread over the SMs, where the plain order gives an SM blocks of one tile index only (384
+ * blocks on 132 SMs: some SMs all fourth tiles, some all first). Which block does which tile
+ * changes no result. 32 bits: tiles x B*H <= B*T*H, which is under 2^32 for any qkv (B*T,
+ * 3*64*H) that fits in memory. */
+__device__ __forceinline__ void block_tile(int *tile, int *bh, bool last_first)
+{
+    const unsigned lin = blockIdx.y * gridDim.x + blockIdx.x, t = lin / gridDim.y;
+    *tile = (int)(last_first ? gridDim.x - 1 - t : t);
+    *bh = (int)(lin - t * gridDim.y);
 }
 
 /* Four 8x8 b16 matrices from shared memory (ldmatrix): lane l gives the address of row l % 8
@@ -87,14 +130,19 @@ __device__ __forceinline__ void load_a(uint32_t a[4][4], const bf16 *s, int r0, 
 }
 
 /* acc (16 x 64: 8 tiles of 8 columns) = a (16 x 64) times b^T, b a row-major (64 x 64) tile
- * whose rows are acc's columns: b's 8x8 blocks are the B fragments as they lie. */
+ * whose rows are acc's columns: b's 8x8 blocks are the B fragments as they lie. Only acc's
+ * 16-column groups LO..HI are computed, the others left 0 (the caller masks them all). The
+ * range is a template argument so that each range is one unrolled block: a runtime test
+ * between the groups would split the 8 independent mma chains into blocks run one after the
+ * other, and these kernels are bound by the mma latency, not its throughput. */
+template <int LO, int HI>
 __device__ __forceinline__ void mm_abt(float acc[8][4], const uint32_t a[4][4], const bf16 *b, int lane)
 {
     const int i = lane >> 3, r = lane & 7;
 #pragma unroll
     for (int n = 0; n < 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
-    for (int np = 0; np < 4; np++)
+    for (int np = LO; np <= HI; np++)
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
             uint32_t f[4];
@@ -106,12 +154,15 @@ __device__ __forceinline__ void mm_abt(float acc[8][4], const uint32_t a[4][4], 
 
 /* acc (16 x 64) += x (16 x 64 f32 in C-fragment layout, rounded to bf16 as the A operand)
  * times b, a row-major (64 x 64) tile whose rows are the sum's index: b's 8x8 blocks
- * transposed (ldmatrix .trans) are the B fragments. */
+ * transposed (ldmatrix .trans) are the B fragments. Only the sum's 16-row steps LO..HI are
+ * taken: the caller's x is zero in the others, which would add exact zeros; the steps taken
+ * keep their order. */
+template <int LO, int HI>
 __device__ __forceinline__ void mm_add(float acc[8][4], const float x[8][4], const bf16 *b, int lane)
 {
     const int i = lane >> 3, r = lane & 7;
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
+    for (int kk = LO; kk <= HI; kk++) {
         uint32_t a[4] = {pack(x[2 * kk][0], x[2 * kk][1]), pack(x[2 * kk][2], x[2 * kk][3]),
                          pack(x[2 * kk + 1][0], x[2 * kk + 1][1]), pack(x[2 * kk + 1][2], x[2 * kk + 1][3])};
 #pragma unroll
@@ -140,56 +191,99 @@ __device__ __forceinline__ void store_rows(bf16 *dst, int64_t ld, const float ac
     }
 }
 
-/* grid (query tiles, B*H). out (B*T, C); lse (B, H, T). sl2 = log2(e) / sqrt(hs). */
-__global__ void __launch_bounds__(FA_THREADS) fused_fwd_kernel(const bf16 *__restrict__ qkv, bf16 *__restrict__ out,
-                                                               float *__restrict__ lse, int T, int H, int C, float sl2)
+/* One key tile of the forward for the warp's 16 rows (qrow; a quad's 4 threads share a row):
+ * scores, the online softmax (running max m and sum l), o += P v. Only the 16-key groups
+ * 0..HI are taken: past HI every key is masked for the warp's rows (causal, or at or past T),
+ * so their scores would be -inf, P 0, and l += 0 and the P v steps exact no-ops. */
+template <int HI>
+__device__ __forceinline__ void fwd_tile(float o[8][4], float m[2], float l[2], const uint32_t qa[4][4],
+                                         const bf16 *ks, const bf16 *vs, int key0, const int qrow[2], int T,
+                                         float sl2, int lane)
 {
-    __shared__ __align__(16) bf16 ks[FA_TILE * FA_LD], vs[FA_TILE * FA_LD];
-    const int qt = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int t4 = lane & 3;
+    float s[8][4], mx[2] = {-INFINITY, -INFINITY};
+    mm_abt<0, HI>(s, qa, ks, lane);
+#pragma unroll
+    for (int n = 0; n < 2 * HI + 2; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = key0 + n * 8 + 2 * t4 + (e & 1), r = e >> 1;
+            s[n][e] = key <= qrow[r] && key < T ? s[n][e] * sl2 : -INFINITY;
+            mx[r] = fmaxf(mx[r], s[n][e]);
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        float mn = fmaxf(m[r], mx[r]), alpha = exp2f(m[r] - mn);
+        m[r] = mn, l[r] *= alpha;
+#pragma unroll
+        for (int n = 0; n < 8; n++) o[n][2 * r] *= alpha, o[n][2 * r + 1] *= alpha;
+    }
+#pragma unroll
+    for (int n = 0; n < 2 * HI + 2; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[n][e] = exp2f(s[n][e] - m[e >> 1]);
+            l[e >> 1] += s[n][e];
+        }
+    mm_add<0, HI>(o, s, vs, lane);
+}
+
+/* The forward. grid (query tiles of 16 NW rows, B*H), 32 NW threads; out (B*T, C); lse (B, H, T);
+ * sl2 = log2(e) / sqrt(hs). NW = 4 (64-row tiles) is what runs; NW = 8 (128 rows, built with
+ * -DFA_FWD_WARPS=8) reads each key tile once for twice the rows. Either way a warp's 16 rows
+ * lie in one 64-row tile wt, whose key tiles 0..wt it takes in order with the same products as
+ * the other, so the two give the same bits. NW = 4: 168 registers at most, 3 blocks an SM, so
+ * that 384 blocks (B 8 x 12 heads x 4 tiles) run in one wave on 132 SMs (4 blocks at 128
+ * registers spilled and ran slower); NW = 8: 128 registers, 2 blocks. */
+template <int NW>
+__global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 2)
+    fused_fwd_kernel(const bf16 *__restrict__ qkv, bf16 *__restrict__ out, float *__restrict__ lse, int T, int H,
+                     int C, float sl2)
+{
+    __shared__ __align__(16) bf16 ks[2][FA_TILE * FA_LD], vs[2][FA_TILE * FA_LD];
+    int qt, bh;
+    block_tile(&qt, &bh, true);
+    const int b = bh / H, h = bh % H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t ld = 3 * (int64_t)C;
     const bf16 *base = qkv + (int64_t)b * T * ld + h * FA_HS;
-    const int q0 = qt * FA_TILE, r0 = warp * 16;
+    const int wt = qt * (NW / 4) + warp / 4, q0 = wt * FA_TILE, r0 = (warp % 4) * 16; /* the warp's tile */
     const int qrow[2] = {q0 + r0 + g, q0 + r0 + g + 8};
+    const int kt_end = min(qt * (NW / 4) + NW / 4, (T + FA_TILE - 1) / FA_TILE) - 1; /* the block's last */
 
+    /* q's 64-row parts into the buffers tile 1 will take, tile 0 behind them */
     uint32_t qa[4][4];
-    load_tile(ks, base, ld, q0, T);
+    load_tile_async(ks[1], base, ld, qt * NW * 16, T, 32 * NW);
+    if (NW == 8) load_tile_async(vs[1], base, ld, qt * NW * 16 + FA_TILE, T, 32 * NW);
+    cp_async_commit();
+    load_tile_async(ks[0], base + C, ld, 0, T, 32 * NW);
+    load_tile_async(vs[0], base + 2 * C, ld, 0, T, 32 * NW);
+    cp_async_commit();
+    CP_ASYNC_WAIT(1);
     __syncthreads();
-    load_a(qa, ks, r0, g, t4);
-    float o[8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, s[8][4];
-    for (int kt = 0; kt <= qt; kt++) {
-        __syncthreads(); /* the last tile's readers are done */
-        load_tile(ks, base + C, ld, kt * FA_TILE, T);
-        load_tile(vs, base + 2 * C, ld, kt * FA_TILE, T);
-        __syncthreads();
-        mm_abt(s, qa, ks, lane);
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = kt * FA_TILE + n * 8 + 2 * t4 + (e & 1), r = e >> 1;
-                s[n][e] = key <= qrow[r] && key < T ? s[n][e] * sl2 : -INFINITY;
-                mx[r] = fmaxf(mx[r], s[n][e]);
-            }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            float mn = fmaxf(m[r], mx[r]), alpha = exp2f(m[r] - mn);
-            m[r] = mn, l[r] *= alpha;
-#pragma unroll
-            for (int n = 0; n < 8; n++) o[n][2 * r] *= alpha, o[n][2 * r + 1] *= alpha;
+    load_a(qa, warp < 4 ? ks[1] : vs[1], r0, g, t4);
+    /* a warp with no row before T has nothing to write; on its diagonal tile the keys past its
+     * last row or at or past T are masked: if those are all of keys 32..63, it takes only 0..31 */
+    const bool active = q0 + r0 < T, half = min(r0 + 15, T - 1 - q0) < 32;
+    float o[8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    for (int kt = 0; kt <= kt_end; kt++) {
+        const int cur = kt & 1;
+        CP_ASYNC_WAIT(0);
+        __syncthreads(); /* tile kt is in, and every warp is done with the other buffers */
+        if (kt < kt_end) {
+            load_tile_async(ks[cur ^ 1], base + C, ld, (kt + 1) * FA_TILE, T, 32 * NW);
+            load_tile_async(vs[cur ^ 1], base + 2 * C, ld, (kt + 1) * FA_TILE, T, 32 * NW);
+            cp_async_commit();
         }
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[n][e] = exp2f(s[n][e] - m[e >> 1]);
-                l[e >> 1] += s[n][e];
-            }
-        mm_add(o, s, vs, lane);
+        if (!active || kt > wt) continue;
+        if (kt < wt || !half)
+            fwd_tile<3>(o, m, l, qa, ks[cur], vs[cur], kt * FA_TILE, qrow, T, sl2, lane);
+        else
+            fwd_tile<1>(o, m, l, qa, ks[cur], vs[cur], kt * FA_TILE, qrow, T, sl2, lane);
     }
+    if (!active) return;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -205,18 +299,45 @@ __global__ void __launch_bounds__(FA_THREADS) fused_fwd_kernel(const bf16 *__res
             if (qrow[r] < T) lse[(int64_t)bh * T + qrow[r]] = (m[r] + log2f(l[r])) / FA_LOG2E;
 }
 
-/* dq for a query tile, and delta = dout . out of its rows (for the key-tile kernel).
- * grid (query tiles, B*H). */
-__global__ void __launch_bounds__(FA_THREADS) fused_bwd_dq_kernel(const bf16 *__restrict__ qkv,
-                                                                  const bf16 *__restrict__ out,
-                                                                  const float *__restrict__ lse,
-                                                                  const bf16 *__restrict__ dout,
-                                                                  bf16 *__restrict__ dqkv, float *__restrict__ delta,
-                                                                  int T, int H, int C, float sl2, float scale)
+/* One key tile of dq for the warp's 16 rows: P from lse (lr, times log2 e), dS = P (dout v^T -
+ * delta), dq += dS k. Only the 16-key groups 0..HI are taken, as in fwd_tile: past HI, P and
+ * so dS are 0. */
+template <int HI>
+__device__ __forceinline__ void dq_tile(float dq[8][4], const uint32_t qa[4][4], const uint32_t ga[4][4],
+                                        const bf16 *ks, const bf16 *vs, int key0, const int qrow[2],
+                                        const float lr[2], const float dl[2], int T, float sl2, int lane)
 {
-    __shared__ __align__(16) bf16 ks[FA_TILE * FA_LD], vs[FA_TILE * FA_LD];
+    const int t4 = lane & 3;
+    float s[8][4], dp[8][4];
+    mm_abt<0, HI>(s, qa, ks, lane);
+    mm_abt<0, HI>(dp, ga, vs, lane);
+#pragma unroll
+    for (int n = 0; n < 2 * HI + 2; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = key0 + n * 8 + 2 * t4 + (e & 1), r = e >> 1;
+            float p = key <= qrow[r] && key < T ? exp2f(s[n][e] * sl2 - lr[r]) : 0.f;
+            s[n][e] = p * (dp[n][e] - dl[r]);
+        }
+    mm_add<0, HI>(dq, s, ks, lane);
+}
+
+/* dq for a query tile, and delta = dout . out of its rows (for the key-tile kernel).
+ * grid (query tiles, B*H). 168 registers at most: 3 blocks an SM, so that 384 blocks (B 8 x 12
+ * heads x 4 tiles) run in one wave on 132 SMs. */
+__global__ void __launch_bounds__(FA_THREADS, 3) fused_bwd_dq_kernel(const bf16 *__restrict__ qkv,
+                                                                     const bf16 *__restrict__ out,
+                                                                     const float *__restrict__ lse,
+                                                                     const bf16 *__restrict__ dout,
+                                                                     bf16 *__restrict__ dqkv,
+                                                                     float *__restrict__ delta, int T, int H, int C,
+                                                                     float sl2, float scale)
+{
+    __shared__ __align__(16) bf16 ks[2][FA_TILE * FA_LD], vs[2][FA_TILE * FA_LD];
     __shared__ float dsh[FA_TILE];
-    const int qt = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    int qt, bh;
+    block_tile(&qt, &bh, true);
+    const int b = bh / H, h = bh % H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t ld = 3 * (int64_t)C;
     const bf16 *base = qkv + (int64_t)b * T * ld + h * FA_HS;
@@ -224,9 +345,14 @@ __global__ void __launch_bounds__(FA_THREADS) fused_bwd_dq_kernel(const bf16 *__
     const int q0 = qt * FA_TILE, r0 = warp * 16;
     const int qrow[2] = {q0 + r0 + g, q0 + r0 + g + 8};
 
+    /* q and dout into the buffers tile 1 will take, tile 0 behind them; delta meanwhile */
     uint32_t qa[4][4], ga[4][4];
-    load_tile(ks, base, ld, q0, T);
-    load_tile(vs, gbase, C, q0, T);
+    load_tile_async(ks[1], base, ld, q0, T, FA_THREADS);
+    load_tile_async(vs[1], gbase, C, q0, T, FA_THREADS);
+    cp_async_commit();
+    load_tile_async(ks[0], base + C, ld, 0, T, FA_THREADS);
+    load_tile_async(vs[0], base + 2 * C, ld, 0, T, FA_THREADS);
+    cp_async_commit();
     if (threadIdx.x < FA_TILE) { /* delta of row threadIdx.x, from the bf16 values as stored */
         float acc = 0.f;
         const int row = q0 + threadIdx.x;
@@ -241,85 +367,132 @@ __global__ void __launch_bounds__(FA_THREADS) fused_bwd_dq_kernel(const bf16 *__
         dsh[threadIdx.x] = acc;
         if (row < T) delta[(int64_t)bh * T + row] = acc;
     }
+    CP_ASYNC_WAIT(1);
     __syncthreads();
-    load_a(qa, ks, r0, g, t4);
-    load_a(ga, vs, r0, g, t4);
+    load_a(qa, ks[1], r0, g, t4);
+    load_a(ga, vs[1], r0, g, t4);
     float lr[2], dl[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         lr[r] = qrow[r] < T ? lse[(int64_t)bh * T + qrow[r]] * FA_LOG2E : 0.f;
         dl[r] = dsh[r0 + g + 8 * r];
     }
-    float dq[8][4] = {}, s[8][4], dp[8][4];
+    /* as in the forward, keys 0..31 only on the diagonal tile if the others are all masked (a
+     * warp with no row before T still computes, as a test of that cost a spilled register) */
+    const bool half = min(r0 + 15, T - 1 - q0) < 32;
+    float dq[8][4] = {};
     for (int kt = 0; kt <= qt; kt++) {
-        __syncthreads();
-        load_tile(ks, base + C, ld, kt * FA_TILE, T);
-        load_tile(vs, base + 2 * C, ld, kt * FA_TILE, T);
-        __syncthreads();
-        mm_abt(s, qa, ks, lane);
-        mm_abt(dp, ga, vs, lane);
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = kt * FA_TILE + n * 8 + 2 * t4 + (e & 1), r = e >> 1;
-                float p = key <= qrow[r] && key < T ? exp2f(s[n][e] * sl2 - lr[r]) : 0.f;
-                s[n][e] = p * (dp[n][e] - dl[r]);
-            }
-        mm_add(dq, s, ks, lane);
+        const int cur = kt & 1;
+        CP_ASYNC_WAIT(0);
+        __syncthreads(); /* tile kt is in, and every warp is done with the other buffers */
+        if (kt < qt) {
+            load_tile_async(ks[cur ^ 1], base + C, ld, (kt + 1) * FA_TILE, T, FA_THREADS);
+            load_tile_async(vs[cur ^ 1], base + 2 * C, ld, (kt + 1) * FA_TILE, T, FA_THREADS);
+            cp_async_commit();
+        }
+        if (kt < qt || !half)
+            dq_tile<3>(dq, qa, ga, ks[cur], vs[cur], kt * FA_TILE, qrow, lr, dl, T, sl2, lane);
+        else
+            dq_tile<1>(dq, qa, ga, ks[cur], vs[cur], kt * FA_TILE, qrow, lr, dl, T, sl2, lane);
     }
     store_rows(dqkv + (int64_t)b * T * ld + h * FA_HS, ld, dq, scale, q0 + r0, T, g, t4);
 }
 
-/* dk and dv for a key tile, over the query tiles at and after it. grid (key tiles, B*H). */
-__global__ void __launch_bounds__(FA_THREADS) fused_bwd_dkv_kernel(const bf16 *__restrict__ qkv,
-                                                                   const float *__restrict__ lse,
-                                                                   const bf16 *__restrict__ dout,
-                                                                   const float *__restrict__ delta,
-                                                                   bf16 *__restrict__ dqkv, int T, int H, int C,
-                                                                   float sl2, float scale)
+/* lse times log2 e and delta of query row q0 + threadIdx.x (0 past T), for lsh and dsh: read
+ * into registers when the tile's copies start, stored after the current tile's products. */
+__device__ __forceinline__ void load_ld(float *lv, float *dv, const float *lrow, const float *drow, int q0, int T)
 {
-    __shared__ __align__(16) bf16 qs[FA_TILE * FA_LD], gs[FA_TILE * FA_LD];
-    __shared__ float lsh[FA_TILE], dsh[FA_TILE];
-    const int kt = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int q = q0 + (int)threadIdx.x;
+    *lv = q < T ? lrow[q] * FA_LOG2E : 0.f;
+    *dv = q < T ? drow[q] : 0.f;
+}
+
+/* One query tile of dk and dv for the warp's 16 keys (key): P^T from lse (lsh, times log2 e)
+ * and dS^T = P^T (v dout^T - delta), dv += P^T dout, dk += dS^T q. Only the 16-query
+ * groups LO..3 are taken: on the diagonal tile the queries before the warp's first key are
+ * masked, so P and dS are 0 there. */
+template <int LO>
+__device__ __forceinline__ void dkv_tile(float dk[8][4], float dv[8][4], const uint32_t ka[4][4],
+                                         const uint32_t va[4][4], const bf16 *qs, const bf16 *gs, const float *lsh,
+                                         const float *dsh, int q0, const int key[2], int T, float sl2, int lane)
+{
+    const int t4 = lane & 3;
+    float s[8][4], dp[8][4];
+    mm_abt<LO, 3>(s, ka, qs, lane);  /* scores^T: the warp's keys by the tile's queries */
+    mm_abt<LO, 3>(dp, va, gs, lane); /* (dout v^T)^T */
+#pragma unroll
+    for (int n = 2 * LO; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int c = n * 8 + 2 * t4 + (e & 1), q = q0 + c, r = e >> 1;
+            float p = q >= key[r] && q < T ? exp2f(s[n][e] * sl2 - lsh[c]) : 0.f;
+            s[n][e] = p;
+            dp[n][e] = p * (dp[n][e] - dsh[c]);
+        }
+    mm_add<LO, 3>(dv, s, gs, lane);
+    mm_add<LO, 3>(dk, dp, qs, lane);
+}
+
+/* dk and dv for a key tile, over the query tiles at and after it. grid (key tiles, B*H). 2
+ * blocks an SM: dk and dv (64 f32 accumulators), the k and v fragments (32) and a tile's P and
+ * dS (64) keep it over the 168 registers of 3 blocks (which spilled). */
+__global__ void __launch_bounds__(FA_THREADS, 2) fused_bwd_dkv_kernel(const bf16 *__restrict__ qkv,
+                                                                      const float *__restrict__ lse,
+                                                                      const bf16 *__restrict__ dout,
+                                                                      const float *__restrict__ delta,
+                                                                      bf16 *__restrict__ dqkv, int T, int H, int C,
+                                                                      float sl2, float scale)
+{
+    __shared__ __align__(16) bf16 qs[2][FA_TILE * FA_LD], gs[2][FA_TILE * FA_LD];
+    __shared__ float lsh[2][FA_TILE], dsh[2][FA_TILE]; /* lse times log2 e, delta */
+    int kt, bh;
+    block_tile(&kt, &bh, false);
+    const int b = bh / H, h = bh % H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t ld = 3 * (int64_t)C;
     const bf16 *base = qkv + (int64_t)b * T * ld + h * FA_HS, *gbase = dout + (int64_t)b * T * C + h * FA_HS;
+    const float *lrow = lse + (int64_t)bh * T, *drow = delta + (int64_t)bh * T;
     const int k0 = kt * FA_TILE, r0 = warp * 16;
     const int key[2] = {k0 + r0 + g, k0 + r0 + g + 8};
-
-    uint32_t ka[4][4], va[4][4];
-    load_tile(qs, base + C, ld, k0, T);
-    load_tile(gs, base + 2 * C, ld, k0, T);
-    __syncthreads();
-    load_a(ka, qs, r0, g, t4);
-    load_a(va, gs, r0, g, t4);
-    float dk[8][4] = {}, dv[8][4] = {}, s[8][4], dp[8][4];
     const int nq = (T + FA_TILE - 1) / FA_TILE;
+
+    /* k and v into the buffers the second query tile will take, the first (qt = kt) behind them */
+    uint32_t ka[4][4], va[4][4];
+    load_tile_async(qs[1], base + C, ld, k0, T, FA_THREADS);
+    load_tile_async(gs[1], base + 2 * C, ld, k0, T, FA_THREADS);
+    cp_async_commit();
+    load_tile_async(qs[0], base, ld, k0, T, FA_THREADS);
+    load_tile_async(gs[0], gbase, C, k0, T, FA_THREADS);
+    cp_async_commit();
+    float ln = 0.f, dn = 0.f; /* the next tile's lse and delta, in threads below FA_TILE */
+    if (threadIdx.x < FA_TILE) {
+        load_ld(&ln, &dn, lrow, drow, k0, T);
+        lsh[0][threadIdx.x] = ln, dsh[0][threadIdx.x] = dn;
+    }
+    CP_ASYNC_WAIT(1);
+    __syncthreads();
+    load_a(ka, qs[1], r0, g, t4);
+    load_a(va, gs[1], r0, g, t4);
+    const bool active = k0 + r0 < T; /* a warp with no key before T has nothing to write */
+    float dk[8][4] = {}, dv[8][4] = {};
     for (int qt = kt; qt < nq; qt++) {
-        const int q0 = qt * FA_TILE;
-        __syncthreads();
-        load_tile(qs, base, ld, q0, T);
-        load_tile(gs, gbase, C, q0, T);
-        if (threadIdx.x < FA_TILE) {
-            bool in = q0 + (int)threadIdx.x < T;
-            lsh[threadIdx.x] = in ? lse[(int64_t)bh * T + q0 + threadIdx.x] * FA_LOG2E : 0.f;
-            dsh[threadIdx.x] = in ? delta[(int64_t)bh * T + q0 + threadIdx.x] : 0.f;
+        const int cur = (qt - kt) & 1, q0 = qt * FA_TILE;
+        CP_ASYNC_WAIT(0);
+        __syncthreads(); /* tile qt is in, and every warp is done with the other buffers */
+        const bool next = qt + 1 < nq;
+        if (next) {
+            load_tile_async(qs[cur ^ 1], base, ld, q0 + FA_TILE, T, FA_THREADS);
+            load_tile_async(gs[cur ^ 1], gbase, C, q0 + FA_TILE, T, FA_THREADS);
+            cp_async_commit();
+            if (threadIdx.x < FA_TILE) load_ld(&ln, &dn, lrow, drow, q0 + FA_TILE, T);
         }
-        __syncthreads();
-        mm_abt(s, ka, qs, lane);  /* scores^T: the warp's keys by the tile's queries */
-        mm_abt(dp, va, gs, lane); /* (dout v^T)^T */
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int c = n * 8 + 2 * t4 + (e & 1), q = q0 + c, r = e >> 1;
-                float p = q >= key[r] && q < T ? exp2f(s[n][e] * sl2 - lsh[c]) : 0.f;
-                s[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - dsh[c]);
-            }
-        mm_add(dv, s, gs, lane);
-        mm_add(dk, dp, qs, lane);
+        if (active && (qt > kt || warp < 2))
+            dkv_tile<0>(dk, dv, ka, va, qs[cur], gs[cur], lsh[cur], dsh[cur], q0, key, T, sl2, lane);
+        else if (active) /* the diagonal tile, keys 32..63: queries 0..31 are all masked */
+            dkv_tile<2>(dk, dv, ka, va, qs[cur], gs[cur], lsh[cur], dsh[cur], q0, key, T, sl2, lane);
+        /* the other buffers' readers were done at the __syncthreads above; the next reads follow
+         * the next one */
+        if (next && threadIdx.x < FA_TILE) lsh[cur ^ 1][threadIdx.x] = ln, dsh[cur ^ 1][threadIdx.x] = dn;
     }
     bf16 *dbase = dqkv + (int64_t)b * T * ld + h * FA_HS;
     store_rows(dbase + C, ld, dk, scale, k0 + r0, T, g, t4);
@@ -340,11 +513,7 @@ static sg_status check_fused(sg_ctx *ctx, const char *fn, const sg_tensor *qkv, 
         return sg_fail(ctx, SG_ERR_UNSUPPORTED, "%s: B %lld x heads %lld, T %lld, C %lld: past the kernels' "
                        "limits (B x heads <= 65535)", fn, (long long)d.B, (long long)d.H, (long long)d.T,
                        (long long)d.C);
-    for (int i = 0; i < n; i++)
-        if ((uintptr_t)ts[i]->data % 16)
-            return sg_fail(ctx, SG_ERR_UNSUPPORTED, "%s: '%s' is not 16-byte aligned (the kernels read 16 "
-                           "bytes at a time)", fn, ts[i]->name);
-    return SG_OK;
+    return sg_attention_check_aligned(ctx, fn, ts, n);
 }
 
 extern "C" sg_status sg_attention_fused_forward_cuda(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
@@ -354,8 +523,9 @@ extern "C" sg_status sg_attention_fused_forward_cuda(sg_ctx *ctx, const sg_tenso
     const sg_tensor *ts[] = {qkv, out};
     SG_TRY(check_fused(ctx, fn, qkv, d, ts, 2));
     const float sl2 = (float)(FA_LOG2E / sqrt((double)d.hs));
-    dim3 grid((unsigned)((d.T + FA_TILE - 1) / FA_TILE), (unsigned)(d.B * d.H));
-    fused_fwd_kernel<<<grid, FA_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
+    const int rows = 16 * FA_FWD_WARPS; /* query rows a block */
+    dim3 grid((unsigned)((d.T + rows - 1) / rows), (unsigned)(d.B * d.H));
+    fused_fwd_kernel<FA_FWD_WARPS><<<grid, 32 * FA_FWD_WARPS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
         (const bf16 *)qkv->data, (bf16 *)out->data, (float *)lse->data, (int)d.T, (int)d.H, (int)d.C, sl2);
     SG_CUDA_CHECK_LAUNCH(ctx, "fused_fwd_kernel");
     sg_ctx_count_launches(ctx, 1);
