@@ -332,7 +332,8 @@ sg_status sg_attention_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tens
  * of each row). The backward reads the forward's out and lse, and is deterministic (no
  * atomics: a pass per query tile for dq, one per key tile for dk and dv). On CUDA it runs bf16
  * with head size 64 on the tensor cores (P and d(scores) rounded to bf16 before the products
- * that read them); other dtypes and head sizes, and activations not 16-byte aligned, are
+ * that read them), and f32 with a head size that is a multiple of 4 up to 128 in f32 FMA (no
+ * TF32); other dtypes and head sizes, and activations not 16-byte aligned, are
  * SG_ERR_UNSUPPORTED there (sg_attention_fused_supported says beforehand). The CPU reference
  * takes f32, f64 and bf16, any head size. */
 int sg_attention_fused_supported(const sg_ctx *ctx, sg_dtype dtype, int64_t C, int heads);
@@ -1029,8 +1030,8 @@ sg_status sg_module_residual(sg_builder *b, const char *name, sg_module *inner, 
 /* A GPT-2 block, x (rows, C): x += attention(ln1(x)); x += proj(gelu(fc(ln2(x)))), with the
  * builder's dropout after each branch; its backward scratch shared by every block. */
 /* 1 where sg_module_attention and sg_module_gpt_block of this precision, width and heads run
- * the fused attention (sg_attention_fused_forward: bf16 with head size 64, on either backend,
- * unless STEPGRAPH_ATTENTION=unfused is set), saving (B, heads, T) log-sum-exps instead of the
+ * the fused attention (sg_attention_fused_forward: bf16 and f32 with head size 64, on either
+ * backend, unless STEPGRAPH_ATTENTION=unfused is set), saving (B, heads, T) log-sum-exps instead of the
  * (B, heads, T, T) probabilities; 0 where they run sg_attention_forward. */
 int sg_module_attention_fused(sg_dtype precision, int64_t C, int heads);
 sg_status sg_module_gpt_block(sg_builder *b, const char *name, int64_t C, int heads,

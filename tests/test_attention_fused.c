@@ -3,11 +3,14 @@
  * against the log-sum-exp of the unfused probabilities' scores, delta = dout . out, float64
  * finite differences of the whole (forward, backward) pair at T = 1 and T > 1, one and two
  * heads; argument errors. `gpu`: the bf16 tensor-core kernels against the CPU reference on
- * the same bf16 values (T = 1, T not a multiple of the 64-row tile, exactly one and several
- * tiles, heads 1, 2 and 12), outputs poisoned first, within a bound derived below; the same
- * problem twice gives the same bits (deterministic backward); fused against the unfused CUDA
- * path; a captured forward + backward replayed bit-exact against eager; what CUDA refuses
- * (f32, head size 32, a view that is not 16-byte aligned).
+ * the same bf16 values, and the f32 kernels against it in f64 on the same f32 values (T = 1,
+ * T not a multiple of the 64-row tile, exactly one and several tiles, heads 1, 2 and 12; f32
+ * also head sizes 32, 128 and, padded inside the kernels, 48, 4 and 100, and a problem with
+ * enough tiles for the 64-row blocks, the others running the 32-row ones), outputs poisoned
+ * first, within the bounds derived below; the same problem twice gives the same bits
+ * (deterministic backward); fused against the unfused CUDA path of the same dtype; a captured
+ * forward + backward replayed bit-exact against eager (bf16, f32); what CUDA refuses (bf16
+ * head size 32, f32 head sizes 132 and 6, views that are not 16-byte aligned).
  *
  * The bf16 bound. The CPU reference computes in double from the bf16 inputs and rounds each
  * output once; the forward is compared with its forward, the backward with its backward given
@@ -24,7 +27,30 @@
  *         (a32 times the column sums of P), max|q|
  * each doubled for the second-order terms, plus rtol 2^-8 (the output rounding), and lse
  * within 4 hs 2^-24 max|score| + 2^-20 (1 + |lse|) (f32 scores, exp2f and log2f). The sums of
- * P and |dS| are taken from an f64 run of the unfused reference on the same values. */
+ * P and |dS| are taken from an f64 run of the unfused reference on the same values.
+ *
+ * The f32 bound: the same formulas (derive()), with e the relative error of each P the f32
+ * kernels compute and hold, u = 2^-24, worst cases of recursive f32 sums (n terms: (n-1) u
+ * times the sum of their magnitudes, whatever the order):
+ *   - the score q . k, a sequential FMA sum of hs terms: hs u sum_i |q_i k_i|, at most
+ *     hs u A with A = max over causal pairs of sum_i |q_i k_i| / sqrt(hs) (after the scale);
+ *   - the roundings of score * log2(e)/sqrt(hs) (constant and product), of lse log2(e) in the
+ *     backward (constant and product), and of the exponent's subtraction: at most
+ *     4 u max|score| + 3 u max|lse| in natural units, max|score| <= A;
+ *   - exp2f: 2 ulp, 2^-22 relative;
+ *   - the sums over keys (P v, dS k) or queries (P^T dout, dS^T q): one FMA chain of up to T
+ *     terms per output, T u relative to the sum of magnitudes (which the formulas above
+ *     already bound by e times it), the forward's rescaling by alpha once per 64-key tile (nk
+ *     roundings on o, nk on l: an error common to a row's P cancels in o / l, only these
+ *     roundings stay), l's sum (at most T / 16 + 4 + nk terms in a chain and a 16-lane
+ *     tree), 1 / l and o / l, d(scores)' subtraction and product, and dq, dk's scale: 4 u.
+ * So e = u (hs A + 4 A + 3 max|lse| + T + nk + 4) + 2^-22 (f32_e), with a32 as for bf16
+ * (delta and dout . v are hs-term f32 sums in both); out, dq, dk, dv then as above (the
+ * doubling covers out's two-sided P error, Sum p' v / Sum p' within 2 e max|v|); lse within
+ * 2 e (the scores' and l's errors, log2f's ulp on log2(l) <= log2(T), the roundings of
+ * m + log2(l) and of the division by log2(e)). rtol 2^-23: the reference's F32 lse and
+ * delta are rounded once. These are worst cases, far above the errors seen (about 1e-7 on
+ * O(1) values, the bound about 1e-5 at hs 64): an indexing or masking slip costs 1e-2 or more. */
 #include "testutil.h"
 
 typedef struct {
@@ -78,6 +104,7 @@ typedef struct {
     double out, dq, dk, dv, lse;
     double dq_o, dk_o; /* what an out off by its bound and one bf16 rounding moves dq, dk by
                         * (through delta = dout . out): for comparisons with other paths */
+    double dq_u, dk_u; /* the same per unit of error in every element of out */
 } bounds;
 
 static bounds derive(sg_ctx *cpu, const double *x, const double *g, dims d, double e, bool f32)
@@ -119,9 +146,10 @@ static bounds derive(sg_ctx *cpu, const double *x, const double *g, dims d, doub
     const double sc = 1 / sqrt((double)hs);
     /* a32: f32 sums of dout . v and dout . out (hs terms, each at most mg mv) in d(scores) */
     const double a32 = f32 ? 2 * hs * 0x1p-24 * hs * mg * mv : 0;
-    const double od = hs * mg * (2 * e * mv + 0x1p-8 * mv);
+    const double od = 2 * e * mv + 0x1p-8 * mv, du = sc * hs * mg;
     bounds r = {2 * e * mv, 2 * e * rowS * mk * sc + 2 * sc * a32 * mk, 2 * e * colS * mq * sc + 2 * sc * a32 * colP * mq,
-                2 * e * colP * mg, 4 * (double)hs * 0x1p-24 * ms, sc * od * mk, sc * od * colP * mq};
+                2 * e * colP * mg, 4 * (double)hs * 0x1p-24 * ms, du * od * mk, du * od * colP * mq,
+                du * mk, du * colP * mq};
     free(att), free(out), free(cs), free(cd);
     return r;
 }
@@ -234,34 +262,68 @@ static void cpu_errors(sg_ctx *ctx)
 
 /* ---- gpu ---- */
 
-static void gpu_against_cpu(sg_ctx *gpu, sg_ctx *cpu, dims d)
+/* e for the f32 kernels (header comment): the relative error of each P they compute, from the
+ * largest sum_i |q_i k_i| / sqrt(hs) over the causal (query, key) pairs of x and max|lse|. */
+static double f32_e(const double *x, dims d, double ml)
 {
+    const int64_t T = d.T, C = d.C, H = d.H, hs = C / H;
+    double ma = 0;
+    for (int64_t b = 0; b < d.B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t s = 0; s <= t; s++) {
+                    const double *q = x + (b * T + t) * 3 * C + h * hs, *k = x + (b * T + s) * 3 * C + C + h * hs;
+                    double a = 0;
+                    for (int64_t i = 0; i < hs; i++) a += fabs(q[i] * k[i]);
+                    ma = fmax(ma, a);
+                }
+    ma /= sqrt((double)hs);
+    const double u = 0x1p-24, nk = (double)((T + 63) / 64);
+    return u * ((double)hs * ma + 4 * ma + 3 * ml + (double)T + nk + 4) + 0x1p-22;
+}
+
+static double max_abs(const sg_tensor *t)
+{
+    double *v = tu_get(t), m = 0;
+    for (int64_t i = 0; i < t->numel; i++) m = fmax(m, fabs(v[i]));
+    free(v);
+    return m;
+}
+
+/* The kernels of dtype dt against the CPU reference on the same values (bf16: the reference
+ * in bf16, which computes in double and rounds its outputs; f32: the reference in f64). */
+static void gpu_against_cpu(sg_ctx *gpu, sg_ctx *cpu, sg_dtype dt, dims d)
+{
+    const bool bf = dt == SG_DTYPE_BF16;
     char w[160];
-    snprintf(w, sizeof w, "bf16 B=%lld T=%lld C=%lld heads=%d", (long long)d.B, (long long)d.T, (long long)d.C, d.H);
-    fused_set gs = make_set(gpu, SG_DTYPE_BF16, d);
+    snprintf(w, sizeof w, "%s B=%lld T=%lld C=%lld heads=%d", sg_dtype_name(dt), (long long)d.B, (long long)d.T,
+             (long long)d.C, d.H);
+    fused_set gs = make_set(gpu, dt, d);
     double *x = tu_random(gs.qkv, -1, 1), *g = tu_random(gs.dout, -1, 1);
-    /* the values as the GPU holds them (rounded to bf16) */
+    /* the values as the GPU holds them (rounded to bf16 or f32) */
     free(x), free(g);
     x = tu_get(gs.qkv), g = tu_get(gs.dout);
     tu_poison(gs.out), tu_poison(gs.lse), tu_poison(gs.dqkv), tu_poison(gs.delta);
     run(gpu, &gs, d);
     /* The forward against the reference's; the backward against the reference's backward
      * given the kernels' own out and lse (its inputs), so that each is held to its own errors. */
-    fused_set cs = make_set(cpu, SG_DTYPE_BF16, d);
+    fused_set cs = make_set(cpu, bf ? SG_DTYPE_BF16 : SG_DTYPE_F64, d);
     tu_set(cs.qkv, x), tu_set(cs.dout, g);
     TU_OK(cpu, sg_attention_fused_forward(cpu, cs.qkv, d.H, cs.out, cs.lse));
     char l[220];
-    double *lv = tu_get(gs.lse), ml = 0;
-    for (int64_t i = 0; i < gs.lse->numel; i++) ml = fmax(ml, fabs(lv[i]));
-    /* e: bf16 rounding of P and dS, and exp2f's error on f32 arguments up to |score| + |lse|. */
-    const double e = 0x1p-9 + 0x1p-22 * (1 + 2 * ml);
+    const double ml = max_abs(gs.lse);
+    /* e, bf16: the rounding of P and dS to bf16, and exp2f's error on f32 arguments up to
+     * |score| + |lse|; f32: f32_e. */
+    const double e = bf ? 0x1p-9 + 0x1p-22 * (1 + 2 * ml) : f32_e(x, d, ml);
     bounds bd = derive(cpu, x, g, d, e, true);
-    const double r8 = 0x1p-8;
+    /* rtol, bf16: the outputs' rounding (one bf16 ulp where the two sides round apart); f32:
+     * one f32 rounding, the reference's F32 lse and delta (the kernels' own are in e). */
+    const double r = bf ? 0x1p-8 : 0x1p-23;
     snprintf(l, sizeof l, "%s: out", w);
-    tu_close_tensors(l, gs.out, cs.out, (tu_tol){bd.out, r8});
+    tu_close_tensors(l, gs.out, cs.out, (tu_tol){bd.out, r});
     snprintf(l, sizeof l, "%s: lse", w);
-    tu_close_tensors(l, gs.lse, cs.lse, (tu_tol){bd.lse + 0x1p-20, 0x1p-20});
-    double *ov = tu_get(gs.out);
+    tu_close_tensors(l, gs.lse, cs.lse, bf ? (tu_tol){bd.lse + 0x1p-20, 0x1p-20} : (tu_tol){2 * e, r});
+    double *ov = tu_get(gs.out), *lv = tu_get(gs.lse);
     tu_set(cs.out, ov), tu_set(cs.lse, lv);
     TU_OK(cpu, sg_attention_fused_backward(cpu, cs.qkv, cs.out, cs.lse, cs.dout, d.H, cs.dqkv, cs.delta));
     free(ov), free(lv);
@@ -275,47 +337,64 @@ static void gpu_against_cpu(sg_ctx *gpu, sg_ctx *cpu, dims d)
         for (int64_t i = 0; i < n; i++)
             for (int64_t c = 0; c < C; c++) a[i * C + c] = gd[i * 3 * C + k * C + c], b[i * C + c] = cd[i * 3 * C + k * C + c];
         snprintf(l, sizeof l, "%s: %s", w, sec[k]);
-        tu_close(l, a, b, n * C, (tu_tol){atol[k], r8});
+        tu_close(l, a, b, n * C, (tu_tol){atol[k], r});
     }
     /* delta = dout . out from the same out: the f32 sum's rounding, hs terms of at most
      * max|dout| max|out|, and the store's. */
-    double mg = 0, mo = 0, *co = tu_get(cs.out);
-    for (int64_t i = 0; i < n * C; i++) mg = fmax(mg, fabs(g[i])), mo = fmax(mo, fabs(co[i]));
+    const double mg = max_abs(cs.dout), mo = max_abs(cs.out);
     const double hs = (double)(C / d.H);
     snprintf(l, sizeof l, "%s: delta", w);
     tu_close_tensors(l, gs.delta, cs.delta, (tu_tol){2 * hs * hs * 0x1p-24 * mg * mo, 0x1p-23});
-    free(co);
     /* Deterministic: a second run gives the same bits everywhere. */
-    void *o1 = tu_raw(gs.out), *q1 = tu_raw(gs.dqkv), *l1 = tu_raw(gs.lse);
-    tu_poison(gs.out), tu_poison(gs.dqkv), tu_poison(gs.lse);
+    void *o1 = tu_raw(gs.out), *q1 = tu_raw(gs.dqkv), *l1 = tu_raw(gs.lse), *d1 = tu_raw(gs.delta);
+    tu_poison(gs.out), tu_poison(gs.dqkv), tu_poison(gs.lse), tu_poison(gs.delta);
     run(gpu, &gs, d);
-    TU_CHECK(tu_same_bytes(gs.out, o1) && tu_same_bytes(gs.dqkv, q1) && tu_same_bytes(gs.lse, l1),
+    TU_CHECK(tu_same_bytes(gs.out, o1) && tu_same_bytes(gs.dqkv, q1) && tu_same_bytes(gs.lse, l1) &&
+                 tu_same_bytes(gs.delta, d1),
              "%s: a second run differs (the kernels must be deterministic)", w);
-    free(o1), free(q1), free(l1), free(a), free(b), free(gd), free(cd), free(x), free(g);
+    free(o1), free(q1), free(l1), free(d1), free(a), free(b), free(gd), free(cd), free(x), free(g);
     tu_free_live();
 }
 
-/* Against the unfused CUDA path: both approximate the same function in bf16. */
-static void gpu_against_unfused(sg_ctx *gpu, sg_ctx *cpu, dims d)
+/* Against the unfused CUDA path of the same dtype: both approximate the same function. */
+static void gpu_against_unfused(sg_ctx *gpu, sg_ctx *cpu, sg_dtype dt, dims d)
 {
-    fused_set gs = make_set(gpu, SG_DTYPE_BF16, d);
+    char w[160];
+    snprintf(w, sizeof w, "%s fused vs unfused CUDA", sg_dtype_name(dt));
+    fused_set gs = make_set(gpu, dt, d);
     free(tu_random(gs.qkv, -1, 1));
     free(tu_random(gs.dout, -1, 1));
     run(gpu, &gs, d);
     const int64_t a[4] = {d.B, d.H, d.T, d.T}, wn = sg_attention_work_elems(d.B, d.T, d.C, d.H);
-    sg_tensor *out = tu_keep(tu_tensor(gpu, SG_DTYPE_BF16, 2, gs.out->shape, "u.out"));
-    sg_tensor *att = tu_keep(tu_tensor(gpu, SG_DTYPE_BF16, 4, a, "u.att"));
+    sg_tensor *out = tu_keep(tu_tensor(gpu, dt, 2, gs.out->shape, "u.out"));
+    sg_tensor *att = tu_keep(tu_tensor(gpu, dt, 4, a, "u.att"));
     sg_tensor *work = tu_keep(tu_tensor1(gpu, SG_DTYPE_F32, wn, "u.work"));
-    sg_tensor *dqkv = tu_keep(tu_tensor(gpu, SG_DTYPE_BF16, 2, gs.dqkv->shape, "u.dqkv"));
+    sg_tensor *dqkv = tu_keep(tu_tensor(gpu, dt, 2, gs.dqkv->shape, "u.dqkv"));
     TU_OK(gpu, sg_attention_forward(gpu, gs.qkv, d.H, out, att, work));
     TU_OK(gpu, sg_attention_backward(gpu, gs.qkv, att, gs.dout, d.H, dqkv, work));
-    /* Each within the derived bound of the exact result: twice the bound between them. */
     double *x = tu_get(gs.qkv), *g = tu_get(gs.dout);
-    bounds bd = derive(cpu, x, g, d, 0x1p-9 + 0x1p-20, true);
-    const double r8 = 0x1p-7;
-    tu_close_tensors("fused vs unfused CUDA: out", gs.out, out, (tu_tol){2 * bd.out, r8});
-    tu_close_tensors("fused vs unfused CUDA: dqkv", gs.dqkv, dqkv,
-                     (tu_tol){2 * fmax(bd.dq, fmax(bd.dk, bd.dv)) + fmax(bd.dq_o, bd.dk_o), r8});
+    tu_tol to, tq;
+    char l[200];
+    if (dt == SG_DTYPE_BF16) {
+        /* Each within the derived bound of the exact result: twice the bound between them. */
+        bounds bd = derive(cpu, x, g, d, 0x1p-9 + 0x1p-20, true);
+        to = (tu_tol){2 * bd.out, 0x1p-7};
+        tq = (tu_tol){2 * fmax(bd.dq, fmax(bd.dk, bd.dv)) + fmax(bd.dq_o, bd.dk_o), 0x1p-7};
+    } else {
+        /* Each within its bound (e = f32_e) of the exact result given its own forward: twice the
+         * bound; plus what the fused forward's errors move its backward by, through delta
+         * (out off by bd.out: dq_u, dk_u) and through P (lse off by 2e: one more bound). The
+         * unfused path's sums (cuBLAS SGEMM, FMA, no TF32) have the same worst cases, but for
+         * its softmax backward's sum over T keys, which the doubled a32 term covers for T <=
+         * 3 hs (here 96 <= 192). */
+        bounds bd = derive(cpu, x, g, d, f32_e(x, d, max_abs(gs.lse)), true);
+        to = (tu_tol){2 * bd.out, 0x1p-22};
+        tq = (tu_tol){3 * fmax(bd.dq, fmax(bd.dk, bd.dv)) + fmax(bd.dq_u, bd.dk_u) * bd.out, 0x1p-22};
+    }
+    snprintf(l, sizeof l, "%s: out", w);
+    tu_close_tensors(l, gs.out, out, to);
+    snprintf(l, sizeof l, "%s: dqkv", w);
+    tu_close_tensors(l, gs.dqkv, dqkv, tq);
     free(x), free(g);
     tu_free_live();
 }
@@ -334,9 +413,9 @@ static sg_status cap_step(void *u)
                                        c->s->delta);
 }
 
-static void gpu_capture(sg_ctx *gpu, dims d)
+static void gpu_capture(sg_ctx *gpu, sg_dtype dt, dims d)
 {
-    fused_set s = make_set(gpu, SG_DTYPE_BF16, d);
+    fused_set s = make_set(gpu, dt, d);
     free(tu_random(s.qkv, -1, 1));
     free(tu_random(s.dout, -1, 1));
     cap_args c = {gpu, &s, d};
@@ -347,29 +426,59 @@ static void gpu_capture(sg_ctx *gpu, dims d)
     void *o1 = tu_raw(s.out), *q1 = tu_raw(s.dqkv);
     tu_poison(s.out), tu_poison(s.dqkv);
     TU_OK(gpu, sg_graph_replay(gr));
-    TU_CHECK(tu_same_bytes(s.out, o1) && tu_same_bytes(s.dqkv, q1), "captured fused attention differs from eager");
+    TU_CHECK(tu_same_bytes(s.out, o1) && tu_same_bytes(s.dqkv, q1), "captured %s fused attention differs from eager",
+             sg_dtype_name(dt));
     sg_graph_destroy(gr);
     free(o1), free(q1);
     tu_free_live();
 }
 
+/* A (rows, cols) view one element into a buffer: 2 (bf16) or 4 (f32) bytes past 16-byte
+ * alignment. */
+static sg_tensor *odd_view(sg_ctx *ctx, sg_dtype dt, int64_t rows, int64_t cols, const char *name)
+{
+    sg_tensor *base = tu_keep(tu_tensor1(ctx, dt, rows * cols + 1, "base")), *v = NULL;
+    TU_OK(ctx, sg_tensor_view(base, 1, 2, (int64_t[]){rows, cols}, name, &v));
+    return tu_keep(v);
+}
+
 static void gpu_refusals(sg_ctx *gpu)
 {
-    dims d = {1, 16, 64, 2}; /* head size 32 */
-    fused_set s = make_set(gpu, SG_DTYPE_BF16, d);
     TU_CHECK(!sg_attention_fused_supported(gpu, SG_DTYPE_BF16, 64, 2) &&
-             sg_attention_fused_supported(gpu, SG_DTYPE_BF16, 128, 2) &&
-             !sg_attention_fused_supported(gpu, SG_DTYPE_F32, 128, 2), "sg_attention_fused_supported on CUDA");
+                 sg_attention_fused_supported(gpu, SG_DTYPE_BF16, 128, 2) &&
+                 sg_attention_fused_supported(gpu, SG_DTYPE_F32, 128, 2) &&
+                 sg_attention_fused_supported(gpu, SG_DTYPE_F32, 8, 2) &&
+                 sg_attention_fused_supported(gpu, SG_DTYPE_F32, 256, 2) &&
+                 !sg_attention_fused_supported(gpu, SG_DTYPE_F32, 264, 2) &&
+                 !sg_attention_fused_supported(gpu, SG_DTYPE_F32, 12, 2) &&
+                 !sg_attention_fused_supported(gpu, SG_DTYPE_F64, 128, 2),
+             "sg_attention_fused_supported on CUDA: bf16 with head size 64, f32 with a multiple of 4 up to 128");
+    /* bf16: head size 32 */
+    fused_set s = make_set(gpu, SG_DTYPE_BF16, (dims){1, 16, 64, 2});
     TU_FAILS(gpu, sg_attention_fused_forward(gpu, s.qkv, 2, s.out, s.lse), SG_ERR_UNSUPPORTED, "head size 64");
-    fused_set f = make_set(gpu, SG_DTYPE_F32, (dims){1, 16, 64, 1});
-    TU_FAILS(gpu, sg_attention_fused_forward(gpu, f.qkv, 1, f.out, f.lse), SG_ERR_UNSUPPORTED, "f32");
-    /* a view two bytes into a buffer */
-    sg_tensor *base = tu_keep(tu_tensor1(gpu, SG_DTYPE_BF16, 16 * 192 + 1, "base")), *v = NULL;
-    TU_OK(gpu, sg_tensor_view(base, 1, 2, (int64_t[]){16, 192}, "qkv.view", &v));
-    tu_keep(v);
+    /* f32: head sizes past 128 or not a multiple of 4 */
+    fused_set f = make_set(gpu, SG_DTYPE_F32, (dims){1, 16, 132, 1});
+    TU_FAILS(gpu, sg_attention_fused_forward(gpu, f.qkv, 1, f.out, f.lse), SG_ERR_UNSUPPORTED, "head size 132");
+    TU_FAILS(gpu, sg_attention_fused_backward(gpu, f.qkv, f.out, f.lse, f.dout, 1, f.dqkv, f.delta),
+             SG_ERR_UNSUPPORTED, "head size 132");
+    fused_set f6 = make_set(gpu, SG_DTYPE_F32, (dims){1, 16, 12, 2});
+    TU_FAILS(gpu, sg_attention_fused_forward(gpu, f6.qkv, 2, f6.out, f6.lse), SG_ERR_UNSUPPORTED, "head size 6");
+    /* views not 16-byte aligned: bf16 qkv; f32 qkv in the forward, dout in the backward */
     fused_set a = make_set(gpu, SG_DTYPE_BF16, (dims){1, 16, 64, 1});
+    sg_tensor *v = odd_view(gpu, SG_DTYPE_BF16, 16, 192, "qkv.view");
     TU_FAILS(gpu, sg_attention_fused_forward(gpu, v, 1, a.out, a.lse), SG_ERR_UNSUPPORTED, "16-byte aligned");
-    run(gpu, &a, (dims){1, 16, 64, 1}); /* usable after */
+    fused_set a32 = make_set(gpu, SG_DTYPE_F32, (dims){1, 16, 64, 1});
+    free(tu_random(a32.qkv, -1, 1));
+    free(tu_random(a32.dout, -1, 1));
+    sg_tensor *v32 = odd_view(gpu, SG_DTYPE_F32, 16, 192, "qkv.view32");
+    TU_FAILS(gpu, sg_attention_fused_forward(gpu, v32, 1, a32.out, a32.lse), SG_ERR_UNSUPPORTED, "'qkv.view32' is not 16-byte aligned");
+    TU_OK(gpu, sg_attention_fused_forward(gpu, a32.qkv, 1, a32.out, a32.lse));
+    sg_tensor *g32 = odd_view(gpu, SG_DTYPE_F32, 16, 64, "dout.view32");
+    TU_FAILS(gpu, sg_attention_fused_backward(gpu, a32.qkv, a32.out, a32.lse, g32, 1, a32.dqkv, a32.delta),
+             SG_ERR_UNSUPPORTED, "'dout.view32' is not 16-byte aligned");
+    /* usable after */
+    run(gpu, &a, (dims){1, 16, 64, 1});
+    run(gpu, &a32, (dims){1, 16, 64, 1});
     tu_free_live();
 }
 
@@ -388,9 +497,21 @@ int main(int argc, char **argv)
         sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
         const dims cases[] = {{2, 1, 64, 1}, {1, 77, 128, 2}, {3, 64, 64, 1}, {1, 65, 64, 1}, {2, 128, 768, 12},
                               {1, 200, 128, 2}};
-        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) gpu_against_cpu(gpu, cpu, cases[i]);
-        gpu_against_unfused(gpu, cpu, (dims){2, 96, 128, 2});
-        gpu_capture(gpu, (dims){2, 130, 128, 2});
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) gpu_against_cpu(gpu, cpu, SG_DTYPE_BF16, cases[i]);
+        /* f32: the same shapes, then head sizes 32, 128, 48 (padded to 64), 4 and 100 (to 128);
+         * these run the 32-row blocks, which the kernels take where 64-row ones would leave
+         * SMs idle; the last, 6 x 12 x 3 = 216 blocks of 64 rows, runs the 64-row ones on GPUs
+         * of up to 216 SMs. */
+        const dims f32_cases[] = {{2, 1, 64, 1},    {1, 77, 128, 2}, {3, 64, 64, 1},   {1, 65, 64, 1},
+                                  {2, 128, 768, 12}, {1, 200, 128, 2}, {2, 100, 64, 2}, {1, 130, 128, 1},
+                                  {2, 70, 96, 2},    {1, 33, 8, 2},    {1, 66, 200, 2}, {6, 130, 768, 12}};
+        for (size_t i = 0; i < sizeof f32_cases / sizeof *f32_cases; i++)
+            gpu_against_cpu(gpu, cpu, SG_DTYPE_F32, f32_cases[i]);
+        gpu_against_unfused(gpu, cpu, SG_DTYPE_BF16, (dims){2, 96, 128, 2});
+        gpu_against_unfused(gpu, cpu, SG_DTYPE_F32, (dims){2, 96, 128, 2});
+        gpu_capture(gpu, SG_DTYPE_BF16, (dims){2, 130, 128, 2});
+        gpu_capture(gpu, SG_DTYPE_F32, (dims){2, 130, 128, 2});
+        gpu_capture(gpu, SG_DTYPE_F32, (dims){1, 70, 64, 2});
         gpu_refusals(gpu);
         sg_ctx_destroy(gpu);
     }

@@ -200,12 +200,14 @@ sg_status sg_module_embedding(sg_builder *b, const char *name, int64_t vocab, in
 /* ---- causal self-attention: qkv Linear, attention, proj Linear, dropout ---- */
 
 /* The fused attention (no (B, H, T, T) probabilities; sg_attention_fused_forward) serves bf16
- * with head size 64, on either backend so that both run the same function, unless
- * STEPGRAPH_ATTENTION=unfused asks for the unfused op (to measure what fusing gives). */
+ * and f32 with head size 64, on either backend so that both run the same function, unless
+ * STEPGRAPH_ATTENTION=unfused asks for the unfused op (to measure what fusing gives). f32 on
+ * the H100, gpt-768-12-8-256 step: 29.81 ms fused against 30.88 unfused, 335 MiB less. */
 int sg_module_attention_fused(sg_dtype dt, int64_t C, int heads)
 {
     const char *e = getenv("STEPGRAPH_ATTENTION");
-    return heads > 0 && dt == SG_DTYPE_BF16 && C == 64 * (int64_t)heads && !(e && !strcmp(e, "unfused"));
+    if (heads <= 0 || C != 64 * (int64_t)heads || (e && !strcmp(e, "unfused"))) return 0;
+    return dt == SG_DTYPE_BF16 || dt == SG_DTYPE_F32;
 }
 
 

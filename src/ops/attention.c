@@ -183,12 +183,22 @@ sg_status sg_attention_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tens
 
 /* ---- the fused form ---- */
 
+sg_status sg_attention_check_aligned(sg_ctx *ctx, const char *fn, const sg_tensor *const *ts, int n)
+{
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)ts[i]->data % 16)
+            return sg_fail(ctx, SG_ERR_UNSUPPORTED, "%s: '%s' is not 16-byte aligned (the kernels read 16 "
+                           "bytes at a time)", fn, ts[i]->name);
+    return SG_OK;
+}
+
 int sg_attention_fused_supported(const sg_ctx *ctx, sg_dtype dtype, int64_t C, int heads)
 {
     if (!ctx || heads < 1 || C < 1 || C % heads) return 0;
     if (ctx->backend == SG_BACKEND_CPU)
         return dtype == SG_DTYPE_F32 || dtype == SG_DTYPE_F64 || dtype == SG_DTYPE_BF16;
-    return dtype == SG_DTYPE_BF16 && C / heads == 64;
+    const int64_t hs = C / heads;
+    return (dtype == SG_DTYPE_BF16 && hs == 64) || (dtype == SG_DTYPE_F32 && hs % 4 == 0 && hs <= 128);
 }
 
 /* qkv as check_problem takes it, B and T from qkv (3-D) or from lse (B, heads, T) F32. */
@@ -245,7 +255,11 @@ sg_status sg_attention_fused_forward(sg_ctx *ctx, const sg_tensor *qkv, int head
         fused_args a = {qkv, NULL, NULL, NULL, out, lse, d};
         return sg_cpu_run(ctx, fused_fwd_cpu, &a, sizeof a);
     }
-    return SG_CUDA_DISPATCH(ctx, sg_attention_fused_forward_cuda(ctx, qkv, out, lse, d));
+    /* bf16 on the tensor cores; every other dtype to the f32 kernels, which refuse what they
+     * do not take */
+    if (qkv->dtype == SG_DTYPE_BF16)
+        return SG_CUDA_DISPATCH(ctx, sg_attention_fused_forward_cuda(ctx, qkv, out, lse, d));
+    return SG_CUDA_DISPATCH(ctx, sg_attention_fused_forward_f32_cuda(ctx, qkv, out, lse, d));
 }
 
 sg_status sg_attention_fused_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out, const sg_tensor *lse,
@@ -269,5 +283,7 @@ sg_status sg_attention_fused_backward(sg_ctx *ctx, const sg_tensor *qkv, const s
         fused_args a = {qkv, out, lse, dout, dqkv, delta, d};
         return sg_cpu_run(ctx, fused_bwd_cpu, &a, sizeof a);
     }
-    return SG_CUDA_DISPATCH(ctx, sg_attention_fused_backward_cuda(ctx, qkv, out, lse, dout, dqkv, delta, d));
+    if (qkv->dtype == SG_DTYPE_BF16)
+        return SG_CUDA_DISPATCH(ctx, sg_attention_fused_backward_cuda(ctx, qkv, out, lse, dout, dqkv, delta, d));
+    return SG_CUDA_DISPATCH(ctx, sg_attention_fused_backward_f32_cuda(ctx, qkv, out, lse, dout, dqkv, delta, d));
 }

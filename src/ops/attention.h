@@ -56,8 +56,12 @@ sg_status sg_attention_backward_cuda(sg_ctx *ctx, const sg_tensor *qkv, const sg
 
 /* The fused form (sg_attention_fused_*: stepgraph.h): lse (B, H, T) F32 instead of att; the
  * backward also writes delta (B, H, T) F32 = dout . out per row. CPU: f32, f64, bf16, any head
- * size; CUDA (attention_fused_cuda.cu): bf16 and head size 64, 16-byte aligned activations,
- * else SG_ERR_UNSUPPORTED. */
+ * size; CUDA: bf16 and head size 64 (attention_fused_cuda.cu), f32 and head sizes that are
+ * multiples of 4 up to 128 (attention_fused_f32_cuda.cu, which attention.c sends every dtype
+ * but bf16 to), 16-byte aligned activations, else SG_ERR_UNSUPPORTED. */
+/* The fused kernels' alignment rule: each of ts[0..n) 16-byte aligned (they read 16 bytes at a
+ * time), else SG_ERR_UNSUPPORTED naming the tensor. */
+sg_status sg_attention_check_aligned(sg_ctx *ctx, const char *fn, const sg_tensor *const *ts, int n);
 sg_status sg_attention_fused_forward_cpu(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
                                          sg_tensor *lse, sg_attn_dims d);
 sg_status sg_attention_fused_backward_cpu(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
@@ -68,6 +72,11 @@ sg_status sg_attention_fused_forward_cuda(sg_ctx *ctx, const sg_tensor *qkv, sg_
 sg_status sg_attention_fused_backward_cuda(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
                                            const sg_tensor *lse, const sg_tensor *dout, sg_tensor *dqkv,
                                            sg_tensor *delta, sg_attn_dims d);
+sg_status sg_attention_fused_forward_f32_cuda(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
+                                              sg_tensor *lse, sg_attn_dims d);
+sg_status sg_attention_fused_backward_f32_cuda(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
+                                               const sg_tensor *lse, const sg_tensor *dout, sg_tensor *dqkv,
+                                               sg_tensor *delta, sg_attn_dims d);
 
 #ifdef __cplusplus
 }
