@@ -554,8 +554,10 @@ static void gpu_tests(void)
         {8, 256, 256, 768, 256, false},
         {8, 256, 256, 768, 256, true},
         {4, 64, 100, 33, 256, false}, /* C odd: scalar forward; Tmax > T */
-        {2, 3, 5, 300, 7, true},      /* chunks of 256 columns, the last one partial */
+        {2, 3, 5, 300, 7, true},      /* chunks of 128 columns, the last one partial */
         {16, 128, 128, 1, 3, false},  /* C = 1; 3 tokens, each repeated ~700 times */
+        {70, 40, 40, 24, 5, false},   /* B*T = 2800: two tiles of positions (2048, 752), ~410
+                                       * and ~150 uses of each token; 70 terms a dwpe sum */
         {tu_randint(1, 8), T, T + tu_randint(0, 40), tu_randint(1, 1000), tu_randint(1, 300),
          tu_randint(0, 1)},
     };

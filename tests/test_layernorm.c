@@ -1086,9 +1086,10 @@ static void gpu_tests(void)
     if (rm * rc > (4 << 20)) rm = (4 << 20) / rc; /* keep the double reference quick */
     /* Warp per row (C < 2048) and block per row; C % 4 (f32) or C % 8 (bf16) == 0: 16-byte
      * path, and not; 20000 rows: backward blocks of several tiles of rows (rows per block >
-     * LN_TILE_ROWS on up to 300 SMs). The same shapes in both dtypes. */
+     * LN_TILE_ROWS on up to 300 SMs); 1001 columns: a warp per row, element by element, the
+     * row longer than a warp holds in registers (read twice). The same shapes in both dtypes. */
     int64_t shapes[][2] = {{1, 1},    {7, 33},  {2048, 256}, {2048, 768},  {64, 4096}, {5, 3001},
-                           {300, 2}, {1, 2048}, {8, 100000}, {20000, 96}, {rm, rc}};
+                           {300, 2}, {1, 2048}, {8, 100000}, {20000, 96}, {3, 1001}, {rm, rc}};
     const sg_dtype dts[2] = {SG_DTYPE_F32, SG_DTYPE_BF16};
     for (int d = 0; d < 2; d++) {
         sg_dtype dt = dts[d];

@@ -7,23 +7,35 @@
  * where C and the pointers allow: y[i] = wte[tokens[i]] + wpe[i % T]; a token outside 0..V-1
  * reads as a zero row (no out-of-bounds read).
  *
- * Backward: block (row, chunk) owns 256 columns of one output row. Rows 0..V-1 are dwte: the
- * block scans all B*T tokens in order, 256 at a time (one coalesced load, a warp ballot per
- * 32), and each thread adds dy[i, c] in double for every position i whose token is that row,
- * in increasing i; rows no token used come out zero. Rows V..V+Tmax-1 are dwpe: position t
- * sums dy[b, t, c] over b in order (zero for t >= T). Cost: the scan reads V*ceil(C/256)*B*T
- * tokens (V = 256, B*T = 2048, C = 768: 1.5M 4-byte loads, from L2) and the sums read each
- * dy element once for dwte and once for dwpe. Sort-free and atomic-free; for a large
- * vocabulary (50k) the scan grows with V and a sort-based kernel would pay. */
+ * Backward: block (row, chunk) owns EMB_BWD_THREADS (128) columns of one output row, a thread
+ * per column. Rows 0..V-1 are dwte: the block scans the B*T tokens EMB_TILE at a time
+ * (coalesced loads, a warp ballot per 32) and lists the tile's positions whose token is that
+ * row in shared memory, in increasing order; then each thread adds dy[i, c] in double for the
+ * listed positions in list order, with up to EMB_IN_FLIGHT loads of dy in flight ahead of its
+ * adds (double-buffered batches). Rows no token used come out zero. Rows V..V+Tmax-1 are dwpe:
+ * position t sums dy[b, t, c] over b in order (zero for t >= T), the same way. Every sum is
+ * the reference's, term for term and in its order, so the results are bit for bit those of the
+ * kernel before the lists, which loaded one dy value per add (the blocks of the most frequent
+ * byte, the space, waited out ~400 load latencies in series: 83 us on the H100 for B*T =
+ * 2048). What bounds the time now is those blocks' chains of dependent double adds, one per
+ * use of the byte, so a block is narrow (128 columns) to spread the byte's row over more SMs.
+ * Cost: the scan reads V*ceil(C/128)*B*T tokens (V = 256, B*T = 2048, C = 768: 3.1M 4-byte
+ * loads, mostly from L1: the blocks on an SM read the same 8 KiB) and the sums read each dy
+ * element once for dwte and once for dwpe. Sort-free and atomic-free; for a large vocabulary
+ * (50k) the scan grows with V and a sort-based kernel would pay. */
 #include "ops/embedding.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include "ops/dtype_cuda.cuh"
 
-#define EMB_THREADS 256
-#define EMB_WARPS (EMB_THREADS / 32)
+#define EMB_THREADS 256          /* forward block */
 #define EMB_FWD_BLOCKS_PER_SM 16 /* forward grid cap (grid-stride beyond it) */
+#define EMB_BWD_THREADS 128      /* backward block: the columns of one chunk */
+#define EMB_BWD_WARPS (EMB_BWD_THREADS / 32)
+#define EMB_SCAN 16                           /* backward: tokens a thread reads per tile ... */
+#define EMB_TILE (EMB_BWD_THREADS * EMB_SCAN) /* ... positions listed per tile (8 KiB) */
+#define EMB_IN_FLIGHT 32 /* backward: dy loads a thread has in flight ahead of its adds */
 #define FULL_MASK 0xffffffffu
 
 /* ---- forward ---- */
@@ -56,42 +68,99 @@ __global__ void __launch_bounds__(EMB_THREADS)
 
 /* ---- backward ---- */
 
+/* Entry i of a sum: list[i] (shared memory) when LIST, else i. */
+template <bool LIST> __device__ __forceinline__ int64_t emb_entry(const int *list, int64_t i)
+{
+    return LIST ? (int64_t)list[i] : i;
+}
+
+/* acc + p[idx(0) * stride] + p[idx(1) * stride] + ... + p[idx(n-1) * stride], added in that
+ * order in double, idx = emb_entry. Double-buffered batches of EMB_IN_FLIGHT: the loads of
+ * batch k + 1 are issued, then batch k is added, so that many independent loads are in flight
+ * behind the serial adds. */
+template <typename T, bool LIST>
+__device__ __forceinline__ double emb_sum_in_order(double acc, const T *p, const int *list,
+                                                   int64_t n, int64_t stride)
+{
+    constexpr int W = EMB_IN_FLIGHT;
+    T cur[W], next[W];
+#pragma unroll
+    for (int u = 0; u < W; u++)
+        if (u < n) cur[u] = p[emb_entry<LIST>(list, u) * stride];
+    for (int64_t i0 = 0; i0 < n; i0 += W) {
+        if (i0 + 2 * W <= n) { /* the next batch is full: no bound checks */
+#pragma unroll
+            for (int u = 0; u < W; u++) next[u] = p[emb_entry<LIST>(list, i0 + W + u) * stride];
+        } else {
+#pragma unroll
+            for (int u = 0; u < W; u++)
+                if (i0 + W + u < n) next[u] = p[emb_entry<LIST>(list, i0 + W + u) * stride];
+        }
+#pragma unroll
+        for (int u = 0; u < W; u++)
+            if (i0 + u < n) acc += (double)to_f(cur[u]);
+#pragma unroll
+        for (int u = 0; u < W; u++) cur[u] = next[u];
+    }
+    return acc;
+}
+
 /* tokens (B*T); dy (B*T, C); dwte (vocab, C); dwpe (Tmax, C). Block b: output row b / chunks
- * (dwte rows first, then dwpe rows), columns (b % chunks)*EMB_THREADS + threadIdx.x. Every
- * branch on the row is uniform over the block. */
+ * (dwte rows first, then dwpe rows), columns (b % chunks)*EMB_BWD_THREADS + threadIdx.x. Every
+ * branch on the row is uniform over the block, and every thread reaches every barrier (a
+ * thread past column C-1 only skips its sum). */
 template <typename T>
-__global__ void __launch_bounds__(EMB_THREADS)
+__global__ void __launch_bounds__(EMB_BWD_THREADS)
     emb_backward_kernel(const int *__restrict__ tokens, const T *__restrict__ dy,
                         T *__restrict__ dwte, T *__restrict__ dwpe, int64_t B, int64_t T_len,
                         int64_t C, int64_t vocab, int chunks)
 {
-    __shared__ unsigned sh_hits[EMB_WARPS];
+    __shared__ int sh_list[EMB_TILE]; /* the tile's matching positions, from the tile start */
+    __shared__ int sh_count[EMB_BWD_WARPS];
     const int64_t row = blockIdx.x / chunks;
-    const int64_t c = (int64_t)(blockIdx.x % chunks) * EMB_THREADS + threadIdx.x;
+    const int64_t c = (int64_t)(blockIdx.x % chunks) * EMB_BWD_THREADS + threadIdx.x;
     const bool col = c < C;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     double acc = 0;
     if (row < vocab) {
         const int v = (int)row;
         const int64_t BT = B * T_len;
-        for (int64_t base = 0; base < BT; base += EMB_THREADS) {
-            const int64_t i = base + threadIdx.x;
-            const unsigned hits = __ballot_sync(FULL_MASK, i < BT && tokens[i] == v);
-            if ((threadIdx.x & 31) == 0) sh_hits[threadIdx.x >> 5] = hits;
-            __syncthreads();
-            /* The tile's matching positions in increasing order: warp by warp, bit by bit. */
-            for (int w = 0; w < EMB_WARPS; w++) {
-                for (unsigned m = sh_hits[w]; m; m &= m - 1) {
-                    const int64_t pos = base + w * 32 + (__ffs(m) - 1);
-                    if (col) acc += (double)to_f(dy[pos * C + c]);
-                }
+        for (int64_t base = 0; base < BT; base += EMB_TILE) {
+            /* Warp w scans tile positions [w*32*EMB_SCAN, (w+1)*32*EMB_SCAN): one ballot per
+             * 32, the loads all issued first. */
+            const int wpos = warp * 32 * EMB_SCAN;
+            unsigned hits[EMB_SCAN];
+            int count = 0;
+#pragma unroll
+            for (int k = 0; k < EMB_SCAN; k++) {
+                const int64_t i = base + wpos + k * 32 + lane;
+                hits[k] = __ballot_sync(FULL_MASK, i < BT && tokens[i] == v);
+                count += __popc(hits[k]);
             }
-            __syncthreads(); /* sh_hits is rewritten by the next tile */
+            if (lane == 0) sh_count[warp] = count;
+            __syncthreads();
+            /* The warp's hits go after those of the warps before it, in position order. */
+            int n = 0, at = 0;
+            for (int w = 0; w < EMB_BWD_WARPS; w++) {
+                at += w < warp ? sh_count[w] : 0;
+                n += sh_count[w];
+            }
+            const unsigned below = (1u << lane) - 1u;
+#pragma unroll
+            for (int k = 0; k < EMB_SCAN; k++) {
+                if ((hits[k] >> lane) & 1u)
+                    sh_list[at + __popc(hits[k] & below)] = wpos + k * 32 + lane;
+                at += __popc(hits[k]);
+            }
+            __syncthreads();
+            if (col) acc = emb_sum_in_order<T, true>(acc, dy + base * C + c, sh_list, n, C);
+            __syncthreads(); /* sh_list and sh_count are rewritten by the next tile */
         }
         if (col) dwte[row * C + c] = from_d<T>(acc);
     } else if (col) {
         const int64_t t = row - vocab;
         if (t < T_len)
-            for (int64_t b = 0; b < B; b++) acc += (double)to_f(dy[(b * T_len + t) * C + c]);
+            acc = emb_sum_in_order<T, false>(acc, dy + t * C + c, nullptr, B, T_len * C);
         dwpe[t * C + c] = from_d<T>(acc);
     }
 }
@@ -142,7 +211,7 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *tokens, const sg_tenso
 {
     const int64_t B = tokens->shape[0], T_len = tokens->shape[1];
     const int64_t vocab = dwte->shape[0], C = dwte->shape[1], Tmax = dwpe->shape[0];
-    const int64_t chunks = (C + EMB_THREADS - 1) / EMB_THREADS;
+    const int64_t chunks = (C + EMB_BWD_THREADS - 1) / EMB_BWD_THREADS;
     const int64_t blocks = (vocab + Tmax) * chunks;
     if (blocks > INT32_MAX || vocab > INT32_MAX)
         return sg_fail(ctx, SG_ERR_UNSUPPORTED,
@@ -150,7 +219,8 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *tokens, const sg_tenso
                        "%lld columns need %lld blocks; the CUDA kernel takes at most %d",
                        (long long)vocab, (long long)Tmax, (long long)C, (long long)blocks,
                        INT32_MAX);
-    emb_backward_kernel<T><<<(int)blocks, EMB_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
+    emb_backward_kernel<T><<<(int)blocks, EMB_BWD_THREADS, 0,
+                             (cudaStream_t)sg_ctx_stream(ctx)>>>(
         (const int *)tokens->data, (const T *)dy->data, (T *)dwte->data, (T *)dwpe->data, B, T_len,
         C, vocab, (int)chunks);
     SG_CUDA_CHECK_LAUNCH(ctx, "emb_backward_kernel");
