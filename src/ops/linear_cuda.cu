@@ -355,10 +355,6 @@ static sg_status launch_bias_act(sg_ctx *ctx, sg_dtype dt, sg_activation act, vo
 #define DB_COLS 32
 #define DB_ROWS 8
 #define DB_VEC_MAX 8 /* columns a thread takes at most (bf16) */
-#define DB_BATCH 4       /* rows a lane loads before it uses the first: 4 without an activation,
-                          * 2 with GELU (its input doubles the loads; 4 spill under the
-                          * 64-register bound), 1 with ReLU (2 spill there) */
-#define DB_PART_BATCH 16 /* partials the last block loads before it adds the first */
 
 template <int ACT> __device__ __forceinline__ float act_grad(float g, float a)
 {
@@ -390,34 +386,18 @@ dact_bias_kernel(T *g, const T *act_in, T *__restrict__ db, float *__restrict__ 
     float s[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; j++) s[j] = 0.f;
-    /* DB_BATCH of the lane's rows at a time: every load of the batch issued before the first
-     * store (the stores to g would otherwise keep the compiler from hoisting the next row's
-     * loads), then each row in order, so the sums keep their order. */
-    constexpr int NB = ACT == SG_ACT_NONE ? DB_BATCH : ACT == SG_ACT_GELU ? DB_BATCH / 2 : 1;
     if (col0 < n)
-        for (int64_t rb = r0 + ty; rb < r1; rb += DB_ROWS * NB) {
-            vec_t<T, VEC> v[NB], a[NB];
+        for (int64_t r = r0 + ty; r < r1; r += DB_ROWS) {
+            const int64_t i = r * n + col0;
+            vec_t<T, VEC> v = ldv<T, VEC>(g + i, 0);
+            if (ACT != SG_ACT_NONE) {
+                vec_t<T, VEC> a = ldv<T, VEC>(act_in + i, 0);
 #pragma unroll
-            for (int q = 0; q < NB; q++) {
-                const int64_t r = rb + q * DB_ROWS;
-                if (r < r1) {
-                    v[q] = ldv<T, VEC>(g + r * n + col0, 0);
-                    if (ACT != SG_ACT_NONE) a[q] = ldv<T, VEC>(act_in + r * n + col0, 0);
-                }
+                for (int j = 0; j < VEC; j++) v.e[j] = from_f<T>(act_grad<ACT>(to_f(v.e[j]), to_f(a.e[j])));
+                stv<T, VEC>(g + i, 0, v);
             }
 #pragma unroll
-            for (int q = 0; q < NB; q++) {
-                const int64_t r = rb + q * DB_ROWS;
-                if (r >= r1) break;
-                if (ACT != SG_ACT_NONE) {
-#pragma unroll
-                    for (int j = 0; j < VEC; j++)
-                        v[q].e[j] = from_f<T>(act_grad<ACT>(to_f(v[q].e[j]), to_f(a[q].e[j])));
-                    stv<T, VEC>(g + r * n + col0, 0, v[q]);
-                }
-#pragma unroll
-                for (int j = 0; j < VEC; j++) s[j] += to_f(v[q].e[j]);
-            }
+            for (int j = 0; j < VEC; j++) s[j] += to_f(v.e[j]);
         }
     if (!db) return; /* the same for the whole grid */
 
@@ -443,18 +423,8 @@ dact_bias_kernel(T *g, const T *act_in, T *__restrict__ db, float *__restrict__ 
     if (!last) return;
     __threadfence();
     if (mine) {
-        /* DB_PART_BATCH partials in flight at a time (one L2 round trip each batch, not each
-         * partial), added in chunk order. */
         float t = 0.f;
-        unsigned j = 0;
-        for (; j + DB_PART_BATCH <= gridDim.y; j += DB_PART_BATCH) {
-            float pv[DB_PART_BATCH];
-#pragma unroll
-            for (int q = 0; q < DB_PART_BATCH; q++) pv[q] = __ldcg(&partials[(int64_t)(j + q) * n + col]);
-#pragma unroll
-            for (int q = 0; q < DB_PART_BATCH; q++) t += pv[q];
-        }
-        for (; j < gridDim.y; j++) t += __ldcg(&partials[(int64_t)j * n + col]);
+        for (unsigned j = 0; j < gridDim.y; j++) t += __ldcg(&partials[(int64_t)j * n + col]);
         db[col] = from_f<T>(t);
     }
     if (tx == 0 && ty == 0) counters[blockIdx.x] = 0; /* ready for the next launch */
