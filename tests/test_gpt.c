@@ -196,9 +196,23 @@ static void bf16_tracks_fp32(sg_backend be, const char *name, int steps)
         TU_OK(ctx, sg_model_loss_read(h.m, &b));
         lf[i] = a, lh[i] = b;
     }
-    /* bf16 keeps 8 bits of mantissa: activations and gradients are rounded to ~0.4%; over a
-     * few dozen Adam steps the loss stays within 2% of the fp32 run's. */
-    tu_close("bf16 loss per step vs fp32", lh, lf, steps, (tu_tol){2e-2, 2e-2});
+    /* bf16 keeps 8 bits of mantissa: activations and gradients are rounded to ~0.4%, and the
+     * two runs' updates differ by that much, so their trajectories drift apart a little and a
+     * single step's loss (one batch) can differ by more: on the H100 one of 10 runs of
+     * gpt-128-2-4-64 had step 20 at 5.174 against 5.019 (3%), its neighbours within 1%. What
+     * is compared is the curve: the mean loss of each window of 5 steps within 2% (+0.02) of
+     * fp32's, which a systematic error (a wrong scale, a missing term) breaks; and no single
+     * step more than 6% (+0.05) away, which a divergence breaks. */
+    const int W = 5;
+    double wh[64 / 5 + 1], wf[64 / 5 + 1];
+    int nw = 0;
+    for (int i = 0; i + W <= steps && i + W <= 64; i += W, nw++) {
+        wh[nw] = wf[nw] = 0;
+        for (int j = i; j < i + W; j++) wh[nw] += lh[j] / W, wf[nw] += lf[j] / W;
+    }
+    TU_CHECK(nw >= 2, "%d windows of %d steps: the comparison needs at least 2", nw, W);
+    tu_close("bf16 loss per 5-step window vs fp32", wh, wf, nw, (tu_tol){2e-2, 2e-2});
+    tu_close("bf16 loss per step vs fp32", lh, lf, steps, (tu_tol){5e-2, 6e-2});
     printf("%s: loss step 1 %.4f / %.4f, step %d %.4f / %.4f (bf16 / fp32)\n", name, lh[0], lf[0], steps,
            lh[steps - 1], lf[steps - 1]);
     TU_CHECK(lh[steps - 1] < lh[0] - 0.5, "bf16 loss fell by less than 0.5: %.4f -> %.4f", lh[0], lh[steps - 1]);
