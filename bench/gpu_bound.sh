@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # gpu_bound.sh: issue 15's measurements of GPU-bound GPT steps, stepgraph and PyTorch in one run
 # on one GPU: `stepgraph bench` under step scope (and eager) with the fused attention (the
-# default for bf16, head size 64) and with STEPGRAPH_ATTENTION=unfused, and bench/torch_ref.py
+# default, head size 64) and with STEPGRAPH_ATTENTION=unfused, bf16 also with the loss-scale
+# unscale as a pass of its own (STEPGRAPH_UNSCALE=separate, tagged "separate-unscale"; the
+# default folds it into the optimizer), and bench/torch_ref.py
 # (SDPA attention, as PyTorch users write it) in its graph and compile modes, and its graph mode
 # with the explicit math attention (--attention math), reported beside it. JSON lines into
 # $OUT/gpu_bound.jsonl, then one table: ms/step, and stepgraph's best over PyTorch's best. Also
@@ -34,9 +36,11 @@ for p in ${PRECS//,/ }; do
     | tag stepgraph >> "$J" || echo "stepgraph bench $p failed" >&2
   "$SG" bench --model "$MODELS" --scope step --precision "$p" --optim-state bf16 --steps "$STEPS" --json \
     2>>"$OUT/gpu_bound.err" | tag "stepgraph bf16-state" >> "$J" || echo "stepgraph bf16-state $p failed" >&2
+  STEPGRAPH_ATTENTION=unfused "$SG" bench --model "$MODELS" --scope step --precision "$p" --steps "$STEPS" --json \
+    2>>"$OUT/gpu_bound.err" | tag "stepgraph unfused-attention" >> "$J" || echo "stepgraph unfused $p failed" >&2
   if [ "$p" = bf16 ]; then
-    STEPGRAPH_ATTENTION=unfused "$SG" bench --model "$MODELS" --scope step --precision "$p" --steps "$STEPS" --json \
-      2>>"$OUT/gpu_bound.err" | tag "stepgraph unfused-attention" >> "$J" || echo "stepgraph unfused $p failed" >&2
+    STEPGRAPH_UNSCALE=separate "$SG" bench --model "$MODELS" --scope step --precision "$p" --steps "$STEPS" --json \
+      2>>"$OUT/gpu_bound.err" | tag "stepgraph separate-unscale" >> "$J" || echo "stepgraph separate $p failed" >&2
   fi
   python3 bench/torch_ref.py --model "$MODELS" --mode "$TMODES" --precision "$p" --steps 100 --repeats 5 \
     --json 2>>"$OUT/gpu_bound.err" | tag pytorch >> "$J" || echo "torch_ref $p failed" >&2
