@@ -31,7 +31,9 @@ void sg_gpt_estimate(const sg_kind_spec *s, sg_dtype precision, float dropout, i
     /* The attention's work and saved probabilities, or (fused) its delta and log-sum-exps. */
     int fused = sg_module_attention_fused(precision, s->width, (int)H);
     double work = fused ? B * H * T * 4 : (4 * M * C + B * H * T * T) * 4, saved = fused ? B * H * T * 4 : B * H * T * T * a;
-    double shared = work + (6 + 4 + 3 + 2 * drop) * M * C * a;
+    /* The blocks' shared backward scratch: d.fc (4 MC), d.qkv (3), d.h2, d.x2, d.attn, d.h1, and
+     * dx, which alternates between two buffers from the second block on. */
+    double shared = work + (4 + 3 + 4 + fmin(L, 2) + 2 * drop) * M * C * a;
     double block = (18 + 2 * drop) * M * C * a + 4 * M * 4 + saved;
     double tail = 2 * M * C * a + 2 * M * 4 + M * V * a + M * C * a + M * V * a;
     /* Recompute: one block's buffers in the arena, each block's output copied out of it, and
