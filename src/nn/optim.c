@@ -216,29 +216,35 @@ sg_status sg_optim_step(sg_optim *o)
     return sg_optim_update_amp(o);
 }
 
-sg_status sg_optim_update_amp(sg_optim *o)
+/* The fused update over all parameters, reading the f32 gradients, or (amp) the scaled bf16
+ * ones with sg_amp_check's factor. */
+static sg_status update(sg_optim *o, bool amp)
 {
-    if (!o) return SG_ERR_NULL;
-    if (!o->grad_lo) return sg_optim_update(o);
     sg_param_set *ps = o->ps;
     SG_TRY(sg_optim_alloc_state(o));
     o->stepped = true;
-    if (o->kind == SG_OPTIM_ADAMW)
+    const bool adamw = o->kind == SG_OPTIM_ADAMW;
+    if (amp && adamw)
         return sg_adamw_step_amp(o->ctx, ps->flat, o->grad_lo, o->inv, o->m, o->v, o->hp, ps->seg_start,
                                  ps->seg_decay, ps->count, o->skip, o->param_lo);
-    return sg_sgd_step_amp(o->ctx, ps->flat, o->grad_lo, o->inv, o->m, o->hp, ps->seg_start, ps->seg_decay,
-                           ps->count, o->skip, o->param_lo);
+    if (amp)
+        return sg_sgd_step_amp(o->ctx, ps->flat, o->grad_lo, o->inv, o->m, o->hp, ps->seg_start, ps->seg_decay,
+                               ps->count, o->skip, o->param_lo);
+    if (adamw)
+        return sg_adamw_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->v, o->hp, ps->seg_start, ps->seg_decay,
+                             ps->count, o->skip, o->param_lo);
+    return sg_sgd_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->hp, ps->seg_start, ps->seg_decay, ps->count,
+                       o->skip, o->param_lo);
+}
+
+sg_status sg_optim_update_amp(sg_optim *o)
+{
+    if (!o) return SG_ERR_NULL;
+    return update(o, o->grad_lo != NULL);
 }
 
 sg_status sg_optim_update(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
-    sg_param_set *ps = o->ps;
-    SG_TRY(sg_optim_alloc_state(o));
-    o->stepped = true;
-    if (o->kind == SG_OPTIM_ADAMW)
-        return sg_adamw_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->v, o->hp, ps->seg_start,
-                             ps->seg_decay, ps->count, o->skip, o->param_lo);
-    return sg_sgd_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->hp, ps->seg_start, ps->seg_decay,
-                       ps->count, o->skip, o->param_lo);
+    return update(o, false);
 }
