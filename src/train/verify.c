@@ -63,9 +63,9 @@ static sg_status read_all(sg_ctx *ctx, const sg_tensor *t, float *out)
 {
     SG_TRY(sg_tensor_copy_to_host(t, out, sg_tensor_nbytes(t)));
     if (sg_tensor_dtype(t) != SG_DTYPE_BF16) return SG_OK;
-    const uint16_t *h = (const uint16_t *)out;
     for (int64_t i = sg_tensor_numel(t) - 1; i >= 0; i--) {
-        uint16_t v = h[i];
+        uint16_t v;
+        memcpy(&v, (const char *)out + 2 * i, sizeof v); /* bytes, not a uint16_t alias of floats */
         out[i] = (float)sg_bf16_to_double(v);
     }
     return SG_OK;
