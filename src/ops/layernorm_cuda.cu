@@ -16,28 +16,21 @@
  * width), so s, y, mean and rstd are bit for bit those of sg_add_forward then the plain kernel.
  *
  * Backward (two launches). Kernel 1: block b owns rows [b*rpb, (b+1)*rpb) and takes them
- * LN_TILE_ROWS at a time. Phase A, by row: a group per row (as in the forward) loads its part
- * of the row (LN_ROW_VECS vectors a thread, all loads issued before any use; x, dy, gamma and
- * dres), sums g and g*xhat (g = dy*gamma, xhat = (x - mean)*rstd), keeps the row's statistics
- * for the tile in shared memory and writes dx = rstd*(g - mean(g) - xhat*mean(g*xhat))
- * (+ dres) from the registers it holds (a row longer than G*LN_ROW_VECS vectors is taken span
- * by span, and read a second time from L1/L2 for dx). Phase B, by column, after a barrier: a
- * thread owns a vector column (V columns) for every S-th row of the tile (S adjacent lanes
- * share a column; S a power of two up to 32, larger when C has few vector columns, so that the
- * block stays busy); it reads x and dy again (from L1, phase A having just read them) and adds
- * dy*xhat and dy into double registers in row order. The S lanes' sums are combined by an xor
- * butterfly (a fixed order) and added to the block's partial in scratch (slot
- * SG_SLOT_LAYERNORM, double [nparts][2C], dgamma's columns then dbeta's; a block of more than
- * one tile reads its partial back and adds to it, tile by tile). Kernel 2: dgamma and dbeta,
+ * LN_TILE_ROWS at a time. Phase A: a group per row (as in the forward) sums g and g*xhat
+ * (g = dy*gamma, xhat = (x - mean)*rstd) into the tile's row statistics in shared memory.
+ * Phase B, by column: a thread owns a vector column (V columns) for every S-th row of the tile
+ * (S adjacent lanes share a column; S a power of two up to 32, larger when C has few vector
+ * columns, so that the block stays busy); it reads x and dy (and dres) once, writes
+ * dx = rstd*(g - mean(g) - xhat*mean(g*xhat)) (+ dres), and adds dy*xhat and dy into double
+ * registers in row order. The S lanes' sums are combined by an xor butterfly (a fixed order)
+ * and added to the block's partial in scratch (slot SG_SLOT_LAYERNORM, double [nparts][2C],
+ * dgamma's columns then dbeta's; a block of more than one tile reads its partial back and adds
+ * to it, tile by tile). So x and dy are read twice, the second time from L1/L2 right after the
+ * first, and the column sums come from registers phase B holds anyway (the kernel this one
+ * replaced read every element a third time, by column, for them). Kernel 2: dgamma and dbeta,
  * each column the sum of the partials in a fixed order (LN_RED_SLICES threads per column, each
- * with all its loads in flight, then the slices in order), rounded once to T.
- *
- * The kernel before this one computed dx in phase B too, from x, dy and dres loaded there: per
- * row, phase A issued one vector of each a lane at a time and waited for it, phase B read dres
- * from DRAM only then, and a block's 16 warps had little in flight (11 us on the H100 for 2048
- * rows of 768 bf16, against 4.3 us for the forward). The sums, the dx of each element, and the
- * column sums' terms and order are the same as there, so every output is bit for bit the
- * same.
+ * with all its loads in flight, staged in shared memory by cp.async, then the slices in
+ * order), rounded once to T.
  *
  * Why the column sums stay in double: dgamma = sum over rows of dy*xhat has terms of both
  * signs, so over M rows it is near sqrt(M) terms in size while the sum of the terms' magnitudes
@@ -67,8 +60,8 @@
 #define LN_FWD_BLOCKS_PER_SM 16 /* forward grid cap (grid-stride beyond it) */
 #define LN_BWD_BLOCKS_PER_SM 2  /* backward: at most this many partials per SM */
 #define LN_TILE_ROWS 32         /* backward: rows whose statistics a block holds at a time */
-#define LN_ROW_VECS 4           /* backward phase A: vectors of a row a thread holds at once */
-#define LN_ROWS_IN_FLIGHT 2     /* backward phase B: rows a thread loads before computing */
+#define LN_ROWS_IN_FLIGHT 2     /* backward phase B: rows a thread loads before computing (4
+                                 * spilled at 2 blocks per SM in bf16, 128 registers) */
 #define LN_RED_COLS 16          /* reduce kernel: columns per block (128 bytes of a partial) ... */
 #define LN_RED_SLICES (LN_THREADS / LN_RED_COLS) /* ... and partial slices per column */
 #define LN_RED_CHUNK 256        /* reduce kernel: partials staged at a time (32 KiB a block) */
@@ -104,56 +97,6 @@ template <typename T, int V> __device__ __forceinline__ vec_t<T, V> ldv_any(cons
 #pragma unroll
     for (int k = 0; k < V; k++) v.e[k] = p[j * V + k];
     return v;
-}
-
-/* V elements of T as raw 32-bit words (bf16 two to a word; one bf16 in the low half of one
- * word when V = 1): what the backward holds of a row between two uses. nvcc gives each bf16 of
- * a vec_t a register of its own, twice the registers of the bytes; it spilled. */
-template <typename T, int V> struct raw_t {
-    unsigned w[(sizeof(T) * V + 3) / 4];
-};
-
-/* Vector j of p as raw words: one access when vec (p 16-byte aligned, or V = 1), else V scalar
- * loads (a fused operand that is not aligned, read at the width the other tensors chose). */
-template <typename T, int V>
-__device__ __forceinline__ raw_t<T, V> ldraw(const T *p, int64_t j, bool vec = true)
-{
-    raw_t<T, V> r;
-    if constexpr (sizeof(T) * V == 16) {
-        if (vec) {
-            const uint4 u = reinterpret_cast<const uint4 *>(p)[j];
-            r.w[0] = u.x, r.w[1] = u.y, r.w[2] = u.z, r.w[3] = u.w;
-            return r;
-        }
-    }
-    const unsigned short *h = reinterpret_cast<const unsigned short *>(p);
-    const unsigned *u = reinterpret_cast<const unsigned *>(p);
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-        if constexpr (sizeof(T) == 4)
-            r.w[k] = u[j * V + k];
-        else if (k % 2 == 0)
-            r.w[k / 2] = h[j * V + k];
-        else
-            r.w[k / 2] |= (unsigned)h[j * V + k] << 16;
-    }
-    return r;
-}
-
-/* Element k of r as f32 (bf16 exactly: its bits are the top half of the f32's). */
-template <typename T, int V> __device__ __forceinline__ float raw_f(const raw_t<T, V> &r, int k)
-{
-    if constexpr (sizeof(T) == 4) return __uint_as_float(r.w[k]);
-    return __uint_as_float(k % 2 ? r.w[k / 2] & 0xffff0000u : r.w[k / 2] << 16);
-}
-
-/* Makes nvcc keep r as loaded until its next use (an empty asm statement that claims to change
- * the words): otherwise it keeps the f32 unpacking of a bf16 row used twice alive in between,
- * twice the registers. */
-template <typename T, int V> __device__ __forceinline__ void raw_keep(raw_t<T, V> &r)
-{
-#pragma unroll
-    for (int i = 0; i < (int)(sizeof(r.w) / 4); i++) asm volatile("" : "+r"(r.w[i]));
 }
 
 /* LayerNorm's dx of one element, rounded to T: rstd*(g - mean(g) - xhat*mean(g*xhat)) with
@@ -235,9 +178,8 @@ __global__ void ln_forward_kernel(const T *__restrict__ x, const T *__restrict__
 /* Kernel 1. x, dy, dres, dx (M, C); gamma (C); mean, rstd (M); partials (gridDim.x, 2C):
  * block b's sum over its rows of dy*xhat (columns 0..C-1) and of dy (C..2C-1). ADD: dres is
  * added to dx (read by 16-byte accesses only when dres_vec). The launch bounds keep the grid's
- * LN_BWD_BLOCKS_PER_SM blocks resident at once (at most 128 registers; by ptxas -v, CUDA 13,
- * sm_90, the 16-byte bf16 kernels use all 128 and the one with dres spills 12 bytes, a value
- * reloaded once a row, not in the loops over elements). */
+ * LN_BWD_BLOCKS_PER_SM blocks resident at once (at most 128 registers; no spills, by ptxas -v,
+ * CUDA 13, sm_90). */
 template <typename T, int G, int V, bool ADD>
 __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
     ln_backward_rows_kernel(const T *__restrict__ x, const T *__restrict__ gamma,
@@ -246,12 +188,11 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
                             T *__restrict__ dx, double *__restrict__ partials, int64_t M,
                             int64_t C, int64_t rpb)
 {
-    constexpr int R = LN_THREADS / G, U = LN_ROWS_IN_FLIGHT, NV = LN_ROW_VECS;
+    constexpr int R = LN_THREADS / G, U = LN_ROWS_IN_FLIGHT;
     __shared__ float2 sh[LN_WARPS];
     __shared__ float4 st[LN_TILE_ROWS]; /* per tile row: mean, rstd, mean(g), mean(g*xhat) */
     const int group = threadIdx.x / G, gt = threadIdx.x % G;
-    const int nv = (int)(C / V), span = G * NV; /* C <= SG_LAYERNORM_CUDA_MAX_C */
-    const bool whole = nv <= span; /* a row stays in registers from the sums to dx */
+    const int64_t nv = C / V;
     const float inv_c = 1.f / (float)C;
     const int64_t r0 = (int64_t)blockIdx.x * rpb, r1 = r0 + rpb < M ? r0 + rpb : M;
     /* Phase B's layout: S lanes per vector column, cpp columns per pass of the block. */
@@ -263,106 +204,65 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
     for (int64_t t0 = r0; t0 < r1; t0 += LN_TILE_ROWS) {
         const int nt = (int)(r1 - t0 < LN_TILE_ROWS ? r1 - t0 : LN_TILE_ROWS);
 
-        /* Phase A, a group per row (the loop is uniform over the group, so over the block when
-         * G is): the row's sums of g and g*xhat, then its dx. A thread takes NV vectors of the
-         * row at a time (vector columns gt, gt + G, ...), all loaded before any is used; a row
-         * of at most G*NV vectors stays in registers from the sums to dx, a longer one is read
-         * span by span twice (the second time from L1/L2). */
+        /* Phase A: the tile's row sums, a group per row (the loop is uniform over the group,
+         * so over the block when G is). */
         for (int i = group; i < nt; i += R) {
             const int64_t r = t0 + i;
-            const T *xr = x + r * C, *dyr = dy + r * C, *dresr = ADD ? dres + r * C : nullptr;
+            const T *xr = x + r * C, *dyr = dy + r * C;
             const float m = mean[r], s = rstd[r];
-            raw_t<T, V> xv[NV], dv[NV], rv[NV];
             float2 a = {0.f, 0.f}; /* sum g, sum g * xhat */
-            for (int j0 = gt; j0 < nv; j0 += span) {
-                raw_t<T, V> gv[NV];
+            for (int64_t j = gt; j < nv; j += G) {
+                vec_t<T, V> xv = ldv<T, V>(xr, j), dv = ldv<T, V>(dyr, j), gv = ldv<T, V>(gamma, j);
 #pragma unroll
-                for (int u = 0; u < NV; u++) {
-                    const int j = j0 + u * G;
-                    if (j < nv) {
-                        xv[u] = ldraw<T, V>(xr, j), dv[u] = ldraw<T, V>(dyr, j);
-                        gv[u] = ldraw<T, V>(gamma, j);
-                        if (ADD && whole) rv[u] = ldraw<T, V>(dresr, j, dres_vec);
-                        if (ADD && !whole) sg_prefetch_l2(dresr + (int64_t)j * V);
-                    }
+                for (int k = 0; k < V; k++) {
+                    const float g = __fmul_rn(to_f(dv.e[k]), to_f(gv.e[k]));
+                    a.x = __fadd_rn(a.x, g);
+                    a.y = __fmaf_rn(g, __fmul_rn(__fsub_rn(to_f(xv.e[k]), m), s), a.y);
                 }
-#pragma unroll
-                for (int u = 0; u < NV; u++)
-                    if (j0 + u * G < nv)
-#pragma unroll
-                        for (int k = 0; k < V; k++) {
-                            const float g = __fmul_rn(raw_f(dv[u], k), raw_f(gv[u], k));
-                            a.x = __fadd_rn(a.x, g);
-                            a.y = __fmaf_rn(g, __fmul_rn(__fsub_rn(raw_f(xv[u], k), m), s), a.y);
-                        }
             }
-            if (whole)
-#pragma unroll
-                for (int u = 0; u < NV; u++) raw_keep(xv[u]), raw_keep(dv[u]);
             a = group_sum2<G>(a, sh);
-            const float4 q = make_float4(m, s, __fmul_rn(a.x, inv_c), __fmul_rn(a.y, inv_c));
-            if (gt == 0) st[i] = q;
-            T *dxr = dx + r * C;
-            for (int j0 = gt; j0 < nv; j0 += span) {
-                if (!whole)
-#pragma unroll
-                    for (int u = 0; u < NV; u++) {
-                        const int j = j0 + u * G;
-                        if (j < nv) {
-                            xv[u] = ldraw<T, V>(xr, j), dv[u] = ldraw<T, V>(dyr, j);
-                            if (ADD) rv[u] = ldraw<T, V>(dresr, j, dres_vec);
-                        }
-                    }
-#pragma unroll
-                for (int u = 0; u < NV; u++) {
-                    const int j = j0 + u * G;
-                    if (j < nv) {
-                        const raw_t<T, V> gv = ldraw<T, V>(gamma, j); /* from L1 */
-                        vec_t<T, V> out;
-#pragma unroll
-                        for (int k = 0; k < V; k++) {
-                            const T v = ln_dx<T>(raw_f(dv[u], k), raw_f(gv, k), raw_f(xv[u], k), q);
-                            out.e[k] = ADD ? from_f<T>(__fadd_rn(raw_f(rv[u], k), to_f(v))) : v;
-                        }
-                        stv<T, V>(dxr, j, out);
-                    }
-                }
-            }
+            if (gt == 0) st[i] = make_float4(m, s, __fmul_rn(a.x, inv_c), __fmul_rn(a.y, inv_c));
         }
         __syncthreads();
 
-        /* Phase B, the column sums: a thread takes a vector column and every S-th row of the
-         * tile (rows sl, sl + S, ...: U of them loaded before any is used; x and dy come from
-         * L1/L2, phase A having just read them). Every thread runs every pass, so the whole
-         * warp reaches the butterfly. */
+        /* Phase B: dx and the column sums, a vector column and every S-th row of the tile per
+         * thread (rows sl, sl + S, ...: U of them loaded before any is used). Every thread runs
+         * every pass, so the whole warp reaches the butterfly. */
         for (int64_t jb = 0; jb < nv; jb += cpp) {
             const int64_t j = jb + threadIdx.x / S;
             const bool on = j < nv;
             double dg[V], db[V];
 #pragma unroll
             for (int k = 0; k < V; k++) dg[k] = db[k] = 0;
-            if (on)
+            if (on) {
+                const vec_t<T, V> gv = ldv<T, V>(gamma, j);
                 for (int i0 = sl; i0 < nt; i0 += U * S) {
-                    raw_t<T, V> xs[U], ds[U];
+                    vec_t<T, V> xs[U], ds[U], res[U];
 #pragma unroll
                     for (int u = 0; u < U; u++)
                         if (i0 + u * S < nt) {
                             const int64_t o = (t0 + i0 + u * S) * nv + j;
-                            xs[u] = ldraw<T, V>(x, o), ds[u] = ldraw<T, V>(dy, o);
+                            xs[u] = ldv<T, V>(x, o), ds[u] = ldv<T, V>(dy, o);
+                            if (ADD) res[u] = ldv_any<T, V>(dres, o, dres_vec);
                         }
 #pragma unroll
                     for (int u = 0; u < U; u++)
                         if (i0 + u * S < nt) {
-                            const float4 q = st[i0 + u * S]; /* mean, rstd, ... */
+                            const float4 q = st[i0 + u * S]; /* mean, rstd, mean(g), mean(g xhat) */
+                            vec_t<T, V> out;
 #pragma unroll
                             for (int k = 0; k < V; k++) {
-                                const float d = raw_f(ds[u], k), xk = raw_f(xs[u], k);
+                                const float d = to_f(ds[u].e[k]), xk = to_f(xs[u].e[k]);
+                                const T v = ln_dx<T>(d, to_f(gv.e[k]), xk, q);
+                                out.e[k] = ADD ? from_f<T>(__fadd_rn(to_f(res[u].e[k]), to_f(v))) : v;
                                 const double xh = __dmul_rn(__dsub_rn(xk, q.x), q.y);
                                 dg[k] = __fma_rn(d, xh, dg[k]);
                                 db[k] = __dadd_rn(db[k], d);
                             }
+                            stv<T, V>(dx, (t0 + i0 + u * S) * nv + j, out);
                         }
                 }
+            }
             /* The S lanes of a column (adjacent, S-aligned) combine their rows' sums. */
             for (int o = 1; o < S; o <<= 1)
 #pragma unroll
