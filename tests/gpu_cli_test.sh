@@ -3,7 +3,8 @@
 # test checks the same on the CPU): SIGINT finishes the step in flight under step scope and
 # writes a checkpoint that resumes there; --metrics in fp32 and bf16; a model larger than the
 # GPU and a stream as data refused before anything is allocated or read; a diverging fp32 run
-# stops without saving; verify refuses to pass on nothing. Exit 77 without a GPU.
+# stops without saving; verify refuses to pass on nothing; with two GPUs, trace --gpus 2 writes
+# rank 0's trace. Exit 77 without a GPU.
 set -u
 bin=$1
 "$bin" train --model mlp-16-1-4 --backend cuda --steps 1 --quiet >/dev/null 2>&1 || { echo "SKIP: no usable GPU"; exit 77; }
@@ -55,5 +56,14 @@ expect 0 "OK: 8 steps match \(bit-exact\), 5 of them replayed from graphs" -- ve
 expect 0 "OK: 8 steps match \(bit-exact\), 5 of them replayed from graphs; scope step" -- verify --model resnet18-8-32 --classes 10 --scope step --steps 8 --backend cuda
 expect 0 "OK: 6 steps match \(bit-exact\), 3 of them replayed from graphs; scope layer" -- verify --model resnet50-4-64 --classes 100 --scope layer --steps 6 --backend cuda
 expect 0 "device allocations per step after set-up: 0.00" -- train --model resnet18-16-32 --classes 10 --scope step --steps 12 --backend cuda
+# Data parallelism on two GPUs (skipped with fewer): trace --gpus 2 runs both ranks and writes
+# rank 0's trace, which check_trace.py reads as a viewer would.
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+    expect 0 "rank 0 of 2 of a data-parallel run" -- trace --model gpt-64-2-2-16 --scope step --steps 2 --gpus 2 --out "$tmp/dp.json"
+    if python3 "$(dirname "$0")/check_trace.py" "$tmp/dp.json" --name step; then pass "trace --gpus 2 wrote a valid trace"
+    else fail "trace --gpus 2: $tmp/dp.json is not a valid trace"; fi
+else
+    echo "skip: trace --gpus 2 (fewer than 2 GPUs)"
+fi
 echo "$passes passed, $fails failed"
 [ "$fails" = 0 ]

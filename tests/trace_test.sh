@@ -2,7 +2,8 @@
 # trace_test.sh TEST_PROF STEPGRAPH: the trace export and `stepgraph trace`'s contract, without
 # a GPU. test_prof writes the trace of a synthetic window and says what it holds; check_trace.py
 # parses it as a viewer would. Then the command's help, usage errors (exit 2) and runtime
-# errors (exit 1: a path that cannot be written, no GPU). Exit 77 (skipped) without python3.
+# errors (exit 1: a path that cannot be written, no GPU, --gpus 2 without two GPUs). Exit 77
+# (skipped) without python3.
 set -u
 test_prof=$1
 bin=$2
@@ -30,16 +31,30 @@ expect 2 "--steps '0' is not a whole number" -- trace --model mlp-16-1-4 --scope
 expect 2 "unknown option '--bogus'" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --bogus
 expect 2 "--backend cpu: trace needs a CUDA GPU and CUPTI" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --backend cpu
 expect 1 "--out '/nonexistent-dir/t.json': cannot write there" -- trace --model mlp-16-1-4 --scope step --out /nonexistent-dir/t.json
+# --gpus N: a data-parallel step, rank 0 traced; its options checked before any rank starts.
+expect 0 '--gpus N +trace a data-parallel step' -- trace --help
+expect 0 '--bucket-mib X' -- trace --help
+expect 2 "--gpus '0' is not a whole number from 1 to 64" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --gpus 0
+expect 2 "--gpus '-2' is not a whole number from 1 to 64" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --gpus -2
+expect 2 "--bucket-mib is for data-parallel runs: add --gpus N" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --bucket-mib 4
+expect 2 "--gpus 3: the global batch 4 of mlp-16-1-4 does not split into 3 equal parts" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --gpus 3
+expect 2 "--gpus does not combine with --stop-nonfinite or --stop-loss" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --gpus 2 --stop-loss 1
 if [ ! -e "$tmp/t.json" ]; then echo "ok: no file left by failed runs"; else echo "FAIL: a failed run left $tmp/t.json"; fails=$((fails + 1)); fi
 # Without a usable GPU (this machine, in CI) the command says what it needs; with one it writes.
-out=$("$bin" trace --model mlp-16-1-4 --scope step --out "$tmp/gpu.json" --steps 2 2>&1); rc=$?
-if [ "$rc" = 1 ] && grep -q "trace needs a CUDA GPU and CUPTI" <<<"$out"; then
-    echo "ok: stepgraph trace without a GPU or CUPTI: $(tail -n 1 <<<"$out")"
-elif [ "$rc" = 0 ] && [ -s "$tmp/gpu.json" ]; then
-    echo "ok: stepgraph trace on a GPU wrote $(wc -c <"$tmp/gpu.json") bytes"
-else
-    echo "FAIL: stepgraph trace --steps 2: exit $rc: $out"; fails=$((fails + 1))
-fi
+# So does --gpus 2, in bounded time (timeout: 124 if it hung); with one GPU the rank that has
+# none is named.
+for dp in "" "--gpus 2"; do
+    rm -f "$tmp/gpu.json"
+    # shellcheck disable=SC2086
+    out=$(timeout 60 "$bin" trace --model mlp-16-1-4 --scope step --out "$tmp/gpu.json" --steps 2 $dp 2>&1); rc=$?
+    if [ "$rc" = 1 ] && grep -Eq "trace needs a CUDA GPU and CUPTI|rank [01] " <<<"$out"; then
+        echo "ok: stepgraph trace $dp without a GPU or CUPTI: $(tail -n 1 <<<"$out")"
+    elif [ "$rc" = 0 ] && [ -s "$tmp/gpu.json" ]; then
+        echo "ok: stepgraph trace $dp on a GPU wrote $(wc -c <"$tmp/gpu.json") bytes"
+    else
+        echo "FAIL: stepgraph trace --steps 2 $dp: exit $rc (want 1 without a GPU): $out"; fails=$((fails + 1))
+    fi
+done
 
 skip=0
 out=$("$test_prof" trace "$tmp/synthetic.json"); rc=$?

@@ -98,6 +98,54 @@ static inline void sg_cli_kv_int(sg_json *w, const char *key, int64_t v)
 sg_json *sg_cli_json_open(const char *cmd);
 bool sg_cli_json_close(const char *cmd, sg_json *w);
 
+/* ---- data parallelism: what train and trace share (dist.c) ---- *
+ *
+ * With --gpus N the command's process is the launcher: sg_cli_dist_launch starts it again once
+ * per GPU; each copy finds its place with sg_cli_dist_env, makes its context with
+ * sg_cli_dist_ctx, joins with sg_cli_dist_join, runs the same steps as every other rank (they
+ * all run the same collectives), and destroys the sg_dist after its trainer. */
+
+/* A command's data-parallel options: --gpus N (0: one process), the hosts of the run
+ * (--nnodes, --node-rank, --master: train's), --bucket-mib and --dist-timeout. */
+typedef struct sg_cli_dist {
+    long long gpus, nnodes, node_rank;
+    const char *master;
+    double bucket_mib, timeout_s;
+    bool opts;                  /* an option besides --gpus was given: it needs --gpus */
+} sg_cli_dist;
+
+/* One process; when --gpus asks for a run: one host, buckets of 4 MiB, 300 s timeout. */
+sg_cli_dist sg_cli_dist_default(void);
+/* --gpus N (1 to 64) and --bucket-mib X (1/1024 to 4096) into d. Returns true when argv[*i] is
+ * one of them (advanced past it; a bad value prints a usage error and sets *bad). */
+bool sg_cli_dist_opt(const char *cmd, int argc, char **argv, int *i, sg_cli_dist *d, bool *bad);
+/* After the command's own checks, what --gpus does not combine with (nothing without it): batch
+ * or sequence buckets, an early-stop rule, several hosts on the CPU backend (b), an mlp or gpt
+ * model whose global batch does not split into one equal part per rank. false with a message. */
+bool sg_cli_dist_check(const char *cmd, const sg_cli_dist *d, sg_backend b, const sg_trainer_options *tr,
+                       const char *model);
+/* *worker = 1 and env filled in a rank that a launcher started (SG_DIST_* set), 0 otherwise;
+ * false (printed) when those variables are malformed. */
+bool sg_cli_dist_env(const char *cmd, sg_dist_env *env, int *worker);
+/* The launcher: starts this program once per rank with the command's arguments (argv[0]: the
+ * command's name) and --backend b made explicit (auto: CUDA if a GPU is usable, else the CPU),
+ * waits for them all, and says which failed. Returns the exit status: 0, 1, or 130 / 143 when
+ * SIGINT / SIGTERM stopped the run. */
+int sg_cli_dist_launch(const char *cmd, int argc, char **argv, sg_backend b, const sg_cli_dist *d);
+/* A worker's context on its GPU (its local rank); a rank other than 0 sends its stdout to
+ * /dev/null (rank 0 reports; errors still go to stderr). NULL on failure (printed). */
+sg_ctx *sg_cli_dist_ctx(const char *cmd, sg_backend b, const sg_dist_env *env);
+/* " [rank r of n]" once sg_cli_dist_ctx ran, for a worker's messages; "" otherwise. */
+const char *sg_cli_dist_tag(void);
+/* Joins the run (sg_dist_create, waiting for every rank) and sets the worker's model and
+ * trainer up for it: mo's shard, tr->dist, tr->warmup at least SG_DIST_MIN_WARMUP under a
+ * capture scope (NCCL connects during the eager steps). The error: sg_ctx_last_error(ctx). */
+sg_status sg_cli_dist_join(sg_ctx *ctx, const sg_dist_env *env, const sg_cli_dist *d, sg_model_options *mo,
+                           sg_trainer_options *tr, sg_dist **out);
+/* "data parallel: ..." on stdout: ranks, all-reduces a step and their MiB (nothing when dist
+ * is NULL). */
+void sg_cli_dist_print(const sg_dist *dist, double bucket_mib);
+
 int sg_cmd_train(int argc, char **argv);
 int sg_cmd_bench(int argc, char **argv);
 int sg_cmd_verify(int argc, char **argv);

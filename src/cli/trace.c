@@ -1,7 +1,9 @@
 /* trace.c: `stepgraph trace`: runs a model's warm-up (and capture) under a scope unprofiled,
  * then records a few steps with the CUPTI profiler and writes them as a Perfetto / Chrome
  * trace (CUDA calls and named ranges per host thread, kernels and copies per stream), with a
- * line per step: kernels, launch calls, graph launches, host time in launches, GPU busy/idle. */
+ * line per step: kernels, launch calls, graph launches, host time in launches, GPU busy/idle.
+ * With --gpus N it is the launcher of a data-parallel run (as train is): every rank runs the
+ * same steps, and rank 0 profiles its own and writes the trace. */
 #include "cli/cli.h"
 
 #include <errno.h>
@@ -37,10 +39,18 @@ static const char *trace_usage =
     "                      digits.csv, scripts/fetch-digits.sh DIR) instead of synthetic\n"
     "                      images: scaled up to R x R, the last fifth held out (docs/data.md)\n"
     "  --backend B         cuda or auto (default auto); tracing needs a CUDA GPU and CUPTI\n"
+    "  --gpus N            trace a data-parallel step: N processes on this host, one per GPU,\n"
+    "                      as `stepgraph train --gpus N` runs them (each on 1/N of every batch,\n"
+    "                      gradients averaged over NCCL inside the step); every rank runs the\n"
+    "                      same steps, rank 0 profiles its GPU (its kernels and the NCCL\n"
+    "                      all-reduces beside them) and writes --out. Not with --stop-nonfinite\n"
+    "                      or --stop-loss\n"
+    "  --bucket-mib X      with --gpus: gradient MiB an all-reduce bucket gathers, which sets how\n"
+    "                      the all-reduces overlap the backward (default 4)\n"
     "  -h, --help          this text\n"
     "\n"
     "exit status: 0 written, 1 a runtime error (no GPU or CUPTI, a path that cannot be\n"
-    "written), 2 a usage error\n";
+    "written, a rank of --gpus that failed), 2 a usage error\n";
 
 typedef struct trace_opts {
     const char *model, *out;
@@ -48,11 +58,13 @@ typedef struct trace_opts {
     sg_backend backend;
     sg_trainer_options tr;
     sg_model_options mo;
+    sg_cli_dist dp;             /* --gpus, --bucket-mib */
 } trace_opts;
 
 static int parse(int argc, char **argv, trace_opts *o)
 {
-    *o = (trace_opts){.steps = 5, .backend = SG_BACKEND_AUTO, .tr = sg_trainer_options_default()};
+    *o = (trace_opts){.steps = 5, .backend = SG_BACKEND_AUTO, .tr = sg_trainer_options_default(),
+                      .dp = sg_cli_dist_default()};
     bool bad = false, scope_set = false;
     for (int i = 1; i < argc && !bad;) {
         const char *v = NULL;
@@ -83,6 +95,8 @@ static int parse(int argc, char **argv, trace_opts *o)
             /* --accum */
         } else if (sg_cli_cond_opt("trace", argc, argv, &i, &o->tr, &bad)) {
             /* --loop, --skip-if, --stop-nonfinite, --stop-loss */
+        } else if (sg_cli_dist_opt("trace", argc, argv, &i, &o->dp, &bad)) {
+            /* --gpus, --bucket-mib */
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             o->mo.data_path = v;
         } else if (sg_cli_opt(argc, argv, &i, "--backend", &v, &bad)) {
@@ -103,6 +117,11 @@ static int parse(int argc, char **argv, trace_opts *o)
         bad = true;
     }
     if (!bad) bad = !sg_cli_cond_check("trace", &o->tr, o->mo.precision, true);
+    if (!bad && o->dp.opts && !o->dp.gpus) {
+        fprintf(stderr, "stepgraph trace: --bucket-mib is for data-parallel runs: add --gpus N\n");
+        bad = true;
+    }
+    if (!bad) bad = !sg_cli_dist_check("trace", &o->dp, o->backend, &o->tr, o->model);
     return bad ? SG_EXIT_USAGE : 0;
 }
 
@@ -123,7 +142,20 @@ static bool out_writable(const char *path)
 
 static int fail(sg_ctx *ctx, const char *what)
 {
-    fprintf(stderr, "stepgraph trace: %s: %s\n", what, sg_ctx_last_error(ctx));
+    fprintf(stderr, "stepgraph trace%s: %s: %s\n", sg_cli_dist_tag(), what, sg_ctx_last_error(ctx));
+    return SG_EXIT_FAIL;
+}
+
+/* Tracing without a usable GPU: says what it needs. */
+static int no_gpu(void)
+{
+    fprintf(stderr, "stepgraph trace: trace needs a CUDA GPU and CUPTI: no usable GPU%s\n",
+#ifdef SG_HAVE_CUDA
+            ""
+#else
+            " (this build has no CUDA)"
+#endif
+    );
     return SG_EXIT_FAIL;
 }
 
@@ -139,32 +171,80 @@ static void print_steps(const sg_prof_step *st, int n)
                100.0 * st[k].launch_share, st[k].device_us, st[k].busy_us, st[k].idle_us);
 }
 
+/* Rank 0's (or the one process's) report of the window p recorded: a line per step, warnings,
+ * the trace written to --out, what it holds, and the data-parallel run's all-reduces. */
+static int report(const trace_opts *o, sg_ctx *ctx, sg_prof *p, const sg_prof_result *res, sg_trainer *tr,
+                  const sg_dist *dist)
+{
+    size_t n = 0;
+    const sg_prof_record *rec = sg_prof_records(p, &n);
+    sg_prof_step *steps = calloc((size_t)o->steps, sizeof *steps);
+    int found = 0;
+    if (!steps || sg_prof_analyze(rec, n, steps, (int)o->steps, &found) != SG_OK) {
+        fprintf(stderr, "stepgraph trace: out of host memory analysing %zu records\n", n);
+        free(steps);
+        return SG_EXIT_FAIL;
+    }
+    print_steps(steps, found < o->steps ? found : (int)o->steps);
+    free(steps);
+    if (found != o->steps)
+        fprintf(stderr, "stepgraph trace: warning: the window holds %d \"step\" ranges, %lld steps ran\n",
+                found, o->steps);
+    if (res->dropped)
+        fprintf(stderr, "stepgraph trace: warning: CUPTI dropped %llu records (no buffer space): the "
+                        "trace and the numbers above miss them\n", (unsigned long long)res->dropped);
+    sg_trainer_stats ts;
+    bool have_stats = sg_trainer_get_stats(tr, &ts) == SG_OK;
+    if (have_stats && ts.fell_back) printf("note: the trainer fell back to eager: %s\n", ts.fallback_reason);
+    if (have_stats && ts.cond_note[0]) printf("note: built without conditional nodes: %s\n", ts.cond_note);
+    if (sg_prof_write_trace(ctx, rec, n, o->out) != SG_OK) return fail(ctx, "writing the trace");
+    size_t host = 0, dev = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (rec[i].start_ns == 0 && rec[i].end_ns == 0) continue;
+        if (rec[i].kind == SG_PROF_KIND_API || rec[i].kind == SG_PROF_KIND_RANGE) host++;
+        else dev++;
+    }
+    printf("wrote %s: %zu host events (CUDA calls, ranges), %zu GPU events (%llu kernels, %llu "
+           "copies, %llu sets); open it in https://ui.perfetto.dev or chrome://tracing\n",
+           o->out, host, dev, (unsigned long long)res->kernels, (unsigned long long)res->memcpys,
+           (unsigned long long)res->memsets);
+    sg_cli_dist_print(dist, o->dp.bucket_mib);
+    return 0;
+}
+
 int sg_cmd_trace(int argc, char **argv)
 {
     trace_opts o;
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
-    if (!out_writable(o.out)) return SG_EXIT_FAIL;
-    sg_ctx *ctx = sg_cli_ctx("trace", o.backend, true);
+    sg_dist_env env;
+    int worker = 0;
+    if (!sg_cli_dist_env("trace", &env, &worker)) return SG_EXIT_FAIL;
+    bool tracer = !worker || env.rank == 0; /* the process that profiles and writes --out */
+    if (tracer && !out_writable(o.out)) return SG_EXIT_FAIL;
+    if (o.dp.gpus && !worker) {
+        /* Ranks on the CPU would have nothing to trace: refuse before starting them. */
+        if (!sg_cuda_available()) return no_gpu();
+        return sg_cli_dist_launch("trace", argc, argv, SG_BACKEND_CUDA, &o.dp);
+    }
+    sg_ctx *ctx = worker ? sg_cli_dist_ctx("trace", o.backend, &env) : sg_cli_ctx("trace", o.backend, true);
     if (!ctx) return SG_EXIT_FAIL;
     sg_prof *p = NULL;
+    sg_dist *dist = NULL;
     sg_model *m = NULL;
     sg_optim *opt = NULL;
     sg_trainer *tr = NULL;
-    sg_prof_step *steps = NULL;
     rc = SG_EXIT_FAIL;
     if (sg_ctx_backend(ctx) != SG_BACKEND_CUDA) {
-        fprintf(stderr, "stepgraph trace: trace needs a CUDA GPU and CUPTI: no usable GPU%s\n",
-#ifdef SG_HAVE_CUDA
-                ""
-#else
-                " (this build has no CUDA)"
-#endif
-        );
+        no_gpu();
         goto out;
     }
-    if (sg_prof_create(ctx, &p) != SG_OK) {
+    if (tracer && sg_prof_create(ctx, &p) != SG_OK) {
         rc = fail(ctx, "trace needs a CUDA GPU and CUPTI");
+        goto out;
+    }
+    if (worker && sg_cli_dist_join(ctx, &env, &o.dp, &o.mo, &o.tr, &dist) != SG_OK) {
+        rc = fail(ctx, "joining the run");
         goto out;
     }
     if (sg_model_create_ex(ctx, o.model, 1, &o.mo, &m) != SG_OK) {
@@ -186,66 +266,43 @@ int sg_cmd_trace(int argc, char **argv)
            sg_scope_name(o.tr.scope),
            sg_graphs_disabled() && o.tr.scope != SG_SCOPE_EAGER ? " (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" : "",
            untraced, untraced == 1 ? "" : "s", o.steps);
+    if (dist)
+        printf("stepgraph trace: rank %d of %d of a data-parallel run (each rank on 1/%d of every batch, "
+               "all-reduces in buckets of %.3g MiB): the trace is rank %d's GPU\n", sg_dist_rank(dist),
+               sg_dist_world(dist), sg_dist_world(dist), o.dp.bucket_mib, sg_dist_rank(dist));
     for (long long s = 0; s < untraced; s++)
         if (sg_trainer_step(tr, s) != SG_OK) {
             rc = fail(ctx, "warm-up step");
             goto out;
         }
-    if (sg_ctx_sync(ctx) != SG_OK || sg_prof_start(p) != SG_OK) {
+    /* Rank 0 profiles the steps; the other ranks run them unprofiled, the same collectives. */
+    if (sg_ctx_sync(ctx) != SG_OK || (p && sg_prof_start(p) != SG_OK)) {
         rc = fail(ctx, "profiler");
         goto out;
     }
     for (long long s = untraced; s < untraced + o.steps; s++)
         if (sg_trainer_step(tr, s) != SG_OK) {
             rc = fail(ctx, "traced step");
-            (void)sg_prof_stop(p, NULL);
+            if (p) (void)sg_prof_stop(p, NULL);
             goto out;
         }
     sg_prof_result res;
-    if (sg_prof_stop(p, &res) != SG_OK) {
+    if (p && sg_prof_stop(p, &res) != SG_OK) {
         rc = fail(ctx, "profiler");
         goto out;
     }
-    size_t n = 0;
-    const sg_prof_record *rec = sg_prof_records(p, &n);
-    steps = calloc((size_t)o.steps, sizeof *steps);
-    int found = 0;
-    if (!steps || sg_prof_analyze(rec, n, steps, (int)o.steps, &found) != SG_OK) {
-        fprintf(stderr, "stepgraph trace: out of host memory analysing %zu records\n", n);
+    /* Every rank's steps, their all-reduces included, finish before it leaves the run. */
+    if (sg_ctx_sync(ctx) != SG_OK || (dist && sg_dist_poll(dist) != SG_OK)) {
+        rc = fail(ctx, "sync");
         goto out;
     }
-    print_steps(steps, found < o.steps ? found : (int)o.steps);
-    if (found != o.steps)
-        fprintf(stderr, "stepgraph trace: warning: the window holds %d \"step\" ranges, %lld steps ran\n",
-                found, o.steps);
-    if (res.dropped)
-        fprintf(stderr, "stepgraph trace: warning: CUPTI dropped %llu records (no buffer space): the "
-                        "trace and the numbers above miss them\n", (unsigned long long)res.dropped);
-    sg_trainer_stats ts;
-    bool have_stats = sg_trainer_get_stats(tr, &ts) == SG_OK;
-    if (have_stats && ts.fell_back) printf("note: the trainer fell back to eager: %s\n", ts.fallback_reason);
-    if (have_stats && ts.cond_note[0]) printf("note: built without conditional nodes: %s\n", ts.cond_note);
-    if (sg_prof_write_trace(ctx, rec, n, o.out) != SG_OK) {
-        rc = fail(ctx, "writing the trace");
-        goto out;
-    }
-    size_t host = 0, dev = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (rec[i].start_ns == 0 && rec[i].end_ns == 0) continue;
-        if (rec[i].kind == SG_PROF_KIND_API || rec[i].kind == SG_PROF_KIND_RANGE) host++;
-        else dev++;
-    }
-    printf("wrote %s: %zu host events (CUDA calls, ranges), %zu GPU events (%llu kernels, %llu "
-           "copies, %llu sets); open it in https://ui.perfetto.dev or chrome://tracing\n",
-           o.out, host, dev, (unsigned long long)res.kernels, (unsigned long long)res.memcpys,
-           (unsigned long long)res.memsets);
-    rc = 0;
+    rc = p ? report(&o, ctx, p, &res, tr, dist) : 0;
 out:
-    free(steps);
     sg_prof_destroy(p);
     sg_trainer_destroy(tr);
     sg_optim_destroy(opt);
     sg_model_destroy(m);
+    sg_dist_destroy(dist); /* after the trainer: its graphs hold the run's collectives */
     sg_ctx_destroy(ctx);
     return rc;
 }

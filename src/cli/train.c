@@ -152,11 +152,7 @@ typedef struct train_opts {
     sg_model_options mo;
     const char *save, *resume, *metrics;
     long long save_every;
-    /* data parallelism */
-    long long gpus, nnodes, node_rank;
-    const char *master;
-    double bucket_mib, dist_timeout;
-    bool dist_opts;             /* one of --nnodes, --node-rank, --master, --bucket-mib, --dist-timeout */
+    sg_cli_dist dp;             /* data parallelism: --gpus, the hosts, --bucket-mib, --dist-timeout */
 } train_opts;
 
 /* "HOST:PORT" with a port from 1 to 65535 (the library checks it again, and resolves it). */
@@ -171,33 +167,24 @@ static bool addr_ok(const char *a)
 /* The data-parallel options, together: usage errors before any process starts. */
 static bool check_dist(const train_opts *o)
 {
+    const sg_cli_dist *d = &o->dp;
     const char *err = NULL;
     char buf[256];
-    long long world = o->gpus * o->nnodes;
-    long long w = 0, d = 0, b = 0;
-    char kind[16] = "";
-    if (o->dist_opts && !o->gpus) err = "--nnodes, --node-rank, --master, --bucket-mib and --dist-timeout are for "
-                                        "data-parallel runs: add --gpus N";
-    else if (o->nnodes > 1 && !o->master) err = "--nnodes > 1 needs --master ADDR:PORT (node 0's address)";
-    else if (o->nnodes == 1 && (o->master || o->node_rank)) err = "--master and --node-rank are for runs on several "
+    if (d->opts && !d->gpus) err = "--nnodes, --node-rank, --master, --bucket-mib and --dist-timeout are for "
+                                   "data-parallel runs: add --gpus N";
+    else if (d->nnodes > 1 && !d->master) err = "--nnodes > 1 needs --master ADDR:PORT (node 0's address)";
+    else if (d->nnodes == 1 && (d->master || d->node_rank)) err = "--master and --node-rank are for runs on several "
                                                                   "hosts (--nnodes K > 1)";
-    else if (o->master && !addr_ok(o->master))
-        snprintf(buf, sizeof buf, "--master '%s': expected ADDR:PORT with a port from 1 to 65535", o->master), err = buf;
-    else if (o->node_rank >= o->nnodes)
-        snprintf(buf, sizeof buf, "--node-rank %lld: expected 0 to %lld (--nnodes %lld)", o->node_rank, o->nnodes - 1,
-                 o->nnodes), err = buf;
-    else if (o->gpus && (o->tr.n_buckets || o->tr.n_seq_buckets))
-        err = "--gpus does not combine with --batch-sizes or --seq-lens yet";
-    else if (o->gpus && (o->tr.stop_nonfinite || o->tr.stop_on_loss))
-        err = "--gpus does not combine with --stop-nonfinite or --stop-loss yet (a step's all-reduce cannot sit "
-              "in the early-stop loop's body)";
-    else if (o->gpus && o->nnodes > 1 && o->backend == SG_BACKEND_CPU)
-        err = "--nnodes needs the CUDA backend: the CPU backend's collectives run over local sockets, on one host";
-    else if (o->gpus && sscanf(o->model, "%15[a-z]-%lld-%lld-%lld", kind, &w, &d, &b) == 4 && b % world)
-        snprintf(buf, sizeof buf, "--gpus %lld%s: the global batch %lld of %s does not split into %lld equal parts, "
-                 "one per rank", o->gpus, o->nnodes > 1 ? " on each node" : "", b, o->model, world), err = buf;
-    if (err) fprintf(stderr, "stepgraph train: %s\n", err);
-    return err == NULL;
+    else if (d->master && !addr_ok(d->master))
+        snprintf(buf, sizeof buf, "--master '%s': expected ADDR:PORT with a port from 1 to 65535", d->master), err = buf;
+    else if (d->node_rank >= d->nnodes)
+        snprintf(buf, sizeof buf, "--node-rank %lld: expected 0 to %lld (--nnodes %lld)", d->node_rank, d->nnodes - 1,
+                 d->nnodes), err = buf;
+    if (err) {
+        fprintf(stderr, "stepgraph train: %s\n", err);
+        return false;
+    }
+    return sg_cli_dist_check("train", d, o->backend, &o->tr, o->model);
 }
 
 /* The model name, --steps-per-graph and --save-every, together: usage errors before any
@@ -236,7 +223,7 @@ static bool check_steps(const train_opts *o)
 static int parse(int argc, char **argv, train_opts *o)
 {
     *o = (train_opts){.steps = 200, .seed = 1, .log_every = 20, .backend = SG_BACKEND_AUTO,
-                      .tr = sg_trainer_options_default(), .nnodes = 1, .bucket_mib = 4, .dist_timeout = 300};
+                      .tr = sg_trainer_options_default(), .dp = sg_cli_dist_default()};
     bool bad = false;
     for (int i = 1; i < argc && !bad;) {
         const char *v = NULL;
@@ -255,23 +242,20 @@ static int parse(int argc, char **argv, train_opts *o)
         } else if (sg_cli_opt(argc, argv, &i, "--seq-lens", &v, &bad)) {
             bad = bad || !sg_cli_buckets("train", "--seq-lens", v, o->seq_lens, &o->tr.n_seq_buckets, 32);
             o->tr.seq_buckets = o->seq_lens;
-        } else if (sg_cli_opt(argc, argv, &i, "--gpus", &v, &bad)) {
-            bad = bad || !sg_cli_int("train", "--gpus", v, 1, 64, &o->gpus);
+        } else if (sg_cli_dist_opt("train", argc, argv, &i, &o->dp, &bad)) {
+            /* --gpus, --bucket-mib */
         } else if (sg_cli_opt(argc, argv, &i, "--nnodes", &v, &bad)) {
-            bad = bad || !sg_cli_int("train", "--nnodes", v, 1, 64, &o->nnodes);
-            o->dist_opts = true;
+            bad = bad || !sg_cli_int("train", "--nnodes", v, 1, 64, &o->dp.nnodes);
+            o->dp.opts = true;
         } else if (sg_cli_opt(argc, argv, &i, "--node-rank", &v, &bad)) {
-            bad = bad || !sg_cli_int("train", "--node-rank", v, 0, 63, &o->node_rank);
-            o->dist_opts = true;
+            bad = bad || !sg_cli_int("train", "--node-rank", v, 0, 63, &o->dp.node_rank);
+            o->dp.opts = true;
         } else if (sg_cli_opt(argc, argv, &i, "--master", &v, &bad)) {
-            o->master = v;
-            o->dist_opts = true;
-        } else if (sg_cli_opt(argc, argv, &i, "--bucket-mib", &v, &bad)) {
-            bad = bad || !sg_cli_float("train", "--bucket-mib", v, 1.0 / 1024, 4096, &o->bucket_mib);
-            o->dist_opts = true;
+            o->dp.master = v;
+            o->dp.opts = true;
         } else if (sg_cli_opt(argc, argv, &i, "--dist-timeout", &v, &bad)) {
-            bad = bad || !sg_cli_float("train", "--dist-timeout", v, 1, 86400, &o->dist_timeout);
-            o->dist_opts = true;
+            bad = bad || !sg_cli_float("train", "--dist-timeout", v, 1, 86400, &o->dp.timeout_s);
+            o->dp.opts = true;
         } else if (sg_cli_opt(argc, argv, &i, "--save", &v, &bad)) {
             o->save = v;
         } else if (sg_cli_opt(argc, argv, &i, "--save-every", &v, &bad)) {
@@ -399,77 +383,12 @@ static int parse(int argc, char **argv, train_opts *o)
     return bad ? SG_EXIT_USAGE : 0;
 }
 
-/* Prints a failed call's message and says the run is over. */
-static char rank_tag[48]; /* " [rank r of n]" in a data-parallel worker's messages */
-
+/* Prints a failed call's message (a data-parallel worker's names its rank) and says the run
+ * is over. */
 static int fail(sg_ctx *ctx, const char *what)
 {
-    fprintf(stderr, "stepgraph train%s: %s: %s\n", rank_tag, what, sg_ctx_last_error(ctx));
+    fprintf(stderr, "stepgraph train%s: %s: %s\n", sg_cli_dist_tag(), what, sg_ctx_last_error(ctx));
     return SG_EXIT_FAIL;
-}
-
-/* --gpus N: this process is the launcher. It starts the ranks (this program again, with the
- * same arguments and the backend made explicit), waits for them, and reports a failed one. */
-static int launch_ranks(int argc, char **argv, const train_opts *o)
-{
-    sg_backend be = o->backend;
-    if (be == SG_BACKEND_AUTO) be = sg_cuda_available() ? SG_BACKEND_CUDA : SG_BACKEND_CPU;
-    if (be == SG_BACKEND_CPU && o->nnodes > 1) {
-        fprintf(stderr, "stepgraph train: --nnodes needs the CUDA backend, and no GPU is usable here: the CPU "
-                "backend's collectives run over local sockets, on one host\n");
-        return SG_EXIT_FAIL;
-    }
-    sg_dist_launch_options lo;
-    memset(&lo, 0, sizeof lo);
-    lo.local_world = (int)o->gpus, lo.nnodes = (int)o->nnodes, lo.node_rank = (int)o->node_rank;
-    lo.master = o->master, lo.timeout_s = o->dist_timeout;
-    /* Node 0 makes the run's id (NCCL's answers from this process until every rank joined). */
-    if (o->node_rank == 0 && sg_dist_id_create(be, &lo.id) != SG_OK) {
-        fprintf(stderr, "stepgraph train: --gpus %lld: %s\n", o->gpus, sg_ctx_last_error(NULL));
-        return SG_EXIT_FAIL;
-    }
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) snprintf(self, sizeof self, "%s", "stepgraph"); /* found on PATH, then */
-    else self[n] = '\0';
-    char **wargv = calloc((size_t)argc + 5, sizeof *wargv);
-    if (!wargv) return fail(NULL, "launch");
-    int k = 0;
-    wargv[k++] = self;
-    for (int i = 0; i < argc; i++) wargv[k++] = argv[i]; /* argv[0] is "train" */
-    wargv[k++] = "--backend";
-    wargv[k++] = (char *)sg_backend_name(be);
-    wargv[k] = NULL;
-    lo.argv = wargv;
-    fprintf(stderr, "stepgraph train: data parallel: %lld rank%s on this host%s (%s backend%s); rank 0 reports\n",
-            o->gpus, o->gpus > 1 ? "s" : "", o->nnodes > 1 ? ", one node of several" : "", sg_backend_name(be),
-            be == SG_BACKEND_CPU ? ": CPU processes, collectives over local sockets" : ", one GPU each, NCCL");
-    fflush(stdout);
-    sg_dist_launch_result res;
-    sg_status st = sg_dist_launch(&lo, &res);
-    free(wargv);
-    if (st != SG_OK) {
-        fprintf(stderr, "stepgraph train: %s%s\n", sg_ctx_last_error(NULL),
-                res.failed_rank >= 0 ? " (its own error is above)" : "");
-        return res.interrupted_by ? 128 + res.interrupted_by : SG_EXIT_FAIL; /* 130, 143 */
-    }
-    return 0;
-}
-
-/* A worker of a data-parallel run: its GPU (local rank), its shard, and the run. */
-static sg_ctx *worker_ctx(const train_opts *o, const sg_dist_env *e)
-{
-    snprintf(rank_tag, sizeof rank_tag, " [rank %d of %d]", e->rank, e->world);
-    if (e->rank != 0 && !freopen("/dev/null", "w", stdout)) { /* rank 0 reports; errors still go to stderr */ }
-    sg_ctx_options co = sg_ctx_options_default();
-    co.backend = o->backend;
-    co.device = o->backend == SG_BACKEND_CUDA ? e->local_rank : 0;
-    sg_ctx *ctx;
-    if (sg_ctx_create(&co, &ctx) != SG_OK) {
-        fprintf(stderr, "stepgraph train%s: %s\n", rank_tag, sg_ctx_last_error(NULL));
-        return NULL;
-    }
-    return ctx;
 }
 
 /* ---- signals: the first SIGINT or SIGTERM ends the run after the step in flight ---- */
@@ -638,12 +557,9 @@ int sg_cmd_train(int argc, char **argv)
     if (rc) return rc;
     sg_dist_env env;
     int worker = 0;
-    if (sg_dist_env_read(&env, &worker) != SG_OK) {
-        fprintf(stderr, "stepgraph train: %s\n", sg_ctx_last_error(NULL));
-        return SG_EXIT_FAIL;
-    }
+    if (!sg_cli_dist_env("train", &env, &worker)) return SG_EXIT_FAIL;
     setvbuf(stdout, NULL, _IOLBF, 0); /* a log file gets each line as it is printed, not at exit */
-    if (o.gpus && !worker) return launch_ranks(argc, argv, &o);
+    if (o.dp.gpus && !worker) return sg_cli_dist_launch("train", argc, argv, o.backend, &o.dp);
     /* A data-parallel worker stops with its launcher (which signals every rank at once); a
      * single process finishes its step and saves. */
     if (!worker) catch_signals();
@@ -652,7 +568,7 @@ int sg_cmd_train(int argc, char **argv)
         fprintf(stderr, "stepgraph train: --metrics '%s': cannot create it: %s\n", o.metrics, strerror(errno));
         return SG_EXIT_USAGE;
     }
-    sg_ctx *ctx = worker ? worker_ctx(&o, &env) : sg_cli_ctx("train", o.backend, false);
+    sg_ctx *ctx = worker ? sg_cli_dist_ctx("train", o.backend, &env) : sg_cli_ctx("train", o.backend, false);
     if (!ctx) {
         if (metrics) fclose(metrics);
         return SG_EXIT_FAIL;
@@ -669,18 +585,9 @@ int sg_cmd_train(int argc, char **argv)
         rc = SG_EXIT_USAGE;
         goto out;
     }
-    if (worker) {
-        sg_dist_options dopt = sg_dist_options_default();
-        dopt.rank = env.rank, dopt.world = env.world, dopt.id = env.id;
-        dopt.bucket_bytes = (size_t)(o.bucket_mib * 1048576.0);
-        dopt.timeout_s = o.dist_timeout;
-        if (sg_dist_create(ctx, &dopt, &dist) != SG_OK) {
-            rc = fail(ctx, "joining the run");
-            goto out;
-        }
-        o.mo.shard = env.rank, o.mo.shards = env.world;
-        o.tr.dist = dist;
-        if (o.tr.scope != SG_SCOPE_EAGER && o.tr.warmup < SG_DIST_MIN_WARMUP) o.tr.warmup = SG_DIST_MIN_WARMUP;
+    if (worker && sg_cli_dist_join(ctx, &env, &o.dp, &o.mo, &o.tr, &dist) != SG_OK) {
+        rc = fail(ctx, "joining the run");
+        goto out;
     }
     if (sg_model_create_ex(ctx, o.model, (uint64_t)o.seed, &o.mo, &m) != SG_OK) {
         rc = fail(ctx, "model");
@@ -860,11 +767,7 @@ int sg_cmd_train(int argc, char **argv)
            "%s (%llu in all), peak memory %.1f MiB\n", ran, ms, window, first_loss, loss,
            timed > 0 ? (snprintf(allocs_s, sizeof allocs_s, "%.2f", allocs), allocs_s) : "n/a",
            (unsigned long long)a1.device_allocs, a1.peak_bytes_reserved / 1048576.0);
-    sg_dist_stats ds;
-    if (dist && sg_dist_get_stats(dist, &ds) == SG_OK)
-        printf("data parallel: %d ranks, each on 1/%d of every batch; %d gradient all-reduces a step (buckets of "
-               "%.3g MiB) averaging %.3f MiB; captures checked on every rank: %d\n", sg_dist_world(dist),
-               sg_dist_world(dist), ds.buckets_per_step, o.bucket_mib, ds.bytes_per_step / 1048576.0, ds.checks);
+    sg_cli_dist_print(dist, o.dp.bucket_mib);
     sg_loss_scaler sc;
     if (o.mo.precision == SG_DTYPE_BF16) {
         if (sg_trainer_get_scaler(tr, &sc) != SG_OK) {
