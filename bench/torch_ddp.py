@@ -9,11 +9,11 @@ CUDA and NCCL; no network, no torchrun.
 
 Workload: bench/torch_ref.py's, imported from it (not copied): the byte-level GPT of
 gpt-WIDTH-DEPTH-BATCH-SEQ (C, L, B, T) with its init (seed --seed on every rank; DDP also
-broadcasts rank 0's parameters when it wraps the model), explicit math attention, no dropout, no
-clipping; torch.optim.Adam (lr 3e-4, PyTorch's default implementation; capturable=True in the
-graph mode); TF32 off; --precision fp32|bf16, bf16 as torch_ref: the forward and the loss under
-torch.autocast("cuda", torch.bfloat16, cache_enabled=False), fp32 master weights, gradients and
-Adam. Only gpt models (the MLP's data has no per-rank form here).
+broadcasts rank 0's parameters when it wraps the model), F.scaled_dot_product_attention (causal),
+no dropout, no clipping; torch.optim.Adam (lr 3e-4, PyTorch's default implementation;
+capturable=True in the graph mode); TF32 off; --precision fp32|bf16, bf16 as torch_ref: the
+forward and the loss under torch.autocast("cuda", torch.bfloat16, cache_enabled=False), fp32
+master weights, gradients and Adam. Only gpt models (the MLP's data has no per-rank form here).
 
 Data parallelism: --gpus N spawns N processes itself (torch.multiprocessing, start method spawn),
 one per GPU (rank r on cuda:r), NCCL backend, rendezvous at MASTER_ADDR 127.0.0.1 on a free port.
@@ -301,7 +301,7 @@ def run_one(name, mode, precision, args, wl_args, rank, world):
         "tf32": torch_ref.tf32_state(),
         "params": w.param_count,
         "heads": spec.width // torch_ref.GPT_HEAD_DIM,
-        "attention": "math",
+        "attention": "sdpa",
         "data": w.data_source,
         "data_seed": f"{args.seed + 1} + rank",
         "peak_mib": round(peak_mib, 1),
