@@ -2,8 +2,8 @@
  * CUDA, local sockets on the CPU); attached to a trainer, it turns the backward pass into
  * bucketed all-reduces: after each child of the model's Sequential, the tail of the flat
  * gradient buffer that is final and not yet sent is averaged over the ranks, on a second
- * stream, once it holds bucket_bytes (the last bucket and the loss at the end), and the
- * context stream waits for them before the optimizer. While a graph is captured the
+ * stream, once it holds bucket_bytes (the loss first, the last two children's whatever their
+ * size, the rest at the end), and the context stream waits for them before the optimizer. While a graph is captured the
  * collectives are recorded, and before any rank replays it every rank checks that all ranks
  * captured the same ones: a difference would make the replay hang. */
 #include "dist/dist.h"
@@ -250,7 +250,11 @@ sg_status sg_dist_backward_begin(sg_dist *d)
     d->sent_lo = d->grads->numel;
     d->buckets = 0;
     d->step_bytes = 0;
-    return SG_OK;
+    /* The loss first (so that every rank reports the whole batch's): the backward does not read
+     * it, so its all-reduce runs beside the backward instead of after the last bucket, on the
+     * way to the optimizer. */
+    SG_TRY(d->vt->fork(d));
+    return all_reduce(d, d->loss, 0, 1);
 }
 
 sg_status sg_dist_backward_hook(void *dist, int child)
@@ -259,7 +263,11 @@ sg_status sg_dist_backward_hook(void *dist, int child)
     if (!d->in_backward || child < 0 || child >= d->n_ready) return SG_OK;
     int64_t lo = d->ready[child] < d->sent_lo ? d->ready[child] : d->sent_lo;
     size_t bytes = (size_t)(d->sent_lo - lo) * sg_dtype_size(d->grads->dtype);
-    if (bytes == 0 || (bytes < d->bucket_bytes && child > 0)) return SG_OK;
+    /* Children 1 and 0 send what they have whatever its size: child 0's backward is the last,
+     * so the bucket it sends waits for no compute; sent at child 1, the gradients before it
+     * are averaged while child 0's backward runs, and the last bucket holds child 0's alone
+     * (a GPT's embeddings, small). */
+    if (bytes == 0 || (bytes < d->bucket_bytes && child > 1)) return SG_OK;
     SG_TRY(send_bucket(d, lo, d->sent_lo));
     d->sent_lo = lo;
     return SG_OK;
@@ -273,9 +281,6 @@ sg_status sg_dist_backward_end(sg_dist *d)
     SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_backward_end", "averaged gradients over the ranks (an NCCL collective)"));
     SG_TRY(send_bucket(d, 0, d->sent_lo)); /* what no child's hook sent (alignment padding too) */
     d->sent_lo = 0;
-    if (d->buckets == 0) SG_TRY(d->vt->fork(d));
-    /* The loss, so that every rank reports the whole batch's. */
-    SG_TRY(all_reduce(d, d->loss, 0, 1));
     d->last_buckets = d->buckets;
     d->last_bytes = d->step_bytes;
     return d->vt->join(d);

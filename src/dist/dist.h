@@ -111,8 +111,8 @@ sg_status sg_dist_wrap(sg_status st, const char *prefix);
 sg_status sg_dist_attach(sg_dist *d, sg_tensor *grads, sg_tensor *loss, const int64_t *ready, int n);
 void sg_dist_detach(sg_dist *d);
 /* Around the model's backward: begin, then sg_dist_backward_hook after each child (buckets
- * of at least bucket_bytes are all-reduced on the second stream as soon as they are final),
- * then end: the rest and the loss, and the join before the optimizer. */
+ * of at least bucket_bytes are all-reduced on the second stream as soon as they are final;
+ * begin queues the loss's first), then end: the rest, and the join before the optimizer. */
 sg_status sg_dist_backward_begin(sg_dist *d);
 sg_status sg_dist_backward_hook(void *dist, int child);
 sg_status sg_dist_backward_end(sg_dist *d);
