@@ -77,6 +77,40 @@ else
     else
         echo "ok: check_trace.py rejects a negative ts"
     fi
+    # scripts/overlap.py on a window drawn here: compute kernels on one stream, NCCL kernels on
+    # another, their overlap, gaps and idle time known by construction (one step, microseconds).
+    python3 - "$tmp/dp.json" <<'PY' >"$tmp/dp.want"
+import json, random, sys
+random.seed()
+ev = [{"ph": "M", "name": "process_name", "pid": 9, "args": {"name": "GPU 0"}}]
+t, comp, comm, idle, exposed = 0.0, 0.0, 0.0, 0.0, 0.0
+for i in range(random.randint(3, 9)):
+    d = random.randint(5, 40)
+    ev.append({"ph": "X", "name": f"gemm_{i}", "ts": t, "dur": d, "pid": 9, "tid": 1})
+    comp += d
+    if random.random() < 0.6:  # an all-reduce beside it, past its end by x
+        x = random.randint(0, 10)
+        ev.append({"ph": "X", "name": "ncclDevKernel_AllReduce", "ts": t + 1, "dur": d - 1 + x, "pid": 9, "tid": 2})
+        comm += d - 1 + x
+        exposed += x
+        t += d + x
+    else:
+        t += d
+    g = random.randint(1, 6)
+    t += g
+    idle += g
+ev.append({"ph": "X", "name": "optim", "ts": t, "dur": 7, "pid": 9, "tid": 1})
+comp += 7
+json.dump({"traceEvents": ev}, open(sys.argv[1], "w"))
+print(f"{t + 7:.1f} {comp:.1f} {comm:.1f} {exposed:.1f} {idle:.1f}")
+PY
+    got=$(python3 "$here/../scripts/overlap.py" "$tmp/dp.json" 1 | awk '/window/{w=$2} /compute kernels, summed/{c=$4}
+        /NCCL kernels, summed/{n=$4} /NCCL exposed/{e=$(NF-3)} /GPU idle/{i=$3} END{printf "%s %s %s %s %s", w, c, n, e, i}')
+    if [ "$got" = "$(cat "$tmp/dp.want")" ]; then
+        echo "ok: overlap.py: window, compute, NCCL, exposed and idle us as drawn ($got)"
+    else
+        echo "FAIL: overlap.py gave '$got', the drawn window holds '$(cat "$tmp/dp.want")'"; fails=$((fails + 1))
+    fi
 fi
 echo "trace_test: $fails failed"
 [ "$fails" = 0 ] || exit 1
