@@ -532,26 +532,30 @@ typedef struct tcase {
     float lr;
     bool gpu;
     int accum;                 /* micro-batches a step (0: 1): the sum averaged once, after the last */
+    size_t bucket;             /* bucket bytes (0: 1 KiB, several buckets even for small models) */
 } tcase;
 
 /* SGD: a sum where an average belongs would change its steps (AdamW's barely: it is scale-free),
  * and its differences stay proportional to the gradients' (AdamW normalises the update of a
  * gradient that cancels to near zero, so rounding there moves a parameter by up to lr). */
 static const tcase cases[] = {
-    {"mlp-eager", "mlp-32-2-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, false, 0},
-    {"mlp-layer", "mlp-32-2-16", SG_SCOPE_LAYER, SG_OPTIM_SGD, 0.05f, false, 0},
-    {"mlp-model", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 0},
-    {"mlp-step", "mlp-32-2-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, false, 0},
-    {"gpt-eager", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, false, 0},
-    {"gpt-step", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0},
-    {"mlp64-eager", "mlp-64-2-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, true, 0},
-    {"mlp64-step", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 0},
-    {"gpt-eager-gpu", "gpt-128-2-4-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, true, 0},
-    {"gpt-step-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 0},
-    {"mlp-model-accum", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 3},
-    {"gpt-step-accum", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 2},
-    {"mlp64-step-accum", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 2},
-    {"gpt-step-accum-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 3},
+    {"mlp-eager", "mlp-32-2-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, false, 0, 0},
+    {"mlp-layer", "mlp-32-2-16", SG_SCOPE_LAYER, SG_OPTIM_SGD, 0.05f, false, 0, 0},
+    {"mlp-model", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 0, 0},
+    {"mlp-step", "mlp-32-2-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, false, 0, 0},
+    {"gpt-eager", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, false, 0, 0},
+    {"gpt-step", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, 0},
+    {"mlp64-eager", "mlp-64-2-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, true, 0, 0},
+    {"mlp64-step", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 0, 0},
+    {"gpt-eager-gpu", "gpt-128-2-4-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, true, 0, 0},
+    {"gpt-step-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 0, 0},
+    {"mlp-model-accum", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 3, 0},
+    {"gpt-step-accum", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 2, 0},
+    {"mlp64-step-accum", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 2, 0},
+    {"gpt-step-accum-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 3, 0},
+    /* Buckets larger than the model: the last two children (block 0 and the embedding) still
+     * send theirs, so exactly two gradient all-reduces a step. */
+    {"gpt-step-whole", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, (size_t)64 << 20},
 };
 
 static const tcase *find_case(const char *name)
@@ -646,7 +650,7 @@ static int worker(int argc, char **argv)
     TU_OK(NULL, sg_ctx_create(&co, &ctx));
     sg_dist_options dopt = sg_dist_options_default();
     dopt.rank = e.rank, dopt.world = e.world, dopt.id = e.id;
-    dopt.bucket_bytes = 1024; /* several buckets even for small models */
+    dopt.bucket_bytes = c->bucket ? c->bucket : 1024;
     dopt.timeout_s = !strcmp(mode, "die") ? 15 : 60;
     sg_dist *d;
     TU_OK(ctx, sg_dist_create(ctx, &dopt, &d));
@@ -691,6 +695,8 @@ static int worker(int argc, char **argv)
         /* Accumulated steps average their sum once, after the backward: one all-reduce. */
         if (c->accum > 1) TU_CHECK(ds.buckets_per_step == 1, "%s: %d gradient all-reduces a step of %d micro-batches",
                                    tag, ds.buckets_per_step, c->accum);
+        else if (c->bucket) TU_CHECK(ds.buckets_per_step == 2, "%s: %d gradient buckets a step with buckets larger "
+                                     "than the model (want 2: the last two children's)", tag, ds.buckets_per_step);
         else TU_CHECK(ds.buckets_per_step >= 2, "%s: %d gradient buckets a step with 1 KiB buckets", tag,
                       ds.buckets_per_step);
         TU_CHECK(c->scope == SG_SCOPE_EAGER || ds.checks >= 1, "%s: no capture was checked", tag);
