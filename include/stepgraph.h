@@ -823,9 +823,8 @@ float sg_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float pea
 sg_status sg_optim_get_hparams(sg_optim *o, sg_optim_hparams *out);
 /* One optimizer step over all parameters: one kernel launch (mixed precision: two, the check
  * of the gradients and the update, which unscales them as it reads them: sg_amp_check,
- * sg_adamw_step_amp). The optimizer's state is allocated
- * by sg_trainer_create, or else by the first step, which must then run before any capture of
- * one (a graph's warm-up runs do). */
+ * sg_adamw_step_amp). The optimizer's state is allocated by sg_trainer_create, or else by the
+ * first step, which must then run before any capture of one (a graph's warm-up runs do). */
 sg_status sg_optim_step(sg_optim *o);
 /* The dtype the optimizer keeps its state in (AdamW's m and v, SGD's momentum buffer):
  * SG_DTYPE_F32 (the default) or SG_DTYPE_BF16 (f32 parameters only): half the state's memory,
@@ -1031,8 +1030,8 @@ sg_status sg_module_residual(sg_builder *b, const char *name, sg_module *inner, 
  * builder's dropout after each branch; its backward scratch shared by every block. */
 /* 1 where sg_module_attention and sg_module_gpt_block of this precision, width and heads run
  * the fused attention (sg_attention_fused_forward: bf16 and f32 with head size 64, on either
- * backend, unless STEPGRAPH_ATTENTION=unfused is set), saving (B, heads, T) log-sum-exps instead of the
- * (B, heads, T, T) probabilities; 0 where they run sg_attention_forward. */
+ * backend, unless STEPGRAPH_ATTENTION=unfused is set), saving (B, heads, T) log-sum-exps
+ * instead of the (B, heads, T, T) probabilities; 0 where they run sg_attention_forward. */
 int sg_module_attention_fused(sg_dtype precision, int64_t C, int heads);
 sg_status sg_module_gpt_block(sg_builder *b, const char *name, int64_t C, int heads,
                               sg_module **m);

@@ -3,9 +3,9 @@
  * bucketed all-reduces: after each child of the model's Sequential, the tail of the flat
  * gradient buffer that is final and not yet sent is averaged over the ranks, on a second
  * stream, once it holds bucket_bytes (the loss first, the last two children's whatever their
- * size, the rest at the end), and the context stream waits for them before the optimizer. While a graph is captured the
- * collectives are recorded, and before any rank replays it every rank checks that all ranks
- * captured the same ones: a difference would make the replay hang. */
+ * size, the rest at the end), and the context stream waits for them before the optimizer. While
+ * a graph is captured the collectives are recorded, and before any rank replays it every rank
+ * checks that all ranks captured the same ones: a difference would make the replay hang. */
 #include "dist/dist.h"
 
 #include <stdarg.h>

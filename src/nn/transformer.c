@@ -202,7 +202,7 @@ sg_status sg_module_embedding(sg_builder *b, const char *name, int64_t vocab, in
 /* The fused attention (no (B, H, T, T) probabilities; sg_attention_fused_forward) serves bf16
  * and f32 with head size 64, on either backend so that both run the same function, unless
  * STEPGRAPH_ATTENTION=unfused asks for the unfused op (to measure what fusing gives). f32 on
- * the H100, gpt-768-12-8-256 step: 29.81 ms fused against 30.88 unfused, 335 MiB less. */
+ * the H100, gpt-768-12-8-256 step: 29.61 ms fused against 30.81 unfused, 335 MiB less. */
 int sg_module_attention_fused(sg_dtype dt, int64_t C, int heads)
 {
     const char *e = getenv("STEPGRAPH_ATTENTION");

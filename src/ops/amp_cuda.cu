@@ -1,12 +1,13 @@
 /* amp_cuda.cu: the unscale of dynamic loss scaling in ONE launch with no host sync, so a
  * captured step can hold it. Every block reads the scale from the scaler at entry, unscales its
  * share of grad_lo (f32 or bf16) into grad (f32) in a grid-stride loop (or, for sg_amp_check,
- * only computes the unscaled values), and flags a non-finite result; thread 0 ORs the block's flag into a word in scratch (sg_ctx_scratch slot
- * SG_SLOT_AMP; an integer OR, so the outcome does not depend on the order), then takes a
- * ticket (__threadfence + atomicAdd, as clip_cuda.cu). The last block to finish writes found,
- * updates the scaler (see amp.h) and sets both scratch words back to 0 for the next call or
- * replay. The scaler is written only after every block has taken its ticket, that is after
- * every thread has read the scale. Then the launcher. */
+ * only computes the unscaled values), and flags a non-finite result; thread 0 ORs the block's
+ * flag into a word in scratch (sg_ctx_scratch slot SG_SLOT_AMP; an integer OR, so the outcome
+ * does not depend on the order), then takes a ticket (__threadfence + atomicAdd, as
+ * clip_cuda.cu). The last block to finish writes found, updates the scaler (see amp.h) and sets
+ * both scratch words back to 0 for the next call or replay. The scaler is written only after
+ * every block has taken its ticket, that is after every thread has read the scale. Then the
+ * launcher. */
 #include "ops/amp.h"
 
 #include <cuda_bf16.h>

@@ -84,6 +84,17 @@ static sg_status check_segments(sg_ctx *ctx, const char *fn, int64_t P, const sg
     return SG_OK;
 }
 
+/* A one-element device value of dtype dt (skip, inv); what names what it holds. */
+static sg_status check_one(sg_ctx *ctx, const char *fn, const char *name, const sg_tensor *t, sg_dtype dt,
+                           const char *what)
+{
+    SG_TRY(sg_check_dtype(ctx, fn, name, t, dt));
+    if (t->numel == 1) return SG_OK;
+    char s[96];
+    return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' is %s, expected 1 element (%s)", fn, name,
+                   sg_shape_str(t, s, sizeof s), what);
+}
+
 /* skip (NULL, or 1 I32) is read by every block while the step writes param, m, v, hp and
  * param_lo: it must not share bytes with them. param_lo (NULL, or BF16 with param's element
  * count) is written while everything else is read: it must share bytes with nothing. */
@@ -94,12 +105,7 @@ static sg_status check_mixed(sg_ctx *ctx, const char *fn, const sg_tensor *param
                              const sg_tensor *param_lo)
 {
     char s[96];
-    if (skip) {
-        SG_TRY(sg_check_dtype(ctx, fn, "skip", skip, SG_DTYPE_I32));
-        if (skip->numel != 1)
-            return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'skip' is %s, expected 1 element (a flag, "
-                           "as sg_amp_unscale's found)", fn, sg_shape_str(skip, s, sizeof s));
-    }
+    if (skip) SG_TRY(check_one(ctx, fn, "skip", skip, SG_DTYPE_I32, "a flag, as sg_amp_unscale's found"));
     if (param_lo) {
         SG_TRY(sg_check_dtype(ctx, fn, "param_lo", param_lo, SG_DTYPE_BF16));
         if (param_lo->numel != param->numel) {
@@ -118,7 +124,6 @@ static sg_status check_mixed(sg_ctx *ctx, const char *fn, const sg_tensor *param
     return SG_OK;
 }
 
-/* Everything both optimizers share; v is NULL for SGD. */
 /* The scaled gradients of the _amp steps: BF16 or F32 (F64 too on the CPU) with param's
  * dims, and inv, 1 F32; neither shares bytes with what the step writes (check_mixed). */
 static sg_status check_scaled(sg_ctx *ctx, const char *fn, const sg_tensor *param, const sg_tensor *grad,
@@ -130,15 +135,10 @@ static sg_status check_scaled(sg_ctx *ctx, const char *fn, const sg_tensor *para
         return sg_fail(ctx, SG_ERR_DTYPE, "%s: tensor 'grad_lo' is %s, expected bf16 or f32%s", fn,
                        sg_dtype_name(grad->dtype), ctx->backend == SG_BACKEND_CPU ? " (or f64 on the CPU)" : "");
     SG_TRY(sg_check_same_dims(ctx, fn, "grad_lo", grad, "param", param));
-    SG_TRY(sg_check_dtype(ctx, fn, "inv", inv, SG_DTYPE_F32));
-    if (inv->numel != 1) {
-        char s[96];
-        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'inv' is %s, expected 1 element (sg_amp_check's 1 / scale)", fn,
-                       sg_shape_str(inv, s, sizeof s));
-    }
-    return SG_OK;
+    return check_one(ctx, fn, "inv", inv, SG_DTYPE_F32, "sg_amp_check's 1 / scale");
 }
 
+/* Everything both optimizers share; v is NULL for SGD, inv NULL for the f32-gradient steps. */
 static sg_status check_step(sg_ctx *ctx, const char *fn, const sg_tensor *param,
                             const sg_tensor *grad, const sg_tensor *inv, const char *mname, const sg_tensor *m,
                             const sg_tensor *v, const sg_tensor *hp, const sg_tensor *seg_start,
@@ -163,12 +163,11 @@ static sg_status check_step(sg_ctx *ctx, const char *fn, const sg_tensor *param,
     SG_TRY(check_segments(ctx, fn, param->numel, seg_start, seg_decay, n_seg));
     SG_TRY(check_mixed(ctx, fn, param, grad, mname, m, v, hp, seg_start, seg_decay, skip, param_lo));
     if (!inv) return SG_OK;
-    /* inv is read by every block while the step writes: apart from param_lo (checked above)
-     * and the other outputs. */
-    const char *names[5] = {"param", mname, "v", "hp", "grad_lo"};
-    const sg_tensor *ts[5] = {param, m, v, hp, grad};
+    /* inv is read by every block while the step writes: apart from every output. */
+    const char *names[5] = {"param", mname, "v", "hp", "param_lo"};
+    const sg_tensor *ts[5] = {param, m, v, hp, param_lo};
     for (int i = 0; i < 5; i++) SG_TRY(sg_check_not_overlapping(ctx, fn, names[i], ts[i], "inv", inv));
-    return sg_check_not_overlapping(ctx, fn, "param_lo", param_lo, "inv", inv);
+    return SG_OK;
 }
 
 /* The CPU references run through sg_cpu_run, so a CPU capture records them. */

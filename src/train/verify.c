@@ -71,6 +71,13 @@ static sg_status read_all(sg_ctx *ctx, const sg_tensor *t, float *out)
     return SG_OK;
 }
 
+/* What compare_step reads, kind 0..2: the f32 gradients, the scaled bf16 ones (NULL in fp32),
+ * the parameters. */
+static sg_tensor *compared(sg_model *m, int kind)
+{
+    return kind == 0 ? sg_model_grads(m) : kind == 1 ? sg_model_grads_lo(m) : sg_model_params(m);
+}
+
 /* One step's comparison; fills row and, on the first difference, r->mismatch. */
 static sg_status compare_step(sg_ctx *ctx, side s[2], const sg_verify_options *o, int64_t step, float *a, float *b,
                               int64_t P, sg_verify_step *row, sg_verify_result *r)
@@ -94,13 +101,13 @@ static sg_status compare_step(sg_ctx *ctx, side s[2], const sg_verify_options *o
     /* The f32 gradients, mixed precision's scaled bf16 ones (what the backward wrote: with the
      * unscale folded into the optimizer the f32 ones are not written), then the parameters. */
     for (int kind = 0; kind < 3; kind++) {
-        sg_tensor *ta = kind == 0 ? sg_model_grads(s[0].m) : kind == 1 ? sg_model_grads_lo(s[0].m) : sg_model_params(s[0].m);
-        sg_tensor *tb = kind == 0 ? sg_model_grads(s[1].m) : kind == 1 ? sg_model_grads_lo(s[1].m) : sg_model_params(s[1].m);
+        sg_tensor *ta = compared(s[0].m, kind), *tb = compared(s[1].m, kind);
         if (!ta || !tb) continue;
         SG_TRY(read_all(ctx, ta, a));
         SG_TRY(read_all(ctx, tb, b));
         double scaled_max = 0;
-        int64_t i = compare(a, b, P, o->atol, o->rtol, kind == 2 ? &row->max_dparam : kind ? &scaled_max : &row->max_dgrad);
+        int64_t i = compare(a, b, P, o->atol, o->rtol,
+                            kind == 2 ? &row->max_dparam : kind ? &scaled_max : &row->max_dgrad);
         if (i >= 0 && !differ) {
             differ = true;
             snprintf(r->mismatch, sizeof r->mismatch, "%s%s (element %lld of the flat buffer: eager %.9g, graph %.9g)",
