@@ -3,13 +3,17 @@
 a trace that `stepgraph trace` wrote (with --gpus N, rank 0's GPU): over the traced window,
 divided by STEPS (default 5), the window's length, the compute kernels' summed time and the time
 some compute kernel runs (union), the NCCL kernels' summed time and union, how much of the NCCL
-time has no compute kernel beside it (exposed), and the GPU's idle time. Compute kernels whose
-summed time grows between a 1-GPU and a 2-GPU trace were slowed by the collectives beside them:
-compare two traces' kernel tables with scripts/kernel_times.py. With TAIL, also the window's last
-TAIL kernels in start order (start and gap to the kernel before it on any stream, duration,
-stream): how the last step's backward, all-reduces and update follow each other; and the window's
-largest idle gaps (no kernel on any stream), with the kernels on either side, per step."""
+time has no compute kernel beside it (exposed), the GPU's idle time, and the median gap from
+one compute kernel's end to the next one's start (in graph replays of gpt-256-4 bf16 on an
+H200: 0.1 us alone, 0.4 us once NCCL kernels are in the graph; bench/RESULTS.md, session 29).
+Compute kernels whose summed time grows between a 1-GPU and a 2-GPU trace were slowed by the
+collectives beside them: compare two traces' kernel tables with scripts/kernel_times.py. With
+TAIL, also the window's last TAIL kernels in start order (start and gap to the kernel before it
+on any stream, duration, stream): how the last step's backward, all-reduces and update follow
+each other; and the window's largest idle gaps (no kernel on any stream), with the kernels on
+either side, per step."""
 import json
+import statistics
 import sys
 
 path = sys.argv[1]
@@ -71,6 +75,12 @@ rows = [("window", t1 - t0), ("compute kernels, summed", sum(b - a for a, b in c
 print(f"{path}: {len(comp) / steps:.0f} compute and {len(comm) / steps:.0f} NCCL kernels a step")
 for name, us in rows:
     print(f"  {name:38s} {us / steps:9.1f} us a step")
+# From each compute kernel's end to the next one's start (start order, those that do not
+# overlap): in a graph replay, what the GPU takes to start the next kernel.
+cs = sorted(comp)
+cgaps = [b[0] - a[1] for a, b in zip(cs, cs[1:]) if b[0] >= a[1]]
+if cgaps:
+    print(f"  {'median gap between compute kernels':38s} {statistics.median(cgaps):9.2f} us")
 if tail:
     seq.sort()
     t_end = seq[-tail - 1][0] + seq[-tail - 1][1] if len(seq) > tail else seq[0][0]

@@ -83,7 +83,7 @@ else
 import json, random, sys
 random.seed()
 ev = [{"ph": "M", "name": "process_name", "pid": 9, "args": {"name": "GPU 0"}}]
-t, comp, comm, idle, exposed = 0.0, 0.0, 0.0, 0.0, 0.0
+t, comp, comm, idle, exposed, cgaps = 0.0, 0.0, 0.0, 0.0, 0.0, []
 for i in range(random.randint(3, 9)):
     d = random.randint(5, 40)
     ev.append({"ph": "X", "name": f"gemm_{i}", "ts": t, "dur": d, "pid": 9, "tid": 1})
@@ -96,18 +96,24 @@ for i in range(random.randint(3, 9)):
         t += d + x
     else:
         t += d
+        x = 0
     g = random.randint(1, 6)
     t += g
     idle += g
+    cgaps.append(x + g)  # from this compute kernel's end to the next one's start
 ev.append({"ph": "X", "name": "optim", "ts": t, "dur": 7, "pid": 9, "tid": 1})
 comp += 7
 json.dump({"traceEvents": ev}, open(sys.argv[1], "w"))
-print(f"{t + 7:.1f} {comp:.1f} {comm:.1f} {exposed:.1f} {idle:.1f}")
+cgaps.sort()
+n = len(cgaps)
+med = cgaps[n // 2] if n % 2 else (cgaps[n // 2 - 1] + cgaps[n // 2]) / 2
+print(f"{t + 7:.1f} {comp:.1f} {comm:.1f} {exposed:.1f} {idle:.1f} {med:.2f}")
 PY
     got=$(python3 "$here/../scripts/overlap.py" "$tmp/dp.json" 1 | awk '/window/{w=$2} /compute kernels, summed/{c=$4}
-        /NCCL kernels, summed/{n=$4} /NCCL exposed/{e=$(NF-3)} /GPU idle/{i=$3} END{printf "%s %s %s %s %s", w, c, n, e, i}')
+        /NCCL kernels, summed/{n=$4} /NCCL exposed/{e=$(NF-3)} /GPU idle/{i=$3} /median gap/{m=$(NF-1)}
+        END{printf "%s %s %s %s %s %s", w, c, n, e, i, m}')
     if [ "$got" = "$(cat "$tmp/dp.want")" ]; then
-        echo "ok: overlap.py: window, compute, NCCL, exposed and idle us as drawn ($got)"
+        echo "ok: overlap.py: window, compute, NCCL, exposed and idle us and the median compute gap as drawn ($got)"
     else
         echo "FAIL: overlap.py gave '$got', the drawn window holds '$(cat "$tmp/dp.want")'"; fails=$((fails + 1))
     fi
