@@ -5,6 +5,7 @@
 #include "graph/graph.h"
 
 #include <cuda_runtime.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,15 +51,43 @@ static int count_nodes(cudaGraph_t gr)
     return (int)n;
 }
 
+/* STEPGRAPH_GRAPH_DOT=DIR: each captured graph, before it is instantiated, written as
+ * DIR/NAME.N.dot (cudaGraphDebugDotPrint, verbose: every node with its parameters and
+ * attributes), N counting this process's dumps: what capture recorded, to compare two builds'
+ * or two runs' graphs node by node. *path is "" when the variable is unset. */
+static cudaError_t dump_dot(const sg_graph *g, cudaGraph_t gr, char *path, size_t n)
+{
+    static int dumps;
+    const char *dir = getenv("STEPGRAPH_GRAPH_DOT");
+    path[0] = '\0';
+    if (!dir || !*dir) return cudaSuccess;
+    char name[sizeof g->name];
+    size_t i = 0;
+    for (; g->name[i] && i + 1 < sizeof name; i++) /* a file name: no separators */
+        name[i] = g->name[i] == '/' || g->name[i] == ' ' ? '_' : g->name[i];
+    name[i] = '\0';
+    snprintf(path, n, "%s/%s.%d.dot", dir, i ? name : "graph", __atomic_fetch_add(&dumps, 1, __ATOMIC_RELAXED));
+    return cudaGraphDebugDotPrint(gr, path, cudaGraphDebugDotFlagsVerbose);
+}
+
 static sg_status cuda_instantiate(sg_graph *g, void *graph)
 {
     sg_ctx *ctx = g->ctx;
     cudaGraph_t gr = (cudaGraph_t)graph;
     cudaGraphExec_t exec = NULL;
     size_t free0 = 0, free1 = 0, total = 0;
+    char dot[512];
+    cudaError_t e = dump_dot(g, gr, dot, sizeof dot);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaGraphDestroy(gr);
+        return sg_fail(ctx, SG_ERR_IO, "sg_graph '%s': STEPGRAPH_GRAPH_DOT: could not write '%s' "
+                       "(cudaGraphDebugDotPrint: %s); is the directory there and writable?", g->name, dot,
+                       cudaGetErrorString(e));
+    }
     /* Every failure frees gr (and exec), as the table's contract says: nothing leaks. */
     const char *call = "cudaMemGetInfo";
-    cudaError_t e = cudaMemGetInfo(&free0, &total);
+    e = cudaMemGetInfo(&free0, &total);
     if (e == cudaSuccess) {
         call = "cudaGraphInstantiateWithFlags";
         /* Kernel nodes keep the priority of the stream they were captured on (stream capture
