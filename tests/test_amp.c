@@ -409,13 +409,13 @@ static void cpu_errors(void)
     TU_FAILS(ctx, sg_amp_unscale(ctx, lo, g9, sc, found), SG_ERR_SHAPE,
              "'grad' is (9) f32 but 'grad_lo' is (10) bf16");
     TU_FAILS(ctx, sg_amp_unscale(ctx, lo, g, sc3, found), SG_ERR_SHAPE,
-             "'scaler' is (3) f32, expected 4 elements");
+             "'scaler' (sc3) is (3) f32, expected 4 elements (sg_loss_scaler: scale, good_steps");
     TU_FAILS(ctx, sg_amp_unscale(ctx, lo, g, sc_f64, found), SG_ERR_DTYPE,
              "tensor 'scaler' is f64, expected f32");
     TU_FAILS(ctx, sg_amp_unscale(ctx, lo, g, sc, found_f32), SG_ERR_DTYPE,
              "tensor 'found' is f32, expected i32");
     TU_FAILS(ctx, sg_amp_unscale(ctx, lo, g, sc, found2), SG_ERR_SHAPE,
-             "'found' is (2) i32, expected 1 element");
+             "'found' (found2) is (2) i32, expected 1 element (a flag)");
     TU_FAILS(ctx, sg_amp_unscale(ctx, lo, g_other, sc, found), SG_ERR_BACKEND, "another context");
     TU_FAILS(ctx, sg_amp_unscale(ctx, lo_a, g_b, sc, found), SG_ERR_INVALID,
              "output 'grad' overlaps 'grad_lo'");
@@ -646,7 +646,7 @@ static void check_errors(sg_ctx *ctx)
     set_scaler(sc, s);
     tu_poison(found), tu_poison(inv);
     TU_FAILS(ctx, sg_amp_check(ctx, lo, sc, found, NULL), SG_ERR_NULL, "'inv'");
-    TU_FAILS(ctx, sg_amp_check(ctx, lo, sc, found, inv2), SG_ERR_SHAPE, "'inv' is (2) f32, expected 1 element");
+    TU_FAILS(ctx, sg_amp_check(ctx, lo, sc, found, inv2), SG_ERR_SHAPE, "'inv' (inv2) is (2) f32, expected 1 element (1 / scale)");
     TU_FAILS(ctx, sg_amp_check(ctx, lo, sc, found, inv_i), SG_ERR_DTYPE, "'inv' is i32");
     TU_FAILS(ctx, sg_amp_check(ctx, lo, sc, found, inv_in_sc), SG_ERR_INVALID, "overlaps");
     TU_FAILS(ctx, sg_amp_check(ctx, lo, found, found, inv), SG_ERR_DTYPE, "'scaler'");

@@ -203,7 +203,7 @@ static void cpu_errors(void)
     TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm, NULL), SG_ERR_NULL, "'nonfinite'");
     TU_FAILS(ctx, sg_clip_grad_norm(ctx, g_i32, 1.f, norm, nf), SG_ERR_DTYPE, "'grad'");
     TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm64, nf), SG_ERR_DTYPE, "'norm'");
-    TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm2, nf), SG_ERR_SHAPE, "expected 1 element");
+    TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm2, nf), SG_ERR_SHAPE, "'norm' (norm2) is (2) f32, expected 1 element (the norm)");
     TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm, nf_f32), SG_ERR_DTYPE, "sg_clip_grad_norm: tensor 'nonfinite'");
     TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm, nf2), SG_ERR_SHAPE, "'nonfinite'");
     TU_FAILS(ctx, sg_clip_grad_norm(ctx, g, 1.f, norm_other, nf), SG_ERR_BACKEND, "another context");

@@ -417,6 +417,7 @@ static void refusals(void)
     sg_tensor *wte = tu_tensor2(dev, SG_DTYPE_F32, 16, 128, "wte"), *wpe = tu_tensor2(dev, SG_DTYPE_F32, 8, 128, "wpe");
     sg_tensor *tok = ints(dev, 2, bad_tok, "tok"), *y = tu_tensor2(dev, SG_DTYPE_F32, 2, 128, "y");
     TU_FAILS(dev, sg_embed_at(dev, tok, start, wte, wpe, out), SG_ERR_SHAPE, "y");
+    TU_FAILS(dev, sg_embed_at(dev, tok, st3, wte, wpe, y), SG_ERR_SHAPE, "'pos' (st3) is (3) i32, expected 2 elements");
     if (!gpu) TU_FAILS(dev, sg_embed_at(dev, tok, start, wte, wpe, y), SG_ERR_INVALID, "token 999");
     /* Usable after: a valid call runs. */
     free(tu_random(qkv, -1, 1));

@@ -225,14 +225,14 @@ static void cpu_errors(sg_ctx *ctx)
     TU_FAILS(ctx, sg_softmax_xent(ctx, NULL, t, 1.0f, loss, dl), SG_ERR_NULL, "'logits' is NULL");
     TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, NULL, dl), SG_ERR_NULL, "'loss' is NULL");
     TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, loss2, dl), SG_ERR_SHAPE,
-             "'loss' is (2) f64, expected 1 element");
+             "'loss' (loss2) is (2) f64, expected 1 element");
     TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, loss_f32, dl), SG_ERR_DTYPE,
-             "expected 1 element of f64");
+             "tensor 'loss' is f32, expected f64");
     TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, loss, dl_bad), SG_ERR_SHAPE,
              "'dlogits' is (6, 6) f64");
     /* bf16 logits take an f32 loss (see xent_bf16_errors for the rest). */
     TU_FAILS(ctx, sg_softmax_xent(ctx, x_bf16, t, 1.0f, loss, NULL), SG_ERR_DTYPE,
-             "'loss' is (1) f64, expected 1 element of f32");
+             "tensor 'loss' is f64, expected f32");
     TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, NAN, loss, dl), SG_ERR_INVALID, "grad_scale");
 
     /* A target >= C: an error naming the row, and nothing written. */
@@ -251,7 +251,7 @@ static void cpu_errors(sg_ctx *ctx)
     TU_FAILS(ctx, sg_mse(ctx, x, dl, 1.0f, loss, dl_bad), SG_ERR_SHAPE, "'dx' is (6, 6) f64");
     TU_FAILS(ctx, sg_mse(ctx, x, dl, 1.0f, NULL, NULL), SG_ERR_NULL,
              "sg_mse: tensor 'loss' is NULL");
-    TU_FAILS(ctx, sg_mse(ctx, x, dl, 1.0f, loss_f32, NULL), SG_ERR_DTYPE, "sg_mse: 'loss'");
+    TU_FAILS(ctx, sg_mse(ctx, x, dl, 1.0f, loss_f32, NULL), SG_ERR_DTYPE, "sg_mse: tensor 'loss' is f32, expected f64");
 
     /* The context is still usable, and computes the right thing. */
     TU_OK(ctx, sg_softmax_xent(ctx, x, t, 1.0f, loss, dl));
@@ -429,7 +429,7 @@ static void xent_bf16_errors(sg_ctx *ctx)
     double *tv = random_targets(M, C, 0);
     tu_set(t, tv);
     TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, lh, d), SG_ERR_DTYPE,
-             "sg_softmax_xent: 'loss' is (1) bf16, expected 1 element of f32");
+             "sg_softmax_xent: tensor 'loss' is bf16, expected f32");
     TU_FAILS(ctx, sg_softmax_xent(ctx, x, t, 1.0f, l, df), SG_ERR_DTYPE,
              "'logits' is (6, 5) bf16 but 'dlogits' is (6, 5) f32");
     TU_FAILS(ctx, sg_softmax_xent(ctx, xf, t, 1.0f, l, d), SG_ERR_DTYPE,
@@ -878,7 +878,7 @@ static void xent_scaled_errors(sg_ctx *ctx)
     TU_FAILS(ctx, sg_softmax_xent_scaled(ctx, x, t, 1.0f, sc_in, l_over, NULL), SG_ERR_INVALID,
              "output 'loss' overlaps 'scaler'");
     TU_FAILS(ctx, sg_softmax_xent_scaled(ctx, x, t, 1.0f, sc, l2, d), SG_ERR_SHAPE,
-             "sg_softmax_xent_scaled: 'loss' is (2) f32");
+             "sg_softmax_xent_scaled: 'loss' (loss2) is (2) f32, expected 1 element");
     TU_FAILS(ctx, sg_softmax_xent_scaled(ctx, x, t, NAN, sc, l, d), SG_ERR_INVALID,
              "sg_softmax_xent_scaled: grad_scale");
     TU_CHECK(sg_softmax_xent_scaled(NULL, x, t, 1.0f, sc, l, d) == SG_ERR_NULL,

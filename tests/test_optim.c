@@ -627,7 +627,7 @@ static void cpu_errors(void)
     TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 2, skip_f32, NULL), SG_ERR_DTYPE,
              "sg_adamw_step: tensor 'skip' is f32, expected i32");
     TU_FAILS(ctx, sg_sgd_step(ctx, p, g, m, hp, ss, sd, 2, skip2, NULL), SG_ERR_SHAPE,
-             "sg_sgd_step: 'skip' is (2) i32, expected 1 element");
+             "sg_sgd_step: 'skip' (skip2) is (2) i32, expected 1 element (a flag, as sg_amp_unscale's found)");
     TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 2, skip_other, NULL), SG_ERR_BACKEND,
              "another context");
     TU_FAILS(ctx, sg_adamw_step(ctx, p, g, m, v, hp, ss, sd, 2, skip, plo_f32), SG_ERR_DTYPE,

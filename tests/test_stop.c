@@ -551,7 +551,7 @@ static void errors(sg_ctx *ctx)
     TU_CHECK(sg_stop_check(NULL, state, loss, 4, &good) == SG_ERR_NULL, "NULL ctx");
     REFUSED(sg_stop_begin(ctx, NULL, 4), SG_ERR_NULL, "sg_stop_begin: tensor 'state' is NULL");
     REFUSED(sg_stop_begin(ctx, fstate, 4), SG_ERR_DTYPE, "sg_stop_begin: tensor 'state' is f32, expected i32");
-    REFUSED(sg_stop_begin(ctx, short_state, 4), SG_ERR_SHAPE, "'state' (short) is (7) i32, expected 8 elements");
+    REFUSED(sg_stop_begin(ctx, short_state, 4), SG_ERR_SHAPE, "'state' (short) is (7) i32, expected 8 elements (SG_STOP_STATE)");
     REFUSED(sg_stop_begin(ctx, foreign, 4), SG_ERR_BACKEND, "'state' (foreign) belongs to another context");
     REFUSED(sg_stop_begin(ctx, state, 0), SG_ERR_INVALID, "sg_stop_begin: limit 0: expected");
     REFUSED(sg_stop_begin(ctx, state, -3), SG_ERR_INVALID, "limit -3");
@@ -561,7 +561,7 @@ static void errors(sg_ctx *ctx)
     REFUSED(sg_stop_check(ctx, short_state, loss, 4, &good), SG_ERR_SHAPE, "expected 8 elements");
     REFUSED(sg_stop_check(ctx, state, NULL, 4, &good), SG_ERR_NULL, "sg_stop_check: tensor 'loss' is NULL");
     REFUSED(sg_stop_check(ctx, state, iloss, 4, &good), SG_ERR_DTYPE, "tensor 'loss' is i32, expected f32");
-    REFUSED(sg_stop_check(ctx, state, wide, 4, &good), SG_ERR_SHAPE, "'loss' (wide) is (2) f32, expected 1 element");
+    REFUSED(sg_stop_check(ctx, state, wide, 4, &good), SG_ERR_SHAPE, "'loss' (wide) is (2) f32, expected 1 element (the step's loss)");
     REFUSED(sg_stop_check(ctx, state, loss, 0, &good), SG_ERR_INVALID, "sg_stop_check: limit 0");
     REFUSED(sg_stop_check(ctx, state, loss, INT32_MAX, &good), SG_ERR_INVALID, "limit 2147483647");
     REFUSED(sg_stop_check(ctx, state, loss, 4, NULL), SG_ERR_NULL, "sg_stop_check: rule is NULL");

@@ -380,6 +380,12 @@ void sg_cpu_store(sg_tensor *t, int64_t off, const double *v, int64_t n);
 sg_status sg_check_tensor(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t);
 sg_status sg_check_dtype(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
                          sg_dtype want);
+/* Exactly n elements (any shape) of dtype want: a flag, a scalar, a small state vector. A
+ * wrong dtype fails as sg_check_dtype; a wrong count with SG_ERR_SHAPE naming the tensor by
+ * role and name, its shape and dtype, and the count expected; note, when not NULL, says what
+ * the elements hold. */
+sg_status sg_check_count(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
+                         sg_dtype want, int64_t n, const char *note);
 /* Float dtypes the backend computes in: F32 (both), F64 (CPU), BF16 where supported. */
 sg_status sg_check_float(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t);
 /* As sg_check_float, and BF16 too (ops with bf16 kernels: mixed precision). */

@@ -278,6 +278,17 @@ sg_status sg_check_dtype(const sg_ctx *ctx, const char *fn, const char *what, co
     return SG_OK;
 }
 
+sg_status sg_check_count(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
+                         sg_dtype want, int64_t n, const char *note)
+{
+    SG_TRY(sg_check_dtype(ctx, fn, what, t, want));
+    if (t->numel == n) return SG_OK;
+    char s[96];
+    return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' (%s) is %s, expected %lld element%s%s%s%s", fn, what, t->name,
+                   sg_shape_str(t, s, sizeof s), (long long)n, n == 1 ? "" : "s", note ? " (" : "",
+                   note ? note : "", note ? ")" : "");
+}
+
 sg_status sg_check_float(const sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t)
 {
     SG_TRY(sg_check_tensor(ctx, fn, what, t));

@@ -41,19 +41,6 @@ static sg_status check_grad(sg_ctx *ctx, const char *fn, const sg_tensor *grad_l
     return SG_OK;
 }
 
-/* A tensor of exactly n elements of dtype want; `layout` says what they are. */
-static sg_status check_small(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
-                             sg_dtype want, int64_t n, const char *layout)
-{
-    SG_TRY(sg_check_dtype(ctx, fn, what, t, want));
-    if (t->numel != n) {
-        char s[96];
-        return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' is %s, expected %lld element%s%s", fn, what,
-                       sg_shape_str(t, s, sizeof s), (long long)n, n == 1 ? "" : "s", layout);
-    }
-    return SG_OK;
-}
-
 /* In place (grad is grad_lo, both f32, the same element count) is the one sharing allowed:
  * each element is read, then written, by the same thread. Everything else is disjoint. */
 static sg_status check_overlaps(sg_ctx *ctx, const char *fn, const sg_tensor *grad_lo,
@@ -87,9 +74,9 @@ static sg_status unscale_cpu(sg_ctx *ctx, const void *p)
 
 static sg_status check_scaler_found(sg_ctx *ctx, const char *fn, const sg_tensor *scaler, const sg_tensor *found)
 {
-    SG_TRY(check_small(ctx, fn, "scaler", scaler, SG_DTYPE_F32, SG_SCALER_COUNT,
-                       " (sg_loss_scaler: scale, good_steps, growth_interval, skipped)"));
-    return check_small(ctx, fn, "found", found, SG_DTYPE_I32, 1, "");
+    SG_TRY(sg_check_count(ctx, fn, "scaler", scaler, SG_DTYPE_F32, SG_SCALER_COUNT,
+                          "sg_loss_scaler: scale, good_steps, growth_interval, skipped"));
+    return sg_check_count(ctx, fn, "found", found, SG_DTYPE_I32, 1, "a flag");
 }
 
 sg_status sg_amp_unscale(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
@@ -115,7 +102,7 @@ sg_status sg_amp_check(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *scaler,
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(check_grad_lo(ctx, fn, grad_lo));
     SG_TRY(check_scaler_found(ctx, fn, scaler, found));
-    SG_TRY(check_small(ctx, fn, "inv", inv, SG_DTYPE_F32, 1, " (1 / scale)"));
+    SG_TRY(sg_check_count(ctx, fn, "inv", inv, SG_DTYPE_F32, 1, "1 / scale"));
     /* The outputs (scaler, found, inv) against each other and against grad_lo. */
     const char *names[4] = {"scaler", "found", "inv", "grad_lo"};
     const sg_tensor *ts[4] = {scaler, found, inv, grad_lo};

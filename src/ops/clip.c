@@ -5,19 +5,6 @@
 
 #include <stdint.h>
 
-/* A one-element output of dtype want. */
-static sg_status check_scalar(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
-                              sg_dtype want)
-{
-    SG_TRY(sg_check_dtype(ctx, fn, what, t, want));
-    if (t->numel != 1) {
-        char s[96];
-        return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' is %s, expected 1 element", fn, what,
-                       sg_shape_str(t, s, sizeof s));
-    }
-    return SG_OK;
-}
-
 /* An output inside grad's storage would be overwritten by the scaling (or feed it). */
 static sg_status check_apart(sg_ctx *ctx, const char *fn, const sg_tensor *grad,
                              const char *what, const sg_tensor *t)
@@ -50,8 +37,8 @@ sg_status sg_clip_grad_norm(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_ten
     const char *fn = "sg_clip_grad_norm";
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(sg_check_float(ctx, fn, "grad", grad));
-    SG_TRY(check_scalar(ctx, fn, "norm", norm, SG_DTYPE_F32));
-    SG_TRY(check_scalar(ctx, fn, "nonfinite", nonfinite, SG_DTYPE_I32));
+    SG_TRY(sg_check_count(ctx, fn, "norm", norm, SG_DTYPE_F32, 1, "the norm"));
+    SG_TRY(sg_check_count(ctx, fn, "nonfinite", nonfinite, SG_DTYPE_I32, 1, "a flag"));
     SG_TRY(check_apart(ctx, fn, grad, "norm", norm));
     SG_TRY(check_apart(ctx, fn, grad, "nonfinite", nonfinite));
     if (max_norm != max_norm)

@@ -14,18 +14,6 @@ static sg_status shape_fail(sg_ctx *ctx, const char *fn, const char *what, const
                    sg_shape_str(t, s, sizeof s), want);
 }
 
-/* An I32 tensor of n elements (any shape). */
-static sg_status check_i32_n(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t, int64_t n)
-{
-    SG_TRY(sg_check_dtype(ctx, fn, what, t, SG_DTYPE_I32));
-    if (t->numel != n) {
-        char want[64];
-        snprintf(want, sizeof want, "%lld i32 elements", (long long)n);
-        return shape_fail(ctx, fn, what, t, want);
-    }
-    return SG_OK;
-}
-
 /* A 2-D tensor of dtype dt with `cols` columns and at least min_rows rows (exactly, when exact). */
 static sg_status check_mat(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t, sg_dtype dt,
                            int64_t rows, int64_t cols, bool exact)
@@ -146,8 +134,8 @@ sg_status sg_embed_at(sg_ctx *ctx, const sg_tensor *tok, const sg_tensor *pos, c
     SG_TRY(sg_check_tensor(ctx, fn, "tok", tok));
     const int64_t B = tok->numel, C = wte->ndim == 2 ? wte->shape[1] : 0;
     if (wte->ndim != 2 || C < 1) return shape_fail(ctx, fn, "wte", wte, "(V, C)");
-    SG_TRY(check_i32_n(ctx, fn, "tok", tok, B));
-    SG_TRY(check_i32_n(ctx, fn, "pos", pos, B));
+    SG_TRY(sg_check_count(ctx, fn, "tok", tok, SG_DTYPE_I32, B, NULL));
+    SG_TRY(sg_check_count(ctx, fn, "pos", pos, SG_DTYPE_I32, B, NULL));
     SG_TRY(check_mat(ctx, fn, "wpe", wpe, wte->dtype, 1, C, false));
     SG_TRY(check_mat(ctx, fn, "y", y, wte->dtype, B, C, true));
     const char *names[] = {"y", "tok", "pos", "wte", "wpe"};
@@ -227,9 +215,9 @@ sg_status sg_gen_begin(sg_ctx *ctx, sg_tensor *tok, sg_tensor *pos, sg_tensor *i
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(sg_check_dtype(ctx, fn, "info", info, SG_DTYPE_I32));
     if (info->ndim != 2 || info->shape[1] != SG_GEN_INFO) return shape_fail(ctx, fn, "info", info, "(B, 4) i32");
-    SG_TRY(check_i32_n(ctx, fn, "tok", tok, info->shape[0]));
-    SG_TRY(check_i32_n(ctx, fn, "pos", pos, info->shape[0]));
-    SG_TRY(check_i32_n(ctx, fn, "ctl", ctl, SG_GEN_CTL));
+    SG_TRY(sg_check_count(ctx, fn, "tok", tok, SG_DTYPE_I32, info->shape[0], NULL));
+    SG_TRY(sg_check_count(ctx, fn, "pos", pos, SG_DTYPE_I32, info->shape[0], NULL));
+    SG_TRY(sg_check_count(ctx, fn, "ctl", ctl, SG_DTYPE_I32, SG_GEN_CTL, NULL));
     const char *names[] = {"tok", "pos", "info", "ctl"};
     const sg_tensor *ts[] = {tok, pos, info, ctl};
     SG_TRY(sg_check_disjoint(ctx, fn, 4, 4, names, ts));
@@ -269,15 +257,14 @@ sg_status sg_gen_sample(sg_ctx *ctx, const sg_tensor *logits, sg_tensor *tok, sg
                        sg_dtype_name(logits->dtype));
     if (logits->ndim != 2 || logits->shape[1] < 1) return shape_fail(ctx, fn, "logits", logits, "(B, V)");
     const int64_t B = logits->shape[0];
-    SG_TRY(check_i32_n(ctx, fn, "tok", tok, B));
-    SG_TRY(check_i32_n(ctx, fn, "pos", pos, B));
+    SG_TRY(sg_check_count(ctx, fn, "tok", tok, SG_DTYPE_I32, B, NULL));
+    SG_TRY(sg_check_count(ctx, fn, "pos", pos, SG_DTYPE_I32, B, NULL));
     SG_TRY(check_mat(ctx, fn, "info", info, SG_DTYPE_I32, B, SG_GEN_INFO, true));
     SG_TRY(sg_check_dtype(ctx, fn, "out", out, SG_DTYPE_I32));
     if (out->ndim != 2 || out->shape[0] < B || out->shape[1] < 1)
         return shape_fail(ctx, fn, "out", out, "(Bo >= B, N) i32");
-    SG_TRY(check_i32_n(ctx, fn, "ctl", ctl, SG_GEN_CTL));
-    SG_TRY(sg_check_dtype(ctx, fn, "temp", temp, SG_DTYPE_F32));
-    if (temp->numel != 1) return shape_fail(ctx, fn, "temp", temp, "1 f32 element");
+    SG_TRY(sg_check_count(ctx, fn, "ctl", ctl, SG_DTYPE_I32, SG_GEN_CTL, NULL));
+    SG_TRY(sg_check_count(ctx, fn, "temp", temp, SG_DTYPE_F32, 1, "the temperature"));
     const char *names[] = {"tok", "pos", "info", "out", "ctl", "logits", "temp"};
     const sg_tensor *ts[] = {tok, pos, info, out, ctl, logits, temp};
     SG_TRY(sg_check_disjoint(ctx, fn, 5, 7, names, ts));

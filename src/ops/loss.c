@@ -8,20 +8,6 @@
 #include <limits.h>
 #include <math.h>
 
-/* A 1-element tensor of dtype dt (the loss). */
-static sg_status check_scalar(sg_ctx *ctx, const char *fn, const char *what, const sg_tensor *t,
-                              sg_dtype dt)
-{
-    SG_TRY(sg_check_tensor(ctx, fn, what, t));
-    if (t->numel != 1 || t->dtype != dt) {
-        char s[96];
-        return sg_fail(ctx, t->dtype != dt ? SG_ERR_DTYPE : SG_ERR_SHAPE,
-                       "%s: '%s' is %s, expected 1 element of %s", fn, what,
-                       sg_shape_str(t, s, sizeof s), sg_dtype_name(dt));
-    }
-    return SG_OK;
-}
-
 static sg_status check_grad_scale(sg_ctx *ctx, const char *fn, float grad_scale)
 {
     if (!isfinite(grad_scale))
@@ -118,8 +104,8 @@ static sg_status softmax_xent(sg_ctx *ctx, const char *fn, const sg_tensor *logi
     int64_t classes = logits->shape[logits->ndim - 1], rows = logits->numel / classes;
     SG_TRY(check_targets(ctx, fn, logits, targets, rows));
     /* bf16 logits (mixed precision): the loss stays f32, as PyTorch's autocast keeps it. */
-    SG_TRY(check_scalar(ctx, fn, "loss", loss,
-                        logits->dtype == SG_DTYPE_BF16 ? SG_DTYPE_F32 : logits->dtype));
+    SG_TRY(sg_check_count(ctx, fn, "loss", loss, logits->dtype == SG_DTYPE_BF16 ? SG_DTYPE_F32 : logits->dtype,
+                          1, NULL));
     if (dlogits) SG_TRY(sg_check_same_shape(ctx, fn, "logits", logits, "dlogits", dlogits));
     SG_TRY(check_grad_scale(ctx, fn, grad_scale));
     SG_TRY(check_scaler(ctx, fn, scaler, loss, dlogits));
@@ -156,7 +142,7 @@ sg_status sg_mse(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *target, float
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(sg_check_float(ctx, fn, "x", x));
     SG_TRY(sg_check_same_shape(ctx, fn, "x", x, "target", target));
-    SG_TRY(check_scalar(ctx, fn, "loss", loss, x->dtype));
+    SG_TRY(sg_check_count(ctx, fn, "loss", loss, x->dtype, 1, NULL));
     if (dx) SG_TRY(sg_check_same_shape(ctx, fn, "x", x, "dx", dx));
     SG_TRY(check_grad_scale(ctx, fn, grad_scale));
     sg_ctx_count_work(ctx, SG_WORK_LOSS, 0, sg_tensors_bytes(x, target, dx, loss, NULL, NULL, NULL, NULL));

@@ -84,17 +84,6 @@ static sg_status check_segments(sg_ctx *ctx, const char *fn, int64_t P, const sg
     return SG_OK;
 }
 
-/* A one-element device value of dtype dt (skip, inv); what names what it holds. */
-static sg_status check_one(sg_ctx *ctx, const char *fn, const char *name, const sg_tensor *t, sg_dtype dt,
-                           const char *what)
-{
-    SG_TRY(sg_check_dtype(ctx, fn, name, t, dt));
-    if (t->numel == 1) return SG_OK;
-    char s[96];
-    return sg_fail(ctx, SG_ERR_SHAPE, "%s: '%s' is %s, expected 1 element (%s)", fn, name,
-                   sg_shape_str(t, s, sizeof s), what);
-}
-
 /* skip (NULL, or 1 I32) is read by every block while the step writes param, m, v, hp and
  * param_lo: it must not share bytes with them. param_lo (NULL, or BF16 with param's element
  * count) is written while everything else is read: it must share bytes with nothing. */
@@ -105,7 +94,7 @@ static sg_status check_mixed(sg_ctx *ctx, const char *fn, const sg_tensor *param
                              const sg_tensor *param_lo)
 {
     char s[96];
-    if (skip) SG_TRY(check_one(ctx, fn, "skip", skip, SG_DTYPE_I32, "a flag, as sg_amp_unscale's found"));
+    if (skip) SG_TRY(sg_check_count(ctx, fn, "skip", skip, SG_DTYPE_I32, 1, "a flag, as sg_amp_unscale's found"));
     if (param_lo) {
         SG_TRY(sg_check_dtype(ctx, fn, "param_lo", param_lo, SG_DTYPE_BF16));
         if (param_lo->numel != param->numel) {
@@ -135,7 +124,7 @@ static sg_status check_scaled(sg_ctx *ctx, const char *fn, const sg_tensor *para
         return sg_fail(ctx, SG_ERR_DTYPE, "%s: tensor 'grad_lo' is %s, expected bf16 or f32%s", fn,
                        sg_dtype_name(grad->dtype), ctx->backend == SG_BACKEND_CPU ? " (or f64 on the CPU)" : "");
     SG_TRY(sg_check_same_dims(ctx, fn, "grad_lo", grad, "param", param));
-    return check_one(ctx, fn, "inv", inv, SG_DTYPE_F32, "sg_amp_check's 1 / scale");
+    return sg_check_count(ctx, fn, "inv", inv, SG_DTYPE_F32, 1, "sg_amp_check's 1 / scale");
 }
 
 /* Everything both optimizers share; v is NULL for SGD, inv NULL for the f32-gradient steps. */

@@ -9,13 +9,7 @@
 /* state: SG_STOP_STATE int32 elements. */
 static sg_status check_state(sg_ctx *ctx, const char *fn, const sg_tensor *state)
 {
-    SG_TRY(sg_check_dtype(ctx, fn, "state", state, SG_DTYPE_I32));
-    if (state->numel != SG_STOP_STATE) {
-        char s[96];
-        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'state' (%s) is %s, expected %d elements (SG_STOP_STATE)", fn,
-                       state->name, sg_shape_str(state, s, sizeof s), SG_STOP_STATE);
-    }
-    return SG_OK;
+    return sg_check_count(ctx, fn, "state", state, SG_DTYPE_I32, SG_STOP_STATE, "SG_STOP_STATE");
 }
 
 static sg_status check_limit(sg_ctx *ctx, const char *fn, int32_t limit)
@@ -73,12 +67,7 @@ sg_status sg_stop_check(sg_ctx *ctx, sg_tensor *state, const sg_tensor *loss, in
     const char *fn = "sg_stop_check";
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(check_state(ctx, fn, state));
-    SG_TRY(sg_check_dtype(ctx, fn, "loss", loss, SG_DTYPE_F32));
-    if (loss->numel != 1) {
-        char s[96];
-        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'loss' (%s) is %s, expected 1 element (the step's loss)", fn,
-                       loss->name, sg_shape_str(loss, s, sizeof s));
-    }
+    SG_TRY(sg_check_count(ctx, fn, "loss", loss, SG_DTYPE_F32, 1, "the step's loss"));
     SG_TRY(check_limit(ctx, fn, limit));
     if (!rule) return sg_fail(ctx, SG_ERR_NULL, "%s: rule is NULL", fn);
     if (rule->nonfinite_steps < 0)
