@@ -2,9 +2,10 @@
  * short kernels on one stream (each block spins for about 2 us); the same chain with a second
  * stream forked from it and joined back, BRANCHES times, a short kernel on each branch; and the
  * same fork/join with an NCCL all-reduce (a communicator of one rank, in place, 1024 bf16) on
- * each branch instead, as data parallelism's buckets are. Each for three chains: plain kernels,
- * kernels in thread-block clusters of 2, and kernels alternating between no shared memory and
- * 160 KiB. Replays each graph 200 times and prints us a replay and the difference a kernel of
+ * each branch instead, as data parallelism's buckets are. Each for four chains: plain kernels,
+ * kernels in thread-block clusters of 2, kernels alternating between no shared memory and
+ * 160 KiB, and the same alternation with every kernel asking for the largest shared-memory
+ * carveout (so that the SM need not be reconfigured between them). Replays each graph 200 times and prints us a replay and the difference a kernel of
  * the chain against the linear graph of the same chain. Standalone:
  *
  *   nvcc -O2 -arch=sm_90 bench/graph_gap.cu -o graph_gap -lnccl
@@ -39,7 +40,7 @@ __global__ void spin_smem(long long cycles, int *sink)
 }
 
 /* How the chain's kernels are launched. */
-enum chain { PLAIN, CLUSTER, SMEM_MIX };
+enum chain { PLAIN, CLUSTER, SMEM_MIX, SMEM_FIXED };
 
 static void launch(enum chain c, int i, int blocks, cudaStream_t s, long long cyc, int *sink)
 {
@@ -53,7 +54,12 @@ static void launch(enum chain c, int i, int blocks, cudaStream_t s, long long cy
         attr[0].val.clusterDim.x = 2, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
         cfg.attrs = attr, cfg.numAttrs = 1;
     }
-    if (c == SMEM_MIX && i % 2) {
+    if (c == SMEM_FIXED) { /* the same alternation, every kernel asking for the most shared memory */
+        attr[0].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+        attr[0].val.sharedMemCarveout = 100;
+        cfg.attrs = attr, cfg.numAttrs = 1;
+    }
+    if ((c == SMEM_MIX || c == SMEM_FIXED) && i % 2) {
         cfg.dynamicSmemBytes = SMEM_BIG;
         CK(cudaLaunchKernelEx(&cfg, spin_smem, cyc, sink));
     } else {
@@ -123,8 +129,8 @@ int main(int argc, char **argv)
     CK(cudaMemset(buf, 0, 4096));
     CK(cudaFuncSetAttribute(spin_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BIG));
     const char *names[3] = {"linear", "fork/join", "fork/NCCL"};
-    const char *chains[3] = {"plain", "clusters of 2", "smem carveouts"};
-    for (int c = PLAIN; c <= SMEM_MIX; c++) {
+    const char *chains[4] = {"plain", "clusters of 2", "smem carveouts", "carveout fixed"};
+    for (int c = PLAIN; c <= SMEM_FIXED; c++) {
         double base = 0;
         for (int sh = LINEAR; sh <= FORK_NCCL; sh++) {
             cudaGraphExec_t x = capture((enum chain)c, (enum shape)sh, n, branches, s, b, cyc, blocks, sink, ev,
