@@ -166,6 +166,11 @@ static sg_status cuda_update(sg_graph *g, void *graph)
 {
     cudaGraph_t gr = (cudaGraph_t)graph;
     cudaGraphExecUpdateResultInfo info;
+    sg_status cst = set_carveout(g, gr);
+    if (cst != SG_OK) {
+        cudaGraphDestroy(gr);
+        return cst;
+    }
     /* A different node count cannot be updated in place: skip straight to re-instantiation
      * (asking would only make CUDA report an error, which sanitizers then flag). */
     cudaError_t e = count_nodes(gr) == count_nodes((cudaGraph_t)g->cuda_graph)
