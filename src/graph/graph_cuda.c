@@ -70,9 +70,10 @@ static cudaError_t dump_dot(const sg_graph *g, cudaGraph_t gr, char *path, size_
     return cudaGraphDebugDotPrint(gr, path, cudaGraphDebugDotFlagsVerbose);
 }
 
-/* STEPGRAPH_GRAPH_CARVEOUT=P (0 to 100): every kernel node of a captured graph asks for P% of
- * the L1/shared-memory array as shared memory (cudaLaunchAttributePreferredSharedMemoryCarveout,
- * library kernels included), so that consecutive kernels need not reconfigure the SM. An
+/* STEPGRAPH_GRAPH_CARVEOUT=P (0 to 100): every kernel node at a captured graph's top level (not
+ * those inside conditional bodies) asks for P% of the L1/shared-memory array as shared memory
+ * (cudaLaunchAttributePreferredSharedMemoryCarveout, library kernels included), so that
+ * consecutive kernels need not reconfigure the SM. An
  * experiment for the 0.3 us a kernel that NCCL nodes cost a step graph (bench/RESULTS.md,
  * session 29; bench/nccl_graph_gap.sh): unset, the graph runs as captured. */
 static sg_status set_carveout(sg_graph *g, cudaGraph_t gr)
