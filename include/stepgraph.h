@@ -1254,6 +1254,15 @@ typedef struct sg_trainer_options {
      * its rank and shards = its world size. Captured scopes run at least SG_DIST_MIN_WARMUP
      * eager steps first. Not with batch or sequence buckets. dist must outlive the trainer. */
     struct sg_dist *dist;
+    /* With dist: a sharded optimizer (ZeRO stage 1). Each bucket of gradients is
+     * reduce-scattered instead of all-reduced, each rank keeps the optimizer state and f32
+     * masters of its share of every bucket only (1/world of them) and updates them, and the
+     * updated parameters (bf16 copies under mixed precision) are all-gathered after the
+     * update. Not with accum > 1 or clip. The optimizer must not have stepped yet; its state
+     * then holds this rank's shares (sg_trainer_save gathers them: every rank calls it, rank 0
+     * writes). Under mixed precision the model's f32 parameters (sg_model_params) are whole
+     * only after sg_trainer_gather_params or a save; the bf16 copies the steps read always are. */
+    int shard_optimizer;
 } sg_trainer_options;
 
 typedef struct sg_trainer_stats {
@@ -1352,6 +1361,10 @@ int64_t sg_model_split_size(const sg_model *m, int split);
  * file's permission bits (its owner too when run as root), and removes "<file>.tmp.<pid>"
  * temporaries that saves killed midway left, once their process is gone. */
 sg_status sg_checkpoint_check_path(sg_ctx *ctx, const char *path);
+/* A sharded optimizer's run (shard_optimizer): the model's f32 parameters made whole on every
+ * rank from each rank's shares (a collective: every rank calls it, between steps). SG_OK and
+ * nothing done otherwise. */
+sg_status sg_trainer_gather_params(sg_trainer *t);
 /* A checkpoint in the safetensors format: every parameter by name, the optimizer's state
  * (moments, hyperparameters and step count), the dropout generator, and in the metadata
  * "format" "stepgraph-1", "model", "step" (0 to SG_TRAINER_MAX_STEP, else SG_ERR_INVALID) and

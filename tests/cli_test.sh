@@ -512,6 +512,24 @@ if [ "$rc" != 1 ] || ! grep -q "rank 1 captured other collectives than rank 0" <
 else
     pass "a failing rank is named and the run stops"
 fi
+# A sharded optimizer (--shard-optimizer): usage errors, then a bf16 GPT's checkpoint after 8
+# steps, sharded over two CPU ranks, is byte for byte the unsharded run's (the state gathered
+# whole), and a sharded run resumes from it.
+expect 2 "--shard-optimizer are for data-parallel runs: add --gpus N" -- train --model mlp-32-2-16 --backend cpu --shard-optimizer
+expect 2 "--shard-optimizer does not combine with --accum or --clip yet" -- train --model mlp-32-2-16 --backend cpu --gpus 2 --shard-optimizer --clip 1
+tmp=$(mktemp -d)
+g="--model gpt-64-1-4-16 --backend cpu --gpus 2 --precision bf16 --optim adamw --steps 8 --quiet"
+"$bin" train $g --save "$tmp/plain.ckpt" >/dev/null 2>&1; rc1=$?
+out=$("$bin" train $g --shard-optimizer --scope step --save "$tmp/shard.ckpt" 2>&1); rc2=$?
+res=$("$bin" train $g --shard-optimizer --resume "$tmp/shard.ckpt" --steps 2 2>&1); rc3=$?
+if [ "$rc1" != 0 ] || [ "$rc2" != 0 ] || ! cmp -s "$tmp/plain.ckpt" "$tmp/shard.ckpt" || [ "$rc3" != 0 ] ||
+   ! grep -q "resumed from" <<<"$res"; then
+    echo "FAIL: --shard-optimizer: exits $rc1 $rc2 $rc3, checkpoints $(cmp "$tmp/plain.ckpt" "$tmp/shard.ckpt" 2>&1 | head -1): $out $res"
+    fails=$((fails + 1))
+else
+    pass "--shard-optimizer on two CPU ranks saves the unsharded run's checkpoint, byte for byte, and resumes"
+fi
+rm -rf "$tmp"
 # ResNets (issue 12): verify under step scope (BatchNorm's running statistics compared), --classes
 # checked, and the model's form in the unknown-model message.
 expect 0 "OK: 5 steps match \(bit-exact\), 2 of them replayed from graphs; scope step" -- verify --model resnet18-2-32 --classes 10 --scope step --steps 5 --backend cpu

@@ -15,6 +15,8 @@
 #define _GNU_SOURCE
 
 #include "testutil.h"
+#include "dist/dist.h"
+#include "nn/nn.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -533,29 +535,43 @@ typedef struct tcase {
     bool gpu;
     int accum;                 /* micro-batches a step (0: 1): the sum averaged once, after the last */
     size_t bucket;             /* bucket bytes (0: 1 KiB, several buckets even for small models) */
+    bool shard;                /* a sharded optimizer: against the same ranks unsharded, bit for bit */
+    sg_dtype precision;        /* 0: f32 */
 } tcase;
 
 /* SGD: a sum where an average belongs would change its steps (AdamW's barely: it is scale-free),
  * and its differences stay proportional to the gradients' (AdamW normalises the update of a
  * gradient that cancels to near zero, so rounding there moves a parameter by up to lr). */
 static const tcase cases[] = {
-    {"mlp-eager", "mlp-32-2-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, false, 0, 0},
-    {"mlp-layer", "mlp-32-2-16", SG_SCOPE_LAYER, SG_OPTIM_SGD, 0.05f, false, 0, 0},
-    {"mlp-model", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 0, 0},
-    {"mlp-step", "mlp-32-2-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, false, 0, 0},
-    {"gpt-eager", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, false, 0, 0},
-    {"gpt-step", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, 0},
-    {"mlp64-eager", "mlp-64-2-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, true, 0, 0},
-    {"mlp64-step", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 0, 0},
-    {"gpt-eager-gpu", "gpt-128-2-4-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, true, 0, 0},
-    {"gpt-step-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 0, 0},
-    {"mlp-model-accum", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 3, 0},
-    {"gpt-step-accum", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 2, 0},
-    {"mlp64-step-accum", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 2, 0},
-    {"gpt-step-accum-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 3, 0},
+    {"mlp-eager", "mlp-32-2-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, false, 0, 0, false, 0},
+    {"mlp-layer", "mlp-32-2-16", SG_SCOPE_LAYER, SG_OPTIM_SGD, 0.05f, false, 0, 0, false, 0},
+    {"mlp-model", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 0, 0, false, 0},
+    {"mlp-step", "mlp-32-2-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, false, 0, 0, false, 0},
+    {"gpt-eager", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, false, 0, 0, false, 0},
+    {"gpt-step", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, 0, false, 0},
+    {"mlp64-eager", "mlp-64-2-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, true, 0, 0, false, 0},
+    {"mlp64-step", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 0, 0, false, 0},
+    {"gpt-eager-gpu", "gpt-128-2-4-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, true, 0, 0, false, 0},
+    {"gpt-step-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 0, 0, false, 0},
+    {"mlp-model-accum", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 3, 0, false, 0},
+    {"gpt-step-accum", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 2, 0, false, 0},
+    {"mlp64-step-accum", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 2, 0, false, 0},
+    {"gpt-step-accum-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 3, 0, false, 0},
     /* Buckets larger than the model: the last two children (block 0 and the embedding) still
      * send theirs, so exactly two gradient all-reduces a step. */
-    {"gpt-step-whole", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, (size_t)64 << 20},
+    {"gpt-step-whole", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, (size_t)64 << 20, false, 0},
+    /* A sharded optimizer: the same run as unsharded, bit for bit (the CPU transport's
+     * reduce-scatter averages as its all-reduce does; the update is elementwise). Mixed
+     * precision: a step whose gradients overflow (scale inf) is skipped alike, and every rank's
+     * scaler agrees after each rank checked only its shares. */
+    {"gpt-step-shard", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, 0, true, 0},
+    {"gpt-eager-shard-bf16", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_ADAMW, 3e-3f, false, 0, 0, true,
+     SG_DTYPE_BF16},
+    {"gpt-step-shard-bf16", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, false, 0, 0, true,
+     SG_DTYPE_BF16},
+    {"mlp-model-shard", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_ADAMW, 3e-3f, false, 0, 0, true, 0},
+    {"gpt-step-shard-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, true, 0, 0, true,
+     SG_DTYPE_BF16},
 };
 
 static const tcase *find_case(const char *name)
@@ -572,10 +588,11 @@ typedef struct trainee {
     sg_trainer *t;
 } trainee;
 
-static trainee make(sg_ctx *ctx, const tcase *c, uint64_t seed, int shard, int shards, sg_dist *d)
+static trainee make(sg_ctx *ctx, const tcase *c, uint64_t seed, int shard, int shards, sg_dist *d,
+                    bool shard_optim)
 {
     trainee r = {ctx, NULL, NULL, NULL};
-    sg_model_options mo = {.shard = shard, .shards = shards};
+    sg_model_options mo = {.shard = shard, .shards = shards, .precision = c->precision};
     TU_OK(ctx, sg_model_create_ex(ctx, c->model, seed, &mo, &r.m));
     TU_OK(ctx, sg_optim_create(ctx, r.m, c->optim, &r.o));
     TU_OK(ctx, sg_optim_set_lr(r.o, c->lr));
@@ -584,6 +601,7 @@ static trainee make(sg_ctx *ctx, const tcase *c, uint64_t seed, int shard, int s
     to.accum = c->accum > 0 ? c->accum : 1;
     to.warmup = SG_DIST_MIN_WARMUP;
     to.dist = d;
+    to.shard_optimizer = shard_optim;
     TU_OK(ctx, sg_trainer_create(r.m, r.o, &to, &r.t));
     return r;
 }
@@ -599,7 +617,7 @@ static void unmake(trainee *r)
 static void reference(sg_backend be, const tcase *c, uint64_t seed, const char *path)
 {
     sg_ctx *ctx = tu_ctx(be);
-    trainee r = make(ctx, c, seed, 0, 0, NULL);
+    trainee r = make(ctx, c, seed, 0, 0, NULL, false);
     float loss[STEPS];
     for (int s = 0; s < STEPS; s++) {
         TU_OK(ctx, sg_trainer_step(r.t, s));
@@ -615,6 +633,17 @@ static void reference(sg_backend be, const tcase *c, uint64_t seed, const char *
     free(p);
     unmake(&r);
     sg_ctx_destroy(ctx);
+}
+
+/* Whether two files hold the same bytes. */
+static bool same_file(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    for (int x = 0, y = 0; same && x != EOF; same = x == y) x = fgetc(fa), y = fgetc(fb);
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
 }
 
 /* Tolerance of N ranks against 1: the gradients' sums run in another order (rows split across
@@ -654,8 +683,9 @@ static int worker(int argc, char **argv)
     dopt.timeout_s = !strcmp(mode, "die") ? 15 : 60;
     sg_dist *d;
     TU_OK(ctx, sg_dist_create(ctx, &dopt, &d));
-    trainee r = make(ctx, c, seed, e.rank, e.world, d);
-    char tag[32];
+    bool sharded = !strcmp(mode, "shard");
+    trainee r = make(ctx, c, seed, e.rank, e.world, d, sharded);
+    char tag[64];
     snprintf(tag, sizeof tag, "worker %s rank %d", c->name, e.rank);
     if (!strcmp(mode, "match")) {
         FILE *f = fopen(ref, "rb");
@@ -702,6 +732,105 @@ static int worker(int argc, char **argv)
         TU_CHECK(c->scope == SG_SCOPE_EAGER || ds.checks >= 1, "%s: no capture was checked", tag);
         free(p);
         free(ref_p);
+    } else if (!strcmp(mode, "dump") || !strcmp(mode, "shard")) {
+        /* dump: the run unsharded, rank 0 writing its losses and parameters to REF; shard: the
+         * run sharded, which must match them bit for bit on every rank. Mixed precision: step 5
+         * overflows (scale inf). */
+        float loss[STEPS];
+        for (int s = 0; s < STEPS; s++) {
+            if (s == 5 && c->precision == SG_DTYPE_BF16) {
+                sg_loss_scaler sc;
+                TU_OK(ctx, sg_trainer_get_scaler(r.t, &sc));
+                sc.scale = INFINITY;
+                TU_OK(ctx, sg_trainer_set_scaler(r.t, &sc));
+            }
+            TU_OK(ctx, sg_trainer_step(r.t, s));
+            TU_OK(ctx, sg_model_loss_read(r.m, &loss[s]));
+        }
+        sg_loss_scaler sc = {0};
+        if (c->precision == SG_DTYPE_BF16) TU_OK(ctx, sg_trainer_get_scaler(r.t, &sc));
+        int64_t np = sg_tensor_numel(sg_model_params(r.m));
+        float *p = malloc((size_t)np * sizeof *p);
+        /* Sharded, the masters of other ranks' shares are gathered by a save (the bf16 copies
+         * every step): the parameters compared are the saved ones. */
+        char ck[600];
+        snprintf(ck, sizeof ck, "%s.%s.ckpt", ref, mode);
+        if (sharded || e.rank == 0) TU_OK(ctx, sg_trainer_save(r.t, STEPS, ck)); /* sharded: every rank gathers */
+        TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(r.m), p, (size_t)np * sizeof *p));
+        if (!sharded && e.rank == 0) {
+            FILE *f = fopen(ref, "wb");
+            TU_CHECK(f && fwrite(loss, sizeof loss, 1, f) == 1 && fwrite(&sc, sizeof sc, 1, f) == 1 &&
+                     fwrite(&np, sizeof np, 1, f) == 1 && fwrite(p, sizeof *p, (size_t)np, f) == (size_t)np,
+                     "%s: writing %s", tag, ref);
+            if (f) fclose(f);
+        } else if (sharded) {
+            FILE *f = fopen(ref, "rb");
+            float rl[STEPS];
+            sg_loss_scaler rsc;
+            int64_t n = 0;
+            TU_CHECK(f && fread(rl, sizeof rl, 1, f) == 1 && fread(&rsc, sizeof rsc, 1, f) == 1 &&
+                     fread(&n, sizeof n, 1, f) == 1 && n == np, "%s: reading %s", tag, ref);
+            float *rp = malloc((size_t)(n > 0 ? n : 1) * sizeof *rp);
+            TU_CHECK(f && n == np && fread(rp, sizeof *rp, (size_t)n, f) == (size_t)n, "%s: reading %s", tag, ref);
+            if (f) fclose(f);
+            for (int s = 0; s < STEPS; s++)
+                TU_CHECK(!memcmp(&loss[s], &rl[s], sizeof rl[s]), "%s: step %d loss %.9g, unsharded %.9g", tag, s,
+                         loss[s], rl[s]);
+            TU_CHECK(!memcmp(&sc, &rsc, sizeof sc), "%s: scaler (scale %g, good %g, skipped %g), unsharded (%g, %g, "
+                     "%g)", tag, sc.scale, sc.good_steps, sc.skipped, rsc.scale, rsc.good_steps, rsc.skipped);
+            TU_CHECK(c->precision != SG_DTYPE_BF16 || sc.skipped == 1, "%s: %g steps skipped, want the one that "
+                     "overflowed", tag, sc.skipped);
+            int64_t diff = -1;
+            for (int64_t i = 0; i < np && n == np && diff < 0; i++)
+                if (memcmp(&p[i], &rp[i], sizeof *p)) diff = i;
+            TU_CHECK(diff < 0, "%s: parameter %lld is %.9g, unsharded %.9g", tag, (long long)diff,
+                     diff >= 0 ? p[diff] : 0, diff >= 0 ? rp[diff] : 0);
+            /* The state this rank keeps: about 1/world of the moments. */
+            sg_tensor *om, *ov, *hp;
+            sg_optim_state(r.o, &om, &ov, &hp);
+            TU_CHECK(sg_tensor_numel(om) <= np / e.world + 4 * e.world, "%s: the optimizer keeps %lld moments of %lld "
+                     "parameters on %d ranks", tag, (long long)sg_tensor_numel(om), (long long)np, e.world);
+            printf("%s: 20 steps sharded, bit for bit the unsharded run; %lld of %lld moments kept here\n", tag,
+                   (long long)sg_tensor_numel(om), (long long)np);
+            free(rp);
+            /* The two runs' checkpoints hold the same state (the sharded one gathered). */
+            char ck0[600];
+            snprintf(ck0, sizeof ck0, "%s.dump.ckpt", ref);
+            if (e.rank == 0) TU_CHECK(same_file(ck, ck0), "%s: the checkpoints %s and %s differ", tag, ck, ck0);
+        }
+        free(p);
+    } else if (!strcmp(mode, "agree")) {
+        /* A sharded step where only some ranks' shares overflowed: each rank ran the scaler's
+         * update on its own flag; after sg_dist_agree_scaler every rank must hold what a rank
+         * that saw every gradient holds (the flag set, the scale halved, good steps 0, one more
+         * skip), whichever ranks overflowed, including a rank whose good steps just grew the
+         * scale. Rank r's flag is bit r of `pattern`, drawn here (the same on every rank). */
+        int64_t one = 1, four = SG_SCALER_COUNT;
+        sg_tensor *found, *scaler;
+        TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_I32, 1, &one, "found", &found));
+        TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_F32, 1, &four, "scaler", &scaler));
+        for (int trial = 0; trial < 8; trial++) {
+            uint64_t h = seed * 0x9e3779b97f4a7c15ull + (uint64_t)trial * 0xbf58476d1ce4e5b9ull;
+            int pattern = (int)((h >> 17) % ((1u << e.world) - 1)) + 1; /* some rank overflowed */
+            float scale = (float)(1 << (h >> 40) % 20), good = (float)((h >> 8) % 50), skipped = (float)(h % 9);
+            float interval = good + 1; /* a rank without overflow grows the scale this step */
+            int32_t f = (pattern >> e.rank) & 1;
+            sg_loss_scaler mine = f ? (sg_loss_scaler){scale * 0.5f, 0, interval, skipped + 1}
+                                    : (sg_loss_scaler){scale * 2.f, 0, interval, skipped};
+            if (!f && trial % 2) mine.scale = scale, mine.good_steps = good + 1, mine.growth_interval = good + 2;
+            TU_OK(ctx, sg_tensor_copy_from_host(found, &f, sizeof f));
+            TU_OK(ctx, sg_tensor_copy_from_host(scaler, &mine, sizeof mine));
+            TU_OK(ctx, sg_dist_agree_scaler(d, found, scaler));
+            sg_loss_scaler got;
+            int32_t gf;
+            TU_OK(ctx, sg_tensor_copy_to_host(found, &gf, sizeof gf));
+            TU_OK(ctx, sg_tensor_copy_to_host(scaler, &got, sizeof got));
+            TU_CHECK(gf == 1 && got.scale == scale * 0.5f && got.good_steps == 0 && got.skipped == skipped + 1,
+                     "%s: trial %d (overflow on ranks %#x): flag %d, scale %g, good %g, skipped %g; want 1, %g, 0, %g",
+                     tag, trial, pattern, gf, got.scale, got.good_steps, got.skipped, scale * 0.5f, skipped + 1);
+        }
+        sg_tensor_destroy(found);
+        sg_tensor_destroy(scaler);
     } else if (!strcmp(mode, "inject")) {
         sg_status st = SG_OK;
         int s = 0;
@@ -779,11 +908,23 @@ static void training(sg_backend be, bool gpu)
         const tcase *c = &cases[i];
         if (c->gpu != gpu) continue;
         if (!first) first = c->name;
+        if (c->shard) {
+            run_ranks(be, c, 2, seed, ref, "dump");
+            run_ranks(be, c, 2, seed, ref, "shard");
+            char ck[600];
+            snprintf(ck, sizeof ck, "%s.dump.ckpt", ref);
+            unlink(ck);
+            snprintf(ck, sizeof ck, "%s.shard.ckpt", ref);
+            unlink(ck);
+            continue;
+        }
         reference(be, c, seed, ref);
         run_ranks(be, c, 2, seed, ref, "match");
     }
     /* A different capture on one rank, and a rank that dies: errors, not hangs. */
     const tcase *step = find_case(gpu ? "mlp64-step" : "mlp-step");
+    run_ranks(be, step, 2, seed, ref, "agree");
+    if (!gpu) run_ranks(be, step, 4, seed, ref, "agree");
     setenv("SG_DIST_INJECT_SEQ", "1", 1);
     run_ranks(be, step, 2, seed, ref, "inject");
     unsetenv("SG_DIST_INJECT_SEQ");

@@ -36,7 +36,8 @@ expect 0 '--gpus N +trace a data-parallel step' -- trace --help
 expect 0 '--bucket-mib X' -- trace --help
 expect 2 "--gpus '0' is not a whole number from 1 to 64" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --gpus 0
 expect 2 "--gpus '-2' is not a whole number from 1 to 64" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --gpus -2
-expect 2 "--bucket-mib is for data-parallel runs: add --gpus N" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --bucket-mib 4
+expect 2 "--bucket-mib and --shard-optimizer are for data-parallel runs: add --gpus N" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --bucket-mib 4
+expect 2 "--shard-optimizer are for data-parallel runs: add --gpus N" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --shard-optimizer
 expect 2 "--gpus 3: the global batch 4 of mlp-16-1-4 does not split into 3 equal parts" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --gpus 3
 expect 2 "--gpus does not combine with --stop-nonfinite or --stop-loss" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --gpus 2 --stop-loss 1
 if [ ! -e "$tmp/t.json" ]; then echo "ok: no file left by failed runs"; else echo "FAIL: a failed run left $tmp/t.json"; fails=$((fails + 1)); fi

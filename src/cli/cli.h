@@ -111,6 +111,7 @@ typedef struct sg_cli_dist {
     long long gpus, nnodes, node_rank;
     const char *master;
     double bucket_mib, timeout_s;
+    bool shard_optimizer;       /* --shard-optimizer */
     bool opts;                  /* an option besides --gpus was given: it needs --gpus */
 } sg_cli_dist;
 

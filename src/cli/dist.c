@@ -24,6 +24,9 @@ bool sg_cli_dist_opt(const char *cmd, int argc, char **argv, int *i, sg_cli_dist
     } else if (sg_cli_opt(argc, argv, i, "--bucket-mib", &v, bad)) {
         *bad = *bad || !sg_cli_float(cmd, "--bucket-mib", v, 1.0 / 1024, 4096, &d->bucket_mib);
         d->opts = true;
+    } else if (!strcmp(argv[*i], "--shard-optimizer")) {
+        d->shard_optimizer = d->opts = true;
+        (*i)++;
     } else {
         return false;
     }
@@ -44,6 +47,9 @@ bool sg_cli_dist_check(const char *cmd, const sg_cli_dist *d, sg_backend b, cons
     else if (tr->stop_nonfinite || tr->stop_on_loss)
         err = "--gpus does not combine with --stop-nonfinite or --stop-loss yet (a step's all-reduce cannot sit "
               "in the early-stop loop's body)";
+    else if (d->shard_optimizer && (tr->accum > 1 || tr->clip > 0))
+        err = "--shard-optimizer does not combine with --accum or --clip yet (they need the step's sums or the "
+              "global norm over the ranks' shares)";
     else if (d->nnodes > 1 && b == SG_BACKEND_CPU)
         err = "--nnodes needs the CUDA backend: the CPU backend's collectives run over local sockets, on one host";
     else if (sscanf(model, "%15[a-z]-%lld-%lld-%lld", kind, &w, &depth, &batch) == 4 && batch % world)
@@ -142,6 +148,7 @@ sg_status sg_cli_dist_join(sg_ctx *ctx, const sg_dist_env *env, const sg_cli_dis
     if (st != SG_OK) return st;
     mo->shard = env->rank, mo->shards = env->world;
     tr->dist = *out;
+    tr->shard_optimizer = d->shard_optimizer;
     if (tr->scope != SG_SCOPE_EAGER && tr->warmup < SG_DIST_MIN_WARMUP) tr->warmup = SG_DIST_MIN_WARMUP;
     return SG_OK;
 }

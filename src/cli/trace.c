@@ -47,6 +47,8 @@ static const char *trace_usage =
     "                      or --stop-loss\n"
     "  --bucket-mib X      with --gpus: gradient MiB an all-reduce bucket gathers, which sets how\n"
     "                      the all-reduces overlap the backward (default 4)\n"
+    "  --shard-optimizer   with --gpus: a sharded optimizer, as train's (the gradients\n"
+    "                      reduce-scattered, each rank updating 1/N, the weights all-gathered)\n"
     "  -h, --help          this text\n"
     "\n"
     "exit status: 0 written, 1 a runtime error (no GPU or CUPTI, a path that cannot be\n"
@@ -118,7 +120,7 @@ static int parse(int argc, char **argv, trace_opts *o)
     }
     if (!bad) bad = !sg_cli_cond_check("trace", &o->tr, o->mo.precision, true);
     if (!bad && o->dp.opts && !o->dp.gpus) {
-        fprintf(stderr, "stepgraph trace: --bucket-mib is for data-parallel runs: add --gpus N\n");
+        fprintf(stderr, "stepgraph trace: --bucket-mib and --shard-optimizer are for data-parallel runs: add --gpus N\n");
         bad = true;
     }
     if (!bad) bad = !sg_cli_dist_check("trace", &o->dp, o->backend, &o->tr, o->model);

@@ -125,6 +125,11 @@ static const char *train_usage =
     "                      first two layers, whose backwards run last, send theirs whatever\n"
     "                      the size, so the last bucket is small)\n"
     "  --dist-timeout S    the longest wait for other ranks or hosts before failing (default 300)\n"
+    "  --shard-optimizer   with --gpus: each rank keeps the optimizer state and f32 weights of\n"
+    "                      1/N of the model and updates them (ZeRO stage 1): the gradients\n"
+    "                      reduce-scattered instead of all-reduced, the updated weights\n"
+    "                      all-gathered. Checkpoints hold the whole state. Not with --accum\n"
+    "                      or --clip\n"
     "  --quiet             no per-step lines; the summary only\n"
     "  -h, --help          this text\n"
     "\n"
@@ -172,8 +177,8 @@ static bool check_dist(const train_opts *o)
     const sg_cli_dist *d = &o->dp;
     const char *err = NULL;
     char buf[256];
-    if (d->opts && !d->gpus) err = "--nnodes, --node-rank, --master, --bucket-mib and --dist-timeout are for "
-                                   "data-parallel runs: add --gpus N";
+    if (d->opts && !d->gpus) err = "--nnodes, --node-rank, --master, --bucket-mib, --dist-timeout and "
+                                   "--shard-optimizer are for data-parallel runs: add --gpus N";
     else if (d->nnodes > 1 && !d->master) err = "--nnodes > 1 needs --master ADDR:PORT (node 0's address)";
     else if (d->nnodes == 1 && (d->master || d->node_rank)) err = "--master and --node-rank are for runs on several "
                                                                   "hosts (--nnodes K > 1)";
@@ -753,7 +758,13 @@ int sg_cmd_train(int argc, char **argv)
         int sig = stop_signal;
         printf("stepgraph train: interrupted by %s after step %lld\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                start + done);
-        if (o.save && (!dist || sg_dist_rank(dist) == 0) && (rc = save(&r, start + done, "saved")) != 0) goto out;
+        /* A sharded optimizer's state is gathered from every rank, which a signal may have
+         * stopped at another step: the last --save-every checkpoint stays. */
+        if (o.save && o.dp.shard_optimizer && (!dist || sg_dist_rank(dist) == 0))
+            printf("stepgraph train: --shard-optimizer: %s not written at the interrupt (the ranks' shares are "
+                   "gathered at a step every rank reaches); the last --save-every checkpoint stays\n", o.save);
+        else if (o.save && (!dist || sg_dist_rank(dist) == 0) && (rc = save(&r, start + done, "saved")) != 0)
+            goto out;
         rc = 128 + sig;
         goto out;
     }
@@ -779,8 +790,10 @@ int sg_cmd_train(int argc, char **argv)
         printf("loss scale %g, %.0f steps skipped (non-finite gradients)\n", sc.scale, sc.skipped);
     }
     if (val0 >= 0) printf("validation loss (%d held-out batches): %.4f -> %.4f\n", val_batches, val0, val1);
-    if (o.save && (!dist || sg_dist_rank(dist) == 0) && (rc = save(&r, start + ran, "saved")) != 0)
-        goto out; /* every rank holds the same state */
+    /* Every rank holds the same state; a sharded optimizer's is gathered by all, written by rank 0. */
+    if (o.save && (!dist || sg_dist_rank(dist) == 0 || o.dp.shard_optimizer) &&
+        (rc = save(&r, start + ran, "saved")) != 0)
+        goto out;
     sg_trainer_stats ts;
     if (o.tr.scope != SG_SCOPE_EAGER && sg_trainer_get_stats(tr, &ts) == SG_OK) {
         printf("graphs: %d (%d nodes), captured in %.2f ms, instantiated in %.2f ms, %llu replays\n",

@@ -7,6 +7,7 @@
  * a graph is captured the collectives are recorded, and before any rank replays it every rank
  * checks that all ranks captured the same ones: a difference would make the replay hang. */
 #include "dist/dist.h"
+#include "ops/amp.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -165,7 +166,37 @@ sg_status sg_dist_average_host(sg_dist *d, double *v, int n)
 
 /* ---- gradients: buckets fired by the backward ---- */
 
-sg_status sg_dist_attach(sg_dist *d, sg_tensor *grads, sg_tensor *loss, const int64_t *ready, int n)
+/* The buckets the backward sends, in order: after child i (last to first), the gradients final
+ * and not yet sent, once they hold bucket_bytes (children 1 and 0 send theirs whatever the
+ * size: see sg_dist_backward_hook), the rest at the end. Sharded, every boundary but the top is
+ * rounded up to a multiple of 4 x world (what is left below goes with the next bucket, final by
+ * then too), and the top's remainder [tail_lo, numel) is left for the end, whole. */
+static sg_status plan_buckets(sg_dist *d)
+{
+    const int64_t numel = d->grads->numel, align = d->shard ? 4 * (int64_t)d->world : 1;
+    const size_t es = sg_dtype_size(d->grads->dtype);
+    sg_dist_bucket *p = calloc((size_t)d->n_ready + 1, sizeof *p);
+    if (!p) return sg_fail(d->ctx, SG_ERR_OOM, "sg_dist_attach: out of host memory");
+    int n = 0;
+    int64_t sent_lo = numel - numel % align, off = 0;
+    d->tail_lo = sent_lo;
+    for (int child = d->n_ready - 1; child >= -1; child--) {
+        int64_t lo = child < 0 ? 0 : d->ready[child] < sent_lo ? d->ready[child] : sent_lo;
+        lo = (lo + align - 1) / align * align;
+        if (lo > sent_lo) lo = sent_lo;
+        size_t bytes = (size_t)(sent_lo - lo) * es;
+        if (bytes == 0 || (child > 1 && bytes < d->bucket_bytes)) continue;
+        p[n++] = (sg_dist_bucket){lo, sent_lo, off, child};
+        off += (sent_lo - lo) / d->world;
+        sent_lo = lo;
+    }
+    free(d->plan);
+    d->plan = p, d->n_plan = n;
+    d->shard_numel = d->shard ? off + (numel - d->tail_lo) : 0;
+    return SG_OK;
+}
+
+sg_status sg_dist_attach(sg_dist *d, sg_tensor *grads, sg_tensor *loss, const int64_t *ready, int n, bool shard)
 {
     if (!grads || !loss || (n > 0 && !ready) || n < 0)
         return sg_fail(d->ctx, SG_ERR_NULL, "sg_dist_attach: gradients, loss and %d ready offsets needed", n);
@@ -187,7 +218,22 @@ sg_status sg_dist_attach(sg_dist *d, sg_tensor *grads, sg_tensor *loss, const in
         r[i] = ready[i];
     }
     free(d->ready);
-    d->ready = r, d->n_ready = n, d->grads = grads, d->loss = loss;
+    d->ready = r, d->n_ready = n, d->grads = grads, d->loss = loss, d->shard = shard, d->shard_out = NULL;
+    return plan_buckets(d);
+}
+
+void sg_dist_shard_layout(const sg_dist *d, const sg_dist_bucket **plan, int *n, int64_t *tail_lo, int64_t *numel)
+{
+    *plan = d->plan, *n = d->n_plan, *tail_lo = d->tail_lo, *numel = d->shard_numel;
+}
+
+sg_status sg_dist_set_shard_out(sg_dist *d, sg_tensor *shard_out)
+{
+    if (!d->shard || !shard_out || shard_out->dtype != d->grads->dtype || shard_out->numel != d->shard_numel ||
+        shard_out->ctx != d->ctx)
+        return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_set_shard_out: expected a sharded attach and %lld %s "
+                       "elements of the run's context", (long long)d->shard_numel, sg_dtype_name(d->grads->dtype));
+    d->shard_out = shard_out;
     return SG_OK;
 }
 
@@ -195,7 +241,9 @@ void sg_dist_detach(sg_dist *d)
 {
     if (!d) return;
     free(d->ready);
+    free(d->plan);
     d->ready = NULL, d->n_ready = 0, d->grads = d->loss = NULL, d->in_backward = false;
+    d->plan = NULL, d->n_plan = 0, d->shard = false, d->shard_out = NULL;
 }
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
@@ -205,13 +253,27 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
     return h;
 }
 
-/* One all-reduce; recorded when the context captures. */
-static sg_status all_reduce(sg_dist *d, sg_tensor *t, int64_t off, int64_t count)
+const char *sg_dist_op_name(int op)
+{
+    switch (op) {
+    case SG_DIST_OP_ALL_REDUCE_AVG: return "all_reduce(avg)";
+    case SG_DIST_OP_REDUCE_SCATTER_AVG: return "reduce_scatter(avg)";
+    case SG_DIST_OP_ALL_GATHER: return "all_gather";
+    case SG_DIST_OP_ALL_REDUCE_MIN: return "all_reduce(min)";
+    case SG_DIST_OP_ALL_REDUCE_MAX: return "all_reduce(max)";
+    default: return "an unknown collective";
+    }
+}
+
+/* One collective (the transport's table says what each op does); recorded when the context
+ * captures. The record names t and its range (for ALL_GATHER, the range gathered into out). */
+static sg_status collective(sg_dist *d, sg_dist_op op, sg_tensor *t, int64_t off, int64_t count, sg_tensor *out,
+                            int64_t out_off)
 {
     if (d->recording && sg_ctx_capturing(d->ctx)) {
         sg_dist_coll c;
         memset(&c, 0, sizeof c);
-        c.op = SG_DIST_OP_ALL_REDUCE_AVG, c.dtype = (int32_t)t->dtype, c.offset = off, c.count = count;
+        c.op = (int32_t)op, c.dtype = (int32_t)t->dtype, c.offset = off, c.count = count;
         snprintf(c.tensor, sizeof c.tensor, "%.23s", t->name);
         d->rec_hash = fnv1a(d->rec_hash, &c, sizeof c);
         if (d->n_rec < SG_DIST_RECORD) d->rec[d->n_rec] = c;
@@ -220,23 +282,32 @@ static sg_status all_reduce(sg_dist *d, sg_tensor *t, int64_t off, int64_t count
     d->st.collectives++;
     d->st.bytes += (uint64_t)count * sg_dtype_size(t->dtype);
     d->step_bytes += (uint64_t)count * sg_dtype_size(t->dtype);
-    return d->vt->all_reduce_avg(d, t, off, count);
+    return d->vt->collective(d, op, t, off, count, out, out_off);
 }
 
-/* grads[lo, hi) is final: fork the second stream here and average it there. */
-static sg_status send_bucket(sg_dist *d, int64_t lo, int64_t hi)
+/* One all-reduce (average) of t[off, off + count), in place. */
+static sg_status all_reduce(sg_dist *d, sg_tensor *t, int64_t off, int64_t count)
 {
-    if (hi <= lo) return SG_OK;
+    return collective(d, SG_DIST_OP_ALL_REDUCE_AVG, t, off, count, NULL, 0);
+}
+
+/* Bucket b is final: fork the second stream here and average it there (sharded: reduce-scatter
+ * it into the compact gradients). */
+static sg_status send_bucket(sg_dist *d, const sg_dist_bucket *b)
+{
+    int64_t lo = b->lo, hi = b->hi;
     SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_backward_hook", "averaged gradients over the ranks (an NCCL collective)"));
     SG_TRY(d->vt->fork(d));
+    d->buckets++;
+    if (d->shard)
+        return collective(d, SG_DIST_OP_REDUCE_SCATTER_AVG, d->grads, lo, hi - lo, d->shard_out, b->shard_off);
     /* Test hook: rank SG_DIST_INJECT_SEQ captures its first bucket as two all-reduces (the same
      * numbers, another sequence), which the check must catch before any replay. */
-    if (d->rank == d->inject_rank && d->recording && d->buckets == 0 && hi - lo >= 2) {
+    if (d->rank == d->inject_rank && d->recording && d->buckets == 1 && hi - lo >= 2) {
         int64_t mid = lo + (hi - lo) / 2;
         SG_TRY(all_reduce(d, d->grads, lo, mid - lo));
         lo = mid;
     }
-    d->buckets++;
     return all_reduce(d, d->grads, lo, hi - lo);
 }
 
@@ -246,8 +317,11 @@ sg_status sg_dist_backward_begin(sg_dist *d)
     SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_backward_begin", "began a data-parallel backward (NCCL collectives)"));
     if (!d->grads)
         return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_backward_begin: no gradients attached (sg_dist_attach)");
+    if (d->shard && !d->shard_out)
+        return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_backward_begin: a sharded attach without its compact "
+                       "gradients (sg_dist_set_shard_out)");
     d->in_backward = true;
-    d->sent_lo = d->grads->numel;
+    d->next_plan = 0;
     d->buckets = 0;
     d->step_bytes = 0;
     /* The loss first (so that every rank reports the whole batch's): the backward does not read
@@ -257,19 +331,17 @@ sg_status sg_dist_backward_begin(sg_dist *d)
     return all_reduce(d, d->loss, 0, 1);
 }
 
+/* The buckets planned for child (sg_dist_attach): after child i's backward, the gradients that
+ * are final go as soon as they hold bucket_bytes; children 1 and 0 send what they have whatever
+ * its size: child 0's backward is the last, so the bucket it sends waits for no compute; sent
+ * at child 1, the gradients before it are averaged while child 0's backward runs, and the last
+ * bucket holds child 0's alone (a GPT's embeddings, small). */
 sg_status sg_dist_backward_hook(void *dist, int child)
 {
     sg_dist *d = dist;
-    if (!d->in_backward || child < 0 || child >= d->n_ready) return SG_OK;
-    int64_t lo = d->ready[child] < d->sent_lo ? d->ready[child] : d->sent_lo;
-    size_t bytes = (size_t)(d->sent_lo - lo) * sg_dtype_size(d->grads->dtype);
-    /* Children 1 and 0 send what they have whatever its size: child 0's backward is the last,
-     * so the bucket it sends waits for no compute; sent at child 1, the gradients before it
-     * are averaged while child 0's backward runs, and the last bucket holds child 0's alone
-     * (a GPT's embeddings, small). */
-    if (bytes == 0 || (bytes < d->bucket_bytes && child > 1)) return SG_OK;
-    SG_TRY(send_bucket(d, lo, d->sent_lo));
-    d->sent_lo = lo;
+    if (!d->in_backward || child < 0) return SG_OK;
+    while (d->next_plan < d->n_plan && d->plan[d->next_plan].child == child)
+        SG_TRY(send_bucket(d, &d->plan[d->next_plan++]));
     return SG_OK;
 }
 
@@ -279,10 +351,48 @@ sg_status sg_dist_backward_end(sg_dist *d)
         return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_backward_end: no sg_dist_backward_begin before it");
     d->in_backward = false;
     SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_backward_end", "averaged gradients over the ranks (an NCCL collective)"));
-    SG_TRY(send_bucket(d, 0, d->sent_lo)); /* what no child's hook sent (alignment padding too) */
-    d->sent_lo = 0;
+    /* What no child's hook sent (alignment padding too; everything when no hook ran, as after
+     * accumulated micro-batches): one all-reduce, or sharded each planned bucket's
+     * reduce-scatter, then the tail whole. */
+    if (d->shard)
+        while (d->next_plan < d->n_plan) SG_TRY(send_bucket(d, &d->plan[d->next_plan++]));
+    else if (d->next_plan < d->n_plan) {
+        sg_dist_bucket rest = {0, d->plan[d->next_plan].hi, 0, -1};
+        d->next_plan = d->n_plan;
+        SG_TRY(send_bucket(d, &rest));
+    }
+    if (d->shard && d->tail_lo < d->grads->numel) {
+        SG_TRY(d->vt->fork(d));
+        SG_TRY(all_reduce(d, d->grads, d->tail_lo, d->grads->numel - d->tail_lo));
+    }
     d->last_buckets = d->buckets;
     d->last_bytes = d->step_bytes;
+    return d->vt->join(d);
+}
+
+sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler)
+{
+    SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_agree_scaler", "agreed on the loss scale over the ranks (a collective)"));
+    SG_TRY(d->vt->fork(d));
+    SG_TRY(collective(d, SG_DIST_OP_ALL_REDUCE_MAX, found, 0, 1, NULL, 0));
+    SG_TRY(collective(d, SG_DIST_OP_ALL_REDUCE_MIN, scaler, SG_SCALER_SCALE, 2, NULL, 0));
+    SG_TRY(collective(d, SG_DIST_OP_ALL_REDUCE_MAX, scaler, SG_SCALER_SKIPPED, 1, NULL, 0));
+    return d->vt->join(d);
+}
+
+sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst)
+{
+    SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_gather_shards", "gathered the parameters over the ranks (a collective)"));
+    if (!d->shard || src->dtype != dst->dtype || src->numel != d->shard_numel || dst->numel != d->grads->numel)
+        return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_gather_shards: '%s' (%lld %s) into '%s' (%lld %s): expected "
+                       "a sharded run's compact %lld elements into its flat %lld, one dtype", src->name,
+                       (long long)src->numel, sg_dtype_name(src->dtype), dst->name, (long long)dst->numel,
+                       sg_dtype_name(dst->dtype), (long long)d->shard_numel, (long long)d->grads->numel);
+    SG_TRY(d->vt->fork(d));
+    for (int i = 0; i < d->n_plan; i++) {
+        const sg_dist_bucket *b = &d->plan[i];
+        SG_TRY(collective(d, SG_DIST_OP_ALL_GATHER, src, b->shard_off, b->hi - b->lo, dst, b->lo));
+    }
     return d->vt->join(d);
 }
 
@@ -325,7 +435,7 @@ static void describe(const summary *s, int k, char *buf, size_t n)
         return;
     }
     const sg_dist_coll *c = &s->c[k];
-    snprintf(buf, n, "all_reduce(avg) of %lld %s at %s[%lld..%lld)", (long long)c->count,
+    snprintf(buf, n, "%s of %lld %s at %s[%lld..%lld)", sg_dist_op_name(c->op), (long long)c->count,
              sg_dtype_name((sg_dtype)c->dtype), c->tensor, (long long)c->offset, (long long)(c->offset + c->count));
 }
 

@@ -22,9 +22,17 @@ typedef struct sg_dist_i {
     sg_status (*init)(sg_dist *d);
     /* Leaves the run; aborts instead when the run failed. */
     void (*shutdown)(sg_dist *d);
-    /* t's elements [off, off + count) averaged over the ranks, in place: queued on the
-     * communication stream (CUDA) or run through sg_cpu_run (CPU), so capture records it. */
-    sg_status (*all_reduce_avg)(sg_dist *d, sg_tensor *t, int64_t off, int64_t count);
+    /* One collective (sg_dist_op) over elements of t, queued on the communication stream
+     * (CUDA) or run through sg_cpu_run (CPU), so capture records it:
+     *   ALL_REDUCE_AVG / _MIN / _MAX: t[off, off + count) in place (out unused);
+     *   REDUCE_SCATTER_AVG: the average of t[off, off + count), whose rank r's share,
+     *     elements [off + r * count / world, ..) of it, goes to out[out_off, out_off + count /
+     *     world) (t unchanged unless out's range is t's own share);
+     *   ALL_GATHER: every rank's t[off, off + count / world) into out[out_off + r * count /
+     *     world, ..) in rank order, bits as they are.
+     * count is a multiple of the world size for the last two; t and out of one dtype. */
+    sg_status (*collective)(sg_dist *d, int op, sg_tensor *t, int64_t off, int64_t count, sg_tensor *out,
+                            int64_t out_off);
     /* Eager and blocking, outside capture: every rank's `bytes` of mine into all (world *
      * bytes, in rank order), after the work already queued. */
     sg_status (*all_gather_host)(sg_dist *d, const void *mine, void *all, size_t bytes);
@@ -46,7 +54,15 @@ sg_status sg_dist_cpu_id(sg_dist_id *out);
 
 /* ---- the record of captured collectives ---- */
 
-typedef enum sg_dist_op { SG_DIST_OP_ALL_REDUCE_AVG = 1 } sg_dist_op;
+typedef enum sg_dist_op {
+    SG_DIST_OP_ALL_REDUCE_AVG = 1,
+    SG_DIST_OP_REDUCE_SCATTER_AVG,
+    SG_DIST_OP_ALL_GATHER,
+    SG_DIST_OP_ALL_REDUCE_MIN,
+    SG_DIST_OP_ALL_REDUCE_MAX,
+} sg_dist_op;
+/* "all_reduce(avg)", "reduce_scatter(avg)", ...: what the capture check's messages call op. */
+const char *sg_dist_op_name(int op);
 
 /* One collective as every rank must capture it. */
 typedef struct sg_dist_coll {
@@ -57,6 +73,15 @@ typedef struct sg_dist_coll {
 } sg_dist_coll;
 
 #define SG_DIST_RECORD 64      /* collectives a rank sends whole for the check; the rest hashed */
+
+/* One bucket of the backward's gradients, fixed at sg_dist_attach: grads[lo, hi), sent after
+ * child `child`'s backward (-1: at sg_dist_backward_end). With a sharded optimizer, hi - lo is a
+ * multiple of 4 x world and rank r owns its share [lo + r * s, lo + (r + 1) * s), s = (hi - lo)
+ * / world, kept at shard_off in the compact buffers (sg_dist_shard_layout). */
+typedef struct sg_dist_bucket {
+    int64_t lo, hi, shard_off;
+    int child;
+} sg_dist_bucket;
 #define SG_DIST_GATHER_BYTES 4096 /* the most a rank contributes to all_gather_host */
 
 struct sg_dist {
@@ -77,7 +102,15 @@ struct sg_dist {
     int64_t *ready;
     int n_ready;
     bool in_backward;
-    int64_t sent_lo;           /* this backward queued [sent_lo, numel) already */
+    /* The buckets, in the order the backward sends them; next_plan: the first not yet sent
+     * this backward. Sharded (shard_out set): each bucket reduce-scattered into shard_out at
+     * its shard_off, and grads[tail_lo, numel) (fewer than 4 x world elements) all-reduced
+     * whole at the end; shard_numel: the compact buffers' elements (the shares, then the tail). */
+    sg_dist_bucket *plan;
+    int n_plan, next_plan;
+    bool shard;
+    sg_tensor *shard_out;
+    int64_t tail_lo, shard_numel;
     int buckets, last_buckets;
     uint64_t step_bytes, last_bytes;
     /* Capture: the collectives queued while ctx captures. */
@@ -107,8 +140,20 @@ sg_status sg_dist_wrap(sg_status st, const char *prefix);
 
 /* Gradients to average: grads (the flat buffer, F32 or BF16), loss (averaged too, so every
  * rank reports the global batch's loss), and ready[i] for each of the n children of the
- * model's Sequential: after child i's backward, grads[ready[i] ..] are final. */
-sg_status sg_dist_attach(sg_dist *d, sg_tensor *grads, sg_tensor *loss, const int64_t *ready, int n);
+ * model's Sequential: after child i's backward, grads[ready[i] ..] are final. The buckets are
+ * planned here. shard: for a sharded optimizer (buckets of multiples of 4 x world elements,
+ * reduce-scattered once sg_dist_set_shard_out names where). */
+sg_status sg_dist_attach(sg_dist *d, sg_tensor *grads, sg_tensor *loss, const int64_t *ready, int n, bool shard);
+/* A sharded run's layout: the buckets (owned by d), the tail's start and the compact buffers'
+ * element count; and the compact gradients (grads' dtype, that many elements) the backward's
+ * reduce-scatters write. */
+void sg_dist_shard_layout(const sg_dist *d, const sg_dist_bucket **plan, int *n, int64_t *tail_lo, int64_t *numel);
+sg_status sg_dist_set_shard_out(sg_dist *d, sg_tensor *shard_out);
+/* Queued on the collectives' stream between a fork and a join of the context's: a sharded
+ * step's scaler agreement (found: max; scale, good steps: min; skipped: max), and the
+ * all-gather of every bucket's shares from src (compact, src's dtype) into dst (flat). */
+sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler);
+sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst);
 void sg_dist_detach(sg_dist *d);
 /* Around the model's backward: begin, then sg_dist_backward_hook after each child (buckets
  * of at least bucket_bytes are all-reduced on the second stream as soon as they are final;

@@ -155,64 +155,104 @@ static sg_status reserve(sg_dist *d, size_t bytes)
     cpu_state *s = state(d);
     if (bytes <= s->cap) return SG_OK;
     unsigned char *b = realloc(s->buf, bytes);
-    if (!b) return sg_fail(d->ctx, SG_ERR_OOM, "sg_dist: out of host memory for %zu bytes of all-reduce", bytes);
+    if (!b) return sg_fail(d->ctx, SG_ERR_OOM, "sg_dist: out of host memory for %zu bytes of a collective", bytes);
     s->buf = b, s->cap = bytes;
     return SG_OK;
 }
 
-typedef struct reduce_args {
+typedef struct coll_args {
     sg_dist *d;
-    sg_tensor *t;
-    int64_t off, count;
-} reduce_args;
+    int op;
+    sg_tensor *t, *out;
+    int64_t off, count, out_off;
+} coll_args;
 
-static sg_status reduce_cpu(sg_ctx *ctx, const void *p)
+/* Element i of the bytes at p, read as t's dtype (in double). */
+static double ld_at(const sg_tensor *t, const unsigned char *p, int64_t i)
 {
-    const reduce_args *a = p;
+    sg_tensor v = *t;
+    v.data = (void *)p;
+    return sg_ld(&v, i);
+}
+
+/* Rank 0 combines the n elements of every rank's bytes (rank r's at in + r * n elements) into
+ * res: the average summed in rank order in double and divided once, or the least or greatest
+ * (compared as doubles, NaN never chosen over a number), stored in t's dtype. */
+static void combine(const coll_args *a, const unsigned char *in, unsigned char *res, int64_t n)
+{
+    const int W = a->d->world;
+    size_t es = sg_dtype_size(a->t->dtype);
+    sg_tensor r = *a->t;
+    r.data = res;
+    for (int64_t i = 0; i < n; i++) {
+        double v = ld_at(a->t, in, i);
+        for (int k = 1; k < W; k++) {
+            double x = ld_at(a->t, in + (size_t)k * (size_t)n * es, i);
+            if (a->op == SG_DIST_OP_ALL_REDUCE_MIN) v = x < v || v != v ? x : v;
+            else if (a->op == SG_DIST_OP_ALL_REDUCE_MAX) v = x > v || v != v ? x : v;
+            else v += x;
+        }
+        sg_st(&r, i, a->op == SG_DIST_OP_ALL_REDUCE_MIN || a->op == SG_DIST_OP_ALL_REDUCE_MAX ? v : v / W);
+    }
+}
+
+/* A collective through rank 0: every rank sends it its elements (for ALL_GATHER its share), rank
+ * 0 combines them (combine, or for ALL_GATHER puts them in rank order, bits as they are) and
+ * sends each rank what it gets (for REDUCE_SCATTER_AVG its share), so every rank gets the same
+ * bits. */
+static sg_status coll_cpu(sg_ctx *ctx, const void *p)
+{
+    const coll_args *a = p;
     sg_dist *d = a->d;
     cpu_state *s = state(d);
     SG_TRY(sg_dist_check_failed(d));
     s->calls++;
-    if (d->world == 1) return SG_OK;
-    size_t es = sg_dtype_size(a->t->dtype), bytes = (size_t)a->count * es;
+    const int W = d->world;
+    const bool gather = a->op == SG_DIST_OP_ALL_GATHER, scatter = a->op == SG_DIST_OP_REDUCE_SCATTER_AVG;
+    const size_t es = sg_dtype_size(a->t->dtype);
+    const int64_t share = gather || scatter ? a->count / W : a->count;
+    const size_t sent = (size_t)(gather ? share : a->count) * es; /* bytes each rank gives rank 0 */
+    const size_t back = (size_t)(scatter ? share : a->count) * es; /* bytes each rank gets back */
     unsigned char *mine = (unsigned char *)a->t->data + (size_t)a->off * es;
+    unsigned char *dst = gather || scatter ? (unsigned char *)a->out->data + (size_t)a->out_off * es : mine;
+    (void)ctx;
+    if (W == 1) {
+        if (dst != mine) memmove(dst, mine, back);
+        return SG_OK;
+    }
     double deadline = sg_dist_now() + d->timeout_s;
     char what[64];
     if (d->rank != 0) {
-        if (sg_net_send(s->fd[0], mine, bytes, deadline, "rank 0") != SG_OK ||
-            sg_net_recv(s->fd[0], mine, bytes, deadline, "rank 0") != SG_OK)
-            return cpu_fail(d, "all-reduce");
+        if (sg_net_send(s->fd[0], mine, sent, deadline, "rank 0") != SG_OK ||
+            sg_net_recv(s->fd[0], dst, back, deadline, "rank 0") != SG_OK)
+            return cpu_fail(d, sg_dist_op_name(a->op));
         return SG_OK;
     }
-    SG_TRY(reserve(d, bytes * (size_t)(d->world - 1)));
-    for (int r = 1; r < d->world; r++) {
+    /* Rank 0: every rank's bytes in rank order, then the result (count elements). */
+    SG_TRY(reserve(d, sent * (size_t)W + (size_t)a->count * es));
+    unsigned char *in = s->buf, *res = s->buf + sent * (size_t)W;
+    memcpy(in, mine, sent);
+    for (int r = 1; r < W; r++) {
         snprintf(what, sizeof what, "rank %d", r);
-        if (sg_net_recv(s->fd[r], s->buf + (size_t)(r - 1) * bytes, bytes, deadline, what) != SG_OK)
-            return cpu_fail(d, "all-reduce");
+        if (sg_net_recv(s->fd[r], in + (size_t)r * sent, sent, deadline, what) != SG_OK)
+            return cpu_fail(d, sg_dist_op_name(a->op));
     }
-    /* Sum in rank order, in double, then store the average in the tensor's dtype. */
-    sg_tensor h = *a->t, o = *a->t;
-    h.data = mine;
-    for (int64_t i = 0; i < a->count; i++) {
-        double v = sg_ld(&h, i);
-        for (int r = 1; r < d->world; r++) {
-            o.data = s->buf + (size_t)(r - 1) * bytes;
-            v += sg_ld(&o, i);
-        }
-        sg_st(&h, i, v / d->world);
-    }
-    for (int r = 1; r < d->world; r++) {
+    if (gather) res = in; /* already in rank order */
+    else combine(a, in, res, a->count);
+    for (int r = 1; r < W; r++) {
         snprintf(what, sizeof what, "rank %d", r);
-        if (sg_net_send(s->fd[r], mine, bytes, deadline, what) != SG_OK) return cpu_fail(d, "all-reduce");
+        if (sg_net_send(s->fd[r], res + (scatter ? (size_t)r * back : 0), back, deadline, what) != SG_OK)
+            return cpu_fail(d, sg_dist_op_name(a->op));
     }
-    (void)ctx;
+    memcpy(dst, res, back);
     return SG_OK;
 }
 
-static sg_status cpu_all_reduce_avg(sg_dist *d, sg_tensor *t, int64_t off, int64_t count)
+static sg_status cpu_collective(sg_dist *d, int op, sg_tensor *t, int64_t off, int64_t count, sg_tensor *out,
+                                int64_t out_off)
 {
-    reduce_args a = {d, t, off, count};
-    return sg_cpu_run(d->ctx, reduce_cpu, &a, sizeof a);
+    coll_args a = {d, op, t, out, off, count, out_off};
+    return sg_cpu_run(d->ctx, coll_cpu, &a, sizeof a);
 }
 
 static sg_status cpu_all_gather_host(sg_dist *d, const void *mine, void *all, size_t bytes)
@@ -251,6 +291,6 @@ static sg_status cpu_nothing(sg_dist *d)
 }
 
 const sg_dist_i sg_dist_cpu = {
-    "cpu (local sockets)", cpu_init, cpu_shutdown, cpu_all_reduce_avg, cpu_all_gather_host,
+    "cpu (local sockets)", cpu_init, cpu_shutdown, cpu_collective, cpu_all_gather_host,
     cpu_nothing, cpu_nothing, cpu_nothing,
 };

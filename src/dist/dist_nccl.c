@@ -234,17 +234,36 @@ static void nccl_shutdown(sg_dist *d)
     d->impl = NULL;
 }
 
-static ncclDataType_t nccl_type(sg_dtype dt) { return dt == SG_DTYPE_BF16 ? ncclBfloat16 : ncclFloat32; }
+static ncclDataType_t nccl_type(sg_dtype dt)
+{
+    return dt == SG_DTYPE_BF16 ? ncclBfloat16 : dt == SG_DTYPE_I32 ? ncclInt32 : ncclFloat32;
+}
 
-static sg_status nccl_all_reduce_avg(sg_dist *d, sg_tensor *t, int64_t off, int64_t count)
+static sg_status nccl_collective(sg_dist *d, int op, sg_tensor *t, int64_t off, int64_t count, sg_tensor *out,
+                                int64_t out_off)
 {
     nccl_state *s = state(d);
-    void *p = (char *)t->data + (size_t)off * sg_dtype_size(t->dtype);
+    size_t es = sg_dtype_size(t->dtype);
+    char *p = (char *)t->data + (size_t)off * es;
+    char *q = out ? (char *)out->data + (size_t)out_off * es : NULL;
+    size_t n = (size_t)count, share = (size_t)(count / d->world);
+    ncclDataType_t ty = nccl_type(t->dtype);
     pthread_mutex_lock(&s->mu);
     sg_status st = SG_ERR_DIST;
-    if (!s->aborted)
-        st = settle(d, ncclAllReduce(p, p, (size_t)count, nccl_type(t->dtype), ncclAvg, s->comm, s->stream),
-                    "ncclAllReduce");
+    if (!s->aborted) {
+        switch (op) {
+        case SG_DIST_OP_REDUCE_SCATTER_AVG:
+            st = settle(d, ncclReduceScatter(p, q, share, ty, ncclAvg, s->comm, s->stream), "ncclReduceScatter");
+            break;
+        case SG_DIST_OP_ALL_GATHER:
+            st = settle(d, ncclAllGather(p, q, share, ty, s->comm, s->stream), "ncclAllGather");
+            break;
+        default: {
+            ncclRedOp_t r = op == SG_DIST_OP_ALL_REDUCE_MIN ? ncclMin : op == SG_DIST_OP_ALL_REDUCE_MAX ? ncclMax : ncclAvg;
+            st = settle(d, ncclAllReduce(p, p, n, ty, r, s->comm, s->stream), "ncclAllReduce");
+        }
+        }
+    }
     pthread_mutex_unlock(&s->mu);
     return st == SG_OK ? SG_OK : sg_dist_check_failed(d);
 }
@@ -340,6 +359,6 @@ static sg_status nccl_step_end(sg_dist *d)
 }
 
 const sg_dist_i sg_dist_nccl = {
-    "nccl", nccl_init, nccl_shutdown, nccl_all_reduce_avg, nccl_all_gather_host,
+    "nccl", nccl_init, nccl_shutdown, nccl_collective, nccl_all_gather_host,
     nccl_fork, nccl_join, nccl_step_end,
 };

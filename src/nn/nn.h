@@ -267,6 +267,10 @@ sg_status sg_optim_create_for(sg_ctx *ctx, sg_param_set *ps, sg_optim_kind kind,
  * the first update) makes them, zeroed, in the state dtype (sg_optim_set_state_dtype). */
 void sg_optim_state(sg_optim *o, sg_tensor **m, sg_tensor **v, sg_tensor **hp);
 sg_status sg_optim_alloc_state(sg_optim *o);
+/* A sharded optimizer (sg_trainer with shard_optimizer): from now on the optimizer updates ps
+ * (not owned; the compact buffers of this rank's shares: flat, grad_flat, the segment tables)
+ * and keeps its state at ps's size, zeroed. Before the first update only. */
+sg_status sg_optim_use_params(sg_optim *o, sg_param_set *ps);
 /* Mixed precision: the backward writes bf16 gradients (grad_lo, (P) BF16, scaled by the loss
  * scale in scaler); sg_optim_unscale turns them into the f32 ones (divided by the scale) and
  * sets found (1 I32) when they are not finite, updating the scale; sg_optim_update then skips

@@ -84,6 +84,19 @@ static sg_status new_state(sg_optim *o, const char *name, sg_tensor **out)
     return sg_tensor_fill(*out, 0.0);
 }
 
+sg_status sg_optim_use_params(sg_optim *o, sg_param_set *ps)
+{
+    if (!o || !ps) return SG_ERR_NULL;
+    if (o->stepped)
+        return sg_fail(o->ctx, SG_ERR_INVALID, "sg_optim_use_params: the optimizer has already stepped or been "
+                       "captured; shard it before its first update");
+    sg_tensor_destroy(o->m);
+    sg_tensor_destroy(o->v);
+    o->m = o->v = NULL;
+    o->ps = ps;
+    return sg_optim_alloc_state(o);
+}
+
 sg_status sg_optim_alloc_state(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;

@@ -49,6 +49,16 @@ struct sg_trainer {
     sg_graph_cache *cache;       /* buckets under step scope: a graph per bucket */
     int64_t next_index;          /* step scope: the batch index the graph's counter holds */
     sg_dist *dist;               /* data parallelism: gradients averaged over its ranks */
+    /* A sharded optimizer (opts.shard_optimizer): this rank's share of every bucket
+     * (sg_dist_shard_layout), compact, in the order the backward sends the buckets, the tail
+     * (updated by every rank) last. sps: the optimizer's parameters: flat (F32 masters),
+     * grad_flat (F32 gradients), the segment tables; under mixed precision sh_grad_lo (BF16,
+     * what the reduce-scatters write) and sh_param_lo (BF16, the update's copy, gathered into
+     * the model's). tail_*: views of the tail, flat and compact, for the copies between them. */
+    bool shard;
+    sg_param_set sps;
+    sg_tensor *sh_grad_lo, *sh_param_lo;
+    sg_tensor *tail_grad, *tail_sh_grad, *tail_param, *tail_sh_param;
     /* gradient accumulation (opts.accum > 1) */
     float grad_scale;            /* 1 / accum: each micro-batch's share of the mean loss */
     sg_tensor *grad_sum;         /* (P) F32, fp32 models: the micro-batches' gradients so far */
@@ -336,6 +346,9 @@ static sg_status run_forward(void *u)
  * gradient of the mean loss over all their rows. */
 static sg_status run_loss(sg_trainer *t) { return sg_model_loss_pass(t->m, t->grad_scale); }
 
+static sg_status shard_tail_in(sg_trainer *t);
+static sg_status shard_params_out(sg_trainer *t);
+
 /* With data parallelism and one micro-batch a step, buckets of final gradients are averaged
  * over the ranks while the backward goes on (the Sequential's hook after each child), the rest
  * and the loss at its end, and the context's stream waits for them before the optimizer. With
@@ -349,7 +362,8 @@ static sg_status run_backward(void *u)
     if (!t->dist || t->opts.accum > 1) return sg_module_backward(m->net, m->dlogits, &dx);
     SG_TRY(sg_dist_backward_begin(t->dist));
     SG_TRY(sg_module_backward(m->net, m->dlogits, &dx));
-    return sg_dist_backward_end(t->dist);
+    SG_TRY(sg_dist_backward_end(t->dist));
+    return t->shard ? shard_tail_in(t) : SG_OK;
 }
 
 /* Micro-batch j of accum > 1: its gradients and loss into the step's sums, in f32 and in
@@ -417,12 +431,17 @@ static sg_status run_optim(sg_trainer *t)
     const char *prev = sg_ctx_set_module(t->ctx, "optimizer");
     sg_status st = t->fold_unscale ? sg_optim_check(t->o)
                    : t->opts.accum > 1 ? sg_optim_unscale_sum(t->o) : sg_optim_unscale(t->o);
+    /* Sharded, each rank checked its shares only: the flag and the scaler every rank keeps are
+     * those of a step some rank found not finite (the least scale and good-step count, the most
+     * skips), which is what every rank would have computed from all the gradients. */
+    if (st == SG_OK && t->shard && m->precision == SG_DTYPE_BF16) st = sg_dist_agree_scaler(t->dist, m->found, m->scaler);
     if (st == SG_OK && t->opts.clip > 0)
         st = sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
     if (st == SG_OK && t->use_skip_if && t->in_step_graph)
         st = sg_graph_switch(t->ctx, m->found, 1, (sg_step_fn[]){update_body}, (void *[]){t});
     else if (st == SG_OK)
         st = optim_update(t);
+    if (st == SG_OK && t->shard) st = shard_params_out(t);
     sg_ctx_set_module(t->ctx, prev);
     return st;
 }
@@ -476,6 +495,162 @@ static sg_status set_buckets(sg_trainer *t, const sg_trainer_options *op)
     return SG_OK;
 }
 
+/* ---- a sharded optimizer ---- */
+
+/* One of this rank's ranges: flat[a, a + n) kept at compact[c, c + n). */
+typedef struct owned { int64_t a, n, c; } owned;
+
+/* This rank's ranges in compact order: its share of each bucket, then the tail. *out is
+ * malloc'ed (n_plan + 1 entries). */
+static sg_status owned_ranges(sg_trainer *t, owned **out, int *n_out)
+{
+    const sg_dist_bucket *plan;
+    int n;
+    int64_t tail_lo, numel;
+    sg_dist_shard_layout(t->dist, &plan, &n, &tail_lo, &numel);
+    owned *o = malloc((size_t)(n + 1) * sizeof *o);
+    if (!o) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
+    int k = 0, W = sg_dist_world(t->dist), r = sg_dist_rank(t->dist);
+    for (int i = 0; i < n; i++) {
+        int64_t share = (plan[i].hi - plan[i].lo) / W;
+        o[k++] = (owned){plan[i].lo + r * share, share, plan[i].shard_off};
+    }
+    int64_t flat_n = t->m->params->flat->numel;
+    if (tail_lo < flat_n) o[k++] = (owned){tail_lo, flat_n - tail_lo, numel - (flat_n - tail_lo)};
+    *out = o, *n_out = k;
+    return SG_OK;
+}
+
+/* Copies each of this rank's ranges between a flat tensor and a compact one (to_compact: flat
+ * into compact), queued on the context's stream. */
+static sg_status copy_owned(sg_trainer *t, sg_tensor *flat, sg_tensor *compact, bool to_compact)
+{
+    owned *o;
+    int n;
+    SG_TRY(owned_ranges(t, &o, &n));
+    sg_status st = SG_OK;
+    for (int i = 0; i < n && st == SG_OK; i++) {
+        sg_tensor *f = NULL, *c = NULL;
+        st = sg_tensor_view(flat, o[i].a, 1, &o[i].n, "owned.flat", &f);
+        if (st == SG_OK) st = sg_tensor_view(compact, o[i].c, 1, &o[i].n, "owned.compact", &c);
+        if (st == SG_OK) st = to_compact ? sg_tensor_copy(c, f) : sg_tensor_copy(f, c);
+        sg_tensor_destroy(f);
+        sg_tensor_destroy(c);
+    }
+    free(o);
+    return st;
+}
+
+/* The optimizer's segment tables over the compact buffers: every piece of a parameter tensor
+ * inside one of this rank's ranges starts a segment, with that tensor's weight decay. */
+static sg_status shard_segments(sg_trainer *t, const owned *o, int n, int64_t S)
+{
+    sg_param_set *ps = t->m->params;
+    int64_t total = ps->flat->numel;
+    int cap = n + ps->count + 1, k = 0;
+    int32_t *start = malloc((size_t)(cap + 1) * sizeof *start), *decay = malloc((size_t)cap * sizeof *decay);
+    sg_status st = start && decay ? SG_OK : sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
+    for (int i = 0; i < n && st == SG_OK; i++) {
+        /* Segments tile the flat buffer as the optimizer's do: alignment padding belongs to the
+         * tensor before it. */
+        for (int p = 0; p < ps->count; p++) {
+            int64_t s0 = p == 0 ? 0 : ps->info[p].offset, s1 = p + 1 < ps->count ? ps->info[p + 1].offset : total;
+            int64_t a = o[i].a > s0 ? o[i].a : s0, b = o[i].a + o[i].n < s1 ? o[i].a + o[i].n : s1;
+            if (a >= b) continue;
+            if (k == cap) {
+                cap *= 2;
+                int32_t *ns = realloc(start, (size_t)(cap + 1) * sizeof *ns);
+                if (ns) start = ns;
+                int32_t *nd = ns ? realloc(decay, (size_t)cap * sizeof *nd) : NULL;
+                if (nd) decay = nd;
+                if (!ns || !nd) {
+                    st = sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
+                    break;
+                }
+            }
+            start[k] = (int32_t)(o[i].c + (a - o[i].a));
+            decay[k++] = ps->info[p].decay;
+        }
+    }
+    int64_t ns = k + 1, nd = k > 0 ? k : 1;
+    if (st == SG_OK) {
+        start[k] = (int32_t)S;
+        t->sps.ctx = t->ctx, t->sps.count = k, t->sps.total = S;
+        st = sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, &ns, "shard.seg_start", &t->sps.seg_start);
+    }
+    if (st == SG_OK) st = sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, &nd, "shard.seg_decay", &t->sps.seg_decay);
+    if (st == SG_OK) st = sg_tensor_copy_from_host(t->sps.seg_start, start, (size_t)ns * 4);
+    if (st == SG_OK && k > 0) st = sg_tensor_copy_from_host(t->sps.seg_decay, decay, (size_t)k * 4);
+    if (st == SG_OK) st = sg_ctx_sync(t->ctx); /* the host tables are freed next */
+    free(start), free(decay);
+    return st;
+}
+
+/* The compact buffers, the masters copied in, the tail's views, the optimizer moved onto them. */
+static sg_status make_shards(sg_trainer *t)
+{
+    sg_model *m = t->m;
+    sg_param_set *ps = m->params;
+    const sg_dist_bucket *plan;
+    int n_plan;
+    int64_t tail_lo, S;
+    sg_dist_shard_layout(t->dist, &plan, &n_plan, &tail_lo, &S);
+    owned *o;
+    int n;
+    SG_TRY(owned_ranges(t, &o, &n));
+    sg_status st = shard_segments(t, o, n, S);
+    free(o);
+    SG_TRY(st);
+    SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &S, "shard.params", &t->sps.flat));
+    SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &S, "shard.grads", &t->sps.grad_flat));
+    SG_TRY(sg_tensor_fill(t->sps.grad_flat, 0.0));
+    SG_TRY(copy_owned(t, ps->flat, t->sps.flat, true));
+    bool amp = ps->grad_flat_lo != NULL;
+    if (amp) {
+        SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_BF16, 1, &S, "shard.grads.bf16", &t->sh_grad_lo));
+        SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_BF16, 1, &S, "shard.params.bf16", &t->sh_param_lo));
+        SG_TRY(sg_tensor_fill(t->sh_grad_lo, 0.0));
+        SG_TRY(sg_tensor_convert(t->sh_param_lo, t->sps.flat));
+    }
+    int64_t tail = ps->flat->numel - tail_lo;
+    if (tail > 0) {
+        sg_tensor *g = amp ? ps->grad_flat_lo : ps->grad_flat, *sg = amp ? t->sh_grad_lo : t->sps.grad_flat;
+        sg_tensor *p = amp ? ps->flat_lo : ps->flat, *sp = amp ? t->sh_param_lo : t->sps.flat;
+        SG_TRY(sg_tensor_view(g, tail_lo, 1, &tail, "tail.grads", &t->tail_grad));
+        SG_TRY(sg_tensor_view(sg, S - tail, 1, &tail, "tail.shard.grads", &t->tail_sh_grad));
+        SG_TRY(sg_tensor_view(p, tail_lo, 1, &tail, "tail.params", &t->tail_param));
+        SG_TRY(sg_tensor_view(sp, S - tail, 1, &tail, "tail.shard.params", &t->tail_sh_param));
+    }
+    SG_TRY(sg_dist_set_shard_out(t->dist, amp ? t->sh_grad_lo : t->sps.grad_flat));
+    SG_TRY(sg_optim_use_params(t->o, &t->sps));
+    if (amp) SG_TRY(sg_optim_set_mixed(t->o, t->sh_grad_lo, m->scaler, m->found, t->sh_param_lo));
+    return sg_ctx_sync(t->ctx);
+}
+
+static void free_shards(sg_trainer *t)
+{
+    sg_tensor *ts[] = {t->sps.flat, t->sps.grad_flat, t->sps.seg_start, t->sps.seg_decay, t->sh_grad_lo,
+                       t->sh_param_lo, t->tail_grad, t->tail_sh_grad, t->tail_param, t->tail_sh_param};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) sg_tensor_destroy(ts[i]);
+    memset(&t->sps, 0, sizeof t->sps);
+}
+
+/* After a sharded backward: the tail, all-reduced whole in the flat gradients, into the compact. */
+static sg_status shard_tail_in(sg_trainer *t)
+{
+    return t->tail_grad ? sg_tensor_copy(t->tail_sh_grad, t->tail_grad) : SG_OK;
+}
+
+/* After a sharded update: the tail into the flat parameters (every rank updated it alike), and
+ * every bucket's shares gathered: the bf16 copies under mixed precision, else the masters. */
+static sg_status shard_params_out(sg_trainer *t)
+{
+    sg_param_set *ps = t->m->params;
+    bool amp = t->sh_param_lo != NULL;
+    if (t->tail_param) SG_TRY(sg_tensor_copy(t->tail_param, t->tail_sh_param));
+    return sg_dist_gather_shards(t->dist, amp ? t->sh_param_lo : t->sps.flat, amp ? ps->flat_lo : ps->flat);
+}
+
 /* Data parallelism: the model must be the run's shard; captured scopes warm up long enough for
  * NCCL to connect before a capture; the gradient buckets hook into the net's backward. */
 static sg_status attach_dist(sg_trainer *t)
@@ -496,10 +671,16 @@ static sg_status attach_dist(sg_trainer *t)
     /* What the backward wrote (bf16 under mixed precision), or with accum > 1 the step's f32
      * sum, averaged once after the last micro-batch (run_update). */
     sg_tensor *g = m->params->grad_flat_lo && t->opts.accum == 1 ? m->params->grad_flat_lo : m->params->grad_flat;
-    SG_TRY(sg_dist_attach(d, g, m->loss, m->grad_ready, m->n_grad_ready));
+    bool shard = t->opts.shard_optimizer != 0;
+    if (shard && (t->opts.accum > 1 || t->opts.clip > 0))
+        return sg_fail(t->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: a sharded optimizer with %s is not implemented "
+                       "(it needs %s over the ranks' shares)", t->opts.accum > 1 ? "gradient accumulation" : "clipping",
+                       t->opts.accum > 1 ? "the step's sums reduce-scattered" : "the global norm summed");
+    SG_TRY(sg_dist_attach(d, g, m->loss, m->grad_ready, m->n_grad_ready, shard));
     sg_sequential_set_backward_hook(m->net, sg_dist_backward_hook, d);
     t->dist = d;
-    return SG_OK;
+    t->shard = shard;
+    return shard ? make_shards(t) : SG_OK;
 }
 
 /* Gradient accumulation's sums, allocated now so that steps (and captures) allocate nothing:
@@ -665,6 +846,7 @@ void sg_trainer_destroy(sg_trainer *t)
         sg_sequential_set_backward_hook(t->m->net, NULL, NULL);
         sg_dist_detach(t->dist);
     }
+    free_shards(t);
     unwrap_modules(t);
     sg_graph_destroy(t->g_step);
     sg_graph_destroy(t->g_fwd);
@@ -1192,8 +1374,55 @@ sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out)
     return st;
 }
 
-/* Every parameter and buffer by name, the optimizer state, the generator. */
-static int ckpt_entries(sg_trainer *t, sg_ckpt_entry *e, int cap)
+/* ---- checkpoints of a sharded optimizer: the state whole, gathered from every rank's shares ---- */
+
+/* compact (this rank's shares) into flat, whole, on every rank: the tail copied, the rest gathered. */
+static sg_status gather_compact(sg_trainer *t, sg_tensor *compact, sg_tensor *flat)
+{
+    const sg_dist_bucket *plan;
+    int n;
+    int64_t tail_lo, S;
+    sg_dist_shard_layout(t->dist, &plan, &n, &tail_lo, &S);
+    int64_t tail = flat->numel - tail_lo;
+    if (tail > 0) {
+        sg_tensor *a = NULL, *b = NULL;
+        sg_status st = sg_tensor_view(compact, S - tail, 1, &tail, "tail.compact", &a);
+        if (st == SG_OK) st = sg_tensor_view(flat, tail_lo, 1, &tail, "tail.flat", &b);
+        if (st == SG_OK) st = sg_tensor_copy(b, a);
+        sg_tensor_destroy(a);
+        sg_tensor_destroy(b);
+        SG_TRY(st);
+    }
+    return sg_dist_gather_shards(t->dist, compact, flat);
+}
+
+sg_status sg_trainer_gather_params(sg_trainer *t)
+{
+    if (!t) return SG_ERR_NULL;
+    if (!t->shard) return SG_OK;
+    SG_TRY(gather_compact(t, t->sps.flat, t->m->params->flat));
+    return sg_ctx_sync(t->ctx);
+}
+
+/* Whole-model tensors for the optimizer's moments (NULL where it has none), zeroed. */
+static sg_status whole_state(sg_trainer *t, sg_tensor **wm, sg_tensor **wv)
+{
+    sg_tensor *m, *v, *hp;
+    sg_optim_state(t->o, &m, &v, &hp);
+    int64_t P = t->m->params->flat->numel;
+    *wm = *wv = NULL;
+    SG_TRY(sg_tensor_create(t->ctx, m->dtype, 1, &P, "optim.m", wm));
+    SG_TRY(sg_tensor_fill(*wm, 0.0));
+    if (v) {
+        SG_TRY(sg_tensor_create(t->ctx, v->dtype, 1, &P, "optim.v", wv));
+        SG_TRY(sg_tensor_fill(*wv, 0.0));
+    }
+    return SG_OK;
+}
+
+/* Every parameter and buffer by name, the optimizer state (wm, wv when not NULL: whole copies
+ * of a sharded optimizer's), the generator. */
+static int ckpt_entries(sg_trainer *t, sg_ckpt_entry *e, int cap, sg_tensor *wm, sg_tensor *wv)
 {
     sg_param_set *ps = t->m->params;
     int n = 0;
@@ -1202,6 +1431,7 @@ static int ckpt_entries(sg_trainer *t, sg_ckpt_entry *e, int cap)
     for (int i = 0; i < bs->count && n < cap; i++) e[n++] = (sg_ckpt_entry){bs->info[i].name, bs->param[i]};
     sg_tensor *om, *ov, *hp;
     sg_optim_state(t->o, &om, &ov, &hp);
+    if (wm) om = wm, ov = wv;
     if (n < cap) e[n++] = (sg_ckpt_entry){"optim.m", om};
     if (ov && n < cap) e[n++] = (sg_ckpt_entry){"optim.v", ov};
     if (n < cap) e[n++] = (sg_ckpt_entry){"optim.hparams", hp};
@@ -1216,10 +1446,29 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     if (step < 0 || step > SG_TRAINER_MAX_STEP)
         return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_save: '%s': step %lld: expected 0 to %lld",
                        path, (long long)step, (long long)SG_TRAINER_MAX_STEP);
+    /* Sharded: every rank gathers the masters and the moments whole; rank 0 writes them. */
+    sg_tensor *wm = NULL, *wv = NULL, *om, *ov, *hp;
+    if (t->shard) {
+        sg_optim_state(t->o, &om, &ov, &hp);
+        sg_status st = whole_state(t, &wm, &wv);
+        if (st == SG_OK) st = sg_trainer_gather_params(t);
+        if (st == SG_OK) st = gather_compact(t, om, wm);
+        if (st == SG_OK && ov) st = gather_compact(t, ov, wv);
+        if (st == SG_OK) st = sg_ctx_sync(t->ctx);
+        if (st != SG_OK || sg_dist_rank(t->dist) != 0) {
+            sg_tensor_destroy(wm);
+            sg_tensor_destroy(wv);
+            return st;
+        }
+    }
     int cap = t->m->params->count + t->m->b->bufs.count + 8;
     sg_ckpt_entry *e = malloc((size_t)cap * sizeof *e);
-    if (!e) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: out of host memory");
-    int n = ckpt_entries(t, e, cap);
+    if (!e) {
+        sg_tensor_destroy(wm);
+        sg_tensor_destroy(wv);
+        return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: out of host memory");
+    }
+    int n = ckpt_entries(t, e, cap, wm, wv);
     char steps[32], accum[16];
     snprintf(steps, sizeof steps, "%lld", (long long)step);
     snprintf(accum, sizeof accum, "%d", t->opts.accum);
@@ -1234,6 +1483,8 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     meta[k] = NULL;
     sg_status st = sg_checkpoint_save(t->ctx, path, e, n, meta);
     free(e);
+    sg_tensor_destroy(wm);
+    sg_tensor_destroy(wv);
     return st;
 }
 
@@ -1304,13 +1555,33 @@ static sg_status ckpt_meta_check(sg_ctx *ctx, const char *path, const char *meta
 sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step)
 {
     if (!t || !path || !step) return SG_ERR_NULL;
+    /* Sharded: the moments load whole, then each rank keeps its shares of them and of the masters. */
+    sg_tensor *wm = NULL, *wv = NULL;
+    if (t->shard) {
+        sg_status st = whole_state(t, &wm, &wv);
+        if (st != SG_OK) {
+            sg_tensor_destroy(wm);
+            sg_tensor_destroy(wv);
+            return st;
+        }
+    }
     int cap = t->m->params->count + t->m->b->bufs.count + 8;
     sg_ckpt_entry *e = malloc((size_t)cap * sizeof *e);
-    if (!e) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_load: out of host memory");
-    int n = ckpt_entries(t, e, cap);
+    sg_status st = e ? SG_OK : sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_load: out of host memory");
     ckpt_meta cm = {t, 0};
-    sg_status st = sg_checkpoint_load_ex(t->ctx, path, e, n, NULL, 0, ckpt_meta_check, &cm);
+    if (st == SG_OK) st = sg_checkpoint_load_ex(t->ctx, path, e, ckpt_entries(t, e, cap, wm, wv), NULL, 0,
+                                                ckpt_meta_check, &cm);
     free(e);
+    if (st == SG_OK && t->shard) {
+        sg_tensor *om, *ov, *hp;
+        sg_optim_state(t->o, &om, &ov, &hp);
+        st = copy_owned(t, t->m->params->flat, t->sps.flat, true);
+        if (st == SG_OK) st = copy_owned(t, wm, om, true);
+        if (st == SG_OK && ov) st = copy_owned(t, wv, ov, true);
+        if (st == SG_OK) st = sg_ctx_sync(t->ctx);
+    }
+    sg_tensor_destroy(wm);
+    sg_tensor_destroy(wv);
     SG_TRY(st);
     *step = cm.step;
     /* The master weights are f32 in either precision, so a checkpoint resumes in both; the
