@@ -1261,7 +1261,9 @@ typedef struct sg_trainer_options {
      * update. Not with accum > 1 or clip. The optimizer must not have stepped yet; its state
      * then holds this rank's shares (sg_trainer_save gathers them: every rank calls it, rank 0
      * writes). Under mixed precision the model's f32 parameters (sg_model_params) are whole
-     * only after sg_trainer_gather_params or a save; the bf16 copies the steps read always are. */
+     * only after sg_trainer_gather_params or a save; the bf16 copies the steps read always are.
+     * The optimizer then belongs to this trainer: destroying the trainer frees its state, and
+     * the optimizer refuses any later use with an error saying so. */
     int shard_optimizer;
 } sg_trainer_options;
 

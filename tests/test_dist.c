@@ -797,6 +797,13 @@ static int worker(int argc, char **argv)
             char ck0[600];
             snprintf(ck0, sizeof ck0, "%s.dump.ckpt", ref);
             if (e.rank == 0) TU_CHECK(same_file(ck, ck0), "%s: the checkpoints %s and %s differ", tag, ck, ck0);
+            /* The optimizer belonged to the trainer: once it is gone, a clear error, no stale state. */
+            sg_trainer_destroy(r.t);
+            r.t = NULL;
+            TU_FAILS(ctx, sg_optim_update(r.o), SG_ERR_INVALID, "sharded by a trainer that has been destroyed");
+            sg_trainer_options to = sg_trainer_options_default();
+            sg_trainer *t2 = NULL;
+            TU_FAILS(ctx, sg_trainer_create(r.m, r.o, &to, &t2), SG_ERR_INVALID, "create a new optimizer");
         }
         free(p);
     } else if (!strcmp(mode, "agree")) {

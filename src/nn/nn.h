@@ -269,7 +269,9 @@ void sg_optim_state(sg_optim *o, sg_tensor **m, sg_tensor **v, sg_tensor **hp);
 sg_status sg_optim_alloc_state(sg_optim *o);
 /* A sharded optimizer (sg_trainer with shard_optimizer): from now on the optimizer updates ps
  * (not owned; the compact buffers of this rank's shares: flat, grad_flat, the segment tables)
- * and keeps its state at ps's size, zeroed. Before the first update only. */
+ * and keeps its state at ps's size, zeroed. Before the first update only. ps NULL: the trainer
+ * that sharded it is going; its state is freed, and every later call that needs parameters
+ * fails naming why. */
 sg_status sg_optim_use_params(sg_optim *o, sg_param_set *ps);
 /* Mixed precision: the backward writes bf16 gradients (grad_lo, (P) BF16, scaled by the loss
  * scale in scaler); sg_optim_unscale turns them into the f32 ones (divided by the scale) and

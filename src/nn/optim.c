@@ -84,9 +84,24 @@ static sg_status new_state(sg_optim *o, const char *name, sg_tensor **out)
     return sg_tensor_fill(*out, 0.0);
 }
 
+/* SG_OK, or the error of an optimizer whose sharded trainer is gone (sg_optim_use_params(o, NULL)). */
+static sg_status have_params(const sg_optim *o, const char *fn)
+{
+    if (o->ps) return SG_OK;
+    return sg_fail(o->ctx, SG_ERR_INVALID, "%s: this optimizer was sharded by a trainer that has been destroyed, and "
+                   "its state was that trainer's shares: create a new optimizer", fn);
+}
+
 sg_status sg_optim_use_params(sg_optim *o, sg_param_set *ps)
 {
-    if (!o || !ps) return SG_ERR_NULL;
+    if (!o) return SG_ERR_NULL;
+    if (!ps) { /* detached: the trainer that sharded it is going */
+        sg_tensor_destroy(o->m);
+        sg_tensor_destroy(o->v);
+        o->m = o->v = NULL, o->ps = NULL;
+        return SG_OK;
+    }
+    SG_TRY(have_params(o, "sg_optim_use_params"));
     if (o->stepped)
         return sg_fail(o->ctx, SG_ERR_INVALID, "sg_optim_use_params: the optimizer has already stepped or been "
                        "captured; shard it before its first update");
@@ -100,6 +115,7 @@ sg_status sg_optim_use_params(sg_optim *o, sg_param_set *ps)
 sg_status sg_optim_alloc_state(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
+    SG_TRY(have_params(o, "sg_optim_alloc_state"));
     if (!o->m) SG_TRY(new_state(o, "optim.m", &o->m));
     if (!o->v && o->kind == SG_OPTIM_ADAMW) SG_TRY(new_state(o, "optim.v", &o->v));
     return SG_OK;
@@ -121,6 +137,7 @@ sg_status sg_optim_set_state_dtype(sg_optim *o, sg_dtype dtype)
     const char *fn = "sg_optim_set_state_dtype";
     if (dtype != SG_DTYPE_F32 && dtype != SG_DTYPE_BF16)
         return sg_fail(o->ctx, SG_ERR_DTYPE, "%s: %s: expected F32 or BF16", fn, sg_dtype_name(dtype));
+    SG_TRY(have_params(o, fn));
     if (dtype == SG_DTYPE_BF16 && o->ps->flat->dtype != SG_DTYPE_F32)
         return sg_fail(o->ctx, SG_ERR_DTYPE, "%s: BF16 state needs F32 parameters; these are %s", fn,
                        sg_dtype_name(o->ps->flat->dtype));
@@ -206,6 +223,7 @@ sg_status sg_optim_unscale(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
     if (!o->grad_lo) return SG_OK;
+    SG_TRY(have_params(o, "sg_optim_unscale"));
     return sg_amp_unscale(o->ctx, o->grad_lo, o->ps->grad_flat, o->scaler, o->skip);
 }
 
@@ -213,6 +231,7 @@ sg_status sg_optim_unscale_sum(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
     if (!o->grad_lo) return SG_OK;
+    SG_TRY(have_params(o, "sg_optim_unscale_sum"));
     return sg_amp_unscale(o->ctx, o->ps->grad_flat, o->ps->grad_flat, o->scaler, o->skip);
 }
 
@@ -233,6 +252,7 @@ sg_status sg_optim_step(sg_optim *o)
  * ones with sg_amp_check's factor. */
 static sg_status update(sg_optim *o, bool amp)
 {
+    SG_TRY(have_params(o, "sg_optim_update"));
     sg_param_set *ps = o->ps;
     SG_TRY(sg_optim_alloc_state(o));
     o->stepped = true;

@@ -55,7 +55,7 @@ struct sg_trainer {
      * grad_flat (F32 gradients), the segment tables; under mixed precision sh_grad_lo (BF16,
      * what the reduce-scatters write) and sh_param_lo (BF16, the update's copy, gathered into
      * the model's). tail_*: views of the tail, flat and compact, for the copies between them. */
-    bool shard;
+    bool shard, optim_moved;     /* optim_moved: the optimizer updates sps (sg_optim_use_params) */
     sg_param_set sps;
     sg_tensor *sh_grad_lo, *sh_param_lo;
     sg_tensor *tail_grad, *tail_sh_grad, *tail_param, *tail_sh_param;
@@ -623,12 +623,14 @@ static sg_status make_shards(sg_trainer *t)
     }
     SG_TRY(sg_dist_set_shard_out(t->dist, amp ? t->sh_grad_lo : t->sps.grad_flat));
     SG_TRY(sg_optim_use_params(t->o, &t->sps));
+    t->optim_moved = true;
     if (amp) SG_TRY(sg_optim_set_mixed(t->o, t->sh_grad_lo, m->scaler, m->found, t->sh_param_lo));
     return sg_ctx_sync(t->ctx);
 }
 
 static void free_shards(sg_trainer *t)
 {
+    if (t->optim_moved) sg_optim_use_params(t->o, NULL); /* the optimizer's parameters are freed next */
     sg_tensor *ts[] = {t->sps.flat, t->sps.grad_flat, t->sps.seg_start, t->sps.seg_decay, t->sh_grad_lo,
                        t->sh_param_lo, t->tail_grad, t->tail_sh_grad, t->tail_param, t->tail_sh_param};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) sg_tensor_destroy(ts[i]);
