@@ -345,6 +345,21 @@ sg_status sg_dist_backward_hook(void *dist, int child)
     return SG_OK;
 }
 
+/* A sharded run's tail (grads[tail_lo, numel), all-reduced whole, so the same on every rank)
+ * from from[from_off ..) to to[to_off ..), on the context's stream. */
+static sg_status copy_tail(sg_dist *d, sg_tensor *from, int64_t from_off, sg_tensor *to, int64_t to_off)
+{
+    int64_t n = d->grads->numel - d->tail_lo;
+    if (n <= 0) return SG_OK;
+    sg_tensor *a = NULL, *b = NULL;
+    sg_status st = sg_tensor_view(from, from_off, 1, &n, "tail", &a);
+    if (st == SG_OK) st = sg_tensor_view(to, to_off, 1, &n, "tail", &b);
+    if (st == SG_OK) st = sg_tensor_copy(b, a);
+    sg_tensor_destroy(a);
+    sg_tensor_destroy(b);
+    return st;
+}
+
 sg_status sg_dist_backward_end(sg_dist *d)
 {
     if (!d->in_backward)
@@ -367,7 +382,10 @@ sg_status sg_dist_backward_end(sg_dist *d)
     }
     d->last_buckets = d->buckets;
     d->last_bytes = d->step_bytes;
-    return d->vt->join(d);
+    SG_TRY(d->vt->join(d));
+    /* Sharded: the tail into the compact gradients' last elements. */
+    return d->shard ? copy_tail(d, d->grads, d->tail_lo, d->shard_out, d->shard_numel - (d->grads->numel - d->tail_lo))
+                    : SG_OK;
 }
 
 sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler)
@@ -388,6 +406,7 @@ sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst)
                        "a sharded run's compact %lld elements into its flat %lld, one dtype", src->name,
                        (long long)src->numel, sg_dtype_name(src->dtype), dst->name, (long long)dst->numel,
                        sg_dtype_name(dst->dtype), (long long)d->shard_numel, (long long)d->grads->numel);
+    SG_TRY(copy_tail(d, src, d->shard_numel - (dst->numel - d->tail_lo), dst, d->tail_lo));
     SG_TRY(d->vt->fork(d));
     for (int i = 0; i < d->n_plan; i++) {
         const sg_dist_bucket *b = &d->plan[i];

@@ -145,13 +145,14 @@ sg_status sg_dist_wrap(sg_status st, const char *prefix);
  * reduce-scattered once sg_dist_set_shard_out names where). */
 sg_status sg_dist_attach(sg_dist *d, sg_tensor *grads, sg_tensor *loss, const int64_t *ready, int n, bool shard);
 /* A sharded run's layout: the buckets (owned by d), the tail's start and the compact buffers'
- * element count; and the compact gradients (grads' dtype, that many elements) the backward's
- * reduce-scatters write. */
+ * element count (the shares, then the tail); and the compact gradients (grads' dtype, that
+ * many elements) the backward's reduce-scatters write, and sg_dist_backward_end the tail. */
 void sg_dist_shard_layout(const sg_dist *d, const sg_dist_bucket **plan, int *n, int64_t *tail_lo, int64_t *numel);
 sg_status sg_dist_set_shard_out(sg_dist *d, sg_tensor *shard_out);
 /* Queued on the collectives' stream between a fork and a join of the context's: a sharded
  * step's scaler agreement (found: max; scale, good steps: min; skipped: max), and the
- * all-gather of every bucket's shares from src (compact, src's dtype) into dst (flat). */
+ * all-gather of every bucket's shares from src (compact, src's dtype) into dst (flat), the
+ * tail copied (every rank holds it whole). */
 sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler);
 sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst);
 void sg_dist_detach(sg_dist *d);

@@ -52,13 +52,13 @@ struct sg_trainer {
     /* A sharded optimizer (opts.shard_optimizer): this rank's share of every bucket
      * (sg_dist_shard_layout), compact, in the order the backward sends the buckets, the tail
      * (updated by every rank) last. sps: the optimizer's parameters: flat (F32 masters),
-     * grad_flat (F32 gradients), the segment tables; under mixed precision sh_grad_lo (BF16,
-     * what the reduce-scatters write) and sh_param_lo (BF16, the update's copy, gathered into
-     * the model's). tail_*: views of the tail, flat and compact, for the copies between them. */
+     * grad_flat (F32 gradients; not allocated where nothing reads them: mixed precision whose
+     * update unscales as it reads), the segment tables; under mixed precision sh_grad_lo (BF16,
+     * what the backward's collectives write) and sh_param_lo (BF16, the update's copy,
+     * gathered into the model's). */
     bool shard, optim_moved;     /* optim_moved: the optimizer updates sps (sg_optim_use_params) */
     sg_param_set sps;
     sg_tensor *sh_grad_lo, *sh_param_lo;
-    sg_tensor *tail_grad, *tail_sh_grad, *tail_param, *tail_sh_param;
     /* gradient accumulation (opts.accum > 1) */
     float grad_scale;            /* 1 / accum: each micro-batch's share of the mean loss */
     sg_tensor *grad_sum;         /* (P) F32, fp32 models: the micro-batches' gradients so far */
@@ -346,9 +346,6 @@ static sg_status run_forward(void *u)
  * gradient of the mean loss over all their rows. */
 static sg_status run_loss(sg_trainer *t) { return sg_model_loss_pass(t->m, t->grad_scale); }
 
-static sg_status shard_tail_in(sg_trainer *t);
-static sg_status shard_params_out(sg_trainer *t);
-
 /* With data parallelism and one micro-batch a step, buckets of final gradients are averaged
  * over the ranks while the backward goes on (the Sequential's hook after each child), the rest
  * and the loss at its end, and the context's stream waits for them before the optimizer. With
@@ -362,8 +359,7 @@ static sg_status run_backward(void *u)
     if (!t->dist || t->opts.accum > 1) return sg_module_backward(m->net, m->dlogits, &dx);
     SG_TRY(sg_dist_backward_begin(t->dist));
     SG_TRY(sg_module_backward(m->net, m->dlogits, &dx));
-    SG_TRY(sg_dist_backward_end(t->dist));
-    return t->shard ? shard_tail_in(t) : SG_OK;
+    return sg_dist_backward_end(t->dist);
 }
 
 /* Micro-batch j of accum > 1: its gradients and loss into the step's sums, in f32 and in
@@ -434,14 +430,18 @@ static sg_status run_optim(sg_trainer *t)
     /* Sharded, each rank checked its shares only: the flag and the scaler every rank keeps are
      * those of a step some rank found not finite (the least scale and good-step count, the most
      * skips), which is what every rank would have computed from all the gradients. */
-    if (st == SG_OK && t->shard && m->precision == SG_DTYPE_BF16) st = sg_dist_agree_scaler(t->dist, m->found, m->scaler);
+    if (st == SG_OK && t->sh_grad_lo) st = sg_dist_agree_scaler(t->dist, m->found, m->scaler);
     if (st == SG_OK && t->opts.clip > 0)
         st = sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
     if (st == SG_OK && t->use_skip_if && t->in_step_graph)
         st = sg_graph_switch(t->ctx, m->found, 1, (sg_step_fn[]){update_body}, (void *[]){t});
     else if (st == SG_OK)
         st = optim_update(t);
-    if (st == SG_OK && t->shard) st = shard_params_out(t);
+    /* Sharded: every bucket's updated shares gathered into the model (the bf16 copies the
+     * steps read, or the f32 masters). */
+    if (st == SG_OK && t->shard)
+        st = t->sh_param_lo ? sg_dist_gather_shards(t->dist, t->sh_param_lo, m->params->flat_lo)
+                            : sg_dist_gather_shards(t->dist, t->sps.flat, m->params->flat);
     sg_ctx_set_module(t->ctx, prev);
     return st;
 }
@@ -542,12 +542,13 @@ static sg_status copy_owned(sg_trainer *t, sg_tensor *flat, sg_tensor *compact, 
 }
 
 /* The optimizer's segment tables over the compact buffers: every piece of a parameter tensor
- * inside one of this rank's ranges starts a segment, with that tensor's weight decay. */
+ * inside one of this rank's ranges starts a segment, with that tensor's weight decay. A piece
+ * starts at a range's start or at a tensor's, so there are at most n + count of them. */
 static sg_status shard_segments(sg_trainer *t, const owned *o, int n, int64_t S)
 {
     sg_param_set *ps = t->m->params;
     int64_t total = ps->flat->numel;
-    int cap = n + ps->count + 1, k = 0;
+    int cap = n + ps->count, k = 0;
     int32_t *start = malloc((size_t)(cap + 1) * sizeof *start), *decay = malloc((size_t)cap * sizeof *decay);
     sg_status st = start && decay ? SG_OK : sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
     for (int i = 0; i < n && st == SG_OK; i++) {
@@ -557,17 +558,6 @@ static sg_status shard_segments(sg_trainer *t, const owned *o, int n, int64_t S)
             int64_t s0 = p == 0 ? 0 : ps->info[p].offset, s1 = p + 1 < ps->count ? ps->info[p + 1].offset : total;
             int64_t a = o[i].a > s0 ? o[i].a : s0, b = o[i].a + o[i].n < s1 ? o[i].a + o[i].n : s1;
             if (a >= b) continue;
-            if (k == cap) {
-                cap *= 2;
-                int32_t *ns = realloc(start, (size_t)(cap + 1) * sizeof *ns);
-                if (ns) start = ns;
-                int32_t *nd = ns ? realloc(decay, (size_t)cap * sizeof *nd) : NULL;
-                if (nd) decay = nd;
-                if (!ns || !nd) {
-                    st = sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
-                    break;
-                }
-            }
             start[k] = (int32_t)(o[i].c + (a - o[i].a));
             decay[k++] = ps->info[p].decay;
         }
@@ -601,25 +591,16 @@ static sg_status make_shards(sg_trainer *t)
     sg_status st = shard_segments(t, o, n, S);
     free(o);
     SG_TRY(st);
-    SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &S, "shard.params", &t->sps.flat));
-    SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &S, "shard.grads", &t->sps.grad_flat));
-    SG_TRY(sg_tensor_fill(t->sps.grad_flat, 0.0));
-    SG_TRY(copy_owned(t, ps->flat, t->sps.flat, true));
     bool amp = ps->grad_flat_lo != NULL;
+    SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &S, "shard.params", &t->sps.flat));
+    if (!amp || !t->fold_unscale) /* what the reduce-scatters write, or the unscale pass */
+        SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &S, "shard.grads", &t->sps.grad_flat));
+    SG_TRY(copy_owned(t, ps->flat, t->sps.flat, true));
     if (amp) {
         SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_BF16, 1, &S, "shard.grads.bf16", &t->sh_grad_lo));
         SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_BF16, 1, &S, "shard.params.bf16", &t->sh_param_lo));
-        SG_TRY(sg_tensor_fill(t->sh_grad_lo, 0.0));
+        /* Gathered after every update, a skipped one too: it must hold the masters' copy. */
         SG_TRY(sg_tensor_convert(t->sh_param_lo, t->sps.flat));
-    }
-    int64_t tail = ps->flat->numel - tail_lo;
-    if (tail > 0) {
-        sg_tensor *g = amp ? ps->grad_flat_lo : ps->grad_flat, *sg = amp ? t->sh_grad_lo : t->sps.grad_flat;
-        sg_tensor *p = amp ? ps->flat_lo : ps->flat, *sp = amp ? t->sh_param_lo : t->sps.flat;
-        SG_TRY(sg_tensor_view(g, tail_lo, 1, &tail, "tail.grads", &t->tail_grad));
-        SG_TRY(sg_tensor_view(sg, S - tail, 1, &tail, "tail.shard.grads", &t->tail_sh_grad));
-        SG_TRY(sg_tensor_view(p, tail_lo, 1, &tail, "tail.params", &t->tail_param));
-        SG_TRY(sg_tensor_view(sp, S - tail, 1, &tail, "tail.shard.params", &t->tail_sh_param));
     }
     SG_TRY(sg_dist_set_shard_out(t->dist, amp ? t->sh_grad_lo : t->sps.grad_flat));
     SG_TRY(sg_optim_use_params(t->o, &t->sps));
@@ -632,25 +613,9 @@ static void free_shards(sg_trainer *t)
 {
     if (t->optim_moved) sg_optim_use_params(t->o, NULL); /* the optimizer's parameters are freed next */
     sg_tensor *ts[] = {t->sps.flat, t->sps.grad_flat, t->sps.seg_start, t->sps.seg_decay, t->sh_grad_lo,
-                       t->sh_param_lo, t->tail_grad, t->tail_sh_grad, t->tail_param, t->tail_sh_param};
+                       t->sh_param_lo};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) sg_tensor_destroy(ts[i]);
     memset(&t->sps, 0, sizeof t->sps);
-}
-
-/* After a sharded backward: the tail, all-reduced whole in the flat gradients, into the compact. */
-static sg_status shard_tail_in(sg_trainer *t)
-{
-    return t->tail_grad ? sg_tensor_copy(t->tail_sh_grad, t->tail_grad) : SG_OK;
-}
-
-/* After a sharded update: the tail into the flat parameters (every rank updated it alike), and
- * every bucket's shares gathered: the bf16 copies under mixed precision, else the masters. */
-static sg_status shard_params_out(sg_trainer *t)
-{
-    sg_param_set *ps = t->m->params;
-    bool amp = t->sh_param_lo != NULL;
-    if (t->tail_param) SG_TRY(sg_tensor_copy(t->tail_param, t->tail_sh_param));
-    return sg_dist_gather_shards(t->dist, amp ? t->sh_param_lo : t->sps.flat, amp ? ps->flat_lo : ps->flat);
 }
 
 /* Data parallelism: the model must be the run's shard; captured scopes warm up long enough for
@@ -1378,35 +1343,16 @@ sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out)
 
 /* ---- checkpoints of a sharded optimizer: the state whole, gathered from every rank's shares ---- */
 
-/* compact (this rank's shares) into flat, whole, on every rank: the tail copied, the rest gathered. */
-static sg_status gather_compact(sg_trainer *t, sg_tensor *compact, sg_tensor *flat)
-{
-    const sg_dist_bucket *plan;
-    int n;
-    int64_t tail_lo, S;
-    sg_dist_shard_layout(t->dist, &plan, &n, &tail_lo, &S);
-    int64_t tail = flat->numel - tail_lo;
-    if (tail > 0) {
-        sg_tensor *a = NULL, *b = NULL;
-        sg_status st = sg_tensor_view(compact, S - tail, 1, &tail, "tail.compact", &a);
-        if (st == SG_OK) st = sg_tensor_view(flat, tail_lo, 1, &tail, "tail.flat", &b);
-        if (st == SG_OK) st = sg_tensor_copy(b, a);
-        sg_tensor_destroy(a);
-        sg_tensor_destroy(b);
-        SG_TRY(st);
-    }
-    return sg_dist_gather_shards(t->dist, compact, flat);
-}
-
 sg_status sg_trainer_gather_params(sg_trainer *t)
 {
     if (!t) return SG_ERR_NULL;
     if (!t->shard) return SG_OK;
-    SG_TRY(gather_compact(t, t->sps.flat, t->m->params->flat));
+    SG_TRY(sg_dist_gather_shards(t->dist, t->sps.flat, t->m->params->flat));
     return sg_ctx_sync(t->ctx);
 }
 
-/* Whole-model tensors for the optimizer's moments (NULL where it has none), zeroed. */
+/* Whole-model tensors for the optimizer's moments (NULL where it has none), unset: a save
+ * gathers into every element, a load reads every element. */
 static sg_status whole_state(sg_trainer *t, sg_tensor **wm, sg_tensor **wv)
 {
     sg_tensor *m, *v, *hp;
@@ -1414,12 +1360,7 @@ static sg_status whole_state(sg_trainer *t, sg_tensor **wm, sg_tensor **wv)
     int64_t P = t->m->params->flat->numel;
     *wm = *wv = NULL;
     SG_TRY(sg_tensor_create(t->ctx, m->dtype, 1, &P, "optim.m", wm));
-    SG_TRY(sg_tensor_fill(*wm, 0.0));
-    if (v) {
-        SG_TRY(sg_tensor_create(t->ctx, v->dtype, 1, &P, "optim.v", wv));
-        SG_TRY(sg_tensor_fill(*wv, 0.0));
-    }
-    return SG_OK;
+    return v ? sg_tensor_create(t->ctx, v->dtype, 1, &P, "optim.v", wv) : SG_OK;
 }
 
 /* Every parameter and buffer by name, the optimizer state (wm, wv when not NULL: whole copies
@@ -1454,8 +1395,8 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
         sg_optim_state(t->o, &om, &ov, &hp);
         sg_status st = whole_state(t, &wm, &wv);
         if (st == SG_OK) st = sg_trainer_gather_params(t);
-        if (st == SG_OK) st = gather_compact(t, om, wm);
-        if (st == SG_OK && ov) st = gather_compact(t, ov, wv);
+        if (st == SG_OK) st = sg_dist_gather_shards(t->dist, om, wm);
+        if (st == SG_OK && ov) st = sg_dist_gather_shards(t->dist, ov, wv);
         if (st == SG_OK) st = sg_ctx_sync(t->ctx);
         if (st != SG_OK || sg_dist_rank(t->dist) != 0) {
             sg_tensor_destroy(wm);
