@@ -54,7 +54,7 @@ for v in plain one-rank; do
     rm -rf "$d" && mkdir -p "$d"
     args=()
     [ "$v" = one-rank ] && args=(--gpus 1)
-    STEPGRAPH_GRAPH_DOT=$d timeout 120 "$SG" train --model "gpt-$W-$D-8-$T" $B --steps 3 --quiet "${args[@]}" >/dev/null 2>&1 ||
+    STEPGRAPH_GRAPH_DOT=$d timeout 120 "$SG" train --model "gpt-$W-$D-8-$T" $B --steps 6 --quiet "${args[@]}" >/dev/null 2>&1 ||
         echo "$v: the run with STEPGRAPH_GRAPH_DOT failed"
     f=$(ls -S "$d"/*.dot 2>/dev/null | head -1) # the largest: the step graph
     [ -n "$f" ] || { echo "$v: no graph written"; continue; }

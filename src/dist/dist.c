@@ -392,9 +392,13 @@ sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler)
 {
     SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_agree_scaler", "agreed on the loss scale over the ranks (a collective)"));
     SG_TRY(d->vt->fork(d));
-    SG_TRY(collective(d, SG_DIST_OP_ALL_REDUCE_MAX, found, 0, 1, NULL, 0));
-    SG_TRY(collective(d, SG_DIST_OP_ALL_REDUCE_MIN, scaler, SG_SCALER_SCALE, 2, NULL, 0));
-    SG_TRY(collective(d, SG_DIST_OP_ALL_REDUCE_MAX, scaler, SG_SCALER_SKIPPED, 1, NULL, 0));
+    SG_TRY(d->vt->group(d, true));
+    sg_status st = collective(d, SG_DIST_OP_ALL_REDUCE_MAX, found, 0, 1, NULL, 0);
+    if (st == SG_OK) st = collective(d, SG_DIST_OP_ALL_REDUCE_MIN, scaler, SG_SCALER_SCALE, 2, NULL, 0);
+    if (st == SG_OK) st = collective(d, SG_DIST_OP_ALL_REDUCE_MAX, scaler, SG_SCALER_SKIPPED, 1, NULL, 0);
+    sg_status end = d->vt->group(d, false);
+    SG_TRY(st);
+    SG_TRY(end);
     return d->vt->join(d);
 }
 
@@ -408,10 +412,16 @@ sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst)
                        sg_dtype_name(dst->dtype), (long long)d->shard_numel, (long long)d->grads->numel);
     SG_TRY(copy_tail(d, src, d->shard_numel - (dst->numel - d->tail_lo), dst, d->tail_lo));
     SG_TRY(d->vt->fork(d));
-    for (int i = 0; i < d->n_plan; i++) {
+    /* One group: NCCL launches one kernel for all buckets, not one each. */
+    SG_TRY(d->vt->group(d, true));
+    sg_status st = SG_OK;
+    for (int i = 0; i < d->n_plan && st == SG_OK; i++) {
         const sg_dist_bucket *b = &d->plan[i];
-        SG_TRY(collective(d, SG_DIST_OP_ALL_GATHER, src, b->shard_off, b->hi - b->lo, dst, b->lo));
+        st = collective(d, SG_DIST_OP_ALL_GATHER, src, b->shard_off, b->hi - b->lo, dst, b->lo);
     }
+    sg_status end = d->vt->group(d, false);
+    SG_TRY(st);
+    SG_TRY(end);
     return d->vt->join(d);
 }
 

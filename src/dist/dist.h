@@ -40,6 +40,11 @@ typedef struct sg_dist_i {
      * context stream for the communication stream's (join). Legal during capture. */
     sg_status (*fork)(sg_dist *d);
     sg_status (*join)(sg_dist *d);
+    /* The collectives between group(d, true) and group(d, false) go as one launch (an NCCL
+     * group: one kernel for a sharded run's all-gathers instead of one per bucket, 333 against
+     * 550 us on gpt-768-12 over 2 H200s); the CPU transport runs each as it comes. Legal during
+     * capture. group(d, false) after a failed collective still closes the group. */
+    sg_status (*group)(sg_dist *d, bool begin);
     /* After each training step (outside capture): a progress mark for the watchdog. */
     sg_status (*step_end)(sg_dist *d);
 } sg_dist_i;

@@ -37,6 +37,7 @@ typedef struct nccl_state {
     bool watching;
     volatile int stop;
     bool aborted;
+    bool group_open;           /* between nccl_group(true) and (false): this thread holds mu */
 } nccl_state;
 
 static nccl_state *state(sg_dist *d) { return d->impl; }
@@ -58,6 +59,10 @@ static void abort_locked(sg_dist *d, const char *why)
 {
     nccl_state *s = state(d);
     sg_dist_set_failed(d, "%s; the NCCL communicator was aborted", why);
+    if (s->group_open) { /* a collective of an open group failed: close it before the abort */
+        if (ncclGroupEnd() != ncclSuccess) { /* the abort follows either way */ }
+        s->group_open = false;
+    }
     if (s->comm && !s->aborted) {
         ncclResult_t r = ncclCommAbort(s->comm);
         if (r != ncclSuccess) { /* it is being torn down either way */ }
@@ -248,7 +253,8 @@ static sg_status nccl_collective(sg_dist *d, int op, sg_tensor *t, int64_t off, 
     char *q = out ? (char *)out->data + (size_t)out_off * es : NULL;
     size_t n = (size_t)count, share = (size_t)(count / d->world);
     ncclDataType_t ty = nccl_type(t->dtype);
-    pthread_mutex_lock(&s->mu);
+    bool own = !s->group_open; /* inside a group this thread holds mu already */
+    if (own) pthread_mutex_lock(&s->mu);
     sg_status st = SG_ERR_DIST;
     if (!s->aborted) {
         switch (op) {
@@ -264,7 +270,7 @@ static sg_status nccl_collective(sg_dist *d, int op, sg_tensor *t, int64_t off, 
         }
         }
     }
-    pthread_mutex_unlock(&s->mu);
+    if (own) pthread_mutex_unlock(&s->mu);
     return st == SG_OK ? SG_OK : sg_dist_check_failed(d);
 }
 
@@ -282,6 +288,32 @@ static sg_status nccl_join(sg_dist *d)
     SG_CUDA_CHECK(d->ctx, cudaEventRecord(s->join_ev, s->stream));
     SG_CUDA_CHECK(d->ctx, cudaStreamWaitEvent(main_stream(d), s->join_ev, 0));
     return SG_OK;
+}
+
+/* ncclGroupStart / ncclGroupEnd. mu is held from the start to the end (the group is this
+ * thread's; the watchdog cannot abort the communicator under it); the non-blocking end is
+ * settled like a collective. A collective that fails inside closes the group before the abort
+ * (abort_locked), and the end then reports the failure. */
+static sg_status nccl_group(sg_dist *d, bool begin)
+{
+    nccl_state *s = state(d);
+    sg_status st = SG_ERR_DIST;
+    if (begin) {
+        pthread_mutex_lock(&s->mu);
+        if (!s->aborted) st = settle(d, ncclGroupStart(), "ncclGroupStart");
+        if (st != SG_OK) {
+            pthread_mutex_unlock(&s->mu);
+            return sg_dist_check_failed(d);
+        }
+        s->group_open = true;
+        return SG_OK;
+    }
+    if (s->group_open) {
+        s->group_open = false;
+        st = settle(d, ncclGroupEnd(), "ncclGroupEnd");
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st == SG_OK ? SG_OK : sg_dist_check_failed(d);
 }
 
 /* Waits for the collectives stream, at most the timeout (aborting after it). */
@@ -360,5 +392,5 @@ static sg_status nccl_step_end(sg_dist *d)
 
 const sg_dist_i sg_dist_nccl = {
     "nccl", nccl_init, nccl_shutdown, nccl_collective, nccl_all_gather_host,
-    nccl_fork, nccl_join, nccl_step_end,
+    nccl_fork, nccl_join, nccl_group, nccl_step_end,
 };
