@@ -921,10 +921,6 @@ static void training(sg_backend be, bool gpu)
         if (c->shard) {
             run_ranks(be, c, 2, seed, ref, "dump");
             run_ranks(be, c, 2, seed, ref, "shard");
-            /* The update whole, then the whole gather (the update in parts is the default). */
-            setenv("STEPGRAPH_SHARD_PARTS", "1", 1);
-            run_ranks(be, c, 2, seed, ref, "shard");
-            unsetenv("STEPGRAPH_SHARD_PARTS");
             char ck[600];
             snprintf(ck, sizeof ck, "%s.dump.ckpt", ref);
             unlink(ck);
@@ -966,21 +962,6 @@ static void cpu_misuse(void)
     sg_trainer *t;
     TU_FAILS(ctx, sg_trainer_create(m, opt, &to, &t), SG_ERR_INVALID, "shard 1 of 2 of each batch, but this "
              "process is rank 0 of 1");
-    sg_optim_destroy(opt);
-    sg_model_destroy(m);
-    /* A sharded update's parts out of range (STEPGRAPH_SHARD_PARTS, a measurement switch). */
-    mo = (sg_model_options){.shard = 0, .shards = 1};
-    TU_OK(ctx, sg_model_create_ex(ctx, "mlp-32-2-16", 1, &mo, &m));
-    TU_OK(ctx, sg_optim_create(ctx, m, SG_OPTIM_SGD, &opt));
-    to.shard_optimizer = true;
-    const char *bad[] = {"0", "9", "2x"};
-    for (int i = 0; i < 3; i++) {
-        setenv("STEPGRAPH_SHARD_PARTS", bad[i], 1);
-        TU_FAILS(ctx, sg_trainer_create(m, opt, &to, &t), SG_ERR_INVALID, "expected a whole number from 1 to 8");
-    }
-    unsetenv("STEPGRAPH_SHARD_PARTS");
-    TU_OK(ctx, sg_trainer_create(m, opt, &to, &t));
-    sg_trainer_destroy(t);
     sg_optim_destroy(opt);
     sg_model_destroy(m);
     sg_dist_destroy(d);

@@ -402,7 +402,7 @@ sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler)
     return d->vt->join(d);
 }
 
-sg_status sg_dist_gather_shards_part(sg_dist *d, sg_tensor *src, sg_tensor *dst, int first, int count)
+sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst)
 {
     SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_gather_shards", "gathered the parameters over the ranks (a collective)"));
     if (!d->shard || src->dtype != dst->dtype || src->numel != d->shard_numel || dst->numel != d->grads->numel)
@@ -410,28 +410,19 @@ sg_status sg_dist_gather_shards_part(sg_dist *d, sg_tensor *src, sg_tensor *dst,
                        "a sharded run's compact %lld elements into its flat %lld, one dtype", src->name,
                        (long long)src->numel, sg_dtype_name(src->dtype), dst->name, (long long)dst->numel,
                        sg_dtype_name(dst->dtype), (long long)d->shard_numel, (long long)d->grads->numel);
-    if (first < 0 || count < 0 || first + count > d->n_plan)
-        return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_gather_shards: buckets [%d, %d) of %d", first, first + count,
-                       d->n_plan);
-    bool last = first + count == d->n_plan;
-    if (last) SG_TRY(copy_tail(d, src, d->shard_numel - (dst->numel - d->tail_lo), dst, d->tail_lo));
+    SG_TRY(copy_tail(d, src, d->shard_numel - (dst->numel - d->tail_lo), dst, d->tail_lo));
     SG_TRY(d->vt->fork(d));
-    /* One group: NCCL launches one kernel for the part's buckets, not one each. */
+    /* One group: NCCL launches one kernel for all buckets, not one each. */
     SG_TRY(d->vt->group(d, true));
     sg_status st = SG_OK;
-    for (int i = first; i < first + count && st == SG_OK; i++) {
+    for (int i = 0; i < d->n_plan && st == SG_OK; i++) {
         const sg_dist_bucket *b = &d->plan[i];
         st = collective(d, SG_DIST_OP_ALL_GATHER, src, b->shard_off, b->hi - b->lo, dst, b->lo);
     }
     sg_status end = d->vt->group(d, false);
     SG_TRY(st);
     SG_TRY(end);
-    return last ? d->vt->join(d) : SG_OK;
-}
-
-sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst)
-{
-    return sg_dist_gather_shards_part(d, src, dst, 0, d->n_plan);
+    return d->vt->join(d);
 }
 
 sg_status sg_dist_step_end(sg_dist *d)

@@ -160,10 +160,6 @@ sg_status sg_dist_set_shard_out(sg_dist *d, sg_tensor *shard_out);
  * tail copied (every rank holds it whole). */
 sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler);
 sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst);
-/* The same for buckets [first, first + count) of the plan, left running on the collectives'
- * stream: the call whose buckets end the plan copies the tail and joins, waiting for the
- * parts before it too. A sharded update gathers each part as soon as it is updated. */
-sg_status sg_dist_gather_shards_part(sg_dist *d, sg_tensor *src, sg_tensor *dst, int first, int count);
 void sg_dist_detach(sg_dist *d);
 /* Around the model's backward: begin, then sg_dist_backward_hook after each child (buckets
  * of at least bucket_bytes are all-reduced on the second stream as soon as they are final;

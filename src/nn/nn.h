@@ -297,14 +297,6 @@ sg_status sg_optim_update_amp(sg_optim *o);
  * found set when the sum is not finite (some micro-batch's gradients were not, or the sum
  * overflowed), the scale updated: once per optimizer step. A no-op without mixed precision. */
 sg_status sg_optim_unscale_sum(sg_optim *o);
-/* A part of the update (sg_optim_update, or with amp_read sg_optim_update_amp): the
- * optimizer's parameters' elements [off, off + part->flat->numel), part holding views of its
- * flat and grad_flat there and segment tables over them; the state and the mixed-precision
- * buffers are viewed at the same place. Parts of one step read the same hyperparameters and
- * step count; the one with last set advances the count and must come last (the others run on
- * a copy of the hyperparameters made just before them). A sharded trainer runs its update in
- * parts so that each part's all-gather overlaps the next part's update. */
-sg_status sg_optim_update_part(sg_optim *o, const sg_param_set *part, int64_t off, bool last, bool amp_read);
 
 #ifdef __cplusplus
 }

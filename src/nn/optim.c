@@ -16,8 +16,6 @@ struct sg_optim {
     sg_optim_kind kind;
     sg_param_set *ps;        /* not owned */
     sg_tensor *hp;           /* (8) F32: sg_optim_hparams */
-    sg_tensor *hp_part;      /* (8) F32: hp's copy that the parts of a sharded update but the last
-                              * run on (sg_optim_update_part), so the step count advances once */
     sg_tensor *m, *v;        /* AdamW moments; SGD uses m as the momentum buffer: allocated in
                               * state_dtype on first need (sg_optim_alloc_state), so a state
                               * dtype set before then never holds f32 state at all */
@@ -46,7 +44,6 @@ void sg_optim_destroy(sg_optim *o)
 {
     if (!o) return;
     sg_tensor_destroy(o->hp);
-    sg_tensor_destroy(o->hp_part);
     sg_tensor_destroy(o->m);
     sg_tensor_destroy(o->v);
     sg_tensor_destroy(o->inv);
@@ -64,7 +61,6 @@ sg_status sg_optim_create_for(sg_ctx *ctx, sg_param_set *ps, sg_optim_kind kind,
     o->state_dtype = SG_DTYPE_F32;
     int64_t n8 = 8;
     sg_status st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, &n8, "optim.hparams", &o->hp);
-    if (st == SG_OK) st = sg_tensor_create(ctx, SG_DTYPE_F32, 1, &n8, "optim.hparams.part", &o->hp_part);
     sg_optim_hparams h = defaults(kind);
     if (st == SG_OK) st = sg_tensor_copy_from_host(o->hp, &h, sizeof h);
     /* The kernel's "last block done" counter: reserved now, so steps allocate nothing. */
@@ -252,60 +248,26 @@ sg_status sg_optim_step(sg_optim *o)
     return sg_optim_update_amp(o);
 }
 
-/* The fused update of the parameters ps (the optimizer's, or a part of them), with the state
- * m, v and the bf16 buffers grad_lo, param_lo of the same elements, reading the f32 gradients
- * or (amp) the scaled bf16 ones with sg_amp_check's factor; hp advances its step count. */
-static sg_status update_on(sg_optim *o, const sg_param_set *ps, sg_tensor *m, sg_tensor *v, const sg_tensor *grad_lo,
-                           sg_tensor *param_lo, sg_tensor *hp, bool amp)
-{
-    o->stepped = true;
-    const bool adamw = o->kind == SG_OPTIM_ADAMW;
-    if (amp && adamw)
-        return sg_adamw_step_amp(o->ctx, ps->flat, grad_lo, o->inv, m, v, hp, ps->seg_start, ps->seg_decay,
-                                 ps->count, o->skip, param_lo);
-    if (amp)
-        return sg_sgd_step_amp(o->ctx, ps->flat, grad_lo, o->inv, m, hp, ps->seg_start, ps->seg_decay, ps->count,
-                               o->skip, param_lo);
-    if (adamw)
-        return sg_adamw_step(o->ctx, ps->flat, ps->grad_flat, m, v, hp, ps->seg_start, ps->seg_decay, ps->count,
-                             o->skip, param_lo);
-    return sg_sgd_step(o->ctx, ps->flat, ps->grad_flat, m, hp, ps->seg_start, ps->seg_decay, ps->count, o->skip,
-                       param_lo);
-}
-
+/* The fused update over all parameters, reading the f32 gradients, or (amp) the scaled bf16
+ * ones with sg_amp_check's factor. */
 static sg_status update(sg_optim *o, bool amp)
 {
     SG_TRY(have_params(o, "sg_optim_update"));
+    sg_param_set *ps = o->ps;
     SG_TRY(sg_optim_alloc_state(o));
-    return update_on(o, o->ps, o->m, o->v, o->grad_lo, o->param_lo, o->hp, amp);
-}
-
-/* A view of t's elements [off, off + n) (NULL for a NULL t). */
-static sg_status part_view(const sg_tensor *t, int64_t off, int64_t n, sg_tensor **out)
-{
-    *out = NULL;
-    return t ? sg_tensor_view((sg_tensor *)t, off, 1, &n, t->name, out) : SG_OK;
-}
-
-sg_status sg_optim_update_part(sg_optim *o, const sg_param_set *part, int64_t off, bool last, bool amp_read)
-{
-    if (!o || !part) return SG_ERR_NULL;
-    SG_TRY(have_params(o, "sg_optim_update_part"));
-    int64_t n = part->flat ? part->flat->numel : -1;
-    if (n < 1 || off < 0 || off + n > o->ps->flat->numel)
-        return sg_fail(o->ctx, SG_ERR_INVALID, "sg_optim_update_part: elements [%lld, %lld) of the optimizer's %lld",
-                       (long long)off, (long long)(off + n), (long long)o->ps->flat->numel);
-    SG_TRY(sg_optim_alloc_state(o));
-    if (!last) SG_TRY(sg_tensor_copy(o->hp_part, o->hp));
-    sg_tensor *m = NULL, *v = NULL, *glo = NULL, *plo = NULL;
-    sg_status st = part_view(o->m, off, n, &m);
-    if (st == SG_OK) st = part_view(o->v, off, n, &v);
-    if (st == SG_OK) st = part_view(o->grad_lo, off, n, &glo);
-    if (st == SG_OK) st = part_view(o->param_lo, off, n, &plo);
-    if (st == SG_OK) st = update_on(o, part, m, v, glo, plo, last ? o->hp : o->hp_part, amp_read && o->grad_lo);
-    sg_tensor *ts[] = {m, v, glo, plo};
-    for (int i = 0; i < 4; i++) sg_tensor_destroy(ts[i]);
-    return st;
+    o->stepped = true;
+    const bool adamw = o->kind == SG_OPTIM_ADAMW;
+    if (amp && adamw)
+        return sg_adamw_step_amp(o->ctx, ps->flat, o->grad_lo, o->inv, o->m, o->v, o->hp, ps->seg_start,
+                                 ps->seg_decay, ps->count, o->skip, o->param_lo);
+    if (amp)
+        return sg_sgd_step_amp(o->ctx, ps->flat, o->grad_lo, o->inv, o->m, o->hp, ps->seg_start, ps->seg_decay,
+                               ps->count, o->skip, o->param_lo);
+    if (adamw)
+        return sg_adamw_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->v, o->hp, ps->seg_start, ps->seg_decay,
+                             ps->count, o->skip, o->param_lo);
+    return sg_sgd_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->hp, ps->seg_start, ps->seg_decay, ps->count,
+                       o->skip, o->param_lo);
 }
 
 sg_status sg_optim_update_amp(sg_optim *o)

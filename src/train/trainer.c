@@ -24,11 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A sharded update runs in this many parts by default, each part's all-gather beside the next
- * part's update (STEPGRAPH_SHARD_PARTS sets 1 to SG_SHARD_PARTS_MAX). */
-#define SG_SHARD_PARTS 4
-#define SG_SHARD_PARTS_MAX 8
-
 typedef struct graphed_module graphed_module;
 
 struct sg_trainer {
@@ -64,12 +59,6 @@ struct sg_trainer {
     bool shard, optim_moved;     /* optim_moved: the optimizer updates sps (sg_optim_use_params) */
     sg_param_set sps;
     sg_tensor *sh_grad_lo, *sh_param_lo;
-    /* The update in parts (outside a skip_if node): part i, sps's elements [off, off +
-     * ps.total), holds buckets [first, first + count) (the last part the tail too); its
-     * all-gather runs on the collectives' stream while part i + 1 updates. ps: views of
-     * sps.flat and sps.grad_flat there, its own segment tables. */
-    struct shard_part { sg_param_set ps; int64_t off; int first, count; } parts[SG_SHARD_PARTS_MAX];
-    int n_parts;
     /* gradient accumulation (opts.accum > 1) */
     float grad_scale;            /* 1 / accum: each micro-batch's share of the mean loss */
     sg_tensor *grad_sum;         /* (P) F32, fp32 models: the micro-batches' gradients so far */
@@ -444,23 +433,15 @@ static sg_status run_optim(sg_trainer *t)
     if (st == SG_OK && t->sh_grad_lo) st = sg_dist_agree_scaler(t->dist, m->found, m->scaler);
     if (st == SG_OK && t->opts.clip > 0)
         st = sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
-    /* Sharded, every bucket's updated shares are gathered into the model (the bf16 copies the
-     * steps read, or the f32 masters): in parts, each part's gather beside the next part's
-     * update, except where the update is a skip_if node's body (whole, then the whole gather). */
-    sg_tensor *gsrc = t->sh_param_lo ? t->sh_param_lo : t->sps.flat;
-    sg_tensor *gdst = t->sh_param_lo ? m->params->flat_lo : m->params->flat;
-    bool switched = t->use_skip_if && t->in_step_graph;
-    if (st == SG_OK && switched)
+    if (st == SG_OK && t->use_skip_if && t->in_step_graph)
         st = sg_graph_switch(t->ctx, m->found, 1, (sg_step_fn[]){update_body}, (void *[]){t});
-    else if (st == SG_OK && t->n_parts > 1)
-        for (int i = 0; i < t->n_parts && st == SG_OK; i++) {
-            const struct shard_part *p = &t->parts[i];
-            st = sg_optim_update_part(t->o, &p->ps, p->off, i == t->n_parts - 1, t->fold_unscale);
-            if (st == SG_OK) st = sg_dist_gather_shards_part(t->dist, gsrc, gdst, p->first, p->count);
-        }
     else if (st == SG_OK)
         st = optim_update(t);
-    if (st == SG_OK && t->shard && (switched || t->n_parts < 2)) st = sg_dist_gather_shards(t->dist, gsrc, gdst);
+    /* Sharded: every bucket's updated shares gathered into the model (the bf16 copies the
+     * steps read, or the f32 masters). */
+    if (st == SG_OK && t->shard)
+        st = t->sh_param_lo ? sg_dist_gather_shards(t->dist, t->sh_param_lo, m->params->flat_lo)
+                            : sg_dist_gather_shards(t->dist, t->sps.flat, m->params->flat);
     sg_ctx_set_module(t->ctx, prev);
     return st;
 }
@@ -560,8 +541,6 @@ static sg_status copy_owned(sg_trainer *t, sg_tensor *flat, sg_tensor *compact, 
     return st;
 }
 
-static sg_status part_segments(sg_trainer *t, const int32_t *start, const int32_t *decay, int k);
-
 /* The optimizer's segment tables over the compact buffers: every piece of a parameter tensor
  * inside one of this rank's ranges starts a segment, with that tensor's weight decay. A piece
  * starts at a range's start or at a tensor's, so there are at most n + count of them. */
@@ -592,79 +571,8 @@ static sg_status shard_segments(sg_trainer *t, const owned *o, int n, int64_t S)
     if (st == SG_OK) st = sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, &nd, "shard.seg_decay", &t->sps.seg_decay);
     if (st == SG_OK) st = sg_tensor_copy_from_host(t->sps.seg_start, start, (size_t)ns * 4);
     if (st == SG_OK && k > 0) st = sg_tensor_copy_from_host(t->sps.seg_decay, decay, (size_t)k * 4);
-    if (st == SG_OK) st = part_segments(t, start, decay, k);
     if (st == SG_OK) st = sg_ctx_sync(t->ctx); /* the host tables are freed next */
     free(start), free(decay);
-    return st;
-}
-
-/* How many parts a sharded update runs in: STEPGRAPH_SHARD_PARTS (1 to SG_SHARD_PARTS_MAX; 1:
- * the whole update, then the whole gather), default SG_SHARD_PARTS; never more than the
- * buckets. */
-static sg_status shard_parts_wanted(sg_trainer *t, int n_plan, int *out)
-{
-    const char *env = getenv("STEPGRAPH_SHARD_PARTS");
-    long p = SG_SHARD_PARTS;
-    if (env && *env) {
-        char *end;
-        p = strtol(env, &end, 10);
-        if (*end || p < 1 || p > SG_SHARD_PARTS_MAX)
-            return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: STEPGRAPH_SHARD_PARTS '%s': expected a whole "
-                           "number from 1 to %d", env, SG_SHARD_PARTS_MAX);
-    }
-    *out = (int)(p < n_plan ? p : n_plan > 0 ? n_plan : 1);
-    return SG_OK;
-}
-
-/* The parts of the update (t->parts): whole buckets, about S / n_parts elements each, the tail
- * in the last; each part's segment tables are the compact tables' (start, decay: k segments
- * over S elements) that start inside it, rebased. A part starts at a bucket's share, which
- * starts a segment, so no segment crosses a part's start. */
-static sg_status part_segments(sg_trainer *t, const int32_t *start, const int32_t *decay, int k)
-{
-    const sg_dist_bucket *plan;
-    int n_plan, n_parts = 1;
-    int64_t tail_lo, S;
-    sg_dist_shard_layout(t->dist, &plan, &n_plan, &tail_lo, &S);
-    SG_TRY(shard_parts_wanted(t, n_plan, &n_parts));
-    t->n_parts = 0;
-    if (n_parts < 2) return SG_OK;
-    int W = sg_dist_world(t->dist), b = 0, s0 = 0;
-    int32_t *st_host = malloc((size_t)(k + 1) * sizeof *st_host);
-    if (!st_host) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
-    sg_status st = SG_OK;
-    for (int j = 0; j < n_parts && st == SG_OK; j++) {
-        struct shard_part *p = &t->parts[j];
-        p->first = b, p->off = plan[b].shard_off;
-        /* Buckets until this part's end reaches (j + 1) S / n_parts, leaving one a part after it. */
-        int64_t goal = (j + 1) * S / n_parts;
-        do b++;
-        while (b < n_plan - (n_parts - 1 - j) && plan[b - 1].shard_off + (plan[b - 1].hi - plan[b - 1].lo) / W < goal);
-        p->count = b - p->first;
-        int64_t end = j == n_parts - 1 ? S : plan[b].shard_off;
-        int s1 = s0;
-        while (s1 < k && start[s1] < end) s1++;
-        if (s1 == s0 || start[s0] != p->off) { /* a bucket's share always starts a segment */
-            free(st_host);
-            return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: part %d of the sharded update starts at %lld, "
-                           "not at a segment (an internal error)", j, (long long)p->off);
-        }
-        for (int i = s0; i < s1; i++) st_host[i - s0] = start[i] - (int32_t)p->off;
-        st_host[s1 - s0] = (int32_t)(end - p->off);
-        int64_t n = end - p->off, ns = s1 - s0 + 1, nd = s1 > s0 ? s1 - s0 : 1;
-        p->ps.ctx = t->ctx, p->ps.count = s1 - s0, p->ps.total = n;
-        st = sg_tensor_view(t->sps.flat, p->off, 1, &n, "shard.part.params", &p->ps.flat);
-        if (st == SG_OK && t->sps.grad_flat)
-            st = sg_tensor_view(t->sps.grad_flat, p->off, 1, &n, "shard.part.grads", &p->ps.grad_flat);
-        if (st == SG_OK) st = sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, &ns, "shard.part.seg_start", &p->ps.seg_start);
-        if (st == SG_OK) st = sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, &nd, "shard.part.seg_decay", &p->ps.seg_decay);
-        if (st == SG_OK) st = sg_tensor_copy_from_host(p->ps.seg_start, st_host, (size_t)ns * 4);
-        if (st == SG_OK && s1 > s0) st = sg_tensor_copy_from_host(p->ps.seg_decay, decay + s0, (size_t)(s1 - s0) * 4);
-        if (st == SG_OK) st = sg_ctx_sync(t->ctx); /* st_host is rewritten next */
-        t->n_parts = j + 1;
-        s0 = s1;
-    }
-    free(st_host);
     return st;
 }
 
@@ -677,16 +585,16 @@ static sg_status make_shards(sg_trainer *t)
     int n_plan;
     int64_t tail_lo, S;
     sg_dist_shard_layout(t->dist, &plan, &n_plan, &tail_lo, &S);
-    bool amp = ps->grad_flat_lo != NULL;
-    SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &S, "shard.params", &t->sps.flat));
-    if (!amp || !t->fold_unscale) /* what the reduce-scatters write, or the unscale pass */
-        SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &S, "shard.grads", &t->sps.grad_flat));
     owned *o;
     int n;
     SG_TRY(owned_ranges(t, &o, &n));
     sg_status st = shard_segments(t, o, n, S);
     free(o);
     SG_TRY(st);
+    bool amp = ps->grad_flat_lo != NULL;
+    SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &S, "shard.params", &t->sps.flat));
+    if (!amp || !t->fold_unscale) /* what the reduce-scatters write, or the unscale pass */
+        SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &S, "shard.grads", &t->sps.grad_flat));
     SG_TRY(copy_owned(t, ps->flat, t->sps.flat, true));
     if (amp) {
         SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_BF16, 1, &S, "shard.grads.bf16", &t->sh_grad_lo));
@@ -708,13 +616,6 @@ static void free_shards(sg_trainer *t)
                        t->sh_param_lo};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) sg_tensor_destroy(ts[i]);
     memset(&t->sps, 0, sizeof t->sps);
-    for (int i = 0; i < t->n_parts; i++) {
-        sg_param_set *p = &t->parts[i].ps;
-        sg_tensor *pt[] = {p->flat, p->grad_flat, p->seg_start, p->seg_decay};
-        for (size_t j = 0; j < sizeof pt / sizeof pt[0]; j++) sg_tensor_destroy(pt[j]);
-    }
-    memset(t->parts, 0, sizeof t->parts);
-    t->n_parts = 0;
 }
 
 /* Data parallelism: the model must be the run's shard; captured scopes warm up long enough for
