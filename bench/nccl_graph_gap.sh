@@ -3,10 +3,9 @@
 # later (bench/RESULTS.md, session 29). For a gpt model (bf16, step scope): the step time and,
 # from a trace, the median gap between compute kernels (scripts/overlap.py), on one GPU without
 # data parallelism, as a run of one rank (--gpus 1: NCCL's one-rank kernels in the graph) and
-# on 2 GPUs, the last two again with every kernel node asking for the largest shared-memory
-# carveout (STEPGRAPH_GRAPH_CARVEOUT=100: does reconfiguring the SM between kernels cost more
-# once the graph has a second branch?); bench/graph_gap.cu's synthetic chains (4 branches, 132
-# blocks); then the captured step graphs of the first two written as Graphviz files
+# on 2 GPUs (a fixed shared-memory carveout for every kernel node was tried here in session 30
+# and changed nothing; bench/RESULTS.md); bench/graph_gap.cu's synthetic chains (4 branches,
+# 132 blocks); then the captured step graphs of the first two written as Graphviz files
 # (STEPGRAPH_GRAPH_DOT) with the count of each node type, and the attributes of the kernel nodes
 # that only the graph with NCCL holds.
 #
@@ -36,11 +35,6 @@ run() { # label, batch, extra args...
 run "1 GPU" 8
 run "--gpus 1 (one rank, NCCL)" 8 --gpus 1
 if [ "$ngpu" -ge 2 ]; then run "--gpus 2" 16 --gpus 2; else echo "--gpus 2: skipped (one GPU)"; fi
-export STEPGRAPH_GRAPH_CARVEOUT=100
-run "1 GPU, carveout 100" 8
-run "--gpus 1, carveout 100" 8 --gpus 1
-if [ "$ngpu" -ge 2 ]; then run "--gpus 2, carveout 100" 16 --gpus 2; fi
-unset STEPGRAPH_GRAPH_CARVEOUT
 if nvcc -O2 -arch=sm_90 "$here/graph_gap.cu" -o "$OUT/graph_gap" -lnccl 2>"$OUT/graph_gap.log"; then
     "$OUT/graph_gap" 120 4 132
     rm -f "$OUT/graph_gap"

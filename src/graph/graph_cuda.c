@@ -70,55 +70,12 @@ static cudaError_t dump_dot(const sg_graph *g, cudaGraph_t gr, char *path, size_
     return cudaGraphDebugDotPrint(gr, path, cudaGraphDebugDotFlagsVerbose);
 }
 
-/* STEPGRAPH_GRAPH_CARVEOUT=P (0 to 100): every kernel node at a captured graph's top level (not
- * those inside conditional bodies) asks for P% of the L1/shared-memory array as shared memory
- * (cudaLaunchAttributePreferredSharedMemoryCarveout, library kernels included), so that
- * consecutive kernels need not reconfigure the SM. An
- * experiment for the 0.3 us a kernel that NCCL nodes cost a step graph (bench/RESULTS.md,
- * session 29; bench/nccl_graph_gap.sh): unset, the graph runs as captured. */
-static sg_status set_carveout(sg_graph *g, cudaGraph_t gr)
-{
-    const char *env = getenv("STEPGRAPH_GRAPH_CARVEOUT");
-    if (!env || !*env) return SG_OK;
-    char *end;
-    long p = strtol(env, &end, 10);
-    if (*end || p < 0 || p > 100)
-        return sg_fail(g->ctx, SG_ERR_INVALID, "sg_graph '%s': STEPGRAPH_GRAPH_CARVEOUT '%s': expected a whole "
-                       "percentage from 0 to 100", g->name, env);
-    size_t n = 0;
-    SG_CUDA_CHECK(g->ctx, cudaGraphGetNodes(gr, NULL, &n));
-    cudaGraphNode_t *nodes = malloc((n ? n : 1) * sizeof *nodes);
-    if (!nodes) return sg_fail(g->ctx, SG_ERR_OOM, "sg_graph '%s': out of host memory", g->name);
-    cudaError_t e = cudaGraphGetNodes(gr, nodes, &n);
-    cudaLaunchAttributeValue v;
-    memset(&v, 0, sizeof v);
-    v.sharedMemCarveout = (unsigned)p;
-    for (size_t i = 0; i < n && e == cudaSuccess; i++) {
-        enum cudaGraphNodeType t;
-        e = cudaGraphNodeGetType(nodes[i], &t);
-        if (e == cudaSuccess && t == cudaGraphNodeTypeKernel)
-            e = cudaGraphKernelNodeSetAttribute(nodes[i], cudaLaunchAttributePreferredSharedMemoryCarveout, &v);
-    }
-    free(nodes);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return sg_cuda_status(g->ctx, e, "cudaGraphKernelNodeSetAttribute (STEPGRAPH_GRAPH_CARVEOUT)", __FILE__,
-                              __LINE__);
-    }
-    return SG_OK;
-}
-
 static sg_status cuda_instantiate(sg_graph *g, void *graph)
 {
     sg_ctx *ctx = g->ctx;
     cudaGraph_t gr = (cudaGraph_t)graph;
     cudaGraphExec_t exec = NULL;
     size_t free0 = 0, free1 = 0, total = 0;
-    sg_status cst = set_carveout(g, gr);
-    if (cst != SG_OK) {
-        cudaGraphDestroy(gr);
-        return cst;
-    }
     char dot[512];
     cudaError_t e = dump_dot(g, gr, dot, sizeof dot);
     if (e != cudaSuccess) {
@@ -167,11 +124,6 @@ static sg_status cuda_update(sg_graph *g, void *graph)
 {
     cudaGraph_t gr = (cudaGraph_t)graph;
     cudaGraphExecUpdateResultInfo info;
-    sg_status cst = set_carveout(g, gr);
-    if (cst != SG_OK) {
-        cudaGraphDestroy(gr);
-        return cst;
-    }
     /* A different node count cannot be updated in place: skip straight to re-instantiation
      * (asking would only make CUDA report an error, which sanitizers then flag). */
     cudaError_t e = count_nodes(gr) == count_nodes((cudaGraph_t)g->cuda_graph)
