@@ -516,7 +516,7 @@ fi
 # steps, sharded over two CPU ranks, is byte for byte the unsharded run's (the state gathered
 # whole), and a sharded run resumes from it.
 expect 2 "--shard-optimizer are for data-parallel runs: add --gpus N" -- train --model mlp-32-2-16 --backend cpu --shard-optimizer
-expect 2 "--shard-optimizer does not combine with --accum or --clip yet" -- train --model mlp-32-2-16 --backend cpu --gpus 2 --shard-optimizer --clip 1
+expect 2 "--shard-optimizer does not combine with --clip yet" -- train --model mlp-32-2-16 --backend cpu --gpus 2 --shard-optimizer --clip 1
 tmp=$(mktemp -d)
 g="--model gpt-64-1-4-16 --backend cpu --gpus 2 --precision bf16 --optim adamw --steps 8 --quiet"
 "$bin" train $g --save "$tmp/plain.ckpt" >/dev/null 2>&1; rc1=$?
@@ -528,6 +528,15 @@ if [ "$rc1" != 0 ] || [ "$rc2" != 0 ] || ! cmp -s "$tmp/plain.ckpt" "$tmp/shard.
     fails=$((fails + 1))
 else
     pass "--shard-optimizer on two CPU ranks saves the unsharded run's checkpoint, byte for byte, and resumes"
+fi
+# With --accum 2 (the step's f32 sums reduce-scattered), at step scope: the same checkpoint again.
+"$bin" train $g --accum 2 --save "$tmp/plain2.ckpt" >/dev/null 2>&1; rc1=$?
+out=$("$bin" train $g --accum 2 --shard-optimizer --scope step --save "$tmp/shard2.ckpt" 2>&1); rc2=$?
+if [ "$rc1" != 0 ] || [ "$rc2" != 0 ] || ! cmp -s "$tmp/plain2.ckpt" "$tmp/shard2.ckpt"; then
+    echo "FAIL: --shard-optimizer --accum 2: exits $rc1 $rc2, checkpoints $(cmp "$tmp/plain2.ckpt" "$tmp/shard2.ckpt" 2>&1 | head -1): $out"
+    fails=$((fails + 1))
+else
+    pass "--shard-optimizer --accum 2 saves the unsharded run's checkpoint, byte for byte"
 fi
 rm -rf "$tmp"
 # ResNets (issue 12): verify under step scope (BatchNorm's running statistics compared), --classes

@@ -573,7 +573,15 @@ static const tcase cases[] = {
      * every rank: eagerly at model scope, captured at step scope. */
     {"mlp-model-shard", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_ADAMW, 3e-3f, false, 0, 0, true, 0},
     {"mlp-step-shard", "mlp-32-2-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, false, 0, 0, true, 0},
+    /* With accumulation: the step's f32 sums reduce-scattered after the last micro-batch. */
+    {"gpt-step-accum-shard", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 2, 0, true, 0},
+    {"gpt-eager-accum-shard-bf16", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_ADAMW, 3e-3f, false, 3, 0, true,
+     SG_DTYPE_BF16},
+    {"gpt-step-accum-shard-bf16", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, false, 2, 0, true,
+     SG_DTYPE_BF16},
     {"gpt-step-shard-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, true, 0, 0, true,
+     SG_DTYPE_BF16},
+    {"gpt-step-accum-shard-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, true, 2, 0, true,
      SG_DTYPE_BF16},
 };
 

@@ -53,9 +53,10 @@ struct sg_trainer {
      * (sg_dist_shard_layout), compact, in the order the backward sends the buckets, the tail
      * (updated by every rank) last. sps: the optimizer's parameters: flat (F32 masters),
      * grad_flat (F32 gradients; not allocated where nothing reads them: mixed precision whose
-     * update unscales as it reads), the segment tables; under mixed precision sh_grad_lo (BF16,
-     * what the backward's collectives write) and sh_param_lo (BF16, the update's copy,
-     * gathered into the model's). */
+     * update unscales as it reads; with accum > 1 what the reduce-scatters write: the step's
+     * f32 sums), the segment tables; under mixed precision sh_param_lo (BF16, the update's
+     * copy, gathered into the model's) and, without accumulation, sh_grad_lo (BF16, what the
+     * backward's collectives write). */
     bool shard, optim_moved;     /* optim_moved: the optimizer updates sps (sg_optim_use_params) */
     sg_param_set sps;
     sg_tensor *sh_grad_lo, *sh_param_lo;
@@ -430,7 +431,7 @@ static sg_status run_optim(sg_trainer *t)
     /* Sharded, each rank checked its shares only: the flag and the scaler every rank keeps are
      * those of a step some rank found not finite (the least scale and good-step count, the most
      * skips), which is what every rank would have computed from all the gradients. */
-    if (st == SG_OK && t->sh_grad_lo) st = sg_dist_agree_scaler(t->dist, m->found, m->scaler);
+    if (st == SG_OK && t->shard && t->sh_param_lo) st = sg_dist_agree_scaler(t->dist, m->found, m->scaler);
     if (st == SG_OK && t->opts.clip > 0)
         st = sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
     if (st == SG_OK && t->use_skip_if && t->in_step_graph)
@@ -597,15 +598,20 @@ static sg_status make_shards(sg_trainer *t)
         SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_F32, 1, &S, "shard.grads", &t->sps.grad_flat));
     SG_TRY(copy_owned(t, ps->flat, t->sps.flat, true));
     if (amp) {
-        SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_BF16, 1, &S, "shard.grads.bf16", &t->sh_grad_lo));
+        if (t->opts.accum == 1) /* with accumulation the step's f32 sums are reduce-scattered */
+            SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_BF16, 1, &S, "shard.grads.bf16", &t->sh_grad_lo));
         SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_BF16, 1, &S, "shard.params.bf16", &t->sh_param_lo));
         /* Gathered after every update, a skipped one too: it must hold the masters' copy. */
         SG_TRY(sg_tensor_convert(t->sh_param_lo, t->sps.flat));
     }
-    SG_TRY(sg_dist_set_shard_out(t->dist, amp ? t->sh_grad_lo : t->sps.grad_flat));
+    SG_TRY(sg_dist_set_shard_out(t->dist, t->sh_grad_lo ? t->sh_grad_lo : t->sps.grad_flat));
     SG_TRY(sg_optim_use_params(t->o, &t->sps));
     t->optim_moved = true;
-    if (amp) SG_TRY(sg_optim_set_mixed(t->o, t->sh_grad_lo, m->scaler, m->found, t->sh_param_lo));
+    /* With accumulation the optimizer reads only the f32 sums (sg_optim_unscale_sum, then the
+     * update), so its bf16 gradients only mark mixed precision: the compact sums stand in. */
+    if (amp)
+        SG_TRY(sg_optim_set_mixed(t->o, t->sh_grad_lo ? t->sh_grad_lo : t->sps.grad_flat, m->scaler, m->found,
+                                  t->sh_param_lo));
     return sg_ctx_sync(t->ctx);
 }
 
@@ -639,10 +645,9 @@ static sg_status attach_dist(sg_trainer *t)
      * sum, averaged once after the last micro-batch (run_update). */
     sg_tensor *g = m->params->grad_flat_lo && t->opts.accum == 1 ? m->params->grad_flat_lo : m->params->grad_flat;
     bool shard = t->opts.shard_optimizer != 0;
-    if (shard && (t->opts.accum > 1 || t->opts.clip > 0))
-        return sg_fail(t->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: a sharded optimizer with %s is not implemented "
-                       "(it needs %s over the ranks' shares)", t->opts.accum > 1 ? "gradient accumulation" : "clipping",
-                       t->opts.accum > 1 ? "the step's sums reduce-scattered" : "the global norm summed");
+    if (shard && t->opts.clip > 0)
+        return sg_fail(t->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: a sharded optimizer with clipping is not "
+                       "implemented (it needs the global norm summed over the ranks' shares)");
     SG_TRY(sg_dist_attach(d, g, m->loss, m->grad_ready, m->n_grad_ready, shard));
     sg_sequential_set_backward_hook(m->net, sg_dist_backward_hook, d);
     t->dist = d;
