@@ -2,11 +2,13 @@
  * short kernels on one stream (each block spins for about 2 us); the same chain with a second
  * stream forked from it and joined back, BRANCHES times, a short kernel on each branch; and the
  * same fork/join with an NCCL all-reduce (a communicator of one rank, in place, 1024 bf16) on
- * each branch instead, as data parallelism's buckets are. Each for four chains: plain kernels,
+ * each branch instead, as data parallelism's buckets are. Each for six chains: plain kernels,
  * kernels in thread-block clusters of 2, kernels alternating between no shared memory and
- * 160 KiB, and the same alternation with every kernel asking for the largest shared-memory
- * carveout (so that the SM need not be reconfigured between them). Replays each graph 200 times and prints us a replay and the difference a kernel of
- * the chain against the linear graph of the same chain. Standalone:
+ * 160 KiB, the same alternation with every kernel asking for the largest shared-memory
+ * carveout (so that the SM need not be reconfigured between them), 16 distinct kernels in
+ * turn, and kernels that each store 4 MiB before they spin. Replays each graph 200 times and
+ * prints us a replay and the difference a kernel of the chain against the linear graph of the
+ * same chain. Standalone:
  *
  *   nvcc -O2 -arch=sm_90 bench/graph_gap.cu -o graph_gap -lnccl
  *   ./graph_gap [N] [BRANCHES] [BLOCKS]   (default 120 kernels, 4 branches, 2 blocks of 128)
@@ -39,8 +41,36 @@ __global__ void spin_smem(long long cycles, int *sink)
     if (threadIdx.x == 0 && cycles < 0) *sink = sm[0];
 }
 
+/* The same spin as 16 distinct kernels (the real step's chain has about 40 different ones). */
+template <int K>
+__global__ void spin_k(long long cycles, int *sink)
+{
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+    if (threadIdx.x == 0 && cycles < 0) *sink = K;
+}
+typedef void (*spin_fn)(long long, int *);
+static const spin_fn distinct[16] = {spin_k<0>, spin_k<1>, spin_k<2>,  spin_k<3>,  spin_k<4>,  spin_k<5>,
+                                     spin_k<6>, spin_k<7>, spin_k<8>,  spin_k<9>,  spin_k<10>, spin_k<11>,
+                                     spin_k<12>, spin_k<13>, spin_k<14>, spin_k<15>};
+
+/* Each kernel stores WRITE_BYTES (the whole grid, int4 stores) before it spins: the real step's
+ * kernels write megabytes, which a kernel's completion must make visible to the next (across
+ * streams, perhaps at more cost than within one). */
+#define WRITE_BYTES (4 << 20)
+__global__ void spin_write(long long cycles, int4 *out)
+{
+    size_t n = WRITE_BYTES / sizeof(int4);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = make_int4((int)i, 1, 2, 3);
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+}
+
 /* How the chain's kernels are launched. */
-enum chain { PLAIN, CLUSTER, SMEM_MIX, SMEM_FIXED };
+enum chain { PLAIN, CLUSTER, SMEM_MIX, SMEM_FIXED, DISTINCT, WRITES };
+
+static void *wbuf; /* WRITE_BYTES, for the WRITES chain */
 
 static void launch(enum chain c, int i, int blocks, cudaStream_t s, long long cyc, int *sink)
 {
@@ -62,6 +92,10 @@ static void launch(enum chain c, int i, int blocks, cudaStream_t s, long long cy
     if ((c == SMEM_MIX || c == SMEM_FIXED) && i % 2) {
         cfg.dynamicSmemBytes = SMEM_BIG;
         CK(cudaLaunchKernelEx(&cfg, spin_smem, cyc, sink));
+    } else if (c == DISTINCT) {
+        CK(cudaLaunchKernelEx(&cfg, distinct[i % 16], cyc, sink));
+    } else if (c == WRITES) {
+        CK(cudaLaunchKernelEx(&cfg, spin_write, cyc, (int4 *)wbuf));
     } else {
         CK(cudaLaunchKernelEx(&cfg, spin, cyc, sink));
     }
@@ -129,8 +163,9 @@ int main(int argc, char **argv)
     CK(cudaMemset(buf, 0, 4096));
     CK(cudaFuncSetAttribute(spin_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BIG));
     const char *names[3] = {"linear", "fork/join", "fork/NCCL"};
-    const char *chains[4] = {"plain", "clusters of 2", "smem carveouts", "carveout fixed"};
-    for (int c = PLAIN; c <= SMEM_FIXED; c++) {
+    CK(cudaMalloc(&wbuf, WRITE_BYTES));
+    const char *chains[6] = {"plain", "clusters of 2", "smem carveouts", "carveout fixed", "16 kernels", "4 MiB writes"};
+    for (int c = PLAIN; c <= WRITES; c++) {
         double base = 0;
         for (int sh = LINEAR; sh <= FORK_NCCL; sh++) {
             cudaGraphExec_t x = capture((enum chain)c, (enum shape)sh, n, branches, s, b, cyc, blocks, sink, ev,
@@ -152,5 +187,6 @@ int main(int argc, char **argv)
         }
     }
     NK(ncclCommDestroy(comm));
+    CK(cudaFree(wbuf));
     return 0;
 }

@@ -4,8 +4,9 @@
 # from a trace, the median gap between compute kernels (scripts/overlap.py), on one GPU without
 # data parallelism, as a run of one rank (--gpus 1: NCCL's one-rank kernels in the graph) and
 # on 2 GPUs (a fixed shared-memory carveout for every kernel node was tried here in session 30
-# and changed nothing; bench/RESULTS.md); bench/graph_gap.cu's synthetic chains (4 branches,
-# 132 blocks); then the captured step graphs of the first two written as Graphviz files
+# and changed nothing; bench/RESULTS.md), the one-rank run again with CUDA_DEVICE_MAX_CONNECTIONS
+# 1 and 32; bench/graph_gap.cu's synthetic chains (4 branches, 132 blocks); then the captured
+# step graphs of the first two written as Graphviz files
 # (STEPGRAPH_GRAPH_DOT) with the count of each node type, and the attributes of the kernel nodes
 # that only the graph with NCCL holds.
 #
@@ -35,6 +36,12 @@ run() { # label, batch, extra args...
 run "1 GPU" 8
 run "--gpus 1 (one rank, NCCL)" 8 --gpus 1
 if [ "$ngpu" -ge 2 ]; then run "--gpus 2" 16 --gpus 2; else echo "--gpus 2: skipped (one GPU)"; fi
+# The hardware queues the driver spreads a graph's streams over (default 8): one queue, or many.
+for c in 1 32; do
+    export CUDA_DEVICE_MAX_CONNECTIONS=$c
+    run "--gpus 1, CUDA_DEVICE_MAX_CONNECTIONS=$c" 8 --gpus 1
+    unset CUDA_DEVICE_MAX_CONNECTIONS
+done
 if nvcc -O2 -arch=sm_90 "$here/graph_gap.cu" -o "$OUT/graph_gap" -lnccl 2>"$OUT/graph_gap.log"; then
     "$OUT/graph_gap" 120 4 132
     rm -f "$OUT/graph_gap"
