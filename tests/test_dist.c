@@ -748,6 +748,8 @@ static int worker(int argc, char **argv)
          * run sharded, which must match them bit for bit on every rank. Mixed precision: step 5
          * overflows (scale inf). */
         float loss[STEPS];
+        sg_dist_stats ds0, ds1;
+        TU_OK(ctx, sg_dist_get_stats(d, &ds0));
         for (int s = 0; s < STEPS; s++) {
             if (s == 5 && c->precision == SG_DTYPE_BF16) {
                 sg_loss_scaler sc;
@@ -758,9 +760,24 @@ static int worker(int argc, char **argv)
             TU_OK(ctx, sg_trainer_step(r.t, s));
             TU_OK(ctx, sg_model_loss_read(r.m, &loss[s]));
         }
+        TU_OK(ctx, sg_dist_get_stats(d, &ds1));
         sg_loss_scaler sc = {0};
         if (c->precision == SG_DTYPE_BF16) TU_OK(ctx, sg_trainer_get_scaler(r.t, &sc));
         int64_t np = sg_tensor_numel(sg_model_params(r.m));
+        if (sharded && c->scope == SG_SCOPE_EAGER) {
+            /* Every eager step queues the loss's all-reduce, each bucket's reduce-scatter and
+             * all-gather, the tail's all-reduce and under mixed precision the scaler agreement's
+             * three: none left out (the agreement's effect is seen only when some ranks' shares
+             * overflow and others' do not, which no drawn step here does). */
+            const sg_dist_bucket *plan;
+            int n_plan;
+            int64_t tail_lo, S;
+            sg_dist_shard_layout(d, &plan, &n_plan, &tail_lo, &S);
+            uint64_t want = (uint64_t)STEPS * (uint64_t)(1 + 2 * n_plan + (tail_lo < np) +
+                                                         (c->precision == SG_DTYPE_BF16 ? 3 : 0));
+            TU_CHECK(ds1.collectives - ds0.collectives == want, "%s: %llu collectives in %d eager steps, want %llu",
+                     tag, (unsigned long long)(ds1.collectives - ds0.collectives), STEPS, (unsigned long long)want);
+        }
         float *p = malloc((size_t)np * sizeof *p);
         /* Sharded, the masters of other ranks' shares are gathered by a save (the bf16 copies
          * every step): the parameters compared are the saved ones. */
