@@ -825,6 +825,28 @@ static int worker(int argc, char **argv)
             char ck0[600];
             snprintf(ck0, sizeof ck0, "%s.dump.ckpt", ref);
             if (e.rank == 0) TU_CHECK(same_file(ck, ck0), "%s: the checkpoints %s and %s differ", tag, ck, ck0);
+            if (c->precision == SG_DTYPE_BF16) {
+                /* A resume whose first step is skipped: the gather after it must spread the loaded
+                 * weights' bf16 copies, not those of the update before the load. Loss A: load,
+                 * one step; loss B: load, a skipped step, the same step: the same weights. */
+                int64_t at = 0;
+                float la, lb;
+                TU_OK(ctx, sg_trainer_step(r.t, STEPS)); /* the state moves away from the file */
+                TU_OK(ctx, sg_trainer_load(r.t, ck, &at));
+                TU_OK(ctx, sg_trainer_step(r.t, STEPS + 1));
+                TU_OK(ctx, sg_model_loss_read(r.m, &la));
+                TU_OK(ctx, sg_trainer_load(r.t, ck, &at));
+                sg_loss_scaler ok, inf;
+                TU_OK(ctx, sg_trainer_get_scaler(r.t, &ok));
+                inf = ok, inf.scale = INFINITY;
+                TU_OK(ctx, sg_trainer_set_scaler(r.t, &inf));
+                TU_OK(ctx, sg_trainer_step(r.t, STEPS));
+                TU_OK(ctx, sg_trainer_set_scaler(r.t, &ok));
+                TU_OK(ctx, sg_trainer_step(r.t, STEPS + 1));
+                TU_OK(ctx, sg_model_loss_read(r.m, &lb));
+                TU_CHECK(!memcmp(&la, &lb, sizeof la), "%s: after a resume and a skipped step the loss is %.9g, "
+                         "without the skipped step %.9g: the weights differ", tag, lb, la);
+            }
             /* The optimizer belonged to the trainer: once it is gone, a clear error, no stale state. */
             sg_trainer_destroy(r.t);
             r.t = NULL;

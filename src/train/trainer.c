@@ -577,7 +577,7 @@ static sg_status shard_segments(sg_trainer *t, const owned *o, int n, int64_t S)
     return st;
 }
 
-/* The compact buffers, the masters copied in, the tail's views, the optimizer moved onto them. */
+/* The compact buffers, the masters copied in, the optimizer moved onto them. */
 static sg_status make_shards(sg_trainer *t)
 {
     sg_model *m = t->m;
@@ -1526,6 +1526,8 @@ sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step)
         st = copy_owned(t, t->m->params->flat, t->sps.flat, true);
         if (st == SG_OK) st = copy_owned(t, wm, om, true);
         if (st == SG_OK && ov) st = copy_owned(t, wv, ov, true);
+        /* The shares' bf16 copies too: a skipped first step gathers them as they are. */
+        if (st == SG_OK && t->sh_param_lo) st = sg_tensor_convert(t->sh_param_lo, t->sps.flat);
         if (st == SG_OK) st = sg_ctx_sync(t->ctx);
     }
     sg_tensor_destroy(wm);
