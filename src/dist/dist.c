@@ -345,6 +345,17 @@ sg_status sg_dist_backward_hook(void *dist, int child)
     return SG_OK;
 }
 
+/* Where a sharded run's tail sits in the compact buffers: after the shares. */
+static int64_t tail_off(const sg_dist *d) { return d->shard_numel - (d->grads->numel - d->tail_lo); }
+
+/* Closes a group opened after collectives whose status is st: st's failure first, else the
+ * close's. */
+static sg_status end_group(sg_dist *d, sg_status st)
+{
+    sg_status end = d->vt->group(d, false);
+    return st != SG_OK ? st : end;
+}
+
 /* A sharded run's tail (grads[tail_lo, numel), all-reduced whole, so the same on every rank)
  * from from[from_off ..) to to[to_off ..), on the context's stream. */
 static sg_status copy_tail(sg_dist *d, sg_tensor *from, int64_t from_off, sg_tensor *to, int64_t to_off)
@@ -384,8 +395,7 @@ sg_status sg_dist_backward_end(sg_dist *d)
     d->last_bytes = d->step_bytes;
     SG_TRY(d->vt->join(d));
     /* Sharded: the tail into the compact gradients' last elements. */
-    return d->shard ? copy_tail(d, d->grads, d->tail_lo, d->shard_out, d->shard_numel - (d->grads->numel - d->tail_lo))
-                    : SG_OK;
+    return d->shard ? copy_tail(d, d->grads, d->tail_lo, d->shard_out, tail_off(d)) : SG_OK;
 }
 
 sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler)
@@ -396,9 +406,7 @@ sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler)
     sg_status st = collective(d, SG_DIST_OP_ALL_REDUCE_MAX, found, 0, 1, NULL, 0);
     if (st == SG_OK) st = collective(d, SG_DIST_OP_ALL_REDUCE_MIN, scaler, SG_SCALER_SCALE, 2, NULL, 0);
     if (st == SG_OK) st = collective(d, SG_DIST_OP_ALL_REDUCE_MAX, scaler, SG_SCALER_SKIPPED, 1, NULL, 0);
-    sg_status end = d->vt->group(d, false);
-    SG_TRY(st);
-    SG_TRY(end);
+    SG_TRY(end_group(d, st));
     return d->vt->join(d);
 }
 
@@ -410,7 +418,7 @@ sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst)
                        "a sharded run's compact %lld elements into its flat %lld, one dtype", src->name,
                        (long long)src->numel, sg_dtype_name(src->dtype), dst->name, (long long)dst->numel,
                        sg_dtype_name(dst->dtype), (long long)d->shard_numel, (long long)d->grads->numel);
-    SG_TRY(copy_tail(d, src, d->shard_numel - (dst->numel - d->tail_lo), dst, d->tail_lo));
+    SG_TRY(copy_tail(d, src, tail_off(d), dst, d->tail_lo));
     SG_TRY(d->vt->fork(d));
     /* One group: NCCL launches one kernel for all buckets, not one each. */
     SG_TRY(d->vt->group(d, true));
@@ -419,9 +427,7 @@ sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst)
         const sg_dist_bucket *b = &d->plan[i];
         st = collective(d, SG_DIST_OP_ALL_GATHER, src, b->shard_off, b->hi - b->lo, dst, b->lo);
     }
-    sg_status end = d->vt->group(d, false);
-    SG_TRY(st);
-    SG_TRY(end);
+    SG_TRY(end_group(d, st));
     return d->vt->join(d);
 }
 
