@@ -1258,7 +1258,8 @@ typedef struct sg_trainer_options {
      * reduce-scattered instead of all-reduced, each rank keeps the optimizer state and f32
      * masters of its share of every bucket only (1/world of them) and updates them, and the
      * updated parameters (bf16 copies under mixed precision) are all-gathered after the
-     * update. Not with accum > 1 or clip. The optimizer must not have stepped yet; its state
+     * update (with accum > 1 the step's f32 sums are reduce-scattered after the last
+     * micro-batch). Not with clip. The optimizer must not have stepped yet; its state
      * then holds this rank's shares (sg_trainer_save gathers them: every rank calls it, rank 0
      * writes). Under mixed precision the model's f32 parameters (sg_model_params) are whole
      * only after sg_trainer_gather_params or a save; the bf16 copies the steps read always are.
