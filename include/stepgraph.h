@@ -1373,7 +1373,10 @@ sg_status sg_trainer_gather_params(sg_trainer *t);
  * "format" "stepgraph-1", "model", "step" (0 to SG_TRAINER_MAX_STEP, else SG_ERR_INVALID) and
  * "precision" (sg_dtype_name: "f32" or "bf16"); written to a temporary file, flushed and
  * renamed, as sg_checkpoint_check_path describes. A tensor holding NaN or Inf is refused
- * (SG_ERR_INVALID, naming it) and nothing is written: a non-finite checkpoint never is. */
+ * (SG_ERR_INVALID, naming it) and nothing is written: a non-finite checkpoint never is.
+ * A sharded optimizer's save is a collective: every rank gathers, rank 0 writes, and every
+ * rank returns only once the file is complete, with an error (SG_ERR_IO on the others) when
+ * rank 0 could not write it. */
 sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path);
 /* Loads such a checkpoint into the trainer's model and optimizer; *step: the next step, in this
  * trainer's optimizer steps: a checkpoint saved at step s by a trainer of accum a (metadata

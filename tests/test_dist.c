@@ -25,6 +25,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -784,6 +785,16 @@ static int worker(int argc, char **argv)
         char ck[600];
         snprintf(ck, sizeof ck, "%s.%s.ckpt", ref, mode);
         if (sharded || e.rank == 0) TU_OK(ctx, sg_trainer_save(r.t, STEPS, ck)); /* sharded: every rank gathers */
+        if (sharded) {
+            /* A sharded save returns on every rank once rank 0 has written the file, and fails
+             * on every rank when rank 0 cannot write it; the run goes on after that error. */
+            struct stat sb;
+            TU_CHECK(stat(ck, &sb) == 0 && sb.st_size > 0, "%s: %s not there when the save returned: %s", tag, ck,
+                     strerror(errno));
+            char bad[640];
+            snprintf(bad, sizeof bad, "%s.no-such-dir/x.ckpt", ref);
+            TU_FAILS(ctx, sg_trainer_save(r.t, STEPS, bad), SG_ERR_IO, e.rank == 0 ? bad : "rank 0 could not write");
+        }
         TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(r.m), p, (size_t)np * sizeof *p));
         if (!sharded && e.rank == 0) {
             FILE *f = fopen(ref, "wb");

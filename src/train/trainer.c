@@ -1388,6 +1388,21 @@ static int ckpt_entries(sg_trainer *t, sg_ckpt_entry *e, int cap, sg_tensor *wm,
     return n;
 }
 
+/* A sharded save's end on every rank: rank 0 says whether it wrote the file (st, its own
+ * outcome; other ranks pass SG_OK), so every rank returns once the file is complete, and an
+ * error on every rank when it is not (a rank that resumes from it at once finds it). */
+static sg_status saved_by_rank0(sg_trainer *t, const char *path, sg_status st)
+{
+    double failed = st != SG_OK;
+    sg_status a = sg_dist_average_host(t->dist, &failed, 1);
+    if (st != SG_OK) return st; /* rank 0: its own error, already set */
+    if (a != SG_OK) return a;
+    if (failed > 0)
+        return sg_fail(t->ctx, SG_ERR_IO, "sg_trainer_save: '%s': rank 0 could not write the checkpoint (its "
+                       "error names why)", path);
+    return SG_OK;
+}
+
 sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
 {
     if (!t || !path) return SG_ERR_NULL;
@@ -1403,18 +1418,20 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
         if (st == SG_OK) st = sg_dist_gather_shards(t->dist, om, wm);
         if (st == SG_OK && ov) st = sg_dist_gather_shards(t->dist, ov, wv);
         if (st == SG_OK) st = sg_ctx_sync(t->ctx);
-        if (st != SG_OK || sg_dist_rank(t->dist) != 0) {
+        if (st != SG_OK) {
             sg_tensor_destroy(wm);
             sg_tensor_destroy(wv);
             return st;
         }
+        if (sg_dist_rank(t->dist) != 0) return saved_by_rank0(t, path, SG_OK);
     }
     int cap = t->m->params->count + t->m->b->bufs.count + 8;
     sg_ckpt_entry *e = malloc((size_t)cap * sizeof *e);
     if (!e) {
         sg_tensor_destroy(wm);
         sg_tensor_destroy(wv);
-        return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: out of host memory");
+        sg_status st = sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: out of host memory");
+        return t->shard ? saved_by_rank0(t, path, st) : st;
     }
     int n = ckpt_entries(t, e, cap, wm, wv);
     char steps[32], accum[16];
@@ -1433,7 +1450,7 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     free(e);
     sg_tensor_destroy(wm);
     sg_tensor_destroy(wv);
-    return st;
+    return t->shard ? saved_by_rank0(t, path, st) : st;
 }
 
 typedef struct ckpt_meta {
