@@ -1,8 +1,10 @@
 /* graph_gap.cu: what a CUDA graph's shape costs between its kernels. Captures a chain of N
  * short kernels on one stream (each block spins for about 2 us); the same chain with a second
  * stream forked from it and joined back, BRANCHES times, a short kernel on each branch; and the
- * same fork/join with an NCCL all-reduce (a communicator of one rank, in place, 1024 bf16) on
- * each branch instead, as data parallelism's buckets are. Each for six chains: plain kernels,
+ * same fork/join with an NCCL all-reduce on each branch instead, as data parallelism's buckets
+ * are: in place, 1024 bf16; and out of place, 1 MiB, from a high-priority stream into a graph
+ * instantiated with node priorities, as stepgraph's (a communicator of one rank, non-blocking,
+ * as stepgraph makes it). Prints each graph's kernel nodes. Each for six chains: plain kernels,
  * kernels in thread-block clusters of 2, kernels alternating between no shared memory and
  * 160 KiB, the same alternation with every kernel asking for the largest shared-memory
  * carveout (so that the SM need not be reconfigured between them), 16 distinct kernels in
@@ -101,15 +103,19 @@ static void launch(enum chain c, int i, int blocks, cudaStream_t s, long long cy
     }
 }
 
+#define BIG_ELEMS (512 << 10) /* bf16: 1 MiB, out of place */
 #define NK(x) do { ncclResult_t r_ = (x); if (r_ != ncclSuccess) { \
     fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_)); exit(1); } } while (0)
 
-enum shape { LINEAR, FORK, FORK_NCCL };
+enum shape { LINEAR, FORK, FORK_NCCL, FORK_NCCL_OUT };
+
+static int kernel_nodes; /* in the last graph captured */
 
 static cudaGraphExec_t capture(enum chain c, enum shape sh, int n, int branches, cudaStream_t s,
                                cudaStream_t b, long long cyc, int blocks, int *sink, cudaEvent_t *ev,
-                               ncclComm_t comm, void *buf)
+                               ncclComm_t comm, void *buf, cudaStream_t hb, void *big, void *big_out)
 {
+    if (sh == FORK_NCCL_OUT) b = hb;
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     int every = n / (branches + 1);
@@ -120,7 +126,13 @@ static cudaGraphExec_t capture(enum chain c, enum shape sh, int n, int branches,
             CK(cudaEventRecord(ev[k], s));
             CK(cudaStreamWaitEvent(b, ev[k], 0));
             if (sh == FORK) spin<<<blocks, 128, 0, b>>>(cyc, sink);
-            else NK(ncclAllReduce(buf, buf, 1024, ncclBfloat16, ncclAvg, comm, b));
+            else {
+                ncclResult_t r = sh == FORK_NCCL ? ncclAllReduce(buf, buf, 1024, ncclBfloat16, ncclAvg, comm, b)
+                                                 : ncclAllReduce(big, big_out, BIG_ELEMS, ncclBfloat16, ncclAvg,
+                                                                 comm, b);
+                while (r == ncclInProgress) NK(ncclCommGetAsyncError(comm, &r)); /* a non-blocking comm */
+                NK(r);
+            }
         }
     }
     if (sh != LINEAR) {
@@ -128,8 +140,20 @@ static cudaGraphExec_t capture(enum chain c, enum shape sh, int n, int branches,
         CK(cudaStreamWaitEvent(s, ev[branches], 0));
     }
     CK(cudaStreamEndCapture(s, &g));
+    size_t nn = 0;
+    CK(cudaGraphGetNodes(g, NULL, &nn));
+    cudaGraphNode_t *nodes = (cudaGraphNode_t *)malloc(nn * sizeof *nodes);
+    CK(cudaGraphGetNodes(g, nodes, &nn));
+    kernel_nodes = 0;
+    for (size_t i = 0; i < nn; i++) {
+        cudaGraphNodeType t;
+        CK(cudaGraphNodeGetType(nodes[i], &t));
+        kernel_nodes += t == cudaGraphNodeTypeKernel;
+    }
+    free(nodes);
     cudaGraphExec_t x;
-    CK(cudaGraphInstantiate(&x, g, 0));
+    /* As stepgraph instantiates: kernel nodes keep their stream's priority. */
+    CK(cudaGraphInstantiate(&x, g, sh == FORK_NCCL_OUT ? cudaGraphInstantiateFlagUseNodePriority : 0));
     CK(cudaGraphDestroy(g));
     return x;
 }
@@ -149,27 +173,42 @@ int main(int argc, char **argv)
     cudaStream_t s, b;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    int lo, hi;
+    CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    cudaStream_t hb; /* as stepgraph's collectives: a high-priority stream */
+    CK(cudaStreamCreateWithPriority(&hb, cudaStreamNonBlocking, hi));
+    void *big, *big_out;
+    CK(cudaMalloc(&big, BIG_ELEMS * 2));
+    CK(cudaMalloc(&big_out, BIG_ELEMS * 2));
+    CK(cudaMemset(big, 0, BIG_ELEMS * 2));
     int *sink;
     CK(cudaMalloc(&sink, sizeof *sink));
     cudaEvent_t ev[16], t0, t1;
     for (int i = 0; i < 16; i++) CK(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming));
     CK(cudaEventCreate(&t0));
     CK(cudaEventCreate(&t1));
+    /* A communicator of one rank made as stepgraph makes its own: non-blocking, polled. */
     ncclComm_t comm;
-    int dev = 0;
-    NK(ncclCommInitAll(&comm, 1, &dev));
+    ncclUniqueId id;
+    NK(ncclGetUniqueId(&id));
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclResult_t ir = ncclCommInitRankConfig(&comm, 1, id, 0, &cfg);
+    if (ir != ncclInProgress) NK(ir);
+    do NK(ncclCommGetAsyncError(comm, &ir)); while (ir == ncclInProgress);
+    NK(ir);
     void *buf;
     CK(cudaMalloc(&buf, 4096));
     CK(cudaMemset(buf, 0, 4096));
     CK(cudaFuncSetAttribute(spin_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BIG));
-    const char *names[3] = {"linear", "fork/join", "fork/NCCL"};
+    const char *names[4] = {"linear", "fork/join", "fork/NCCL", "NCCL 1 MiB"};
     CK(cudaMalloc(&wbuf, WRITE_BYTES));
     const char *chains[6] = {"plain", "clusters of 2", "smem carveouts", "carveout fixed", "16 kernels", "4 MiB writes"};
     for (int c = PLAIN; c <= WRITES; c++) {
         double base = 0;
-        for (int sh = LINEAR; sh <= FORK_NCCL; sh++) {
+        for (int sh = LINEAR; sh <= FORK_NCCL_OUT; sh++) {
             cudaGraphExec_t x = capture((enum chain)c, (enum shape)sh, n, branches, s, b, cyc, blocks, sink, ev,
-                                        comm, buf);
+                                        comm, buf, hb, big, big_out);
             const int reps = 200;
             float ms = 0;
             for (int pass = 0; pass < 2; pass++) { /* the first pass warms up */
@@ -181,8 +220,8 @@ int main(int argc, char **argv)
             }
             double us = 1000.0 * ms / reps;
             if (sh == LINEAR) base = us;
-            printf("%-15s %-10s %d kernels in the chain: %8.2f us a replay, %+7.3f us a kernel against linear\n",
-                   chains[c], names[sh], n, us, (us - base) / n);
+            printf("%-15s %-10s %d kernels in the chain, %3d kernel nodes: %8.2f us a replay, %+7.3f us a kernel "
+                   "against linear\n", chains[c], names[sh], n, kernel_nodes, us, (us - base) / n);
             CK(cudaGraphExecDestroy(x));
         }
     }
