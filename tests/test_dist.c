@@ -17,6 +17,7 @@
 #include "testutil.h"
 #include "dist/dist.h"
 #include "nn/nn.h"
+#include "train/model.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -764,6 +765,10 @@ static int worker(int argc, char **argv)
         TU_OK(ctx, sg_dist_get_stats(d, &ds1));
         sg_loss_scaler sc = {0};
         if (c->precision == SG_DTYPE_BF16) TU_OK(ctx, sg_trainer_get_scaler(r.t, &sc));
+        /* An evaluation after the steps: sharded, it must gather the shares the last step
+         * updated first (each step gathers them only before its own forward). */
+        float ev = 0;
+        TU_OK(ctx, sg_trainer_eval(r.t, 0, 2, &ev));
         int64_t np = sg_tensor_numel(sg_model_params(r.m));
         if (sharded && c->scope == SG_SCOPE_EAGER) {
             /* Every eager step queues the loss's all-reduce, each bucket's reduce-scatter and
@@ -799,6 +804,7 @@ static int worker(int argc, char **argv)
         if (!sharded && e.rank == 0) {
             FILE *f = fopen(ref, "wb");
             TU_CHECK(f && fwrite(loss, sizeof loss, 1, f) == 1 && fwrite(&sc, sizeof sc, 1, f) == 1 &&
+                     fwrite(&ev, sizeof ev, 1, f) == 1 &&
                      fwrite(&np, sizeof np, 1, f) == 1 && fwrite(p, sizeof *p, (size_t)np, f) == (size_t)np,
                      "%s: writing %s", tag, ref);
             if (f) fclose(f);
@@ -806,8 +812,10 @@ static int worker(int argc, char **argv)
             FILE *f = fopen(ref, "rb");
             float rl[STEPS];
             sg_loss_scaler rsc;
+            float rev = 0;
             int64_t n = 0;
             TU_CHECK(f && fread(rl, sizeof rl, 1, f) == 1 && fread(&rsc, sizeof rsc, 1, f) == 1 &&
+                     fread(&rev, sizeof rev, 1, f) == 1 &&
                      fread(&n, sizeof n, 1, f) == 1 && n == np, "%s: reading %s", tag, ref);
             float *rp = malloc((size_t)(n > 0 ? n : 1) * sizeof *rp);
             TU_CHECK(f && n == np && fread(rp, sizeof *rp, (size_t)n, f) == (size_t)n, "%s: reading %s", tag, ref);
@@ -815,6 +823,8 @@ static int worker(int argc, char **argv)
             for (int s = 0; s < STEPS; s++)
                 TU_CHECK(!memcmp(&loss[s], &rl[s], sizeof rl[s]), "%s: step %d loss %.9g, unsharded %.9g", tag, s,
                          loss[s], rl[s]);
+            TU_CHECK(!memcmp(&ev, &rev, sizeof ev), "%s: evaluated loss %.9g after the steps, unsharded %.9g", tag,
+                     ev, rev);
             TU_CHECK(!memcmp(&sc, &rsc, sizeof sc), "%s: scaler (scale %g, good %g, skipped %g), unsharded (%g, %g, "
                      "%g)", tag, sc.scale, sc.good_steps, sc.skipped, rsc.scale, rsc.good_steps, rsc.skipped);
             TU_CHECK(c->precision != SG_DTYPE_BF16 || sc.skipped == 1, "%s: %g steps skipped, want the one that "
@@ -858,9 +868,53 @@ static int worker(int argc, char **argv)
                 TU_CHECK(!memcmp(&la, &lb, sizeof la), "%s: after a resume and a skipped step the loss is %.9g, "
                          "without the skipped step %.9g: the weights differ", tag, lb, la);
             }
+        }
+        /* The end: the state moves on by a step (bf16: the sharded run's resume above ended on
+         * load and step STEPS + 1, which the unsharded run takes too), then the trainer goes; the
+         * model outlives it whole: a sharded trainer gathers what that step updated. The weights
+         * the forward reads (the bf16 copies under mixed precision) and the f32 masters, bit for
+         * bit the unsharded run's. */
+        if (c->precision == SG_DTYPE_BF16 && !sharded) {
+            double barrier = 0; /* rank 0 wrote the checkpoint that every rank loads */
+            TU_OK(ctx, sg_dist_average_host(d, &barrier, 1));
+            int64_t at = 0;
+            TU_OK(ctx, sg_trainer_load(r.t, ck, &at));
+        }
+        if (c->precision != SG_DTYPE_BF16 || !sharded) TU_OK(ctx, sg_trainer_step(r.t, STEPS + 1));
+        sg_trainer_destroy(r.t);
+        r.t = NULL;
+        sg_tensor *wt[2] = {r.m->params->flat_lo ? r.m->params->flat_lo : r.m->params->flat, r.m->params->flat};
+        int64_t nw = sg_tensor_numel(wt[1]);
+        float *wf = malloc(2 * (size_t)nw * sizeof *wf), *rf = malloc(2 * (size_t)nw * sizeof *rf);
+        sg_tensor *wf32 = NULL;
+        TU_OK(ctx, sg_tensor_create(ctx, SG_DTYPE_F32, 1, &nw, "weights.f32", &wf32));
+        for (int k = 0; k < 2; k++) {
+            TU_OK(ctx, sg_tensor_convert(wf32, wt[k]));
+            TU_OK(ctx, sg_tensor_copy_to_host(wf32, wf + k * nw, (size_t)nw * sizeof *wf));
+        }
+        sg_tensor_destroy(wf32);
+        char fin[640];
+        snprintf(fin, sizeof fin, "%s.final", ref);
+        if (!sharded && e.rank == 0) {
+            FILE *f = fopen(fin, "wb");
+            TU_CHECK(f && fwrite(wf, sizeof *wf, 2 * (size_t)nw, f) == 2 * (size_t)nw, "%s: writing %s", tag, fin);
+            if (f) fclose(f);
+        } else if (sharded) {
+            FILE *f = fopen(fin, "rb");
+            bool got = f && fread(rf, sizeof *rf, 2 * (size_t)nw, f) == 2 * (size_t)nw;
+            TU_CHECK(got, "%s: reading %s", tag, fin);
+            if (f) fclose(f);
+            int64_t diff = -1;
+            for (int64_t i = 0; got && i < 2 * nw && diff < 0; i++)
+                if (memcmp(&wf[i], &rf[i], sizeof *wf)) diff = i;
+            TU_CHECK(diff < 0, "%s: after a step and the trainer's end, %s %lld is %.9g, unsharded %.9g", tag,
+                     diff < nw ? "weight" : "master", (long long)(diff % nw), diff >= 0 ? wf[diff] : 0,
+                     diff >= 0 ? rf[diff] : 0);
+        }
+        free(wf);
+        free(rf);
+        if (sharded) {
             /* The optimizer belonged to the trainer: once it is gone, a clear error, no stale state. */
-            sg_trainer_destroy(r.t);
-            r.t = NULL;
             TU_FAILS(ctx, sg_optim_update(r.o), SG_ERR_INVALID, "sharded by a trainer that has been destroyed");
             sg_trainer_options to = sg_trainer_options_default();
             sg_trainer *t2 = NULL;
@@ -983,6 +1037,8 @@ static void training(sg_backend be, bool gpu)
             snprintf(ck, sizeof ck, "%s.dump.ckpt", ref);
             unlink(ck);
             snprintf(ck, sizeof ck, "%s.shard.ckpt", ref);
+            unlink(ck);
+            snprintf(ck, sizeof ck, "%s.final", ref);
             unlink(ck);
             continue;
         }
