@@ -1460,12 +1460,11 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
         if (st == SG_OK) st = sg_dist_gather_shards(t->dist, om, wm);
         if (st == SG_OK && ov) st = sg_dist_gather_shards(t->dist, ov, wv);
         if (st == SG_OK) st = sg_ctx_sync(t->ctx);
-        if (st != SG_OK) {
+        if (st != SG_OK || sg_dist_rank(t->dist) != 0) {
             sg_tensor_destroy(wm);
             sg_tensor_destroy(wv);
-            return st;
+            return st != SG_OK ? st : saved_by_rank0(t, path, SG_OK);
         }
-        if (sg_dist_rank(t->dist) != 0) return saved_by_rank0(t, path, SG_OK);
     }
     int cap = t->m->params->count + t->m->b->bufs.count + 8;
     sg_ckpt_entry *e = malloc((size_t)cap * sizeof *e);
