@@ -870,10 +870,10 @@ static int worker(int argc, char **argv)
             }
         }
         /* The end: the state moves on by a step (bf16: the sharded run's resume above ended on
-         * load and step STEPS + 1, which the unsharded run takes too), then the trainer goes; the
-         * model outlives it whole: a sharded trainer gathers what that step updated. The weights
-         * the forward reads (the bf16 copies under mixed precision) and the f32 masters, bit for
-         * bit the unsharded run's. */
+         * load and step STEPS + 1, which the unsharded run takes too), the f32 masters are
+         * gathered (sharded; nothing to do otherwise), and the trainer goes. The model it leaves:
+         * the weights the forward reads (the bf16 copies under mixed precision, gathered after
+         * every update) and the masters, bit for bit the unsharded run's. */
         if (c->precision == SG_DTYPE_BF16 && !sharded) {
             double barrier = 0; /* rank 0 wrote the checkpoint that every rank loads */
             TU_OK(ctx, sg_dist_average_host(d, &barrier, 1));
@@ -881,6 +881,7 @@ static int worker(int argc, char **argv)
             TU_OK(ctx, sg_trainer_load(r.t, ck, &at));
         }
         if (c->precision != SG_DTYPE_BF16 || !sharded) TU_OK(ctx, sg_trainer_step(r.t, STEPS + 1));
+        TU_OK(ctx, sg_trainer_gather_params(r.t));
         sg_trainer_destroy(r.t);
         r.t = NULL;
         sg_tensor *wt[2] = {r.m->params->flat_lo ? r.m->params->flat_lo : r.m->params->flat, r.m->params->flat};

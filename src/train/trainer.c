@@ -58,9 +58,6 @@ struct sg_trainer {
      * copy, gathered into the model's) and, without accumulation, sh_grad_lo (BF16, what the
      * backward's collectives write). */
     bool shard, optim_moved;     /* optim_moved: the optimizer updates sps (sg_optim_use_params) */
-    bool stale;                  /* sharded: steps updated shares the model has not gathered (each
-                                  * step gathers them before its forward: gather_forward) */
-    bool masters_stale;          /* the same for its f32 masters under mixed precision */
     sg_param_set sps;
     sg_tensor *sh_grad_lo, *sh_param_lo;
     /* gradient accumulation (opts.accum > 1) */
@@ -346,37 +343,6 @@ static sg_status run_forward(void *u)
     return sg_module_forward(m->net, m->x, &m->logits);
 }
 
-/* The sources and targets of a sharded run's gathers: the shares' bf16 copies into the model's
- * (what its forward reads) under mixed precision, else the f32 masters. */
-static sg_tensor *gather_src(sg_trainer *t) { return t->sh_param_lo ? t->sh_param_lo : t->sps.flat; }
-static sg_tensor *gather_dst(sg_trainer *t)
-{
-    return t->sh_param_lo ? t->m->params->flat_lo : t->m->params->flat;
-}
-
-/* The forward, which a sharded run's step begins with the gather of every rank's updated
- * shares: each bucket's all-gather is queued ahead, and the forward of each child waits only
- * for the buckets holding its parameters (sg_dist_forward_hook), so the gathers of later layers
- * overlap the forward of earlier ones instead of following the update. */
-static sg_status gather_forward(void *u)
-{
-    sg_trainer *t = u;
-    if (!t->shard) return run_forward(t->m);
-    SG_TRY(sg_dist_gather_begin(t->dist, gather_src(t), gather_dst(t)));
-    sg_status st = run_forward(t->m), end = sg_dist_gather_end(t->dist);
-    return st != SG_OK ? st : end;
-}
-
-/* The shares the steps updated gathered into the model's parameters (what the forward reads),
- * once after steps: what reads the model between steps needs them. */
-static sg_status flush_shares(sg_trainer *t)
-{
-    if (!t->shard || !t->stale) return SG_OK;
-    SG_TRY(sg_dist_gather_shards(t->dist, gather_src(t), gather_dst(t)));
-    t->stale = false;
-    return SG_OK;
-}
-
 /* The loss and its gradient, scaled by 1/accum: the micro-batches' gradients then sum to the
  * gradient of the mean loss over all their rows. */
 static sg_status run_loss(sg_trainer *t) { return sg_model_loss_pass(t->m, t->grad_scale); }
@@ -434,7 +400,7 @@ static sg_status micro_end(sg_trainer *t, int j)
  * layer scope the wrapped modules replay their graphs). */
 static sg_status run_micro(sg_trainer *t, int j)
 {
-    SG_TRY(j == 0 ? gather_forward(t) : run_forward(t->m)); /* a step's later micro-batches: the same weights */
+    SG_TRY(run_forward(t->m));
     SG_TRY(run_loss(t));
     SG_TRY(run_backward(t));
     return micro_end(t, j);
@@ -472,8 +438,11 @@ static sg_status run_optim(sg_trainer *t)
         st = sg_graph_switch(t->ctx, m->found, 1, (sg_step_fn[]){update_body}, (void *[]){t});
     else if (st == SG_OK)
         st = optim_update(t);
-    /* Sharded, the updated shares are gathered into the model by the next step's forward
-     * (gather_forward), or by flush_shares when something else reads the model first. */
+    /* Sharded: every bucket's updated shares gathered into the model (the bf16 copies the
+     * steps read, or the f32 masters). */
+    if (st == SG_OK && t->shard)
+        st = t->sh_param_lo ? sg_dist_gather_shards(t->dist, t->sh_param_lo, m->params->flat_lo)
+                            : sg_dist_gather_shards(t->dist, t->sps.flat, m->params->flat);
     sg_ctx_set_module(t->ctx, prev);
     return st;
 }
@@ -632,7 +601,7 @@ static sg_status make_shards(sg_trainer *t)
         if (t->opts.accum == 1) /* with accumulation the step's f32 sums are reduce-scattered */
             SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_BF16, 1, &S, "shard.grads.bf16", &t->sh_grad_lo));
         SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_BF16, 1, &S, "shard.params.bf16", &t->sh_param_lo));
-        /* Gathered before every forward, the first step's too: it must hold the masters' copy. */
+        /* Gathered after every update, a skipped one too: it must hold the masters' copy. */
         SG_TRY(sg_tensor_convert(t->sh_param_lo, t->sps.flat));
     }
     SG_TRY(sg_dist_set_shard_out(t->dist, t->sh_grad_lo ? t->sh_grad_lo : t->sps.grad_flat));
@@ -681,7 +650,6 @@ static sg_status attach_dist(sg_trainer *t)
                        "implemented (it needs the global norm summed over the ranks' shares)");
     SG_TRY(sg_dist_attach(d, g, m->loss, m->grad_ready, m->n_grad_ready, shard));
     sg_sequential_set_backward_hook(m->net, sg_dist_backward_hook, d);
-    if (shard) sg_sequential_set_forward_hook(m->net, sg_dist_forward_hook, d);
     t->dist = d;
     t->shard = shard;
     return shard ? make_shards(t) : SG_OK;
@@ -846,14 +814,8 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
 void sg_trainer_destroy(sg_trainer *t)
 {
     if (!t) return;
-    /* The model outlives the trainer: its parameters whole again, unless the run failed (its
-     * collectives would fail too). */
-    if ((t->stale || t->masters_stale) && !t->dist->failed && sg_trainer_gather_params(t) != SG_OK) {
-        /* the model keeps what was gathered last */
-    }
     if (t->dist) {
         sg_sequential_set_backward_hook(t->m->net, NULL, NULL);
-        sg_sequential_set_forward_hook(t->m->net, NULL, NULL);
         sg_dist_detach(t->dist);
     }
     free_shards(t);
@@ -1066,7 +1028,7 @@ static sg_status model_micro(sg_trainer *t, int j)
     sg_model *m = t->m;
     if (!t->g_fwd) {
         const sg_tensor *in[] = {m->x};
-        sg_status st = capture(t, "model.forward", gather_forward, t, in, 1, &t->g_fwd);
+        sg_status st = capture(t, "model.forward", run_forward, m, in, 1, &t->g_fwd);
         if (st != SG_OK) {
             SG_TRY(capture_failed(t, st, "model.forward", true));
             return run_micro(t, j);
@@ -1182,7 +1144,6 @@ static sg_status trainer_step(sg_trainer *t, int64_t index)
         }
         t->work_counted = any > 0; /* a call that replayed a bucket's graph counted nothing */
     }
-    if (t->shard) t->stale = t->masters_stale = true; /* the update may have run, before a failure too */
     if (st == SG_OK) {
         t->steps++;
         t->host_steps += t->opts.steps_per_call;
@@ -1359,7 +1320,6 @@ sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out)
     if (n_batches < 1 || (split != 0 && split != 1) || (split == 1 && sg_model_split_size(m, 1) <= 0))
         return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_eval: split %d, %d batches: expected split 0, or 1 "
                        "for models with a validation split, and at least one batch", split, n_batches);
-    SG_TRY(flush_shares(t));
     /* Eagerly (graphed modules would replay their training graphs), dropout off. */
     bool armed = t->armed;
     t->armed = false;
@@ -1392,9 +1352,7 @@ sg_status sg_trainer_gather_params(sg_trainer *t)
 {
     if (!t) return SG_ERR_NULL;
     if (!t->shard) return SG_OK;
-    SG_TRY(flush_shares(t));
-    if (t->sh_param_lo) SG_TRY(sg_dist_gather_shards(t->dist, t->sps.flat, t->m->params->flat)); /* the masters */
-    t->masters_stale = false;
+    SG_TRY(sg_dist_gather_shards(t->dist, t->sps.flat, t->m->params->flat));
     return sg_ctx_sync(t->ctx);
 }
 
@@ -1593,10 +1551,8 @@ sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step)
     SG_TRY(st);
     *step = cm.step;
     /* The master weights are f32 in either precision, so a checkpoint resumes in both; the
-     * bf16 compute copies are rebuilt from them (whole: nothing left to gather). */
-    SG_TRY(sg_params_sync_lowp(t->m->params));
-    t->stale = t->masters_stale = false;
-    return SG_OK;
+     * bf16 compute copies are rebuilt from them. */
+    return sg_params_sync_lowp(t->m->params);
 }
 
 sg_status sg_trainer_get_scaler(sg_trainer *t, sg_loss_scaler *out)
