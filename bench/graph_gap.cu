@@ -4,19 +4,23 @@
  * same fork/join with an NCCL all-reduce on each branch instead, as data parallelism's buckets
  * are: in place, 1024 bf16; and out of place, 1 MiB, from a high-priority stream into a graph
  * instantiated with node priorities, as stepgraph's (a communicator of one rank, non-blocking,
- * as stepgraph makes it). Prints each graph's kernel nodes. Each for six chains: plain kernels,
+ * as stepgraph makes it). Prints each graph's kernel nodes. Each for seven chains: plain kernels,
  * kernels in thread-block clusters of 2, kernels alternating between no shared memory and
  * 160 KiB, the same alternation with every kernel asking for the largest shared-memory
  * carveout (so that the SM need not be reconfigured between them), 16 distinct kernels in
- * turn, and kernels that each store 4 MiB before they spin. Replays each graph 200 times and
+ * turn, kernels that each store 4 MiB before they spin, and cuBLAS bf16 GEMMs (1024 cubed)
+ * alternating with the plain spin. Replays each graph 200 times and
  * prints us a replay and the difference a kernel of the chain against the linear graph of the
  * same chain. Standalone:
  *
- *   nvcc -O2 -arch=sm_90 bench/graph_gap.cu -o graph_gap -lnccl
- *   ./graph_gap [N] [BRANCHES] [BLOCKS]   (default 120 kernels, 4 branches, 2 blocks of 128)
+ *   nvcc -O2 -arch=sm_90 bench/graph_gap.cu -o graph_gap -lnccl -lcublas
+ *   ./graph_gap [N] [BRANCHES] [BLOCKS] [FIRST]   (default 120 kernels, 4 branches, 2 blocks of
+ *   128; FIRST: the first chain run, 0 to 6, default 0)
  *
  * A measurement tool for issue 15, not part of the library; what it showed is in
  * bench/RESULTS.md (session 29). */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdio.h>
@@ -70,7 +74,13 @@ __global__ void spin_write(long long cycles, int4 *out)
 }
 
 /* How the chain's kernels are launched. */
-enum chain { PLAIN, CLUSTER, SMEM_MIX, SMEM_FIXED, DISTINCT, WRITES };
+enum chain { PLAIN, CLUSTER, SMEM_MIX, SMEM_FIXED, DISTINCT, WRITES, GEMMS };
+
+/* The GEMMS chain: cuBLAS bf16 GEMMs (GEMM_N cubed, f32 accumulation) alternating with the
+ * plain spin, as the real step's chain alternates cuBLAS's kernels with its own. */
+#define GEMM_N 1024
+static cublasHandle_t blas;
+static __nv_bfloat16 *ga, *gb, *gc;
 
 static void *wbuf; /* WRITE_BYTES, for the WRITES chain */
 
@@ -98,6 +108,15 @@ static void launch(enum chain c, int i, int blocks, cudaStream_t s, long long cy
         CK(cudaLaunchKernelEx(&cfg, distinct[i % 16], cyc, sink));
     } else if (c == WRITES) {
         CK(cudaLaunchKernelEx(&cfg, spin_write, cyc, (int4 *)wbuf));
+    } else if (c == GEMMS && i % 2) {
+        const float one = 1, zero = 0;
+        if (cublasSetStream(blas, s) != CUBLAS_STATUS_SUCCESS ||
+            cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, GEMM_N, GEMM_N, GEMM_N, &one, ga, CUDA_R_16BF, GEMM_N, gb,
+                         CUDA_R_16BF, GEMM_N, &zero, gc, CUDA_R_16BF, GEMM_N, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cublasGemmEx failed\n");
+            exit(1);
+        }
     } else {
         CK(cudaLaunchKernelEx(&cfg, spin, cyc, sink));
     }
@@ -203,8 +222,25 @@ int main(int argc, char **argv)
     CK(cudaFuncSetAttribute(spin_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BIG));
     const char *names[4] = {"linear", "fork/join", "fork/NCCL", "NCCL 1 MiB"};
     CK(cudaMalloc(&wbuf, WRITE_BYTES));
-    const char *chains[6] = {"plain", "clusters of 2", "smem carveouts", "carveout fixed", "16 kernels", "4 MiB writes"};
-    for (int c = PLAIN; c <= WRITES; c++) {
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cublasCreate failed\n");
+        return 1;
+    }
+    void *ws;
+    CK(cudaMalloc(&ws, 32 << 20));
+    CK(cudaMalloc(&ga, 2 * GEMM_N * GEMM_N));
+    CK(cudaMalloc(&gb, 2 * GEMM_N * GEMM_N));
+    CK(cudaMalloc(&gc, 2 * GEMM_N * GEMM_N));
+    CK(cudaMemset(ga, 0, 2 * GEMM_N * GEMM_N));
+    CK(cudaMemset(gb, 0, 2 * GEMM_N * GEMM_N));
+    if (cublasSetWorkspace(blas, ws, 32 << 20) != CUBLAS_STATUS_SUCCESS) { /* capture needs its own workspace */
+        fprintf(stderr, "cublasSetWorkspace failed\n");
+        return 1;
+    }
+    const char *chains[7] = {"plain", "clusters of 2", "smem carveouts", "carveout fixed", "16 kernels", "4 MiB writes",
+                             "cuBLAS GEMMs"};
+    int first = argc > 4 ? atoi(argv[4]) : PLAIN;
+    for (int c = first; c <= GEMMS; c++) {
         double base = 0;
         for (int sh = LINEAR; sh <= FORK_NCCL_OUT; sh++) {
             cudaGraphExec_t x = capture((enum chain)c, (enum shape)sh, n, branches, s, b, cyc, blocks, sink, ev,
@@ -227,5 +263,6 @@ int main(int argc, char **argv)
     }
     NK(ncclCommDestroy(comm));
     CK(cudaFree(wbuf));
+    cublasDestroy(blas);
     return 0;
 }

@@ -42,7 +42,7 @@ for c in 1 32; do
     run "--gpus 1, CUDA_DEVICE_MAX_CONNECTIONS=$c" 8 --gpus 1
     unset CUDA_DEVICE_MAX_CONNECTIONS
 done
-if nvcc -O2 -arch=sm_90 "$here/graph_gap.cu" -o "$OUT/graph_gap" -lnccl 2>"$OUT/graph_gap.log"; then
+if nvcc -O2 -arch=sm_90 "$here/graph_gap.cu" -o "$OUT/graph_gap" -lnccl -lcublas 2>"$OUT/graph_gap.log"; then
     "$OUT/graph_gap" 120 4 132
     rm -f "$OUT/graph_gap"
 else
