@@ -649,6 +649,14 @@ static void reference(sg_backend be, const tcase *c, uint64_t seed, const char *
 }
 
 /* Whether two files hold the same bytes. */
+/* The first i < n where a and b differ bit for bit, or -1. */
+static int64_t first_diff(const float *a, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof *a)) return i;
+    return -1;
+}
+
 static bool same_file(const char *a, const char *b)
 {
     FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
@@ -765,8 +773,8 @@ static int worker(int argc, char **argv)
         TU_OK(ctx, sg_dist_get_stats(d, &ds1));
         sg_loss_scaler sc = {0};
         if (c->precision == SG_DTYPE_BF16) TU_OK(ctx, sg_trainer_get_scaler(r.t, &sc));
-        /* An evaluation after the steps: sharded, it must gather the shares the last step
-         * updated first (each step gathers them only before its own forward). */
+        /* An evaluation after the steps reads the weights the last update left (sharded: its
+         * shares gathered from every rank), bit for bit the unsharded run's. */
         float ev = 0;
         TU_OK(ctx, sg_trainer_eval(r.t, 0, 2, &ev));
         int64_t np = sg_tensor_numel(sg_model_params(r.m));
@@ -829,9 +837,7 @@ static int worker(int argc, char **argv)
                      "%g)", tag, sc.scale, sc.good_steps, sc.skipped, rsc.scale, rsc.good_steps, rsc.skipped);
             TU_CHECK(c->precision != SG_DTYPE_BF16 || sc.skipped == 1, "%s: %g steps skipped, want the one that "
                      "overflowed", tag, sc.skipped);
-            int64_t diff = -1;
-            for (int64_t i = 0; i < np && n == np && diff < 0; i++)
-                if (memcmp(&p[i], &rp[i], sizeof *p)) diff = i;
+            int64_t diff = n == np ? first_diff(p, rp, np) : -1;
             TU_CHECK(diff < 0, "%s: parameter %lld is %.9g, unsharded %.9g", tag, (long long)diff,
                      diff >= 0 ? p[diff] : 0, diff >= 0 ? rp[diff] : 0);
             /* The state this rank keeps: about 1/world of the moments. */
@@ -905,9 +911,7 @@ static int worker(int argc, char **argv)
             bool got = f && fread(rf, sizeof *rf, 2 * (size_t)nw, f) == 2 * (size_t)nw;
             TU_CHECK(got, "%s: reading %s", tag, fin);
             if (f) fclose(f);
-            int64_t diff = -1;
-            for (int64_t i = 0; got && i < 2 * nw && diff < 0; i++)
-                if (memcmp(&wf[i], &rf[i], sizeof *wf)) diff = i;
+            int64_t diff = got ? first_diff(wf, rf, 2 * nw) : -1;
             TU_CHECK(diff < 0, "%s: after a step and the trainer's end, %s %lld is %.9g, unsharded %.9g", tag,
                      diff < nw ? "weight" : "master", (long long)(diff % nw), diff >= 0 ? wf[diff] : 0,
                      diff >= 0 ? rf[diff] : 0);

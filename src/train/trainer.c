@@ -1388,50 +1388,13 @@ static int ckpt_entries(sg_trainer *t, sg_ckpt_entry *e, int cap, sg_tensor *wm,
     return n;
 }
 
-/* A sharded save's end on every rank: rank 0 says whether it wrote the file (st, its own
- * outcome; other ranks pass SG_OK), so every rank returns once the file is complete, and an
- * error on every rank when it is not (a rank that resumes from it at once finds it). */
-static sg_status saved_by_rank0(sg_trainer *t, const char *path, sg_status st)
+/* The checkpoint written: the model's tensors and the optimizer's state, its moments from wm
+ * and wv when they are the whole of a sharded run's (NULL: the optimizer's own). */
+static sg_status write_checkpoint(sg_trainer *t, int64_t step, const char *path, sg_tensor *wm, sg_tensor *wv)
 {
-    double failed = st != SG_OK;
-    sg_status a = sg_dist_average_host(t->dist, &failed, 1);
-    if (st != SG_OK) return st; /* rank 0: its own error, already set */
-    if (a != SG_OK) return a;
-    if (failed > 0)
-        return sg_fail(t->ctx, SG_ERR_IO, "sg_trainer_save: '%s': rank 0 could not write the checkpoint (its "
-                       "error names why)", path);
-    return SG_OK;
-}
-
-sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
-{
-    if (!t || !path) return SG_ERR_NULL;
-    if (step < 0 || step > SG_TRAINER_MAX_STEP)
-        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_save: '%s': step %lld: expected 0 to %lld",
-                       path, (long long)step, (long long)SG_TRAINER_MAX_STEP);
-    /* Sharded: every rank gathers the masters and the moments whole; rank 0 writes them. */
-    sg_tensor *wm = NULL, *wv = NULL, *om, *ov, *hp;
-    if (t->shard) {
-        sg_optim_state(t->o, &om, &ov, &hp);
-        sg_status st = whole_state(t, &wm, &wv);
-        if (st == SG_OK) st = sg_trainer_gather_params(t);
-        if (st == SG_OK) st = sg_dist_gather_shards(t->dist, om, wm);
-        if (st == SG_OK && ov) st = sg_dist_gather_shards(t->dist, ov, wv);
-        if (st == SG_OK) st = sg_ctx_sync(t->ctx);
-        if (st != SG_OK || sg_dist_rank(t->dist) != 0) {
-            sg_tensor_destroy(wm);
-            sg_tensor_destroy(wv);
-            return st != SG_OK ? st : saved_by_rank0(t, path, SG_OK);
-        }
-    }
     int cap = t->m->params->count + t->m->b->bufs.count + 8;
     sg_ckpt_entry *e = malloc((size_t)cap * sizeof *e);
-    if (!e) {
-        sg_tensor_destroy(wm);
-        sg_tensor_destroy(wv);
-        sg_status st = sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: out of host memory");
-        return t->shard ? saved_by_rank0(t, path, st) : st;
-    }
+    if (!e) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: out of host memory");
     int n = ckpt_entries(t, e, cap, wm, wv);
     char steps[32], accum[16];
     snprintf(steps, sizeof steps, "%lld", (long long)step);
@@ -1447,9 +1410,38 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     meta[k] = NULL;
     sg_status st = sg_checkpoint_save(t->ctx, path, e, n, meta);
     free(e);
+    return st;
+}
+
+sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
+{
+    if (!t || !path) return SG_ERR_NULL;
+    if (step < 0 || step > SG_TRAINER_MAX_STEP)
+        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_save: '%s': step %lld: expected 0 to %lld",
+                       path, (long long)step, (long long)SG_TRAINER_MAX_STEP);
+    if (!t->shard) return write_checkpoint(t, step, path, NULL, NULL);
+    /* Sharded: every rank gathers the masters and the moments whole; rank 0 writes them; then
+     * every rank learns rank 0's outcome, so each returns once the file is complete (a rank that
+     * resumes from it at once finds it), or with an error when rank 0 could not write it. */
+    sg_tensor *wm = NULL, *wv = NULL, *om, *ov, *hp;
+    sg_optim_state(t->o, &om, &ov, &hp);
+    sg_status st = whole_state(t, &wm, &wv);
+    if (st == SG_OK) st = sg_trainer_gather_params(t);
+    if (st == SG_OK) st = sg_dist_gather_shards(t->dist, om, wm);
+    if (st == SG_OK && ov) st = sg_dist_gather_shards(t->dist, ov, wv);
+    if (st == SG_OK) st = sg_ctx_sync(t->ctx);
+    sg_status wrote = st == SG_OK && sg_dist_rank(t->dist) == 0 ? write_checkpoint(t, step, path, wm, wv) : SG_OK;
     sg_tensor_destroy(wm);
     sg_tensor_destroy(wv);
-    return t->shard ? saved_by_rank0(t, path, st) : st;
+    if (st != SG_OK) return st; /* no agreement: the other ranks fail in their collectives, or time out */
+    double failed = wrote != SG_OK;
+    st = sg_dist_average_host(t->dist, &failed, 1);
+    if (wrote != SG_OK) return wrote; /* rank 0: its own error */
+    if (st != SG_OK) return st;
+    if (failed > 0)
+        return sg_fail(t->ctx, SG_ERR_IO, "sg_trainer_save: '%s': rank 0 could not write the checkpoint (its "
+                       "error names why)", path);
+    return SG_OK;
 }
 
 typedef struct ckpt_meta {
