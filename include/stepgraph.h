@@ -360,6 +360,18 @@ sg_status sg_rng_advance(sg_ctx *ctx, sg_tensor *rng);
  * inf or NaN, then g is left unscaled) are written on the device. max_norm <= 0: only measure. */
 sg_status sg_clip_grad_norm(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_tensor *norm,
                             sg_tensor *nonfinite);
+/* The same clipping over gradients split into n parts, e.g. a sharded optimizer's shares, a part
+ * a rank. sums: I32 (2 n), opaque: element 2 i holds part i's f64 sum of squares as raw bytes
+ * (F64 tensors exist on the CPU only), to be moved as they are (an all-gather of each rank's
+ * 2 elements), never added as integers. sg_clip_sumsq writes part `part`'s sum of squares of
+ * grad (f32; a deterministic order) there; once sums holds every part's, sg_clip_apply on each
+ * part adds the n sums in part order in f64 (every caller gets the same bits), writes norm =
+ * the square root and nonfinite (a part holds an inf or a NaN), and scales its part as
+ * sg_clip_grad_norm does. One part (sums of 2): the pair is sg_clip_grad_norm bit for bit. No
+ * host sync: a captured step can hold them. */
+sg_status sg_clip_sumsq(sg_ctx *ctx, const sg_tensor *grad, sg_tensor *sums, int part);
+sg_status sg_clip_apply(sg_ctx *ctx, sg_tensor *grad, float max_norm, const sg_tensor *sums, sg_tensor *norm,
+                        sg_tensor *nonfinite);
 
 /* Dynamic loss scaling for mixed precision, entirely on the device. The scaler's state is a
  * device tensor of SG_SCALER_COUNT F32 laid out as sg_loss_scaler. The scale is a power of two,
@@ -1259,7 +1271,9 @@ typedef struct sg_trainer_options {
      * masters of its share of every bucket only (1/world of them) and updates them, and the
      * updated parameters (bf16 copies under mixed precision) are all-gathered after the
      * update (with accum > 1 the step's f32 sums are reduce-scattered after the last
-     * micro-batch). Not with clip. The optimizer must not have stepped yet; its state
+     * micro-batch). With clip the global norm is summed over the ranks' shares (in f64: the
+     * unsharded norm up to the order of that sum, within an f32 ulp; sg_clip_sumsq,
+     * sg_clip_apply). The optimizer must not have stepped yet; its state
      * then holds this rank's shares (sg_trainer_save gathers them: every rank calls it, rank 0
      * writes). Under mixed precision the model's f32 parameters (sg_model_params) are whole
      * only after sg_trainer_gather_params or a save; the bf16 copies the steps read always are.

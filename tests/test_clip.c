@@ -284,6 +284,193 @@ static void check_capture(sg_ctx *ctx, sg_ctx *ref_ctx, int64_t P, int nodes)
     for (int i = 0; i < 6; i++) sg_tensor_destroy(ts[i]);
 }
 
+/* ---- the split form: sg_clip_sumsq on each part, sg_clip_apply on each ---- */
+
+/* Part i's f64 sum of squares, from sums' raw bytes. */
+static double sum_of(const sg_tensor *sums, int i)
+{
+    int32_t raw[64];
+    TU_OK(sums->ctx, sg_tensor_copy_to_host(sums, raw, (size_t)sums->numel * sizeof raw[0]));
+    double v;
+    memcpy(&v, &raw[2 * i], sizeof v);
+    return v;
+}
+
+typedef struct split_step {
+    sg_ctx *ctx;
+    sg_tensor *part[2], *sums, *norm, *nf;
+    float max_norm;
+} split_step;
+
+/* Both parts' sums, then both applications: what a sharded clip does between its ranks. */
+static sg_status split_fn(void *u)
+{
+    split_step *s = u;
+    for (int k = 0; k < 2; k++) SG_TRY(sg_clip_sumsq(s->ctx, s->part[k], s->sums, k));
+    for (int k = 0; k < 2; k++) SG_TRY(sg_clip_apply(s->ctx, s->part[k], s->max_norm, s->sums, s->norm, s->nf));
+    return SG_OK;
+}
+
+/* Bit for bit, two tensors' values. */
+static int64_t n_differ(const sg_tensor *a, const sg_tensor *b)
+{
+    double *x = tu_get(a), *y = tu_get(b);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < a->numel; i++) bad += memcmp(&x[i], &y[i], sizeof x[i]) != 0;
+    free(x), free(y);
+    return bad;
+}
+
+/* On fresh g of P f32 elements (P >= 2), against sg_clip_grad_norm on a copy: (1) one part
+ * (sumsq, then apply, on the whole g): the same norm, flag and scaled g, bit for bit (the same
+ * sum in the same order, the same double arithmetic after it); (2) two parts split at a random
+ * k: each part's sum within (n + 1) 2^-53 of the host's double sum of it (the bound of a
+ * recursive sum of n non-negative terms), the norm the f32 of sqrt(sum0 + sum1) exactly, within
+ * norm_tol of sg_clip_grad_norm's and g within 1 f32 ulp of its (the two double sums of the same
+ * squares differ by at most 2 (P-1) 2^-53 relative, far below f32's rounding; see gpu_run);
+ * (3) measure only (max_norm 0): g unchanged, the norm written; (4) an inf in part 1 sets the
+ * flag for both parts and leaves both alone; (5) the four calls captured and replayed on new
+ * gradients: the eager calls' bits. */
+static void check_split(sg_ctx *ctx, int64_t P)
+{
+    const char *be = sg_backend_name(ctx->backend);
+    char what[128];
+    sg_tensor *g1 = tu_tensor1(ctx, SG_DTYPE_F32, P, "grad_whole"), *g2 = tu_tensor1(ctx, SG_DTYPE_F32, P, "grad_split");
+    sg_tensor *n1 = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm1"), *f1 = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nf1");
+    sg_tensor *n2 = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm2"), *f2 = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nf2");
+    sg_tensor *one = tu_tensor1(ctx, SG_DTYPE_I32, 2, "sums1"), *sums = tu_tensor1(ctx, SG_DTYPE_I32, 4, "sums2");
+    sg_tensor *sums_e = tu_tensor1(ctx, SG_DTYPE_I32, 4, "sums_eager");
+    free(tu_random(g1, -1, 1));
+    double *gs = tu_get(g1); /* as stored: f32 */
+    const float max_norm = (float)(0.5 * sqrt(P / 3.0)); /* about half the norm of uniform(-1, 1) values */
+
+    /* (1) One part. */
+    tu_set(g2, gs);
+    tu_poison(n1), tu_poison(f1), tu_poison(n2), tu_poison(f2);
+    TU_OK(ctx, sg_clip_grad_norm(ctx, g1, max_norm, n1, f1));
+    TU_OK(ctx, sg_clip_sumsq(ctx, g2, one, 0));
+    TU_OK(ctx, sg_clip_apply(ctx, g2, max_norm, one, n2, f2));
+    int64_t bad = n_differ(g1, g2);
+    TU_CHECK(bad == 0 && read1(n1) == read1(n2) && read1(f1) == 0 && read1(f2) == 0,
+             "%s P=%lld: sumsq + apply on one part: %lld elements differ from sg_clip_grad_norm's, norm %.9g "
+             "against %.9g, flags %g %g", be, (long long)P, (long long)bad, read1(n2), read1(n1), read1(f2), read1(f1));
+
+    /* (2) Two parts. */
+    int64_t k = 1 + (int64_t)(tu_next() % (uint64_t)(P - 1)), len[2] = {k, P - k};
+    sg_tensor *part[2], *ref_part[2];
+    TU_OK(ctx, sg_tensor_view(g2, 0, 1, &len[0], "part0", &part[0]));
+    TU_OK(ctx, sg_tensor_view(g2, k, 1, &len[1], "part1", &part[1]));
+    TU_OK(ctx, sg_tensor_view(g1, 0, 1, &len[0], "ref_part0", &ref_part[0]));
+    TU_OK(ctx, sg_tensor_view(g1, k, 1, &len[1], "ref_part1", &ref_part[1]));
+    tu_set(g2, gs);
+    tu_set(g1, gs);
+    TU_OK(ctx, sg_clip_grad_norm(ctx, g1, max_norm, n1, f1));
+    double host_sum[2] = {0, 0}, got_sum[2];
+    for (int64_t i = 0; i < P; i++) host_sum[i >= k] += gs[i] * gs[i];
+    tu_poison(sums);
+    for (int j = 0; j < 2; j++) TU_OK(ctx, sg_clip_sumsq(ctx, part[j], sums, j));
+    for (int j = 0; j < 2; j++) {
+        got_sum[j] = sum_of(sums, j);
+        snprintf(what, sizeof what, "%s P=%lld split at %lld: part %d's sum of squares", be, (long long)P,
+                 (long long)k, j);
+        tu_close(what, &got_sum[j], &host_sum[j], 1, (tu_tol){0, ((double)len[j] + 1) * 1.1102230246251565e-16});
+    }
+    tu_poison(n2), tu_poison(f2);
+    for (int j = 0; j < 2; j++) TU_OK(ctx, sg_clip_apply(ctx, part[j], max_norm, sums, n2, f2));
+    snprintf(what, sizeof what, "%s P=%lld split at %lld: g", be, (long long)P, (long long)k);
+    tu_close_tensors(what, g2, g1, (tu_tol){0, 1.1920928955078125e-07});
+    snprintf(what, sizeof what, "%s P=%lld split at %lld: norm", be, (long long)P, (long long)k);
+    tu_close_tensors(what, n2, n1, norm_tol);
+    TU_CHECK(read1(n2) == (double)(float)sqrt(got_sum[0] + got_sum[1]) && read1(f2) == 0,
+             "%s: %.9g and flag %g, want %.9g (the parts' sums added in order) and 0", what, read1(n2), read1(f2),
+             (double)(float)sqrt(got_sum[0] + got_sum[1]));
+
+    /* (3) Measure only. */
+    tu_set(g2, gs);
+    tu_poison(n2);
+    TU_OK(ctx, sg_clip_apply(ctx, part[0], 0.f, sums, n2, f2));
+    snprintf(what, sizeof what, "%s P=%lld: apply with max_norm 0", be, (long long)P);
+    expect_unchanged(what, g2, gs);
+    TU_CHECK(read1(n2) == (double)(float)sqrt(got_sum[0] + got_sum[1]), "%s: norm %.9g", what, read1(n2));
+
+    /* (4) An inf in part 1: its sum is inf, the total too; neither part is scaled. */
+    double *bad_g = malloc((size_t)P * sizeof *bad_g);
+    memcpy(bad_g, gs, (size_t)P * sizeof *bad_g);
+    bad_g[k + (int64_t)(tu_next() % (uint64_t)len[1])] = INFINITY;
+    tu_set(g2, bad_g);
+    for (int j = 0; j < 2; j++) TU_OK(ctx, sg_clip_sumsq(ctx, part[j], sums, j));
+    tu_poison(f2);
+    for (int j = 0; j < 2; j++) TU_OK(ctx, sg_clip_apply(ctx, part[j], 1e-3f, sums, n2, f2));
+    snprintf(what, sizeof what, "%s P=%lld: an inf in part 1", be, (long long)P);
+    TU_CHECK(read1(f2) == 1 && isinf(read1(n2)), "%s: nonfinite %g, norm %g", what, read1(f2), read1(n2));
+    expect_unchanged(what, g2, bad_g);
+    free(bad_g);
+
+    /* (5) Captured, replayed on new gradients; the same four calls eagerly on a copy. */
+    split_step st = {ctx, {part[0], part[1]}, sums, n2, f2, max_norm};
+    sg_graph_options o = sg_graph_options_default();
+    o.name = "clip_split";
+    o.warmup = 0;
+    sg_graph *gph = NULL;
+    TU_OK(ctx, sg_graph_capture(ctx, split_fn, &st, &o, &gph));
+    /* |g| in [0.5, 1): a norm of at least 0.5 sqrt(P), above max_norm (0.29 sqrt(P)) whatever
+     * is drawn, so the replay scales. */
+    double *fresh = malloc((size_t)P * sizeof *fresh);
+    for (int64_t i = 0; i < P; i++) fresh[i] = tu_uniform(0.5, 1) * (tu_next() & 1 ? 1 : -1);
+    tu_set(g2, fresh);
+    tu_set(g1, fresh);
+    tu_poison(n2);
+    TU_OK(ctx, sg_graph_replay(gph));
+    split_step eager = {ctx, {ref_part[0], ref_part[1]}, sums_e, n1, f1, max_norm};
+    TU_OK(ctx, split_fn(&eager));
+    bad = n_differ(g1, g2);
+    TU_CHECK(bad == 0 && read1(n1) == read1(n2) && sum_of(sums, 0) == sum_of(sums_e, 0) &&
+             sum_of(sums, 1) == sum_of(sums_e, 1), "%s P=%lld: the captured split clip: %lld elements differ from "
+             "the eager calls', norm %.9g against %.9g", be, (long long)P, (long long)bad, read1(n2), read1(n1));
+    TU_CHECK(read1(n2) > max_norm, "%s P=%lld: the replay's norm %.9g is not above max_norm %g: nothing clipped",
+             be, (long long)P, read1(n2), (double)max_norm);
+    free(fresh);
+    sg_graph_destroy(gph);
+
+    free(gs);
+    sg_tensor *ts[] = {part[0], part[1], ref_part[0], ref_part[1], g1, g2, n1, f1, n2, f2, one, sums, sums_e};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+}
+
+/* The split form's argument checks: nothing written, the context usable after. */
+static void split_errors(sg_ctx *ctx)
+{
+    sg_tensor *g = tu_tensor1(ctx, SG_DTYPE_F32, 12, "grad"), *g_bf16 = tu_tensor1(ctx, SG_DTYPE_BF16, 12, "g_bf16");
+    sg_tensor *s = tu_tensor1(ctx, SG_DTYPE_I32, 4, "sums"), *s_f32 = tu_tensor1(ctx, SG_DTYPE_F32, 4, "sums_f32");
+    sg_tensor *s3 = tu_tensor1(ctx, SG_DTYPE_I32, 3, "sums3");
+    sg_tensor *norm = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm"), *nf = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nf");
+    free(tu_random(g, -1, 1));
+    double *g0 = tu_get(g);
+    tu_poison(s), tu_poison(norm), tu_poison(nf);
+    double *s0 = tu_get(s);
+    TU_FAILS(ctx, sg_clip_sumsq(ctx, g_bf16, s, 0), SG_ERR_DTYPE, "'grad'");
+    TU_FAILS(ctx, sg_clip_sumsq(ctx, g, s_f32, 0), SG_ERR_DTYPE, "'sums'");
+    TU_FAILS(ctx, sg_clip_sumsq(ctx, g, s3, 0), SG_ERR_SHAPE, "'sums' (sums3) has 3 elements; expected 2 per part");
+    TU_FAILS(ctx, sg_clip_sumsq(ctx, g, s, 2), SG_ERR_INVALID, "part 2 of 'sums' (sums), which holds 2 parts");
+    TU_FAILS(ctx, sg_clip_sumsq(ctx, g, s, -1), SG_ERR_INVALID, "part -1");
+    TU_FAILS(ctx, sg_clip_sumsq(ctx, g, NULL, 0), SG_ERR_NULL, "'sums'");
+    TU_FAILS(ctx, sg_clip_apply(ctx, g, 1.f, s, norm, NULL), SG_ERR_NULL, "'nonfinite'");
+    TU_FAILS(ctx, sg_clip_apply(ctx, g, NAN, s, norm, nf), SG_ERR_INVALID, "max_norm is NaN");
+    TU_FAILS(ctx, sg_clip_apply(ctx, g, 1.f, s3, norm, nf), SG_ERR_SHAPE, "2 per part");
+    TU_FAILS(ctx, sg_clip_apply(ctx, g, 1.f, s, nf, nf), SG_ERR_DTYPE, "'norm'");
+    TU_CHECK(sg_clip_sumsq(NULL, g, s, 0) == SG_ERR_NULL, "NULL ctx accepted");
+    expect_unchanged("g after the split form's rejected calls", g, g0);
+    expect_unchanged("sums after the split form's rejected calls", s, s0);
+    TU_CHECK(isnan(read1(norm)), "a rejected call wrote the norm");
+    TU_OK(ctx, sg_clip_sumsq(ctx, g, s, 0));
+    TU_OK(ctx, sg_clip_sumsq(ctx, g, s, 1));
+    TU_OK(ctx, sg_clip_apply(ctx, g, 1e-3f, s, norm, nf));
+    TU_CHECK(read1(nf) == 0 && read1(norm) > 0, "the valid split calls after the errors did not measure");
+    free(g0), free(s0);
+    sg_tensor *ts[] = {g, g_bf16, s, s_f32, s3, norm, nf};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+}
+
 static void cpu_tests(void)
 {
     const int64_t Ps[] = {1, 5, 1000, 100003};
@@ -298,6 +485,9 @@ static void cpu_tests(void)
     check_nonfinite(ctx, SG_DTYPE_F64, 7);
     check_nonfinite(ctx, SG_DTYPE_F32, 1);
     check_capture(ctx, ctx, 1001, 1);
+    check_split(ctx, 2);
+    check_split(ctx, 100003);
+    split_errors(ctx);
     sg_ctx_destroy(ctx);
     cpu_f64_overflow();
     cpu_errors();
@@ -459,6 +649,10 @@ static void gpu_tests(void)
     check_nonfinite(gpu, SG_DTYPE_F32, (1 << 20) + 3);
     check_nonfinite(gpu, SG_DTYPE_F32, 1);
     check_capture(gpu, cpu, (1 << 20) + 5, 2);
+    check_split(gpu, 2);
+    check_split(gpu, 1001);
+    check_split(gpu, (1 << 20) + 7);
+    split_errors(gpu);
     gpu_errors(gpu, cpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);

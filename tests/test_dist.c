@@ -539,52 +539,64 @@ typedef struct tcase {
     size_t bucket;             /* bucket bytes (0: 1 KiB, several buckets even for small models) */
     bool shard;                /* a sharded optimizer: against the same ranks unsharded, bit for bit */
     sg_dtype precision;        /* 0: f32 */
+    float clip;                /* sharded with clipping to this norm: mode "clip" (see there) */
 } tcase;
 
 /* SGD: a sum where an average belongs would change its steps (AdamW's barely: it is scale-free),
  * and its differences stay proportional to the gradients' (AdamW normalises the update of a
  * gradient that cancels to near zero, so rounding there moves a parameter by up to lr). */
 static const tcase cases[] = {
-    {"mlp-eager", "mlp-32-2-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, false, 0, 0, false, 0},
-    {"mlp-layer", "mlp-32-2-16", SG_SCOPE_LAYER, SG_OPTIM_SGD, 0.05f, false, 0, 0, false, 0},
-    {"mlp-model", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 0, 0, false, 0},
-    {"mlp-step", "mlp-32-2-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, false, 0, 0, false, 0},
-    {"gpt-eager", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, false, 0, 0, false, 0},
-    {"gpt-step", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, 0, false, 0},
-    {"mlp64-eager", "mlp-64-2-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, true, 0, 0, false, 0},
-    {"mlp64-step", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 0, 0, false, 0},
-    {"gpt-eager-gpu", "gpt-128-2-4-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, true, 0, 0, false, 0},
-    {"gpt-step-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 0, 0, false, 0},
-    {"mlp-model-accum", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 3, 0, false, 0},
-    {"gpt-step-accum", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 2, 0, false, 0},
-    {"mlp64-step-accum", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 2, 0, false, 0},
-    {"gpt-step-accum-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 3, 0, false, 0},
+    {"mlp-eager", "mlp-32-2-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, false, 0, 0, false, 0, 0},
+    {"mlp-layer", "mlp-32-2-16", SG_SCOPE_LAYER, SG_OPTIM_SGD, 0.05f, false, 0, 0, false, 0, 0},
+    {"mlp-model", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 0, 0, false, 0, 0},
+    {"mlp-step", "mlp-32-2-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, false, 0, 0, false, 0, 0},
+    {"gpt-eager", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, false, 0, 0, false, 0, 0},
+    {"gpt-step", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, 0, false, 0, 0},
+    {"mlp64-eager", "mlp-64-2-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.05f, true, 0, 0, false, 0, 0},
+    {"mlp64-step", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 0, 0, false, 0, 0},
+    {"gpt-eager-gpu", "gpt-128-2-4-32", SG_SCOPE_EAGER, SG_OPTIM_SGD, 0.1f, true, 0, 0, false, 0, 0},
+    {"gpt-step-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 0, 0, false, 0, 0},
+    {"mlp-model-accum", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 3, 0, false, 0, 0},
+    {"gpt-step-accum", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 2, 0, false, 0, 0},
+    {"mlp64-step-accum", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 2, 0, false, 0, 0},
+    {"gpt-step-accum-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, true, 3, 0, false, 0, 0},
     /* Buckets larger than the model: the last two children (block 0 and the embedding) still
      * send theirs, so exactly two gradient all-reduces a step. */
-    {"gpt-step-whole", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, (size_t)64 << 20, false, 0},
+    {"gpt-step-whole", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, (size_t)64 << 20, false, 0, 0},
     /* A sharded optimizer: the same run as unsharded, bit for bit (the CPU transport's
      * reduce-scatter averages as its all-reduce does; the update is elementwise). Mixed
      * precision: a step whose gradients overflow (scale inf) is skipped alike, and every rank's
      * scaler agrees after each rank checked only its shares. */
-    {"gpt-step-shard", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, 0, true, 0},
+    {"gpt-step-shard", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, 0, true, 0, 0},
     {"gpt-eager-shard-bf16", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_ADAMW, 3e-3f, false, 0, 0, true,
-     SG_DTYPE_BF16},
+     SG_DTYPE_BF16, 0},
     {"gpt-step-shard-bf16", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, false, 0, 0, true,
-     SG_DTYPE_BF16},
+     SG_DTYPE_BF16, 0},
     /* The mlp's 2442 parameters leave a tail of 2 (not a multiple of 4 x 2), updated whole by
      * every rank: eagerly at model scope, captured at step scope. */
-    {"mlp-model-shard", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_ADAMW, 3e-3f, false, 0, 0, true, 0},
-    {"mlp-step-shard", "mlp-32-2-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, false, 0, 0, true, 0},
+    {"mlp-model-shard", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_ADAMW, 3e-3f, false, 0, 0, true, 0, 0},
+    {"mlp-step-shard", "mlp-32-2-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, false, 0, 0, true, 0, 0},
     /* With accumulation: the step's f32 sums reduce-scattered after the last micro-batch. */
-    {"gpt-step-accum-shard", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 2, 0, true, 0},
+    {"gpt-step-accum-shard", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 2, 0, true, 0, 0},
     {"gpt-eager-accum-shard-bf16", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_ADAMW, 3e-3f, false, 3, 0, true,
-     SG_DTYPE_BF16},
+     SG_DTYPE_BF16, 0},
     {"gpt-step-accum-shard-bf16", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, false, 2, 0, true,
-     SG_DTYPE_BF16},
+     SG_DTYPE_BF16, 0},
+    /* Clipping with a sharded optimizer (mode "clip"): the mlp's tail of 2 is counted once in
+     * the norm, by rank 0. */
+    {"gpt-step-shard-clip", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.1f, false, 0, 0, true, 0, 0.05f},
+    {"mlp-model-shard-clip", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 0, 0, true, 0, 0.05f},
+    {"gpt-eager-shard-clip-bf16", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_ADAMW, 3e-3f, false, 0, 0, true,
+     SG_DTYPE_BF16, 0.05f},
+    {"gpt-step-accum-shard-clip-bf16", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, false, 2, 0, true,
+     SG_DTYPE_BF16, 0.05f},
     {"gpt-step-shard-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, true, 0, 0, true,
-     SG_DTYPE_BF16},
+     SG_DTYPE_BF16, 0},
+    {"gpt-step-shard-clip-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, true, 0, 0, true,
+     SG_DTYPE_BF16, 0.05f},
+    {"mlp64-step-shard-clip-gpu", "mlp-64-2-32", SG_SCOPE_STEP, SG_OPTIM_SGD, 0.05f, true, 0, 0, true, 0, 0.05f},
     {"gpt-step-accum-shard-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, true, 2, 0, true,
-     SG_DTYPE_BF16},
+     SG_DTYPE_BF16, 0},
 };
 
 static const tcase *find_case(const char *name)
@@ -615,6 +627,7 @@ static trainee make(sg_ctx *ctx, const tcase *c, uint64_t seed, int shard, int s
     to.warmup = SG_DIST_MIN_WARMUP;
     to.dist = d;
     to.shard_optimizer = shard_optim;
+    to.clip = c->clip;
     TU_OK(ctx, sg_trainer_create(r.m, r.o, &to, &r.t));
     return r;
 }
@@ -926,6 +939,64 @@ static int worker(int argc, char **argv)
             TU_FAILS(ctx, sg_trainer_create(r.m, r.o, &to, &t2), SG_ERR_INVALID, "create a new optimizer");
         }
         free(p);
+    } else if (!strcmp(mode, "clip")) {
+        /* Clipping with a sharded optimizer: the global norm from every rank's shares (the tail
+         * once), summed over the ranks. Three runs on these ranks: unsharded (r), sharded, and
+         * sharded eagerly (captured scopes). At step 0 both see the same gradients bit for bit
+         * (the sharded tests above) and sum the same squares in f64 in two orders, each within
+         * P 2^-53 of the exact sum (1e-11 here), so the f32 norms are at most 1 ulp apart: a
+         * share left out, the tail counted twice or a rank's own norm alone would move it by
+         * 1e-3 or more. After that the two runs' coefficients differ in their last bits, and
+         * the losses, norms and weights drift as N ranks do from 1 (the tolerances of "match").
+         * The sharded run captured and eager: the same bits. */
+        float loss[3][STEPS], norm[3][STEPS];
+        int64_t np = sg_tensor_numel(sg_model_params(r.m));
+        float *p[3];
+        tcase eager = *c;
+        eager.scope = SG_SCOPE_EAGER;
+        int runs = c->scope == SG_SCOPE_EAGER ? 2 : 3;
+        for (int k = 0; k < runs; k++) {
+            if (k > 0) r = make(ctx, k == 2 ? &eager : c, seed, e.rank, e.world, d, true);
+            for (int s = 0; s < STEPS; s++) {
+                TU_OK(ctx, sg_trainer_step(r.t, s));
+                TU_OK(ctx, sg_model_loss_read(r.m, &loss[k][s]));
+                TU_OK(ctx, sg_tensor_copy_to_host(r.m->gnorm, &norm[k][s], sizeof norm[k][s]));
+            }
+            TU_OK(ctx, sg_trainer_gather_params(r.t));
+            p[k] = malloc((size_t)np * sizeof *p[k]);
+            TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(r.m), p[k], (size_t)np * sizeof *p[k]));
+            if (k < runs - 1) unmake(&r);
+        }
+        float ulp = nextafterf(norm[0][0], INFINITY) - norm[0][0];
+        TU_CHECK(norm[0][0] > c->clip, "%s: the norm at step 0 is %.9g, not above the clip %g: nothing clipped",
+                 tag, norm[0][0], c->clip);
+        TU_CHECK(fabsf(norm[1][0] - norm[0][0]) <= ulp, "%s: step 0's norm sharded %.9g, unsharded %.9g (more than "
+                 "1 ulp apart)", tag, norm[1][0], norm[0][0]);
+        int clipped = 0;
+        for (int s = 0; s < STEPS; s++) {
+            clipped += norm[0][s] > c->clip;
+            TU_CHECK(close_to(loss[1][s], loss[0][s], 1e-5, 1e-4) && close_to(norm[1][s], norm[0][s], 1e-5, 1e-4),
+                     "%s: step %d sharded loss %.9g norm %.9g, unsharded %.9g %.9g", tag, s, loss[1][s], norm[1][s],
+                     loss[0][s], norm[0][s]);
+        }
+        int64_t worst = 0;
+        double worst_d = 0;
+        for (int64_t i = 0; i < np; i++) {
+            double dd = fabs((double)p[1][i] - p[0][i]) / (1e-5 + 1e-3 * fabs(p[0][i]));
+            if (dd > worst_d) worst_d = dd, worst = i;
+        }
+        TU_CHECK(worst_d <= 1, "%s: parameter %lld is %.9g sharded, %.9g unsharded (|d| / tolerance %.2f)", tag,
+                 (long long)worst, p[1][worst], p[0][worst], worst_d);
+        if (runs == 3) {
+            int64_t diff = first_diff(p[2], p[1], np);
+            TU_CHECK(!memcmp(loss[2], loss[1], sizeof loss[1]) && !memcmp(norm[2], norm[1], sizeof norm[1]) &&
+                     diff < 0, "%s: sharded eager and %s differ (losses, norms, or parameter %lld)", tag,
+                     sg_scope_name(c->scope), (long long)diff);
+        }
+        printf("%s: clipped in %d of %d steps (norm %.6g at step 0, sharded %.6g); parameters within %.3f of the "
+               "tolerance of the unsharded run's%s\n", tag, clipped, STEPS, norm[0][0], norm[1][0], worst_d,
+               runs == 3 ? "; eager bit for bit" : "");
+        for (int k = 0; k < runs; k++) free(p[k]);
     } else if (!strcmp(mode, "agree")) {
         /* A sharded step where only some ranks' shares overflowed: each rank ran the scaler's
          * update on its own flag; after sg_dist_agree_scaler every rank must hold what a rank
@@ -1022,6 +1093,10 @@ static void run_ranks(sg_backend be, const tcase *c, int world, uint64_t seed, c
     printf("%s: %s on %d ranks: %s in %.1f s\n", c->name, mode, world, st == SG_OK ? "ok" : "FAILED", now_s() - t0);
 }
 
+/* `test_dist cpu|gpu ONLY`: the training cases whose names hold ONLY, nothing else (to repeat a
+ * few cases many times). */
+static const char *only;
+
 static void training(sg_backend be, bool gpu)
 {
     uint64_t seed = tu_next() % 1000000;
@@ -1033,8 +1108,12 @@ static void training(sg_backend be, bool gpu)
     const char *first = NULL;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const tcase *c = &cases[i];
-        if (c->gpu != gpu) continue;
+        if (c->gpu != gpu || (only && !strstr(c->name, only))) continue;
         if (!first) first = c->name;
+        if (c->clip > 0) {
+            run_ranks(be, c, 2, seed, ref, "clip");
+            continue;
+        }
         if (c->shard) {
             run_ranks(be, c, 2, seed, ref, "dump");
             run_ranks(be, c, 2, seed, ref, "shard");
@@ -1051,6 +1130,11 @@ static void training(sg_backend be, bool gpu)
         run_ranks(be, c, 2, seed, ref, "match");
     }
     /* A different capture on one rank, and a rank that dies: errors, not hangs. */
+    if (only) {
+        TU_CHECK(first != NULL, "no %s training case holds '%s'", gpu ? "gpu" : "cpu", only);
+        unlink(ref);
+        return;
+    }
     const tcase *step = find_case(gpu ? "mlp64-step" : "mlp-step");
     run_ranks(be, step, 2, seed, ref, "agree");
     if (!gpu) run_ranks(be, step, 4, seed, ref, "agree");
@@ -1098,6 +1182,7 @@ int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "cpu";
     if (!strcmp(mode, "worker")) return worker(argc, argv);
+    only = argc > 2 ? argv[2] : NULL;
     tu_seed("test_dist");
     if (!strcmp(mode, "gpu")) {
         if (!sg_cuda_available()) {
@@ -1120,6 +1205,8 @@ int main(int argc, char **argv)
         TU_OK(NULL, st);
         have_first_id = true;
         training(SG_BACKEND_CUDA, true);
+    } else if (only) {
+        training(SG_BACKEND_CPU, false);
     } else {
         double t0 = now_s();
         cpu_ids();

@@ -47,9 +47,6 @@ bool sg_cli_dist_check(const char *cmd, const sg_cli_dist *d, sg_backend b, cons
     else if (tr->stop_nonfinite || tr->stop_on_loss)
         err = "--gpus does not combine with --stop-nonfinite or --stop-loss yet (a step's all-reduce cannot sit "
               "in the early-stop loop's body)";
-    else if (d->shard_optimizer && tr->clip > 0)
-        err = "--shard-optimizer does not combine with --clip yet (it needs the global norm summed over the ranks' "
-              "shares)";
     else if (d->nnodes > 1 && b == SG_BACKEND_CPU)
         err = "--nnodes needs the CUDA backend: the CPU backend's collectives run over local sockets, on one host";
     else if (sscanf(model, "%15[a-z]-%lld-%lld-%lld", kind, &w, &depth, &batch) == 4 && batch % world)

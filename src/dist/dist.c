@@ -431,6 +431,19 @@ sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst)
     return d->vt->join(d);
 }
 
+sg_status sg_dist_gather_bits(sg_dist *d, sg_tensor *mine, sg_tensor *all)
+{
+    SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_gather_bits", "gathered values over the ranks (a collective)"));
+    if (mine->dtype != all->dtype || all->numel != mine->numel * d->world)
+        return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_gather_bits: '%s' (%lld %s) into '%s' (%lld %s): expected "
+                       "%d times the elements, one dtype", mine->name, (long long)mine->numel,
+                       sg_dtype_name(mine->dtype), all->name, (long long)all->numel, sg_dtype_name(all->dtype),
+                       d->world);
+    SG_TRY(d->vt->fork(d));
+    SG_TRY(collective(d, SG_DIST_OP_ALL_GATHER, mine, 0, all->numel, all, 0));
+    return d->vt->join(d);
+}
+
 sg_status sg_dist_step_end(sg_dist *d)
 {
     SG_TRY(sg_dist_check_failed(d));

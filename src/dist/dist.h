@@ -160,6 +160,9 @@ sg_status sg_dist_set_shard_out(sg_dist *d, sg_tensor *shard_out);
  * tail copied (every rank holds it whole). */
 sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler);
 sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst);
+/* Queued the same way: every rank's mine (n elements) into all (world x n, mine's dtype) in rank
+ * order, bits as they are (a sharded clip's sums of squares, each an f64's bytes). */
+sg_status sg_dist_gather_bits(sg_dist *d, sg_tensor *mine, sg_tensor *all);
 void sg_dist_detach(sg_dist *d);
 /* Around the model's backward: begin, then sg_dist_backward_hook after each child (buckets
  * of at least bucket_bytes are all-reduced on the second stream as soon as they are final;

@@ -52,3 +52,75 @@ sg_status sg_clip_grad_norm(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_ten
     }
     return SG_CUDA_DISPATCH(ctx, sg_clip_grad_norm_cuda(ctx, grad, max_norm, norm, nonfinite));
 }
+
+typedef struct split_args {
+    sg_tensor *grad, *sums, *norm, *nonfinite;
+    float max_norm;
+    int part;
+} split_args;
+
+static sg_status sumsq_cpu(sg_ctx *ctx, const void *p)
+{
+    (void)ctx;
+    const split_args *a = p;
+    sg_clip_sumsq_cpu(a->grad, a->sums, a->part);
+    return SG_OK;
+}
+
+static sg_status apply_cpu(sg_ctx *ctx, const void *p)
+{
+    (void)ctx;
+    const split_args *a = p;
+    sg_clip_apply_cpu(a->grad, a->max_norm, a->sums, a->norm, a->nonfinite);
+    return SG_OK;
+}
+
+/* sums: I32, an even count (2 elements a part). */
+static sg_status check_sums(sg_ctx *ctx, const char *fn, const sg_tensor *grad, const sg_tensor *sums)
+{
+    SG_TRY(sg_check_dtype(ctx, fn, "sums", sums, SG_DTYPE_I32));
+    if (sums->numel < 2 || sums->numel % 2)
+        return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'sums' (%s) has %lld elements; expected 2 per part (each part's "
+                       "f64 sum of squares as raw bytes)", fn, sums->name, (long long)sums->numel);
+    return check_apart(ctx, fn, grad, "sums", sums);
+}
+
+sg_status sg_clip_sumsq(sg_ctx *ctx, const sg_tensor *grad, sg_tensor *sums, int part)
+{
+    const char *fn = "sg_clip_sumsq";
+    if (!ctx) return SG_ERR_NULL;
+    SG_TRY(sg_check_dtype(ctx, fn, "grad", grad, SG_DTYPE_F32));
+    SG_TRY(check_sums(ctx, fn, grad, sums));
+    if (part < 0 || part >= sums->numel / 2)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: part %d of 'sums' (%s), which holds %lld parts", fn, part,
+                       sums->name, (long long)(sums->numel / 2));
+    sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, sg_tensors_bytes(grad, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
+    if (ctx->backend == SG_BACKEND_CPU) {
+        split_args a = {(sg_tensor *)grad, sums, NULL, NULL, 0.f, part};
+        return sg_cpu_run(ctx, sumsq_cpu, &a, sizeof a);
+    }
+    return SG_CUDA_DISPATCH(ctx, sg_clip_sumsq_cuda(ctx, grad, sums, part));
+}
+
+sg_status sg_clip_apply(sg_ctx *ctx, sg_tensor *grad, float max_norm, const sg_tensor *sums, sg_tensor *norm,
+                        sg_tensor *nonfinite)
+{
+    const char *fn = "sg_clip_apply";
+    if (!ctx) return SG_ERR_NULL;
+    SG_TRY(sg_check_dtype(ctx, fn, "grad", grad, SG_DTYPE_F32));
+    SG_TRY(check_sums(ctx, fn, grad, sums));
+    SG_TRY(sg_check_count(ctx, fn, "norm", norm, SG_DTYPE_F32, 1, "the norm"));
+    SG_TRY(sg_check_count(ctx, fn, "nonfinite", nonfinite, SG_DTYPE_I32, 1, "a flag"));
+    SG_TRY(check_apart(ctx, fn, grad, "norm", norm));
+    SG_TRY(check_apart(ctx, fn, grad, "nonfinite", nonfinite));
+    if (max_norm != max_norm)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: max_norm is NaN; expected a number (<= 0: measure only)", fn);
+    if (max_norm > 0)
+        sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0,
+                          2 * sg_tensors_bytes(grad, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
+    if (ctx->backend == SG_BACKEND_CPU) {
+        split_args a = {grad, (sg_tensor *)sums, norm, nonfinite, max_norm, 0};
+        return sg_cpu_run(ctx, apply_cpu, &a, sizeof a);
+    }
+    return SG_CUDA_DISPATCH(ctx, sg_clip_apply_cuda(ctx, grad, max_norm, sums, norm, nonfinite));
+}

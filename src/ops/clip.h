@@ -31,6 +31,18 @@ void sg_clip_grad_norm_cpu(sg_tensor *grad, float max_norm, sg_tensor *norm,
 sg_status sg_clip_grad_norm_cuda(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_tensor *norm,
                                  sg_tensor *nonfinite);
 
+/* The split form (sg_clip_sumsq, sg_clip_apply), f32 gradients: sums, I32 (2 n), holds part i's
+ * f64 sum of squares as raw bytes at element 2 i (index order on the CPU, clip_sumsq_kernel's
+ * order on CUDA); apply adds the n parts in order in f64, then norm = sqrt of that, nonfinite =
+ * it is not finite, and the scaling above. On one part the two are sg_clip_grad_norm bit for
+ * bit, on each backend. */
+void sg_clip_sumsq_cpu(const sg_tensor *grad, sg_tensor *sums, int part);
+void sg_clip_apply_cpu(sg_tensor *grad, float max_norm, const sg_tensor *sums, sg_tensor *norm,
+                       sg_tensor *nonfinite);
+sg_status sg_clip_sumsq_cuda(sg_ctx *ctx, const sg_tensor *grad, sg_tensor *sums, int part);
+sg_status sg_clip_apply_cuda(sg_ctx *ctx, sg_tensor *grad, float max_norm, const sg_tensor *sums,
+                             sg_tensor *norm, sg_tensor *nonfinite);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,6 +4,7 @@
 #include "ops/clip.h"
 
 #include <math.h>
+#include <string.h>
 
 /* sqrt(sum g^2), all of g finite. Squares of f32 values cannot overflow a double sum (below
  * 2^256 * 2^63); f64 ones can, and then the sum is redone on g / max|g|. */
@@ -25,6 +26,18 @@ static double norm2(const sg_tensor *g)
     return amax * sqrt(s);
 }
 
+/* Writes the norm and the flag, then g *= max_norm / (nd + 1e-6) in double, rounded once, when
+ * g is finite, max_norm > 0 and that factor is below 1. */
+static void finish(sg_tensor *grad, float max_norm, double nd, int bad, sg_tensor *norm, sg_tensor *nonfinite)
+{
+    sg_st(norm, 0, nd);
+    sg_st(nonfinite, 0, bad);
+    if (bad || !(max_norm > 0)) return;
+    double coef = (double)max_norm / (nd + 1e-6);
+    if (!(coef < 1.0)) return;
+    for (int64_t i = 0; i < grad->numel; i++) sg_st(grad, i, sg_ld(grad, i) * coef);
+}
+
 void sg_clip_grad_norm_cpu(sg_tensor *grad, float max_norm, sg_tensor *norm, sg_tensor *nonfinite)
 {
     int bad = 0;
@@ -40,10 +53,33 @@ void sg_clip_grad_norm_cpu(sg_tensor *grad, float max_norm, sg_tensor *norm, sg_
     } else {
         nd = norm2(grad);
     }
-    sg_st(norm, 0, nd);
-    sg_st(nonfinite, 0, bad);
-    if (bad || !(max_norm > 0)) return;
-    double coef = (double)max_norm / (nd + 1e-6);
-    if (!(coef < 1.0)) return;
-    for (int64_t i = 0; i < grad->numel; i++) sg_st(grad, i, sg_ld(grad, i) * coef);
+    finish(grad, max_norm, nd, bad, norm, nonfinite);
+}
+
+/* Part i's f64 sum of squares is held as 8 raw bytes at element 2 i of an I32 tensor (F64
+ * tensors exist on the CPU only; the bytes travel between ranks as they are). */
+static double sum_at(const sg_tensor *sums, int64_t i)
+{
+    double v;
+    memcpy(&v, (const char *)sums->data + 8 * i, sizeof v);
+    return v;
+}
+
+void sg_clip_sumsq_cpu(const sg_tensor *grad, sg_tensor *sums, int part)
+{
+    double s = 0; /* f32 squares: no overflow, so inf or NaN exactly when an element is */
+    for (int64_t i = 0; i < grad->numel; i++) {
+        double v = sg_ld(grad, i);
+        s += v * v;
+    }
+    memcpy((char *)sums->data + 8 * (int64_t)part, &s, sizeof s);
+}
+
+void sg_clip_apply_cpu(sg_tensor *grad, float max_norm, const sg_tensor *sums, sg_tensor *norm, sg_tensor *nonfinite)
+{
+    double s = 0; /* the parts in order; one part: its sum, bit for bit (0 + x is x) */
+    for (int64_t i = 0; i < sums->numel / 2; i++) s += sum_at(sums, i);
+    double nd = sqrt(s);
+    int bad = !isfinite(s);
+    finish(grad, max_norm, nd, bad, norm, nonfinite);
 }

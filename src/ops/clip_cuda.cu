@@ -44,7 +44,7 @@ __device__ __forceinline__ double clip_add_squares(double acc, float4 v)
  * the same trip (two loads in flight), then the last n % 4 elements one by one. */
 __global__ void __launch_bounds__(CLIP_THREADS)
     clip_sumsq_kernel(const float *__restrict__ g, int64_t n, bool vec, double *partials,
-                      unsigned *counter, double *norm_d, float *norm, int *nonfinite)
+                      unsigned *counter, int *sum_out, double *norm_d, float *norm, int *nonfinite)
 {
     __shared__ double sh[CLIP_WARPS];
     const int64_t stride = (int64_t)gridDim.x * CLIP_THREADS;
@@ -65,7 +65,11 @@ __global__ void __launch_bounds__(CLIP_THREADS)
     double a = 0;
     if (!sg_grid_sum_last<CLIP_THREADS>(sg_block_sum<CLIP_THREADS>(acc, sh), partials, counter, sh, &a))
         return;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && sum_out) { /* sg_clip_sumsq: the sum alone, as raw bytes (see clip.h) */
+        const long long b = __double_as_longlong(a);
+        sum_out[0] = (int)(unsigned)(b & 0xffffffffll);
+        sum_out[1] = (int)(unsigned)((unsigned long long)b >> 32);
+    } else if (threadIdx.x == 0) {
         double nd = sqrt(a); /* inf or NaN when an element is */
         *norm_d = nd;
         *norm = (float)nd;
@@ -74,12 +78,9 @@ __global__ void __launch_bounds__(CLIP_THREADS)
 }
 
 /* g (n) *= coef = max_norm / (norm + 1e-6), in double and rounded once (the reference's
- * arithmetic), when the norm is finite and coef < 1; otherwise every thread returns at once. */
-__global__ void __launch_bounds__(CLIP_THREADS)
-    clip_scale_kernel(float *__restrict__ g, int64_t n, bool vec, float max_norm,
-                      const double *norm_d)
+ * arithmetic), when the norm nd is finite and coef < 1; otherwise the thread returns at once. */
+__device__ __forceinline__ void clip_scale(float *__restrict__ g, int64_t n, bool vec, float max_norm, double nd)
 {
-    const double nd = *norm_d;
     if (!isfinite(nd)) return;
     const double coef = (double)max_norm / (nd + 1e-6);
     if (!(coef < 1.0)) return;
@@ -96,6 +97,34 @@ __global__ void __launch_bounds__(CLIP_THREADS)
         g4[i] = v;
     }
     for (int64_t i = n4 * 4 + tid; i < n; i += stride) g[i] = (float)((double)g[i] * coef);
+}
+
+/* clip_scale over the norm the sum of squares left in scratch. */
+__global__ void __launch_bounds__(CLIP_THREADS)
+    clip_scale_kernel(float *__restrict__ g, int64_t n, bool vec, float max_norm,
+                      const double *norm_d)
+{
+    clip_scale(g, n, vec, max_norm, *norm_d);
+}
+
+/* sg_clip_apply: the parts' sums (raw f64 bytes, two ints each) added in order, norm = sqrt of
+ * that, nonfinite, and g *= coef as clip_scale_kernel does: the same double arithmetic, so that
+ * one part measured by clip_sumsq_kernel and applied here is sg_clip_grad_norm bit for bit (0 +
+ * x is x). Block 0's thread 0 writes norm and nonfinite; max_norm <= 0 only measures. */
+__global__ void __launch_bounds__(CLIP_THREADS)
+    clip_apply_kernel(float *__restrict__ g, int64_t n, bool vec, float max_norm, const int *sums,
+                      int64_t parts, float *norm, int *nonfinite)
+{
+    double a = 0;
+    for (int64_t i = 0; i < parts; i++)
+        a += __longlong_as_double((long long)(((unsigned long long)(unsigned)sums[2 * i + 1] << 32) |
+                                              (unsigned)sums[2 * i]));
+    const double nd = sqrt(a);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        *norm = (float)nd;
+        *nonfinite = isfinite(a) ? 0 : 1;
+    }
+    if (max_norm > 0) clip_scale(g, n, vec, max_norm, nd);
 }
 
 static int grid_for(const sg_ctx *ctx, int64_t want, int per_sm)
@@ -124,7 +153,7 @@ extern "C" sg_status sg_clip_grad_norm_cuda(sg_ctx *ctx, sg_tensor *grad, float 
     /* Sum of squares: 8 elements a thread a trip (two float4s). */
     int blocks = grid_for(ctx, (n + 8 * CLIP_THREADS - 1) / (8 * CLIP_THREADS), CLIP_BLOCKS_PER_SM);
     clip_sumsq_kernel<<<blocks, CLIP_THREADS, 0, stream>>>(
-        g, n, vec, partials, counter, norm_d, (float *)norm->data, (int *)nonfinite->data);
+        g, n, vec, partials, counter, NULL, norm_d, (float *)norm->data, (int *)nonfinite->data);
     SG_CUDA_CHECK_LAUNCH(ctx, "clip_sumsq_kernel");
     sg_ctx_count_launches(ctx, 1);
     if (!(max_norm > 0)) return SG_OK; /* measure only */
@@ -133,6 +162,37 @@ extern "C" sg_status sg_clip_grad_norm_cuda(sg_ctx *ctx, sg_tensor *grad, float 
     blocks = grid_for(ctx, want, CLIP_SCALE_BLOCKS_PER_SM);
     clip_scale_kernel<<<blocks, CLIP_THREADS, 0, stream>>>(g, n, vec, max_norm, norm_d);
     SG_CUDA_CHECK_LAUNCH(ctx, "clip_scale_kernel");
+    sg_ctx_count_launches(ctx, 1);
+    return SG_OK;
+}
+
+extern "C" sg_status sg_clip_sumsq_cuda(sg_ctx *ctx, const sg_tensor *grad, sg_tensor *sums, int part)
+{
+    void *s = NULL;
+    SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_CLIP, SG_CLIP_SCRATCH_BYTES, &s));
+    int64_t n = grad->numel;
+    const float *g = (const float *)grad->data;
+    bool vec = ((uintptr_t)g & 15u) == 0;
+    int blocks = grid_for(ctx, (n + 8 * CLIP_THREADS - 1) / (8 * CLIP_THREADS), CLIP_BLOCKS_PER_SM);
+    clip_sumsq_kernel<<<blocks, CLIP_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
+        g, n, vec, (double *)((char *)s + SCRATCH_PARTIALS_OFF), (unsigned *)s, (int *)sums->data + 2 * (int64_t)part,
+        NULL, NULL, NULL);
+    SG_CUDA_CHECK_LAUNCH(ctx, "clip_sumsq_kernel");
+    sg_ctx_count_launches(ctx, 1);
+    return SG_OK;
+}
+
+extern "C" sg_status sg_clip_apply_cuda(sg_ctx *ctx, sg_tensor *grad, float max_norm, const sg_tensor *sums,
+                                        sg_tensor *norm, sg_tensor *nonfinite)
+{
+    int64_t n = grad->numel;
+    float *g = (float *)grad->data;
+    bool vec = ((uintptr_t)g & 15u) == 0;
+    int blocks = max_norm > 0 ? grid_for(ctx, (n + 4 * CLIP_THREADS - 1) / (4 * CLIP_THREADS), CLIP_SCALE_BLOCKS_PER_SM)
+                              : 1;
+    clip_apply_kernel<<<blocks, CLIP_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
+        g, n, vec, max_norm, (const int *)sums->data, sums->numel / 2, (float *)norm->data, (int *)nonfinite->data);
+    SG_CUDA_CHECK_LAUNCH(ctx, "clip_apply_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
 }

@@ -60,6 +60,10 @@ struct sg_trainer {
     bool shard, optim_moved;     /* optim_moved: the optimizer updates sps (sg_optim_use_params) */
     sg_param_set sps;
     sg_tensor *sh_grad_lo, *sh_param_lo;
+    /* Sharded with clipping: the compact gradients this rank counts in the norm (all but the
+     * tail on ranks other than 0: every rank holds the tail), their f64 sum of squares (I32 2:
+     * raw bytes, sg_clip_sumsq) and every rank's, gathered (I32 2 x world). */
+    sg_tensor *sh_norm_part, *sh_sumsq, *sh_sums;
     /* gradient accumulation (opts.accum > 1) */
     float grad_scale;            /* 1 / accum: each micro-batch's share of the mean loss */
     sg_tensor *grad_sum;         /* (P) F32, fp32 models: the micro-batches' gradients so far */
@@ -414,6 +418,17 @@ static sg_status optim_update(sg_trainer *t)
 
 static sg_status update_body(void *u) { return optim_update(u); }
 
+/* Sharded clipping: each rank's f64 sum of squares of its shares (the tail once), gathered from
+ * every rank and added in rank order, then each rank scales its compact gradients by the norm.
+ * The same norm as an unsharded run's up to the order of its f64 sum (within an f32 ulp); every
+ * rank gets the same bits. */
+static sg_status clip_sharded(sg_trainer *t)
+{
+    SG_TRY(sg_clip_sumsq(t->ctx, t->sh_norm_part, t->sh_sumsq, 0));
+    SG_TRY(sg_dist_gather_bits(t->dist, t->sh_sumsq, t->sh_sums));
+    return sg_clip_apply(t->ctx, t->sps.grad_flat, t->opts.clip, t->sh_sums, t->m->gnorm, t->m->nonfinite);
+}
+
 /* Unscaling (mixed precision: the bf16 gradients, or with accum > 1 their f32 sum, divided by
  * the loss scale into the f32 ones, the skip flag set when they are not finite, the scale
  * updated; with fold_unscale only the check and the scale, the optimizer dividing as it
@@ -433,7 +448,7 @@ static sg_status run_optim(sg_trainer *t)
      * skips), which is what every rank would have computed from all the gradients. */
     if (st == SG_OK && t->shard && t->sh_param_lo) st = sg_dist_agree_scaler(t->dist, m->found, m->scaler);
     if (st == SG_OK && t->opts.clip > 0)
-        st = sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
+        st = t->shard ? clip_sharded(t) : sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
     if (st == SG_OK && t->use_skip_if && t->in_step_graph)
         st = sg_graph_switch(t->ctx, m->found, 1, (sg_step_fn[]){update_body}, (void *[]){t});
     else if (st == SG_OK)
@@ -604,6 +619,13 @@ static sg_status make_shards(sg_trainer *t)
         /* Gathered after every update, a skipped one too: it must hold the masters' copy. */
         SG_TRY(sg_tensor_convert(t->sh_param_lo, t->sps.flat));
     }
+    if (t->opts.clip > 0) { /* fold_unscale is off with clipping: grad_flat holds the f32 gradients */
+        int64_t part = S - (sg_dist_rank(t->dist) == 0 ? 0 : ps->flat->numel - tail_lo), two = 2;
+        int64_t all = 2 * (int64_t)sg_dist_world(t->dist);
+        SG_TRY(sg_tensor_view(t->sps.grad_flat, 0, 1, &part, "shard.grads.norm_part", &t->sh_norm_part));
+        SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, &two, "shard.grads.sumsq", &t->sh_sumsq));
+        SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, &all, "shard.grads.sums", &t->sh_sums));
+    }
     SG_TRY(sg_dist_set_shard_out(t->dist, t->sh_grad_lo ? t->sh_grad_lo : t->sps.grad_flat));
     SG_TRY(sg_optim_use_params(t->o, &t->sps));
     t->optim_moved = true;
@@ -618,8 +640,8 @@ static sg_status make_shards(sg_trainer *t)
 static void free_shards(sg_trainer *t)
 {
     if (t->optim_moved) sg_optim_use_params(t->o, NULL); /* the optimizer's parameters are freed next */
-    sg_tensor *ts[] = {t->sps.flat, t->sps.grad_flat, t->sps.seg_start, t->sps.seg_decay, t->sh_grad_lo,
-                       t->sh_param_lo};
+    sg_tensor *ts[] = {t->sh_norm_part, t->sh_sumsq, t->sh_sums, t->sps.flat, t->sps.grad_flat, t->sps.seg_start,
+                       t->sps.seg_decay, t->sh_grad_lo, t->sh_param_lo};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) sg_tensor_destroy(ts[i]);
     memset(&t->sps, 0, sizeof t->sps);
 }
@@ -645,9 +667,6 @@ static sg_status attach_dist(sg_trainer *t)
      * sum, averaged once after the last micro-batch (run_update). */
     sg_tensor *g = m->params->grad_flat_lo && t->opts.accum == 1 ? m->params->grad_flat_lo : m->params->grad_flat;
     bool shard = t->opts.shard_optimizer != 0;
-    if (shard && t->opts.clip > 0)
-        return sg_fail(t->ctx, SG_ERR_UNSUPPORTED, "sg_trainer_create: a sharded optimizer with clipping is not "
-                       "implemented (it needs the global norm summed over the ranks' shares)");
     SG_TRY(sg_dist_attach(d, g, m->loss, m->grad_ready, m->n_grad_ready, shard));
     sg_sequential_set_backward_hook(m->net, sg_dist_backward_hook, d);
     t->dist = d;
