@@ -1273,7 +1273,12 @@ typedef struct sg_trainer_options {
      * update (with accum > 1 the step's f32 sums are reduce-scattered after the last
      * micro-batch). With clip the global norm is summed over the ranks' shares (in f64: the
      * unsharded norm up to the order of that sum, within an f32 ulp; sg_clip_sumsq,
-     * sg_clip_apply). The optimizer must not have stepped yet; its state
+     * sg_clip_apply). With STEPGRAPH_SHARD_GATHER=ahead or STEPGRAPH_NCCL_CE=1 (experimental:
+     * the bf16 weights in NCCL windows, gathered on the copy engines) each step gathers the
+     * last update's shares ahead of its forward instead, and between steps the model's
+     * weights are whole only after sg_trainer_gather_params, a save, sg_trainer_eval or
+     * sg_trainer_destroy (collectives: every rank calls them). The optimizer must not have
+     * stepped yet; its state
      * then holds this rank's shares (sg_trainer_save gathers them: every rank calls it, rank 0
      * writes). Under mixed precision the model's f32 parameters (sg_model_params) are whole
      * only after sg_trainer_gather_params or a save; the bf16 copies the steps read always are.
@@ -1320,6 +1325,10 @@ sg_status sg_scope_parse(const char *s, sg_scope *out);
  * copies its batch in). STEPGRAPH_DISABLE_GRAPHS=1 runs every scope eagerly. */
 sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *opts,
                             sg_trainer **out);
+/* A sharded optimizer's trainer gathering ahead of the forward (shard_optimizer with
+ * STEPGRAPH_SHARD_GATHER=ahead or STEPGRAPH_NCCL_CE=1) first gathers the parameters that steps
+ * updated into the model, which outlives it whole: a collective, so every rank destroys its
+ * trainer (skipped when the run has failed). */
 void sg_trainer_destroy(sg_trainer *t);
 /* One optimizer step, number `index` (steps_per_call steps: index, index+1, ...), on batches
  * index*accum .. index*accum + accum-1 (accum 1: batch `index`): the first `warmup` calls run
@@ -1360,7 +1369,9 @@ sg_status sg_trainer_get_scaler(sg_trainer *t, sg_loss_scaler *out);
  * growth_interval >= 1, good_steps and skipped >= 0. SG_ERR_INVALID naming the field else. */
 sg_status sg_trainer_set_scaler(sg_trainer *t, const sg_loss_scaler *in);
 /* Mean loss over n_batches batches of a split (0 train, 1 validation: gpt models hold one out,
- * image models trained on a digits file too), forward only, eagerly, dropout off; a host sync. */
+ * image models trained on a digits file too), forward only, eagerly, dropout off; a host sync.
+ * With data parallelism every rank calls it (the mean is over the ranks' rows; a sharded
+ * optimizer's parameters are gathered first). */
 sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out);
 /* The size of split 0 (train) or 1 (validation) of the model's data: tokens for token text,
  * samples otherwise; 0 where there is no such split (sg_trainer_eval refuses it). */
@@ -1378,9 +1389,9 @@ int64_t sg_model_split_size(const sg_model *m, int split);
  * file's permission bits (its owner too when run as root), and removes "<file>.tmp.<pid>"
  * temporaries that saves killed midway left, once their process is gone. */
 sg_status sg_checkpoint_check_path(sg_ctx *ctx, const char *path);
-/* A sharded optimizer's run (shard_optimizer): the model's f32 parameters made whole on every
- * rank from each rank's shares (a collective: every rank calls it, between steps). SG_OK and
- * nothing done otherwise. */
+/* A sharded optimizer's run (shard_optimizer): the model's parameters (the f32 masters, and the
+ * bf16 copies under mixed precision) made whole on every rank from each rank's shares (a
+ * collective: every rank calls it, between steps). SG_OK and nothing done otherwise. */
 sg_status sg_trainer_gather_params(sg_trainer *t);
 /* A checkpoint in the safetensors format: every parameter by name, the optimizer's state
  * (moments, hyperparameters and step count), the dropout generator, and in the metadata

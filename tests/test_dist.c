@@ -1117,6 +1117,12 @@ static void training(sg_backend be, bool gpu)
         if (c->shard) {
             run_ranks(be, c, 2, seed, ref, "dump");
             run_ranks(be, c, 2, seed, ref, "shard");
+            /* The same with the gather ahead of the next forward (each child's forward waiting
+             * for its buckets; the model stale between steps until eval, save, gather_params or
+             * the trainer's end gathers it): the same bits. */
+            setenv("STEPGRAPH_SHARD_GATHER", "ahead", 1);
+            run_ranks(be, c, 2, seed, ref, "shard");
+            unsetenv("STEPGRAPH_SHARD_GATHER");
             char ck[600];
             snprintf(ck, sizeof ck, "%s.dump.ckpt", ref);
             unlink(ck);

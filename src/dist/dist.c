@@ -219,7 +219,9 @@ sg_status sg_dist_attach(sg_dist *d, sg_tensor *grads, sg_tensor *loss, const in
     }
     free(d->ready);
     d->ready = r, d->n_ready = n, d->grads = grads, d->loss = loss, d->shard = shard, d->shard_out = NULL;
-    return plan_buckets(d);
+    d->gather_left = 0;
+    SG_TRY(plan_buckets(d));
+    return shard ? d->vt->marks(d, d->n_plan) : SG_OK;
 }
 
 void sg_dist_shard_layout(const sg_dist *d, const sg_dist_bucket **plan, int *n, int64_t *tail_lo, int64_t *numel)
@@ -243,7 +245,7 @@ void sg_dist_detach(sg_dist *d)
     free(d->ready);
     free(d->plan);
     d->ready = NULL, d->n_ready = 0, d->grads = d->loss = NULL, d->in_backward = false;
-    d->plan = NULL, d->n_plan = 0, d->shard = false, d->shard_out = NULL;
+    d->plan = NULL, d->n_plan = 0, d->shard = false, d->shard_out = NULL, d->gather_left = 0;
 }
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
@@ -410,15 +412,57 @@ sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler)
     return d->vt->join(d);
 }
 
+/* The checks of a gather of src's shares into dst, and the tail copied (every rank holds it
+ * whole). */
+static sg_status gather_tail(sg_dist *d, const char *fn, sg_tensor *src, sg_tensor *dst)
+{
+    SG_TRY(sg_cond_forbid(d->ctx, fn, "gathered the parameters over the ranks (a collective)"));
+    if (!d->shard || src->dtype != dst->dtype || src->numel != d->shard_numel || dst->numel != d->grads->numel)
+        return sg_fail(d->ctx, SG_ERR_INVALID, "%s: '%s' (%lld %s) into '%s' (%lld %s): expected a sharded run's "
+                       "compact %lld elements into its flat %lld, one dtype", fn, src->name, (long long)src->numel,
+                       sg_dtype_name(src->dtype), dst->name, (long long)dst->numel, sg_dtype_name(dst->dtype),
+                       (long long)d->shard_numel, (long long)d->grads->numel);
+    if (d->gather_left)
+        return sg_fail(d->ctx, SG_ERR_INVALID, "%s: the gather begun before was not ended (sg_dist_gather_end)", fn);
+    return copy_tail(d, src, tail_off(d), dst, d->tail_lo);
+}
+
+/* Every bucket's all-gather in the order the forward reads them (the plan's last bucket holds
+ * the first children's parameters), each followed by its mark. */
+sg_status sg_dist_gather_begin(sg_dist *d, sg_tensor *src, sg_tensor *dst)
+{
+    SG_TRY(gather_tail(d, "sg_dist_gather_begin", src, dst));
+    SG_TRY(d->vt->fork(d));
+    for (int i = d->n_plan - 1; i >= 0; i--) {
+        const sg_dist_bucket *b = &d->plan[i];
+        SG_TRY(collective(d, SG_DIST_OP_ALL_GATHER, src, b->shard_off, b->hi - b->lo, dst, b->lo));
+        SG_TRY(d->vt->mark(d, i));
+    }
+    d->gather_left = d->n_plan;
+    return SG_OK;
+}
+
+/* Before child i's forward: it reads parameters below ready[i + 1] (the next child's first),
+ * so the context's stream waits for every bucket that starts below that. */
+sg_status sg_dist_forward_hook(void *dist, int child)
+{
+    sg_dist *d = dist;
+    if (!d->gather_left || child < 0) return SG_OK;
+    int64_t end = child + 1 < d->n_ready ? d->ready[child + 1] : d->grads->numel;
+    while (d->gather_left && d->plan[d->gather_left - 1].lo < end) SG_TRY(d->vt->wait(d, --d->gather_left));
+    return SG_OK;
+}
+
+sg_status sg_dist_gather_end(sg_dist *d)
+{
+    if (!d->gather_left) return SG_OK;
+    d->gather_left = 0;
+    return d->vt->wait(d, 0); /* bucket 0's mark is the last */
+}
+
 sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst)
 {
-    SG_TRY(sg_cond_forbid(d->ctx, "sg_dist_gather_shards", "gathered the parameters over the ranks (a collective)"));
-    if (!d->shard || src->dtype != dst->dtype || src->numel != d->shard_numel || dst->numel != d->grads->numel)
-        return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist_gather_shards: '%s' (%lld %s) into '%s' (%lld %s): expected "
-                       "a sharded run's compact %lld elements into its flat %lld, one dtype", src->name,
-                       (long long)src->numel, sg_dtype_name(src->dtype), dst->name, (long long)dst->numel,
-                       sg_dtype_name(dst->dtype), (long long)d->shard_numel, (long long)d->grads->numel);
-    SG_TRY(copy_tail(d, src, tail_off(d), dst, d->tail_lo));
+    SG_TRY(gather_tail(d, "sg_dist_gather_shards", src, dst));
     SG_TRY(d->vt->fork(d));
     /* One group: NCCL launches one kernel for all buckets, not one each. */
     SG_TRY(d->vt->group(d, true));
@@ -442,6 +486,18 @@ sg_status sg_dist_gather_bits(sg_dist *d, sg_tensor *mine, sg_tensor *all)
     SG_TRY(d->vt->fork(d));
     SG_TRY(collective(d, SG_DIST_OP_ALL_GATHER, mine, 0, all->numel, all, 0));
     return d->vt->join(d);
+}
+
+sg_status sg_dist_window_alloc(sg_dist *d, size_t bytes, void **ptr, void **win)
+{
+    if (!d->vt->window_alloc)
+        return sg_fail(d->ctx, SG_ERR_UNSUPPORTED, "sg_dist: the %s transport has no copy-engine windows", d->vt->name);
+    return d->vt->window_alloc(d, bytes, ptr, win);
+}
+
+void sg_dist_window_free(sg_dist *d, void *ptr, void *win)
+{
+    if (d->vt->window_free) d->vt->window_free(d, ptr, win);
 }
 
 sg_status sg_dist_step_end(sg_dist *d)

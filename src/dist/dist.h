@@ -45,8 +45,20 @@ typedef struct sg_dist_i {
      * 550 us on gpt-768-12 over 2 H200s); the CPU transport runs each as it comes. Legal during
      * capture. group(d, false) after a failed collective still closes the group. */
     sg_status (*group)(sg_dist *d, bool begin);
+    /* Marks on the communication stream, for a join at one point of it instead of its end:
+     * marks(d, n) makes n of them (eagerly, at attach); mark(d, k) records mark k after the
+     * work queued there so far, wait(d, k) makes the context stream wait for it. Legal during
+     * capture; no-ops on the CPU transport. */
+    sg_status (*marks)(sg_dist *d, int n);
+    sg_status (*mark)(sg_dist *d, int k);
+    sg_status (*wait)(sg_dist *d, int k);
     /* After each training step (outside capture): a progress mark for the watchdog. */
     sg_status (*step_end)(sg_dist *d);
+    /* Experimental (STEPGRAPH_NCCL_CE=1): `bytes` of device memory NCCL's copy engines can
+     * gather into, registered with every rank as a symmetric window (a collective: every rank
+     * calls it, in the same order); *win is the registration. NULL where there is none. */
+    sg_status (*window_alloc)(sg_dist *d, size_t bytes, void **ptr, void **win);
+    void (*window_free)(sg_dist *d, void *ptr, void *win);
 } sg_dist_i;
 
 extern const sg_dist_i sg_dist_cpu;
@@ -116,6 +128,7 @@ struct sg_dist {
     bool shard;
     sg_tensor *shard_out;
     int64_t tail_lo, shard_numel;
+    int gather_left;           /* sg_dist_gather_begin's buckets the context has not waited for */
     int buckets, last_buckets;
     uint64_t step_bytes, last_bytes;
     /* Capture: the collectives queued while ctx captures. */
@@ -163,6 +176,17 @@ sg_status sg_dist_gather_shards(sg_dist *d, sg_tensor *src, sg_tensor *dst);
 /* Queued the same way: every rank's mine (n elements) into all (world x n, mine's dtype) in rank
  * order, bits as they are (a sharded clip's sums of squares, each an f64's bytes). */
 sg_status sg_dist_gather_bits(sg_dist *d, sg_tensor *mine, sg_tensor *all);
+/* The same gather ahead of the forward that reads it (as FSDP prefetches): begin queues every
+ * bucket's all-gather in the forward's order (a mark after each); sg_dist_forward_hook before
+ * child i's forward makes the context's stream wait for the buckets that hold its parameters,
+ * so each layer's forward overlaps the gathers of the layers after it; end waits for the rest
+ * (after the forward). */
+sg_status sg_dist_gather_begin(sg_dist *d, sg_tensor *src, sg_tensor *dst);
+sg_status sg_dist_forward_hook(void *dist, int child);
+sg_status sg_dist_gather_end(sg_dist *d);
+/* Experimental: the transport's window_alloc / window_free; SG_ERR_UNSUPPORTED without them. */
+sg_status sg_dist_window_alloc(sg_dist *d, size_t bytes, void **ptr, void **win);
+void sg_dist_window_free(sg_dist *d, void *ptr, void *win);
 void sg_dist_detach(sg_dist *d);
 /* Around the model's backward: begin, then sg_dist_backward_hook after each child (buckets
  * of at least bucket_bytes are all-reduced on the second stream as soon as they are final;

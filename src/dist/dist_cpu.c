@@ -296,7 +296,13 @@ static sg_status cpu_group(sg_dist *d, bool begin)
     return SG_OK;
 }
 
+static sg_status cpu_mark(sg_dist *d, int k)
+{
+    (void)d, (void)k;
+    return SG_OK;
+}
+
 const sg_dist_i sg_dist_cpu = {
     "cpu (local sockets)", cpu_init, cpu_shutdown, cpu_collective, cpu_all_gather_host,
-    cpu_nothing, cpu_nothing, cpu_group, cpu_nothing,
+    cpu_nothing, cpu_nothing, cpu_group, cpu_mark, cpu_mark, cpu_mark, cpu_nothing, NULL, NULL,
 };

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <string.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,8 @@ typedef struct nccl_state {
     int device;
     cudaStream_t stream;       /* collectives */
     cudaEvent_t fork_ev, join_ev;
+    cudaEvent_t *marks;        /* nccl_marks: joins at points of the stream */
+    int n_marks;
     cudaEvent_t ring[RING];    /* one per step in flight, recorded after it */
     double ring_t[RING];
     int head, count;
@@ -184,6 +187,8 @@ static sg_status nccl_init(sg_dist *d)
      * arrives (or an id whose address cannot be reached) is an error, not a hang. */
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
+    const char *ce = getenv("STEPGRAPH_NCCL_CE");
+    if (ce && !strcmp(ce, "1")) cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO, cfg.blocking = 1; /* gathers into windows on the copy engines */
     pthread_mutex_lock(&s->mu);
     ncclResult_t r = ncclCommInitRankConfig(&s->comm, d->world, id, d->rank, &cfg);
     sg_status st = SG_OK;
@@ -231,6 +236,9 @@ static void nccl_shutdown(sg_dist *d)
         if (s->ring[i] && cudaEventDestroy(s->ring[i]) != cudaSuccess) cudaGetLastError();
     if (s->fork_ev && cudaEventDestroy(s->fork_ev) != cudaSuccess) cudaGetLastError();
     if (s->join_ev && cudaEventDestroy(s->join_ev) != cudaSuccess) cudaGetLastError();
+    for (int i = 0; i < s->n_marks; i++)
+        if (cudaEventDestroy(s->marks[i]) != cudaSuccess) cudaGetLastError();
+    free(s->marks);
     if (s->stream && cudaStreamDestroy(s->stream) != cudaSuccess) cudaGetLastError();
     if (s->gather && cudaFree(s->gather) != cudaSuccess) cudaGetLastError();
     if (s->pinned && cudaFreeHost(s->pinned) != cudaSuccess) cudaGetLastError();
@@ -287,6 +295,38 @@ static sg_status nccl_join(sg_dist *d)
     nccl_state *s = state(d);
     SG_CUDA_CHECK(d->ctx, cudaEventRecord(s->join_ev, s->stream));
     SG_CUDA_CHECK(d->ctx, cudaStreamWaitEvent(main_stream(d), s->join_ev, 0));
+    return SG_OK;
+}
+
+static sg_status nccl_marks(sg_dist *d, int n)
+{
+    nccl_state *s = state(d);
+    if (n <= s->n_marks) return SG_OK;
+    cudaEvent_t *m = realloc(s->marks, (size_t)n * sizeof *m);
+    if (!m) return sg_fail(d->ctx, SG_ERR_OOM, "sg_dist: out of host memory (%d events)", n);
+    s->marks = m;
+    for (; s->n_marks < n; s->n_marks++)
+        SG_CUDA_CHECK(d->ctx, cudaEventCreateWithFlags(&s->marks[s->n_marks], cudaEventDisableTiming));
+    return SG_OK;
+}
+
+static sg_status mark_index(sg_dist *d, int k)
+{
+    if (k >= 0 && k < state(d)->n_marks) return SG_OK;
+    return sg_fail(d->ctx, SG_ERR_INVALID, "sg_dist: mark %d of %d", k, state(d)->n_marks);
+}
+
+static sg_status nccl_mark(sg_dist *d, int k)
+{
+    SG_TRY(mark_index(d, k));
+    SG_CUDA_CHECK(d->ctx, cudaEventRecord(state(d)->marks[k], state(d)->stream));
+    return SG_OK;
+}
+
+static sg_status nccl_wait(sg_dist *d, int k)
+{
+    SG_TRY(mark_index(d, k));
+    SG_CUDA_CHECK(d->ctx, cudaStreamWaitEvent(main_stream(d), state(d)->marks[k], 0));
     return SG_OK;
 }
 
@@ -390,7 +430,39 @@ static sg_status nccl_step_end(sg_dist *d)
     return sg_dist_check_failed(d);
 }
 
+static sg_status nccl_window_alloc(sg_dist *d, size_t bytes, void **ptr, void **win)
+{
+    nccl_state *s = state(d);
+    *ptr = *win = NULL;
+    bytes = (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
+    ncclResult_t r = ncclMemAlloc(ptr, bytes);
+    if (r != ncclSuccess)
+        return sg_fail(d->ctx, SG_ERR_OOM, "ncclMemAlloc of %zu bytes failed: %s", bytes, ncclGetErrorString(r));
+    pthread_mutex_lock(&s->mu);
+    sg_status st = s->aborted ? SG_ERR_DIST
+                              : settle(d, ncclCommWindowRegister(s->comm, *ptr, bytes, (ncclWindow_t *)win,
+                                                                 NCCL_WIN_COLL_SYMMETRIC),
+                                       "ncclCommWindowRegister");
+    pthread_mutex_unlock(&s->mu);
+    if (st != SG_OK) {
+        if (ncclMemFree(*ptr) != ncclSuccess) { /* the run failed already */ }
+        *ptr = *win = NULL;
+        return sg_dist_check_failed(d);
+    }
+    return SG_OK;
+}
+
+static void nccl_window_free(sg_dist *d, void *ptr, void *win)
+{
+    nccl_state *s = state(d);
+    pthread_mutex_lock(&s->mu);
+    if (win && !s->aborted) (void)settle(d, ncclCommWindowDeregister(s->comm, (ncclWindow_t)win), "ncclCommWindowDeregister");
+    pthread_mutex_unlock(&s->mu);
+    if (ptr && ncclMemFree(ptr) != ncclSuccess) { /* teardown: nothing to act on */ }
+}
+
 const sg_dist_i sg_dist_nccl = {
     "nccl", nccl_init, nccl_shutdown, nccl_collective, nccl_all_gather_host,
-    nccl_fork, nccl_join, nccl_group, nccl_step_end,
+    nccl_fork, nccl_join, nccl_group, nccl_marks, nccl_mark, nccl_wait, nccl_step_end,
+    nccl_window_alloc, nccl_window_free,
 };

@@ -356,13 +356,18 @@ typedef struct seq_module {
     sg_module **child;
     sg_backward_hook hook;        /* after each child's backward (data parallelism) */
     void *hook_user;
+    sg_backward_hook fwd_hook;    /* before each child's forward (a sharded optimizer's gathers) */
+    void *fwd_hook_user;
 } seq_module;
 
 static sg_status seq_forward(sg_module *m, const sg_tensor *x, const sg_tensor **y)
 {
     seq_module *s = (seq_module *)m;
     const sg_tensor *h = x;
-    for (int i = 0; i < s->n; i++) SG_TRY(sg_module_forward(s->child[i], h, &h));
+    for (int i = 0; i < s->n; i++) {
+        if (s->fwd_hook) SG_TRY(s->fwd_hook(s->fwd_hook_user, i));
+        SG_TRY(sg_module_forward(s->child[i], h, &h));
+    }
     *y = h;
     return SG_OK;
 }
@@ -437,6 +442,14 @@ void sg_sequential_set_backward_hook(sg_module *seq, sg_backward_hook fn, void *
     seq_module *s = (seq_module *)seq;
     s->hook = fn;
     s->hook_user = user;
+}
+
+void sg_sequential_set_forward_hook(sg_module *seq, sg_backward_hook fn, void *user)
+{
+    if (!seq || seq->vt != &seq_i) return;
+    seq_module *s = (seq_module *)seq;
+    s->fwd_hook = fn;
+    s->fwd_hook_user = user;
 }
 
 #define SG_SEQUENTIAL_MAX 4096

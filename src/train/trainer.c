@@ -58,12 +58,27 @@ struct sg_trainer {
      * copy, gathered into the model's) and, without accumulation, sh_grad_lo (BF16, what the
      * backward's collectives write). */
     bool shard, optim_moved;     /* optim_moved: the optimizer updates sps (sg_optim_use_params) */
+    bool ahead;                  /* sharded, with copy-engine windows (win below) or
+                                  * STEPGRAPH_SHARD_GATHER=ahead: each step gathers the last
+                                  * update's shares ahead of its forward (gather_forward) instead
+                                  * of after the update */
+    bool stale;                  /* ahead: steps updated shares the model has not gathered */
+    bool masters_stale;          /* the same for its f32 masters under mixed precision */
     sg_param_set sps;
     sg_tensor *sh_grad_lo, *sh_param_lo;
     /* Sharded with clipping: the compact gradients this rank counts in the norm (all but the
      * tail on ranks other than 0: every rank holds the tail), their f64 sum of squares (I32 2:
      * raw bytes, sg_clip_sumsq) and every rank's, gathered (I32 2 x world). */
     sg_tensor *sh_norm_part, *sh_sumsq, *sh_sums;
+    /* Experimental (STEPGRAPH_NCCL_CE=1 with NCCL, mixed precision): the model's bf16 weights and
+     * the shares' bf16 copies moved into NCCL windows (their views with them) for the sharded
+     * run's life, so its gathers run on the copy engines; moved back before the trainer goes. */
+    struct shwin {
+        sg_tensor *base, **views;
+        int n_views;
+        void *old, *ptr, *win;
+    } win[2];
+    int n_win;
     /* gradient accumulation (opts.accum > 1) */
     float grad_scale;            /* 1 / accum: each micro-batch's share of the mean loss */
     sg_tensor *grad_sum;         /* (P) F32, fp32 models: the micro-batches' gradients so far */
@@ -347,6 +362,37 @@ static sg_status run_forward(void *u)
     return sg_module_forward(m->net, m->x, &m->logits);
 }
 
+/* The sources and targets of a sharded run's gathers: the shares' bf16 copies into the model's
+ * (what its forward reads) under mixed precision, else the f32 masters. */
+static sg_tensor *gather_src(sg_trainer *t) { return t->sh_param_lo ? t->sh_param_lo : t->sps.flat; }
+static sg_tensor *gather_dst(sg_trainer *t)
+{
+    return t->sh_param_lo ? t->m->params->flat_lo : t->m->params->flat;
+}
+
+/* The forward, which a sharded run's step begins with the gather of every rank's updated
+ * shares: each bucket's all-gather is queued ahead, and the forward of each child waits only
+ * for the buckets holding its parameters (sg_dist_forward_hook), so the gathers of later layers
+ * overlap the forward of earlier ones instead of following the update. */
+static sg_status gather_forward(void *u)
+{
+    sg_trainer *t = u;
+    if (!t->ahead) return run_forward(t->m);
+    SG_TRY(sg_dist_gather_begin(t->dist, gather_src(t), gather_dst(t)));
+    sg_status st = run_forward(t->m), end = sg_dist_gather_end(t->dist);
+    return st != SG_OK ? st : end;
+}
+
+/* The shares the steps updated gathered into the model's parameters (what the forward reads),
+ * once after steps: what reads the model between steps needs them. */
+static sg_status flush_shares(sg_trainer *t)
+{
+    if (!t->shard || !t->stale) return SG_OK;
+    SG_TRY(sg_dist_gather_shards(t->dist, gather_src(t), gather_dst(t)));
+    t->stale = false;
+    return SG_OK;
+}
+
 /* The loss and its gradient, scaled by 1/accum: the micro-batches' gradients then sum to the
  * gradient of the mean loss over all their rows. */
 static sg_status run_loss(sg_trainer *t) { return sg_model_loss_pass(t->m, t->grad_scale); }
@@ -404,7 +450,7 @@ static sg_status micro_end(sg_trainer *t, int j)
  * layer scope the wrapped modules replay their graphs). */
 static sg_status run_micro(sg_trainer *t, int j)
 {
-    SG_TRY(run_forward(t->m));
+    SG_TRY(j == 0 ? gather_forward(t) : run_forward(t->m)); /* a step's later micro-batches: the same weights */
     SG_TRY(run_loss(t));
     SG_TRY(run_backward(t));
     return micro_end(t, j);
@@ -454,10 +500,10 @@ static sg_status run_optim(sg_trainer *t)
     else if (st == SG_OK)
         st = optim_update(t);
     /* Sharded: every bucket's updated shares gathered into the model (the bf16 copies the
-     * steps read, or the f32 masters). */
-    if (st == SG_OK && t->shard)
-        st = t->sh_param_lo ? sg_dist_gather_shards(t->dist, t->sh_param_lo, m->params->flat_lo)
-                            : sg_dist_gather_shards(t->dist, t->sps.flat, m->params->flat);
+     * steps read, or the f32 masters), in one group; with copy-engine windows by the next
+     * step's forward instead (gather_forward), or by flush_shares when something else reads
+     * the model first. */
+    if (st == SG_OK && t->shard && !t->ahead) st = sg_dist_gather_shards(t->dist, gather_src(t), gather_dst(t));
     sg_ctx_set_module(t->ctx, prev);
     return st;
 }
@@ -592,6 +638,45 @@ static sg_status shard_segments(sg_trainer *t, const owned *o, int n, int64_t S)
     return st;
 }
 
+/* base's bytes copied between its storage and another place (to: from base to `to`). */
+static sg_status copy_bytes(sg_trainer *t, sg_tensor *base, void *to, void *from)
+{
+    sg_tensor a = *base, b = *base;
+    a.data = to, b.data = from;
+    a.block = b.block = NULL, a.pool = b.pool = NULL;
+    SG_TRY(sg_tensor_copy(&a, &b));
+    return sg_ctx_sync(t->ctx);
+}
+
+/* base (and its views) moved into a new NCCL window. */
+static sg_status to_window(sg_trainer *t, sg_tensor *base, sg_tensor **views, int n_views)
+{
+    struct shwin *w = &t->win[t->n_win];
+    SG_TRY(sg_dist_window_alloc(t->dist, sg_tensor_nbytes(base), &w->ptr, &w->win));
+    w->base = base, w->views = views, w->n_views = n_views, w->old = base->data;
+    t->n_win++;
+    SG_TRY(copy_bytes(t, base, w->ptr, w->old));
+    for (int i = 0; i < n_views; i++) views[i]->data = (char *)w->ptr + ((char *)views[i]->data - (char *)w->old);
+    base->data = w->ptr;
+    return SG_OK;
+}
+
+/* Every window's contents back in its tensor's own storage, the window freed. */
+static void from_windows(sg_trainer *t)
+{
+    for (int k = t->n_win - 1; k >= 0; k--) {
+        struct shwin *w = &t->win[k];
+        if (w->base->data == w->ptr) {
+            if (copy_bytes(t, w->base, w->old, w->ptr) != SG_OK) { /* the run failed: the model keeps its old bytes */ }
+            for (int i = 0; i < w->n_views; i++)
+                w->views[i]->data = (char *)w->old + ((char *)w->views[i]->data - (char *)w->ptr);
+            w->base->data = w->old;
+        }
+        sg_dist_window_free(t->dist, w->ptr, w->win);
+    }
+    t->n_win = 0;
+}
+
 /* The compact buffers, the masters copied in, the optimizer moved onto them. */
 static sg_status make_shards(sg_trainer *t)
 {
@@ -616,9 +701,20 @@ static sg_status make_shards(sg_trainer *t)
         if (t->opts.accum == 1) /* with accumulation the step's f32 sums are reduce-scattered */
             SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_BF16, 1, &S, "shard.grads.bf16", &t->sh_grad_lo));
         SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_BF16, 1, &S, "shard.params.bf16", &t->sh_param_lo));
-        /* Gathered after every update, a skipped one too: it must hold the masters' copy. */
+        /* Gathered after every update, a skipped one too, or ahead of every forward, the first
+         * step's too: it must hold the masters' copy. */
         SG_TRY(sg_tensor_convert(t->sh_param_lo, t->sps.flat));
+        const char *ce = getenv("STEPGRAPH_NCCL_CE");
+        if (ce && !strcmp(ce, "1") && t->dist->vt->window_alloc) {
+            SG_TRY(to_window(t, ps->flat_lo, ps->param_lo, ps->count));
+            SG_TRY(to_window(t, t->sh_param_lo, NULL, 0));
+        }
     }
+    /* The gather ahead of the forward: with the windows (where it pays: copy engines beside the
+     * forward's GEMMs), or asked for (STEPGRAPH_SHARD_GATHER=ahead: SM-based gathers beside
+     * them, about even with gathering after the update; bench/RESULTS.md, sessions 31, 32). */
+    const char *g = getenv("STEPGRAPH_SHARD_GATHER");
+    t->ahead = t->n_win > 0 || (g && !strcmp(g, "ahead"));
     if (t->opts.clip > 0) { /* fold_unscale is off with clipping: grad_flat holds the f32 gradients */
         int64_t part = S - (sg_dist_rank(t->dist) == 0 ? 0 : ps->flat->numel - tail_lo), two = 2;
         int64_t all = 2 * (int64_t)sg_dist_world(t->dist);
@@ -639,6 +735,7 @@ static sg_status make_shards(sg_trainer *t)
 
 static void free_shards(sg_trainer *t)
 {
+    from_windows(t);
     if (t->optim_moved) sg_optim_use_params(t->o, NULL); /* the optimizer's parameters are freed next */
     sg_tensor *ts[] = {t->sh_norm_part, t->sh_sumsq, t->sh_sums, t->sps.flat, t->sps.grad_flat, t->sps.seg_start,
                        t->sps.seg_decay, t->sh_grad_lo, t->sh_param_lo};
@@ -669,6 +766,7 @@ static sg_status attach_dist(sg_trainer *t)
     bool shard = t->opts.shard_optimizer != 0;
     SG_TRY(sg_dist_attach(d, g, m->loss, m->grad_ready, m->n_grad_ready, shard));
     sg_sequential_set_backward_hook(m->net, sg_dist_backward_hook, d);
+    if (shard) sg_sequential_set_forward_hook(m->net, sg_dist_forward_hook, d);
     t->dist = d;
     t->shard = shard;
     return shard ? make_shards(t) : SG_OK;
@@ -833,8 +931,14 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
 void sg_trainer_destroy(sg_trainer *t)
 {
     if (!t) return;
+    /* The model outlives the trainer: its parameters whole again, unless the run failed (its
+     * collectives would fail too). */
+    if ((t->stale || t->masters_stale) && !t->dist->failed && sg_trainer_gather_params(t) != SG_OK) {
+        /* the model keeps what was gathered last */
+    }
     if (t->dist) {
         sg_sequential_set_backward_hook(t->m->net, NULL, NULL);
+        sg_sequential_set_forward_hook(t->m->net, NULL, NULL);
         sg_dist_detach(t->dist);
     }
     free_shards(t);
@@ -1047,7 +1151,7 @@ static sg_status model_micro(sg_trainer *t, int j)
     sg_model *m = t->m;
     if (!t->g_fwd) {
         const sg_tensor *in[] = {m->x};
-        sg_status st = capture(t, "model.forward", run_forward, m, in, 1, &t->g_fwd);
+        sg_status st = capture(t, "model.forward", gather_forward, t, in, 1, &t->g_fwd);
         if (st != SG_OK) {
             SG_TRY(capture_failed(t, st, "model.forward", true));
             return run_micro(t, j);
@@ -1163,6 +1267,7 @@ static sg_status trainer_step(sg_trainer *t, int64_t index)
         }
         t->work_counted = any > 0; /* a call that replayed a bucket's graph counted nothing */
     }
+    if (t->ahead) t->stale = t->masters_stale = true; /* the update may have run, before a failure too */
     if (st == SG_OK) {
         t->steps++;
         t->host_steps += t->opts.steps_per_call;
@@ -1339,6 +1444,7 @@ sg_status sg_trainer_eval(sg_trainer *t, int split, int n_batches, float *out)
     if (n_batches < 1 || (split != 0 && split != 1) || (split == 1 && sg_model_split_size(m, 1) <= 0))
         return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_eval: split %d, %d batches: expected split 0, or 1 "
                        "for models with a validation split, and at least one batch", split, n_batches);
+    SG_TRY(flush_shares(t));
     /* Eagerly (graphed modules would replay their training graphs), dropout off. */
     bool armed = t->armed;
     t->armed = false;
@@ -1371,7 +1477,9 @@ sg_status sg_trainer_gather_params(sg_trainer *t)
 {
     if (!t) return SG_ERR_NULL;
     if (!t->shard) return SG_OK;
-    SG_TRY(sg_dist_gather_shards(t->dist, t->sps.flat, t->m->params->flat));
+    SG_TRY(flush_shares(t));
+    if (t->sh_param_lo) SG_TRY(sg_dist_gather_shards(t->dist, t->sps.flat, t->m->params->flat)); /* the masters */
+    t->masters_stale = false;
     return sg_ctx_sync(t->ctx);
 }
 
@@ -1562,8 +1670,10 @@ sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step)
     SG_TRY(st);
     *step = cm.step;
     /* The master weights are f32 in either precision, so a checkpoint resumes in both; the
-     * bf16 compute copies are rebuilt from them. */
-    return sg_params_sync_lowp(t->m->params);
+     * bf16 compute copies are rebuilt from them (whole: nothing left to gather). */
+    SG_TRY(sg_params_sync_lowp(t->m->params));
+    t->stale = t->masters_stale = false;
+    return SG_OK;
 }
 
 sg_status sg_trainer_get_scaler(sg_trainer *t, sg_loss_scaler *out)
