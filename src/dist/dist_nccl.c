@@ -19,6 +19,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+/* Symmetric windows and the communicator's CTA policy (the copy-engine gathers): NCCL 2.27. */
+#define SG_NCCL_WINDOWS (NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0))
+
 #define RING 16                /* steps in flight the watchdog follows */
 
 typedef struct nccl_state {
@@ -187,8 +190,10 @@ static sg_status nccl_init(sg_dist *d)
      * arrives (or an id whose address cannot be reached) is an error, not a hang. */
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
+#if SG_NCCL_WINDOWS
     const char *ce = getenv("STEPGRAPH_NCCL_CE");
     if (ce && !strcmp(ce, "1")) cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO, cfg.blocking = 1; /* gathers into windows on the copy engines */
+#endif
     pthread_mutex_lock(&s->mu);
     ncclResult_t r = ncclCommInitRankConfig(&s->comm, d->world, id, d->rank, &cfg);
     sg_status st = SG_OK;
@@ -430,6 +435,7 @@ static sg_status nccl_step_end(sg_dist *d)
     return sg_dist_check_failed(d);
 }
 
+#if SG_NCCL_WINDOWS
 static sg_status nccl_window_alloc(sg_dist *d, size_t bytes, void **ptr, void **win)
 {
     nccl_state *s = state(d);
@@ -460,6 +466,11 @@ static void nccl_window_free(sg_dist *d, void *ptr, void *win)
     pthread_mutex_unlock(&s->mu);
     if (ptr && ncclMemFree(ptr) != ncclSuccess) { /* teardown: nothing to act on */ }
 }
+
+#else
+#define nccl_window_alloc NULL /* NCCL before 2.27: no symmetric windows, no CTA policy */
+#define nccl_window_free NULL
+#endif
 
 const sg_dist_i sg_dist_nccl = {
     "nccl", nccl_init, nccl_shutdown, nccl_collective, nccl_all_gather_host,
