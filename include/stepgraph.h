@@ -1401,7 +1401,8 @@ sg_status sg_trainer_gather_params(sg_trainer *t);
  * (SG_ERR_INVALID, naming it) and nothing is written: a non-finite checkpoint never is.
  * A sharded optimizer's save is a collective: every rank gathers, rank 0 writes, and every
  * rank returns only once the file is complete, with an error (SG_ERR_IO on the others) when
- * rank 0 could not write it. */
+ * rank 0 could not write it; when a rank cannot allocate the gathered state, every rank fails
+ * at once (SG_ERR_OOM on the others), before any gather, and nothing is written. */
 sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path);
 /* Loads such a checkpoint into the trainer's model and optimizer; *step: the next step, in this
  * trainer's optimizer steps: a checkpoint saved at step s by a trainer of accum a (metadata

@@ -820,6 +820,19 @@ static int worker(int argc, char **argv)
             char bad[640];
             snprintf(bad, sizeof bad, "%s.no-such-dir/x.ckpt", ref);
             TU_FAILS(ctx, sg_trainer_save(r.t, STEPS, bad), SG_ERR_IO, e.rank == 0 ? bad : "rank 0 could not write");
+            /* A rank that cannot allocate the gathered state: every rank fails at once (before
+             * any gather, not at the watchdog's timeout), and the run goes on. */
+            char inj[640];
+            snprintf(inj, sizeof inj, "%s.inject.ckpt", ref);
+            setenv("SG_DIST_INJECT_SAVE", "1", 1);
+            double t0 = now_s();
+            TU_FAILS(ctx, sg_trainer_save(r.t, STEPS, inj), SG_ERR_OOM,
+                     e.rank == 1 ? "test hook SG_DIST_INJECT_SAVE" : "another rank could not allocate");
+            unsetenv("SG_DIST_INJECT_SAVE");
+            TU_CHECK(now_s() - t0 < 10, "%s: the save with rank 1 short of memory took %.1f s to fail", tag,
+                     now_s() - t0);
+            TU_CHECK(stat(inj, &sb) != 0, "%s: %s was written by a save that failed on rank 1", tag, inj);
+            if (e.rank == 0) unlink(inj);
         }
         TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(r.m), p, (size_t)np * sizeof *p));
         if (!sharded && e.rank == 0) {

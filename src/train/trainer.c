@@ -1553,6 +1553,22 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     sg_tensor *wm = NULL, *wv = NULL, *om, *ov, *hp;
     sg_optim_state(t->o, &om, &ov, &hp);
     sg_status st = whole_state(t, &wm, &wv);
+    const char *inj = getenv("SG_DIST_INJECT_SAVE"); /* test hook: this rank cannot allocate */
+    if (st == SG_OK && inj && atoi(inj) == sg_dist_rank(t->dist))
+        st = sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: '%s': the gathered state not allocated (test hook "
+                     "SG_DIST_INJECT_SAVE)", path);
+    /* Before any gather, every rank learns whether every rank holds the whole-state tensors: one
+     * that does not would leave the others in their gathers until the watchdog's timeout. */
+    double short_of = st != SG_OK;
+    sg_status agreed = sg_dist_average_host(t->dist, &short_of, 1);
+    if (agreed != SG_OK || short_of > 0) {
+        sg_tensor_destroy(wm);
+        sg_tensor_destroy(wv);
+        if (st != SG_OK) return st;
+        if (agreed != SG_OK) return agreed;
+        return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: '%s': another rank could not allocate the gathered "
+                       "state (its error names why); nothing was written", path);
+    }
     if (st == SG_OK) st = sg_trainer_gather_params(t);
     if (st == SG_OK) st = sg_dist_gather_shards(t->dist, om, wm);
     if (st == SG_OK && ov) st = sg_dist_gather_shards(t->dist, ov, wv);
