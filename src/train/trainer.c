@@ -1540,6 +1540,18 @@ static sg_status write_checkpoint(sg_trainer *t, int64_t step, const char *path,
     return st;
 }
 
+/* A sharded save's agreement: every rank learns whether some rank's step failed (local: this
+ * rank's outcome), so all go on or all stop together. SG_OK when none failed; else this rank's
+ * own error, or on the others `code` with "sg_trainer_save: 'path': <why>". */
+static sg_status save_agree(sg_trainer *t, sg_status local, const char *path, sg_status code, const char *why)
+{
+    double failed = local != SG_OK;
+    sg_status st = sg_dist_average_host(t->dist, &failed, 1);
+    if (local != SG_OK) return local;
+    if (st != SG_OK) return st;
+    return failed > 0 ? sg_fail(t->ctx, code, "sg_trainer_save: '%s': %s", path, why) : SG_OK;
+}
+
 sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
 {
     if (!t || !path) return SG_ERR_NULL;
@@ -1547,9 +1559,12 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
         return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_save: '%s': step %lld: expected 0 to %lld",
                        path, (long long)step, (long long)SG_TRAINER_MAX_STEP);
     if (!t->shard) return write_checkpoint(t, step, path, NULL, NULL);
-    /* Sharded: every rank gathers the masters and the moments whole; rank 0 writes them; then
-     * every rank learns rank 0's outcome, so each returns once the file is complete (a rank that
-     * resumes from it at once finds it), or with an error when rank 0 could not write it. */
+    /* Sharded: every rank allocates the whole state, and all learn whether every rank could
+     * before any gather (one that could not would leave the others in their gathers until the
+     * watchdog's timeout); every rank gathers the masters and the moments whole; rank 0 writes
+     * them; then every rank learns rank 0's outcome, so each returns once the file is complete
+     * (a rank that resumes from it at once finds it), or with an error when rank 0 could not
+     * write it. */
     sg_tensor *wm = NULL, *wv = NULL, *om, *ov, *hp;
     sg_optim_state(t->o, &om, &ov, &hp);
     sg_status st = whole_state(t, &wm, &wv);
@@ -1557,18 +1572,8 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     if (st == SG_OK && inj && atoi(inj) == sg_dist_rank(t->dist))
         st = sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: '%s': the gathered state not allocated (test hook "
                      "SG_DIST_INJECT_SAVE)", path);
-    /* Before any gather, every rank learns whether every rank holds the whole-state tensors: one
-     * that does not would leave the others in their gathers until the watchdog's timeout. */
-    double short_of = st != SG_OK;
-    sg_status agreed = sg_dist_average_host(t->dist, &short_of, 1);
-    if (agreed != SG_OK || short_of > 0) {
-        sg_tensor_destroy(wm);
-        sg_tensor_destroy(wv);
-        if (st != SG_OK) return st;
-        if (agreed != SG_OK) return agreed;
-        return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_save: '%s': another rank could not allocate the gathered "
-                       "state (its error names why); nothing was written", path);
-    }
+    st = save_agree(t, st, path, SG_ERR_OOM, "another rank could not allocate the gathered state (its error "
+                    "names why); nothing was written");
     if (st == SG_OK) st = sg_trainer_gather_params(t);
     if (st == SG_OK) st = sg_dist_gather_shards(t->dist, om, wm);
     if (st == SG_OK && ov) st = sg_dist_gather_shards(t->dist, ov, wv);
@@ -1576,15 +1581,8 @@ sg_status sg_trainer_save(sg_trainer *t, int64_t step, const char *path)
     sg_status wrote = st == SG_OK && sg_dist_rank(t->dist) == 0 ? write_checkpoint(t, step, path, wm, wv) : SG_OK;
     sg_tensor_destroy(wm);
     sg_tensor_destroy(wv);
-    if (st != SG_OK) return st; /* no agreement: the other ranks fail in their collectives, or time out */
-    double failed = wrote != SG_OK;
-    st = sg_dist_average_host(t->dist, &failed, 1);
-    if (wrote != SG_OK) return wrote; /* rank 0: its own error */
-    if (st != SG_OK) return st;
-    if (failed > 0)
-        return sg_fail(t->ctx, SG_ERR_IO, "sg_trainer_save: '%s': rank 0 could not write the checkpoint (its "
-                       "error names why)", path);
-    return SG_OK;
+    if (st != SG_OK) return st; /* a failed gather fails the run: the others' collectives fail too */
+    return save_agree(t, wrote, path, SG_ERR_IO, "rank 0 could not write the checkpoint (its error names why)");
 }
 
 typedef struct ckpt_meta {
