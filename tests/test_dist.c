@@ -639,19 +639,20 @@ static void unmake(trainee *r)
     sg_model_destroy(r->m);
 }
 
-/* The reference: one rank with the whole batch. Its losses and final parameters go to path. */
+/* The reference: one rank with the whole batch. Its losses and its parameters after the first
+ * step go to path. */
 static void reference(sg_backend be, const tcase *c, uint64_t seed, const char *path)
 {
     sg_ctx *ctx = tu_ctx(be);
     trainee r = make(ctx, c, seed, 0, 0, NULL, false);
     float loss[STEPS];
+    int64_t n = sg_tensor_numel(sg_model_params(r.m));
+    float *p = malloc((size_t)n * sizeof *p);
     for (int s = 0; s < STEPS; s++) {
         TU_OK(ctx, sg_trainer_step(r.t, s));
         TU_OK(ctx, sg_model_loss_read(r.m, &loss[s]));
+        if (s == 0) TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(r.m), p, (size_t)n * sizeof *p));
     }
-    int64_t n = sg_tensor_numel(sg_model_params(r.m));
-    float *p = malloc((size_t)n * sizeof *p);
-    TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(r.m), p, (size_t)n * sizeof *p));
     FILE *f = fopen(path, "wb");
     TU_CHECK(f && fwrite(loss, sizeof loss, 1, f) == 1 && fwrite(&n, sizeof n, 1, f) == 1 &&
              fwrite(p, sizeof *p, (size_t)n, f) == (size_t)n, "writing %s", path);
@@ -681,8 +682,8 @@ static bool same_file(const char *a, const char *b)
 }
 
 /* Tolerance of N ranks against 1: the gradients' sums run in another order (rows split across
- * ranks, then averaged), a few ulps per step that 20 steps barely grow; a missing or doubled
- * average moves SGD's parameters by a whole step, orders of magnitude more. */
+ * ranks, then averaged), a few ulps in a step; a missing or doubled average moves SGD's
+ * parameters by a whole step, orders of magnitude more. */
 static bool close_to(double got, double ref, double atol, double rtol)
 {
     return fabs(got - ref) <= atol + rtol * fabs(ref);
@@ -729,27 +730,37 @@ static int worker(int argc, char **argv)
         float *ref_p = malloc((size_t)(n > 0 ? n : 1) * sizeof *ref_p);
         TU_CHECK(f && fread(ref_p, sizeof *ref_p, (size_t)n, f) == (size_t)n, "reading %s", ref);
         if (f) fclose(f);
+        /* The parameters after the first step: both runs started from the same weights and
+         * forwarded every row alike, so they differ only by the order of the gradients' sums.
+         * Later steps are not compared parameter by parameter: a pre-activation that rounding
+         * moves across a ReLU's kink changes that unit's gradient whole, and the runs part there
+         * (seed 865784597: mlp-model-accum's weights 64x the tolerance apart after 20 steps while
+         * every loss agreed to 1e-4); the losses of every step still follow the reference. */
+        int64_t np = sg_tensor_numel(sg_model_params(r.m));
+        TU_CHECK(np == n, "%s: %lld parameters, the reference %lld", tag, (long long)np, (long long)n);
+        float *p = malloc((size_t)np * sizeof *p);
+        int64_t worst = 0;
+        double worst_d = 0;
         for (int s = 0; s < STEPS; s++) {
             float l;
             TU_OK(ctx, sg_trainer_step(r.t, s));
             TU_OK(ctx, sg_model_loss_read(r.m, &l));
             TU_CHECK(close_to(l, ref_loss[s], 1e-5, 1e-4), "%s: step %d loss %.7f, 1 rank %.7f", tag, s, l, ref_loss[s]);
+            if (s > 0) continue;
+            TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(r.m), p, (size_t)np * sizeof *p));
+            for (int64_t i = 0; i < np && np == n; i++) {
+                double dd = fabs((double)p[i] - ref_p[i]) / (1e-5 + 1e-3 * fabs(ref_p[i]));
+                if (dd > worst_d) worst_d = dd, worst = i;
+            }
         }
-        int64_t np = sg_tensor_numel(sg_model_params(r.m));
-        TU_CHECK(np == n, "%s: %lld parameters, the reference %lld", tag, (long long)np, (long long)n);
-        float *p = malloc((size_t)np * sizeof *p);
-        TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(r.m), p, (size_t)np * sizeof *p));
-        int64_t worst = 0;
-        double sum = 0, worst_d = 0;
-        for (int64_t i = 0; i < np && np == n; i++) {
-            double dd = fabs((double)p[i] - ref_p[i]) / (1e-5 + 1e-3 * fabs(ref_p[i]));
-            if (dd > worst_d) worst_d = dd, worst = i;
-            sum += p[i] * (double)(i % 7 + 1);
-        }
-        TU_CHECK(worst_d <= 1, "%s: parameter %lld is %.8g, 1 rank %.8g (|d| / tolerance %.2f)", tag,
+        TU_CHECK(worst_d <= 1, "%s: after step 0 parameter %lld is %.8g, 1 rank %.8g (|d| / tolerance %.2f)", tag,
                  (long long)worst, p[worst], ref_p[worst], worst_d);
-        printf("%s: 20 steps; the largest parameter difference from 1 rank is %.3f of the tolerance "
-               "(parameter %lld: %.9g vs %.9g)\n", tag, worst_d, (long long)worst, p[worst], ref_p[worst]);
+        printf("%s: 20 steps, the losses within 1e-4; after the first the largest parameter difference from 1 "
+               "rank is %.3f of the tolerance (parameter %lld: %.9g vs %.9g)\n", tag, worst_d, (long long)worst,
+               p[worst], ref_p[worst]);
+        TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(r.m), p, (size_t)np * sizeof *p));
+        double sum = 0;
+        for (int64_t i = 0; i < np; i++) sum += p[i] * (double)(i % 7 + 1);
         /* Every rank holds the same parameters: their checksum's average is each one's. */
         double avg = sum;
         TU_OK(ctx, sg_dist_average_host(d, &avg, 1));
@@ -959,12 +970,13 @@ static int worker(int argc, char **argv)
          * (the sharded tests above) and sum the same squares in f64 in two orders, each within
          * P 2^-53 of the exact sum (1e-11 here), so the f32 norms are at most 1 ulp apart: a
          * share left out, the tail counted twice or a rank's own norm alone would move it by
-         * 1e-3 or more. After that the two runs' coefficients differ in their last bits, and
-         * the losses, norms and weights drift as N ranks do from 1 (the tolerances of "match").
-         * The sharded run captured and eager: the same bits. */
+         * 1e-3 or more; the weights after that step within "match"'s tolerance. After that the
+         * two runs' coefficients differ in their last bits, and the losses and norms drift as N
+         * ranks do from 1 (the weights are not compared later: see "match"). The sharded run
+         * captured and eager: the same bits to the end. */
         float loss[3][STEPS], norm[3][STEPS];
         int64_t np = sg_tensor_numel(sg_model_params(r.m));
-        float *p[3];
+        float *p[3], *first[2];
         tcase eager = *c;
         eager.scope = SG_SCOPE_EAGER;
         int runs = c->scope == SG_SCOPE_EAGER ? 2 : 3;
@@ -974,6 +986,10 @@ static int worker(int argc, char **argv)
                 TU_OK(ctx, sg_trainer_step(r.t, s));
                 TU_OK(ctx, sg_model_loss_read(r.m, &loss[k][s]));
                 TU_OK(ctx, sg_tensor_copy_to_host(r.m->gnorm, &norm[k][s], sizeof norm[k][s]));
+                if (s > 0 || k == 2) continue;
+                TU_OK(ctx, sg_trainer_gather_params(r.t));
+                first[k] = malloc((size_t)np * sizeof *first[k]);
+                TU_OK(ctx, sg_tensor_copy_to_host(sg_model_params(r.m), first[k], (size_t)np * sizeof *first[k]));
             }
             TU_OK(ctx, sg_trainer_gather_params(r.t));
             p[k] = malloc((size_t)np * sizeof *p[k]);
@@ -995,21 +1011,22 @@ static int worker(int argc, char **argv)
         int64_t worst = 0;
         double worst_d = 0;
         for (int64_t i = 0; i < np; i++) {
-            double dd = fabs((double)p[1][i] - p[0][i]) / (1e-5 + 1e-3 * fabs(p[0][i]));
+            double dd = fabs((double)first[1][i] - first[0][i]) / (1e-5 + 1e-3 * fabs(first[0][i]));
             if (dd > worst_d) worst_d = dd, worst = i;
         }
-        TU_CHECK(worst_d <= 1, "%s: parameter %lld is %.9g sharded, %.9g unsharded (|d| / tolerance %.2f)", tag,
-                 (long long)worst, p[1][worst], p[0][worst], worst_d);
+        TU_CHECK(worst_d <= 1, "%s: after step 0 parameter %lld is %.9g sharded, %.9g unsharded (|d| / tolerance "
+                 "%.2f)", tag, (long long)worst, first[1][worst], first[0][worst], worst_d);
         if (runs == 3) {
             int64_t diff = first_diff(p[2], p[1], np);
             TU_CHECK(!memcmp(loss[2], loss[1], sizeof loss[1]) && !memcmp(norm[2], norm[1], sizeof norm[1]) &&
                      diff < 0, "%s: sharded eager and %s differ (losses, norms, or parameter %lld)", tag,
                      sg_scope_name(c->scope), (long long)diff);
         }
-        printf("%s: clipped in %d of %d steps (norm %.6g at step 0, sharded %.6g); parameters within %.3f of the "
-               "tolerance of the unsharded run's%s\n", tag, clipped, STEPS, norm[0][0], norm[1][0], worst_d,
+        printf("%s: clipped in %d of %d steps (norm %.6g at step 0, sharded %.6g); parameters after it within %.3f "
+               "of the tolerance of the unsharded run's%s\n", tag, clipped, STEPS, norm[0][0], norm[1][0], worst_d,
                runs == 3 ? "; eager bit for bit" : "");
         for (int k = 0; k < runs; k++) free(p[k]);
+        free(first[0]), free(first[1]);
     } else if (!strcmp(mode, "agree")) {
         /* A sharded step where only some ranks' shares overflowed: each rank ran the scaler's
          * update on its own flag; after sg_dist_agree_scaler every rank must hold what a rank
