@@ -355,11 +355,23 @@ sg_status sg_dropout_backward(sg_ctx *ctx, const sg_tensor *dy, float p, const s
                               uint32_t site, sg_tensor *dx);
 sg_status sg_rng_advance(sg_ctx *ctx, sg_tensor *rng);
 
-/* Global-norm gradient clipping over a flat buffer: norm = sqrt(sum g^2) (deterministic order),
- * g *= min(1, max_norm / (norm + 1e-6)); norm (1 F32) and nonfinite (1 I32: 1 when a value is
- * inf or NaN, then g is left unscaled) are written on the device. max_norm <= 0: only measure. */
+/* Global-norm gradient clipping over a flat buffer: norm = sqrt(sum g^2) (deterministic order,
+ * in f64), g *= factor = min(1, max_norm / (norm + 1e-6)) (computed in f64 and, for f32
+ * gradients, rounded once to f32, as PyTorch's clip_grad_norm_ keeps it in a tensor of the
+ * gradients' dtype; the product rounded once); norm (1 F32) and nonfinite (1 I32: 1 when a value
+ * is inf or NaN, then g is left unscaled) are written on the device. max_norm <= 0: only
+ * measure. */
 sg_status sg_clip_grad_norm(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_tensor *norm,
                             sg_tensor *nonfinite);
+/* The same measurement on f32 gradients with the factor written to factor (1 F32, device: 1
+ * when nothing would be scaled) and grad left as it is, so that the optimizer can clip as it reads: grad * factor
+ * in f32 is sg_clip_grad_norm's grad bit for bit, so sg_clip_factor then sg_adamw_step_amp (or
+ * sg_sgd_step_amp) with grad and factor for grad_lo and inv is sg_clip_grad_norm then
+ * sg_adamw_step, without the pass that reads and writes the gradients again. (With mixed
+ * precision the _amp steps' inv is the loss scale's; the factor then needs f32 gradients:
+ * sg_amp_unscale's.) */
+sg_status sg_clip_factor(sg_ctx *ctx, const sg_tensor *grad, float max_norm, sg_tensor *norm,
+                         sg_tensor *nonfinite, sg_tensor *factor);
 /* The same clipping over gradients split into n parts, e.g. a sharded optimizer's shares, a part
  * a rank. sums: I32 (2 n), opaque: element 2 i holds part i's f64 sum of squares as raw bytes
  * (F64 tensors exist on the CPU only), to be moved as they are (an all-gather of each rank's
@@ -367,11 +379,14 @@ sg_status sg_clip_grad_norm(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_ten
  * grad (f32; a deterministic order) there; once sums holds every part's, sg_clip_apply on each
  * part adds the n sums in part order in f64 (every caller gets the same bits), writes norm =
  * the square root and nonfinite (a part holds an inf or a NaN), and scales its part as
- * sg_clip_grad_norm does. One part (sums of 2): the pair is sg_clip_grad_norm bit for bit. No
- * host sync: a captured step can hold them. */
+ * sg_clip_grad_norm does; sg_clip_factor_sums writes the factor instead, as sg_clip_factor.
+ * One part (sums of 2): the pair is sg_clip_grad_norm (sg_clip_factor) bit for bit. No host
+ * sync: a captured step can hold them. */
 sg_status sg_clip_sumsq(sg_ctx *ctx, const sg_tensor *grad, sg_tensor *sums, int part);
 sg_status sg_clip_apply(sg_ctx *ctx, sg_tensor *grad, float max_norm, const sg_tensor *sums, sg_tensor *norm,
                         sg_tensor *nonfinite);
+sg_status sg_clip_factor_sums(sg_ctx *ctx, float max_norm, const sg_tensor *sums, sg_tensor *norm,
+                              sg_tensor *nonfinite, sg_tensor *factor);
 
 /* Dynamic loss scaling for mixed precision, entirely on the device. The scaler's state is a
  * device tensor of SG_SCALER_COUNT F32 laid out as sg_loss_scaler. The scale is a power of two,
@@ -817,7 +832,9 @@ sg_status sg_model_buffer_info(const sg_model *m, int i, const char **name, int6
  * (sg_model_grads_lo) and the step's unscale writes these; with one micro-batch and no
  * clipping the trainer's step (and sg_optim_step) folds the unscale into the optimizer
  * (sg_amp_check, sg_adamw_step_amp), and then these are not written: read sg_model_grads_lo
- * and divide by the scale the step used. */
+ * and divide by the scale the step used. With clipping (sg_trainer_options.clip) the trainer's
+ * step leaves them unclipped: the update multiplies them by the clipping factor as it reads
+ * them (sg_clip_factor); STEPGRAPH_CLIP=separate scales them in place first. */
 sg_tensor *sg_model_grads(sg_model *m);
 /* Mixed precision: the (P) BF16 gradients the backward writes, times the loss scale. NULL
  * for an fp32 model. */
@@ -1221,7 +1238,10 @@ typedef struct sg_trainer_options {
      * batch or sequence buckets, nor with a fed data set. Checkpoints record accum (when not 1),
      * and sg_trainer_load resumes at the saving run's next batch (see there). */
     int accum;
-    /* Clip gradients to this global norm inside the step (0: no clipping). */
+    /* Clip gradients to this global norm inside the step (0: no clipping): the norm measured
+     * and the update multiplying the gradients by the factor as it reads them (sg_clip_factor;
+     * bit for bit sg_clip_grad_norm first, one pass fewer; STEPGRAPH_CLIP=separate scales them
+     * first). */
     float clip;
     /* ---- control flow on the device (conditional graph nodes; see sg_graph_if). Each form
      * computes what the eager step computes, bit for bit; it changes only how a captured

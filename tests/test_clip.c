@@ -1,11 +1,13 @@
 /* test_clip.c: global-norm gradient clipping. `cpu`: the reference's norm against a
  * compensated double sum written here, scaling only above max_norm (by max_norm / (norm +
- * 1e-6)), measure-only for max_norm <= 0, nonfinite detection (inf, -inf, NaN) with g left
- * alone, an f64 sum that overflows, argument errors, and a CPU capture replayed on new
- * gradients. `gpu`: the CUDA kernels against the CPU reference for P from 1 to ~25M (norm and
- * scaled g to 1 f32 ulp), bitwise determinism, one or two launches, the scratch counter back
- * at 0, misaligned buffers, nonfinite detection, and a CUDA Graph of the whole clip (no host
- * sync inside) replayed on new gradients. */
+ * 1e-6) rounded to f32), measure-only for max_norm <= 0, nonfinite detection (inf, -inf, NaN)
+ * with g left alone, an f64 sum that overflows, argument errors, a CPU capture replayed on new
+ * gradients, the split form (sg_clip_sumsq, sg_clip_apply) and the factor forms
+ * (sg_clip_factor, sg_clip_factor_sums: g * factor the clipped g bit for bit). `gpu`: the CUDA
+ * kernels against the CPU reference for P from 1 to ~25M (norm to 1 f32 ulp, factor to 1 ulp,
+ * scaled g bit for bit g * factor), bitwise determinism, one or two launches, the scratch
+ * counter back at 0, misaligned buffers, nonfinite detection, and a CUDA Graph of the whole
+ * clip (no host sync inside) replayed on new gradients. */
 #include "testutil.h"
 
 #include "ops/clip.h"
@@ -50,6 +52,32 @@ static void expect_unchanged(const char *what, const sg_tensor *g, const double 
  * the norm is still stored in f32 (the API's norm tensor is F32): the same bound. */
 static const tu_tol norm_tol = {0, 1.1920928955078125e-07};
 
+/* Two clips of the same g whose f64 norms differ by a few units of 2^-53 (another order of the
+ * same sum: the other backend, the split form) may round their factors to neighbouring f32
+ * values, 2^-23 relative apart; each product is rounded once more (2^-24 each), so the clipped
+ * gradients agree to rtol 2^-22. */
+static const tu_tol clipped_tol = {0, 2.384185791015625e-07};
+
+/* Bits of one-element tensor t's value, as stored (4 bytes: F32 or I32). */
+static uint32_t bits1(const sg_tensor *t)
+{
+    uint32_t b;
+    TU_OK(t->ctx, sg_tensor_copy_to_host(t, &b, 4));
+    return b;
+}
+
+/* Elements of got (n, as stored) that are not want[i] * f rounded once to dt, bit for bit. */
+static int64_t n_not_scaled(const double *got, const double *want, int64_t n, float f, sg_dtype dt)
+{
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double w = want[i] * (double)f; /* exact for f32 values: 24 + 24 bits */
+        if (dt == SG_DTYPE_F32) w = (float)w;
+        bad += memcmp(&got[i], &w, sizeof w) != 0;
+    }
+    return bad;
+}
+
 /* On random g of P elements in (-mag, mag): measure only (max_norm 0 and -1), then max_norm
  * above the norm (no change), below it (scaled), and +inf (no change). */
 static void cpu_norm_and_scale(sg_dtype dt, int64_t P, double mag)
@@ -82,22 +110,42 @@ static void cpu_norm_and_scale(sg_dtype dt, int64_t P, double mag)
     snprintf(what, sizeof what, "cpu %s P=%lld max_norm above the norm", dn, (long long)P);
     expect_unchanged(what, g, g0);
 
-    /* max_norm below it: g *= max_norm / (norm + 1e-6), rounded once to the dtype. The test's
-     * coef uses its own sum of the P squares, the op another order: each double sum of positive
-     * terms is within (P-1) u of the exact one (u = 2^-53), so they differ by at most 2 (P-1) u,
-     * the square roots by half that; the division and the product add 2 u each. So f64 results
-     * agree within rtol (P + 3) u, which is the bound, not the typical error (sqrt(P) u: 1e-14
-     * held for most seeds, not for SG_TEST_SEED=356 at P = 100003); f32 results, rounded
-     * once more, may differ by 1 ulp (rtol 2^-23). */
+    /* max_norm below it: g *= the coefficient max_norm / (norm + 1e-6), rounded once to the
+     * dtype; for f32 gradients that coefficient is itself rounded to f32 first (the factor,
+     * which sg_clip_factor reports). The test's coefficient uses its own sum of the P squares,
+     * the op another order: each double sum of positive terms is within (P-1) u of the exact
+     * one (u = 2^-53), so they differ by at most 2 (P-1) u, the square roots by half that; the
+     * division adds 2 u. So the coefficients in f64 agree within rtol (P + 1) u (the bound, not
+     * the typical error, sqrt(P) u: 1e-14 held for most seeds, not for SG_TEST_SEED=356 at P =
+     * 100003). f64: the product adds 2 u more, so g agrees within (P + 3) u. f32: each factor's
+     * rounding adds 2^-24, so the factors agree within 2^-23 + (P + 1) u, and the clipped g is
+     * g * factor exactly as the op rounds it. */
     float max_norm = (float)(ref * 0.5);
-    TU_OK(ctx, sg_clip_grad_norm(ctx, g, max_norm, norm, nf));
-    double coef = (double)max_norm / (ref + 1e-6);
-    double *want = malloc((size_t)P * sizeof *want), *got = tu_get(g);
-    for (int64_t i = 0; i < P; i++) want[i] = dt == SG_DTYPE_F32 ? (float)(g0[i] * coef) : g0[i] * coef;
     const double u = 1.1102230246251565e-16; /* 2^-53 */
-    tu_tol tol = dt == SG_DTYPE_F32 ? (tu_tol){0, 1.1920928955078125e-07} : (tu_tol){0, ((double)P + 3) * u};
-    snprintf(what, sizeof what, "cpu %s P=%lld clipped to %g: g", dn, (long long)P, (double)max_norm);
-    tu_close(what, got, want, P, tol);
+    double coef = (double)max_norm / (ref + 1e-6), f = coef;
+    snprintf(what, sizeof what, "cpu %s P=%lld clipped to %g", dn, (long long)P, (double)max_norm);
+    if (dt == SG_DTYPE_F32) {
+        sg_tensor *factor = tu_tensor1(ctx, SG_DTYPE_F32, 1, "factor");
+        tu_poison(factor);
+        TU_OK(ctx, sg_clip_factor(ctx, g, max_norm, norm, nf, factor));
+        expect_unchanged(what, g, g0);
+        f = read1(factor);
+        tu_close(what, &f, &coef, 1, (tu_tol){0, 1.1920928955078125e-07 + ((double)P + 1) * u});
+        sg_tensor_destroy(factor);
+    }
+    TU_CHECK(f < 1, "%s: the coefficient is %.9g, not below 1", what, f);
+    TU_OK(ctx, sg_clip_grad_norm(ctx, g, max_norm, norm, nf));
+    double *got = tu_get(g);
+    if (dt == SG_DTYPE_F32) {
+        int64_t bad = n_not_scaled(got, g0, P, (float)f, dt);
+        TU_CHECK(bad == 0, "%s: %lld of %lld elements of g are not g * factor (%.9g) rounded once", what,
+                 (long long)bad, (long long)P, f);
+    } else {
+        double *want = malloc((size_t)P * sizeof *want);
+        for (int64_t i = 0; i < P; i++) want[i] = g0[i] * coef;
+        tu_close(what, got, want, P, (tu_tol){0, ((double)P + 3) * u});
+        free(want);
+    }
     TU_CHECK(read1(nf) == 0, "%s: nonfinite is set", what);
     /* Measured again, the norm is max_norm * norm / (norm + 1e-6). */
     TU_OK(ctx, sg_clip_grad_norm(ctx, g, 0.f, norm, nf));
@@ -110,7 +158,7 @@ static void cpu_norm_and_scale(sg_dtype dt, int64_t P, double mag)
     TU_OK(ctx, sg_clip_grad_norm(ctx, g, INFINITY, norm, nf));
     expect_unchanged("cpu max_norm inf", g, got);
 
-    free(g0), free(want), free(got);
+    free(g0), free(got);
     sg_tensor_destroy(g), sg_tensor_destroy(norm), sg_tensor_destroy(nf);
     sg_ctx_destroy(ctx);
 }
@@ -274,7 +322,7 @@ static void check_capture(sg_ctx *ctx, sg_ctx *ref_ctx, int64_t P, int nodes)
         TU_OK(ref_ctx, sg_clip_grad_norm(ref_ctx, gr, s.max_norm, norm_r, nf_r));
         char what[96];
         snprintf(what, sizeof what, "%s: clip replay %d: g", be, k);
-        tu_close_tensors(what, g, gr, (tu_tol){0, 1.1920928955078125e-07});
+        tu_close_tensors(what, g, gr, clipped_tol);
         snprintf(what, sizeof what, "%s: clip replay %d: norm", be, k);
         tu_close_tensors(what, norm, norm_r, norm_tol);
         TU_CHECK(read1(nf) == 0, "%s: clip replay %d: nonfinite %g", be, k, read1(nf));
@@ -326,8 +374,8 @@ static int64_t n_differ(const sg_tensor *a, const sg_tensor *b)
  * sum in the same order, the same double arithmetic after it); (2) two parts split at a random
  * k: each part's sum within (n + 1) 2^-53 of the host's double sum of it (the bound of a
  * recursive sum of n non-negative terms), the norm the f32 of sqrt(sum0 + sum1) exactly, within
- * norm_tol of sg_clip_grad_norm's and g within 1 f32 ulp of its (the two double sums of the same
- * squares differ by at most 2 (P-1) 2^-53 relative, far below f32's rounding; see gpu_run);
+ * norm_tol of sg_clip_grad_norm's and g within clipped_tol of its (the two double sums of the
+ * same squares differ by at most 2 (P-1) 2^-53 relative: see clipped_tol);
  * (3) measure only (max_norm 0): g unchanged, the norm written; (4) an inf in part 1 sets the
  * flag for both parts and leaves both alone; (5) the four calls captured and replayed on new
  * gradients: the eager calls' bits. */
@@ -378,7 +426,7 @@ static void check_split(sg_ctx *ctx, int64_t P)
     tu_poison(n2), tu_poison(f2);
     for (int j = 0; j < 2; j++) TU_OK(ctx, sg_clip_apply(ctx, part[j], max_norm, sums, n2, f2));
     snprintf(what, sizeof what, "%s P=%lld split at %lld: g", be, (long long)P, (long long)k);
-    tu_close_tensors(what, g2, g1, (tu_tol){0, 1.1920928955078125e-07});
+    tu_close_tensors(what, g2, g1, clipped_tol);
     snprintf(what, sizeof what, "%s P=%lld split at %lld: norm", be, (long long)P, (long long)k);
     tu_close_tensors(what, n2, n1, norm_tol);
     TU_CHECK(read1(n2) == (double)(float)sqrt(got_sum[0] + got_sum[1]) && read1(f2) == 0,
@@ -471,6 +519,151 @@ static void split_errors(sg_ctx *ctx)
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
 }
 
+typedef struct factor_step {
+    sg_ctx *ctx;
+    sg_tensor *g, *norm, *nf, *factor;
+    float max_norm;
+} factor_step;
+
+static sg_status factor_fn(void *u)
+{
+    factor_step *s = u;
+    return sg_clip_factor(s->ctx, s->g, s->max_norm, s->norm, s->nf, s->factor);
+}
+
+/* The factor forms on fresh g (P f32 elements) against sg_clip_grad_norm on a copy: (1) max_norm
+ * half the norm: g left alone, the norm and flag the same bits, a factor below 1 with g * factor
+ * (f32) the clipped copy bit for bit; sumsq on the whole g then sg_clip_factor_sums: the same
+ * factor and norm, bit for bit; (2) a factor of exactly 1 wherever the scaling does nothing:
+ * max_norm above the norm, 0, +inf, and an inf in g (the flag set, g alone); (3) captured (one
+ * node) and replayed on new gradients: the eager call's bits. */
+static void check_factor(sg_ctx *ctx, int64_t P)
+{
+    const char *be = sg_backend_name(ctx->backend);
+    char what[128];
+    snprintf(what, sizeof what, "%s P=%lld: sg_clip_factor", be, (long long)P);
+    sg_tensor *g = tu_tensor1(ctx, SG_DTYPE_F32, P, "grad"), *gc = tu_tensor1(ctx, SG_DTYPE_F32, P, "grad_clipped");
+    sg_tensor *n1 = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm1"), *f1 = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nf1");
+    sg_tensor *n2 = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm2"), *f2 = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nf2");
+    sg_tensor *fac = tu_tensor1(ctx, SG_DTYPE_F32, 1, "factor"), *fac2 = tu_tensor1(ctx, SG_DTYPE_F32, 1, "factor2");
+    sg_tensor *one = tu_tensor1(ctx, SG_DTYPE_I32, 2, "sums1");
+    double *gs = tu_random(g, -1, 1);
+    free(gs);
+    gs = tu_get(g); /* as stored: f32 */
+    tu_set(gc, gs);
+    TU_OK(ctx, sg_clip_grad_norm(ctx, gc, 0.f, n1, f1));
+    const float max_norm = (float)(read1(n1) * 0.5);
+
+    /* (1) */
+    tu_poison(n2), tu_poison(f2), tu_poison(fac);
+    TU_OK(ctx, sg_clip_factor(ctx, g, max_norm, n2, f2, fac));
+    TU_OK(ctx, sg_clip_grad_norm(ctx, gc, max_norm, n1, f1));
+    expect_unchanged(what, g, gs);
+    TU_CHECK(bits1(n2) == bits1(n1) && read1(f2) == 0 && read1(f1) == 0,
+             "%s: norm %.9g and flag %g, sg_clip_grad_norm's %.9g and %g", what, read1(n2), read1(f2), read1(n1),
+             read1(f1));
+    const double F = read1(fac);
+    TU_CHECK(F < 1 && F > 0, "%s: the factor for max_norm %g is %.9g, expected in (0, 1)", what, (double)max_norm, F);
+    double *clipped = tu_get(gc);
+    int64_t bad = n_not_scaled(clipped, gs, P, (float)F, SG_DTYPE_F32);
+    TU_CHECK(bad == 0, "%s: %lld of %lld elements of sg_clip_grad_norm's g are not g * factor (%.9g) in f32", what,
+             (long long)bad, (long long)P, F);
+    free(clipped);
+    TU_OK(ctx, sg_clip_sumsq(ctx, g, one, 0));
+    tu_poison(fac2), tu_poison(n1), tu_poison(f1);
+    TU_OK(ctx, sg_clip_factor_sums(ctx, max_norm, one, n1, f1, fac2));
+    TU_CHECK(bits1(fac2) == bits1(fac) && bits1(n1) == bits1(n2) && read1(f1) == 0,
+             "%s: sg_clip_factor_sums on one part gave factor %.9g, norm %.9g, flag %g; sg_clip_factor %.9g, %.9g",
+             what, read1(fac2), read1(n1), read1(f1), F, read1(n2));
+
+    /* (2) */
+    const float nothing[3] = {(float)((read1(n2) + 1e-6) * 1.01), 0.f, INFINITY};
+    for (int k = 0; k < 3; k++) {
+        tu_poison(fac), tu_poison(fac2);
+        TU_OK(ctx, sg_clip_factor(ctx, g, nothing[k], n2, f2, fac));
+        TU_OK(ctx, sg_clip_factor_sums(ctx, nothing[k], one, n1, f1, fac2));
+        TU_CHECK(read1(fac) == 1 && read1(fac2) == 1, "%s: max_norm %g: factors %.9g and %.9g (split), expected 1",
+                 what, (double)nothing[k], read1(fac), read1(fac2));
+    }
+    double *bad_g = malloc((size_t)P * sizeof *bad_g);
+    memcpy(bad_g, gs, (size_t)P * sizeof *bad_g);
+    bad_g[(int64_t)(tu_next() % (uint64_t)P)] = INFINITY;
+    tu_set(g, bad_g);
+    tu_poison(fac), tu_poison(f2);
+    TU_OK(ctx, sg_clip_factor(ctx, g, 1e-3f, n2, f2, fac));
+    TU_CHECK(read1(fac) == 1 && read1(f2) == 1 && isinf(read1(n2)), "%s with an inf: factor %.9g, flag %g, norm %g",
+             what, read1(fac), read1(f2), read1(n2));
+    expect_unchanged(what, g, bad_g);
+    free(bad_g);
+
+    /* (3) |g| in [0.5, 1) on replay: a norm of at least 0.5 sqrt(P), above 0.25 sqrt(P). */
+    factor_step st = {ctx, g, n2, f2, fac, (float)(0.25 * sqrt((double)P))};
+    sg_graph_options o = sg_graph_options_default();
+    o.name = "clip_factor";
+    o.warmup = 0;
+    sg_graph *gph = NULL;
+    tu_poison(fac);
+    TU_OK(ctx, sg_graph_capture(ctx, factor_fn, &st, &o, &gph));
+    if (!sg_graphs_disabled()) {
+        sg_graph_stats gs_st;
+        TU_OK(ctx, sg_graph_get_stats(gph, &gs_st));
+        TU_CHECK(gs_st.nodes == 1, "%s: the factor's graph holds %d nodes, expected 1", what, gs_st.nodes);
+        TU_CHECK(isnan(read1(fac)), "%s: capture ran the clip", what);
+    }
+    double *fresh = malloc((size_t)P * sizeof *fresh);
+    for (int64_t i = 0; i < P; i++) fresh[i] = tu_uniform(0.5, 1) * (tu_next() & 1 ? 1 : -1);
+    tu_set(g, fresh);
+    free(fresh);
+    fresh = tu_get(g); /* as stored: f32 */
+    tu_poison(fac);
+    TU_OK(ctx, sg_graph_replay(gph));
+    TU_OK(ctx, sg_clip_factor(ctx, g, st.max_norm, n1, f1, fac2));
+    TU_CHECK(bits1(fac) == bits1(fac2) && bits1(n2) == bits1(n1) && read1(fac) < 1,
+             "%s: replayed, factor %.9g and norm %.9g; eagerly %.9g and %.9g (expected below 1)", what, read1(fac),
+             read1(n2), read1(fac2), read1(n1));
+    expect_unchanged(what, g, fresh);
+    free(fresh);
+    sg_graph_destroy(gph);
+    free(gs);
+    sg_tensor *ts[] = {g, gc, n1, f1, n2, f2, fac, fac2, one};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+}
+
+/* The factor forms' own argument checks: nothing written, the context usable after. */
+static void factor_errors(sg_ctx *ctx)
+{
+    sg_tensor *g = tu_tensor1(ctx, SG_DTYPE_F32, 12, "grad"), *s = tu_tensor1(ctx, SG_DTYPE_I32, 2, "sums");
+    sg_tensor *norm = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm"), *nf = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nf");
+    sg_tensor *fac = tu_tensor1(ctx, SG_DTYPE_F32, 1, "factor"), *fac_i = tu_tensor1(ctx, SG_DTYPE_I32, 1, "factor_i32");
+    sg_tensor *fac2 = tu_tensor1(ctx, SG_DTYPE_F32, 2, "factor2"), *fac_in_g = NULL;
+    int64_t one = 1;
+    TU_OK(ctx, sg_tensor_view(g, 5, 1, &one, "factor_in_g", &fac_in_g));
+    free(tu_random(g, -1, 1));
+    double *g0 = tu_get(g);
+    TU_OK(ctx, sg_clip_sumsq(ctx, g, s, 0));
+    tu_poison(norm), tu_poison(nf), tu_poison(fac);
+    TU_FAILS(ctx, sg_clip_factor(ctx, g, 1.f, norm, nf, NULL), SG_ERR_NULL, "'factor'");
+    TU_FAILS(ctx, sg_clip_factor(ctx, g, 1.f, norm, nf, fac_i), SG_ERR_DTYPE, "'factor'");
+    TU_FAILS(ctx, sg_clip_factor(ctx, g, 1.f, norm, nf, fac2), SG_ERR_SHAPE, "'factor' (factor2)");
+    TU_FAILS(ctx, sg_clip_factor(ctx, g, 1.f, norm, nf, fac_in_g), SG_ERR_INVALID, "overlaps");
+    TU_FAILS(ctx, sg_clip_factor(ctx, g, 1.f, norm, nf, norm), SG_ERR_INVALID, "'factor'");
+    TU_FAILS(ctx, sg_clip_factor(ctx, g, NAN, norm, nf, fac), SG_ERR_INVALID, "max_norm is NaN");
+    TU_FAILS(ctx, sg_clip_factor(ctx, NULL, 1.f, norm, nf, fac), SG_ERR_NULL, "'grad'");
+    TU_FAILS(ctx, sg_clip_factor_sums(ctx, 1.f, s, norm, nf, NULL), SG_ERR_NULL, "'factor'");
+    TU_FAILS(ctx, sg_clip_factor_sums(ctx, 1.f, NULL, norm, nf, fac), SG_ERR_NULL, "'sums'");
+    TU_FAILS(ctx, sg_clip_factor_sums(ctx, 1.f, s, norm, nf, nf), SG_ERR_DTYPE, "'factor'");
+    TU_FAILS(ctx, sg_clip_factor_sums(ctx, NAN, s, norm, nf, fac), SG_ERR_INVALID, "max_norm is NaN");
+    TU_CHECK(sg_clip_factor(NULL, g, 1.f, norm, nf, fac) == SG_ERR_NULL, "NULL ctx accepted");
+    expect_unchanged("g after the factor forms' rejected calls", g, g0);
+    TU_CHECK(isnan(read1(norm)) && isnan(read1(fac)), "a rejected call wrote the norm or the factor");
+    TU_OK(ctx, sg_clip_factor_sums(ctx, 1e-3f, s, norm, nf, fac));
+    TU_CHECK(read1(nf) == 0 && read1(norm) > 0 && read1(fac) < 1, "the valid call after the errors: norm %g, "
+             "factor %g", read1(norm), read1(fac));
+    free(g0);
+    sg_tensor *ts[] = {fac_in_g, g, s, norm, nf, fac, fac_i, fac2};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+}
+
 static void cpu_tests(void)
 {
     const int64_t Ps[] = {1, 5, 1000, 100003};
@@ -488,6 +681,9 @@ static void cpu_tests(void)
     check_split(ctx, 2);
     check_split(ctx, 100003);
     split_errors(ctx);
+    check_factor(ctx, 1);
+    check_factor(ctx, 4099);
+    factor_errors(ctx);
     sg_ctx_destroy(ctx);
     cpu_f64_overflow();
     cpu_errors();
@@ -507,24 +703,6 @@ static void get_f32(const sg_tensor *t, float *v)
     TU_OK(t->ctx, sg_tensor_copy_to_host(t, v, (size_t)t->numel * sizeof(float)));
 }
 
-/* Elements of a and b (n) more than 1 f32 ulp (rtol 2^-23) apart; prints the worst. */
-static void close_f32(const char *what, const float *got, const float *ref, int64_t n)
-{
-    int64_t bad = 0, worst = -1;
-    double worst_rel = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - ref[i]), lim = 1.1920928955078125e-07 * fabs((double)ref[i]);
-        if (!(d <= lim)) {
-            bad++;
-            double rel = ref[i] != 0 ? d / fabs((double)ref[i]) : INFINITY;
-            if (worst < 0 || !(rel <= worst_rel)) worst = i, worst_rel = rel;
-        }
-    }
-    TU_CHECK(bad == 0, "%s: %lld of %lld elements more than 1 ulp from the reference; worst [%lld] "
-             "got %.9g ref %.9g", what, (long long)bad, (long long)n, (long long)worst,
-             worst < 0 ? 0.0 : got[worst], worst < 0 ? 0.0 : ref[worst]);
-}
-
 /* The "last block done" counter in scratch is back at 0 for the next call or replay. */
 static void expect_counter_zero(sg_ctx *gpu, const char *what)
 {
@@ -533,22 +711,14 @@ static void expect_counter_zero(sg_ctx *gpu, const char *what)
     free(c);
 }
 
-/* Raw bits of a one-element tensor. */
-static uint32_t bits1(const sg_tensor *t)
-{
-    uint32_t b;
-    TU_OK(t->ctx, sg_tensor_copy_to_host(t, &b, 4));
-    return b;
-}
-
 /* P elements: measure only (1 launch), twice (bitwise the same norm), against the CPU; then
  * max_norm above the norm (2 launches, g untouched) and below it (g scaled), twice from the
  * same input (bitwise the same g), against the CPU. misaligned: views at element 1.
  *
  * Tolerances: the GPU sums in double in another order than the CPU's index-order double sum;
  * both are within P * 2^-53 (3e-9 at 25M) of the exact sum, so the f32 norms differ by at most
- * 1 ulp (rtol 2^-23); the scale factors then differ by about 1e-9 relative at most, so each
- * scaled element, rounded once to f32, is within 1 ulp of the reference as well. */
+ * 1 ulp (rtol 2^-23); the coefficients in f64 then differ by about 1e-9 relative at most, and
+ * rounded to f32 by at most 1 ulp; each clipped element is g * the GPU's factor, bit for bit. */
 static void gpu_run(sg_ctx *gpu, sg_ctx *cpu, int64_t P, int misaligned)
 {
     char what[160];
@@ -607,15 +777,37 @@ static void gpu_run(sg_ctx *gpu, sg_ctx *cpu, int64_t P, int misaligned)
     }
     TU_CHECK(memcmp(a, b, (size_t)P * sizeof *a) == 0, "%s: two clips of the same g differ in their "
              "bits: not deterministic", what);
-    TU_OK(cpu, sg_clip_grad_norm(cpu, gc, max_norm, norm_c, nf_c));
-    get_f32(gc, b);
-    snprintf(label, sizeof label, "%s: g clipped to %g", what, (double)max_norm);
-    close_f32(label, a, b, P);
+    /* The factor (sg_clip_factor: one launch, g left alone) against the CPU's: the two f64
+     * coefficients differ by at most about 2 P 2^-53 relative (see gpu_run's tolerances), each
+     * f32 rounding adds 2^-24, so rtol 2^-23 + 2 P 2^-53. The clipped g is g * factor, bit for
+     * bit. */
+    sg_tensor *factor = tu_tensor1(gpu, SG_DTYPE_F32, 1, "factor");
+    sg_tensor *factor_c = tu_tensor1(cpu, SG_DTYPE_F32, 1, "factor_ref");
+    tu_poison(factor);
+    set_f32(g, g0);
+    before = sg_ctx_launch_count(gpu);
+    TU_OK(gpu, sg_clip_factor(gpu, g, max_norm, norm, nf, factor));
+    launches = sg_ctx_launch_count(gpu) - before;
+    TU_CHECK(launches == 1, "%s: %llu launches for the factor, expected 1", what, (unsigned long long)launches);
+    get_f32(g, b);
+    TU_CHECK(memcmp(b, g0, (size_t)P * sizeof *b) == 0, "%s: sg_clip_factor changed g", what);
+    TU_OK(cpu, sg_clip_factor(cpu, gc, max_norm, norm_c, nf_c, factor_c));
+    snprintf(label, sizeof label, "%s: the factor for %g", what, (double)max_norm);
+    tu_close_tensors(label, factor, factor_c, (tu_tol){0, 1.1920928955078125e-07 + 2.0 * (double)P * 1.1102230246251565e-16});
+    const float F = (float)read1(factor);
+    TU_CHECK(F < 1.f, "%s: %.9g, not below 1", label, (double)F);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < P; i++) {
+        float w = g0[i] * F;
+        bad += memcmp(&a[i], &w, sizeof w) != 0;
+    }
+    TU_CHECK(bad == 0, "%s: %lld of %lld clipped elements are not g * factor (%.9g) in f32", what, (long long)bad,
+             (long long)P, (double)F);
     expect_counter_zero(gpu, what);
 
     free(g0), free(a), free(b);
-    sg_tensor *ts[] = {g, base, gc, norm, nf, norm_c, nf_c};
-    for (int i = 0; i < 7; i++) sg_tensor_destroy(ts[i]);
+    sg_tensor *ts[] = {g, base, gc, norm, nf, norm_c, nf_c, factor, factor_c};
+    for (int i = 0; i < 9; i++) sg_tensor_destroy(ts[i]);
 }
 
 /* The checks CUDA can make without reading device memory. */
@@ -653,6 +845,9 @@ static void gpu_tests(void)
     check_split(gpu, 1001);
     check_split(gpu, (1 << 20) + 7);
     split_errors(gpu);
+    check_factor(gpu, 1);
+    check_factor(gpu, (1 << 20) + 5);
+    factor_errors(gpu);
     gpu_errors(gpu, cpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);

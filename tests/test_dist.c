@@ -973,7 +973,9 @@ static int worker(int argc, char **argv)
          * 1e-3 or more; the weights after that step within "match"'s tolerance. After that the
          * two runs' coefficients differ in their last bits, and the losses and norms drift as N
          * ranks do from 1 (the weights are not compared later: see "match"). The sharded run
-         * captured and eager: the same bits to the end. */
+         * captured and eager: the same bits to the end, the eager run with STEPGRAPH_CLIP=separate
+         * (sg_clip_apply scaling the shares, then the update) and the captured one folded
+         * (sg_clip_factor_sums, the update multiplying by the factor as it reads). */
         float loss[3][STEPS], norm[3][STEPS];
         int64_t np = sg_tensor_numel(sg_model_params(r.m));
         float *p[3], *first[2];
@@ -981,7 +983,9 @@ static int worker(int argc, char **argv)
         eager.scope = SG_SCOPE_EAGER;
         int runs = c->scope == SG_SCOPE_EAGER ? 2 : 3;
         for (int k = 0; k < runs; k++) {
+            if (k == 2) TU_CHECK(setenv("STEPGRAPH_CLIP", "separate", 1) == 0, "setenv");
             if (k > 0) r = make(ctx, k == 2 ? &eager : c, seed, e.rank, e.world, d, true);
+            if (k == 2) TU_CHECK(unsetenv("STEPGRAPH_CLIP") == 0, "unsetenv");
             for (int s = 0; s < STEPS; s++) {
                 TU_OK(ctx, sg_trainer_step(r.t, s));
                 TU_OK(ctx, sg_model_loss_read(r.m, &loss[k][s]));
@@ -1019,12 +1023,13 @@ static int worker(int argc, char **argv)
         if (runs == 3) {
             int64_t diff = first_diff(p[2], p[1], np);
             TU_CHECK(!memcmp(loss[2], loss[1], sizeof loss[1]) && !memcmp(norm[2], norm[1], sizeof norm[1]) &&
-                     diff < 0, "%s: sharded eager and %s differ (losses, norms, or parameter %lld)", tag,
+                     diff < 0, "%s: sharded eager (clipping separate) and %s (folded) differ (losses, norms, or "
+                     "parameter %lld)", tag,
                      sg_scope_name(c->scope), (long long)diff);
         }
         printf("%s: clipped in %d of %d steps (norm %.6g at step 0, sharded %.6g); parameters after it within %.3f "
                "of the tolerance of the unsharded run's%s\n", tag, clipped, STEPS, norm[0][0], norm[1][0], worst_d,
-               runs == 3 ? "; eager bit for bit" : "");
+               runs == 3 ? "; eager with the clipping separate bit for bit" : "");
         for (int k = 0; k < runs; k++) free(p[k]);
         free(first[0]), free(first[1]);
     } else if (!strcmp(mode, "agree")) {

@@ -5,6 +5,8 @@
  * GPT with the unscale folded into the optimizer bit for bit the separate passes. */
 #include "testutil.h"
 
+#include "train/model.h"
+
 typedef struct run {
     sg_ctx *ctx;
     sg_model *m;
@@ -222,6 +224,76 @@ static void fold_unscale(sg_backend be)
     sg_ctx_destroy(ctx);
 }
 
+/* sqrt(sum g^2) of a tensor, in double on the host. */
+static double host_norm(const sg_tensor *g)
+{
+    double *v = tu_get(g), s = 0;
+    for (int64_t i = 0; i < sg_tensor_numel(g); i++) s += v[i] * v[i];
+    free(v);
+    return sqrt(s);
+}
+
+/* Clipping folded into the optimizer (sg_clip_factor, then the update multiplying the f32
+ * gradients by the factor as it reads them) against STEPGRAPH_CLIP=separate (sg_clip_grad_norm
+ * scaling them, then the update): loss, parameters, norm (and under mixed precision the
+ * scaler) bit for bit over 6 steps, fp32 and bf16, eager and step scope, SGD and AdamW, with a
+ * max_norm below every step's norm. Then which path ran: the folded side's f32 gradients are
+ * the unclipped ones (their norm is the measured one, to the rounding of two f64 sums of f32
+ * squares: rtol 1e-6 is far above it) and the separate side's are clipped (norm max_norm norm /
+ * (norm + 1e-6), to the f32 products' rounding: rtol 1e-6). */
+static void fold_clip(sg_backend be)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    const uint64_t seed = tu_next();
+    const sg_dtype precs[2] = {SG_DTYPE_F32, SG_DTYPE_BF16};
+    const sg_scope scopes[2] = {SG_SCOPE_EAGER, SG_SCOPE_STEP};
+    const float max_norm = 0.05f;
+    for (int k = 0; k < 4; k++) {
+        sg_model_options mo = {0};
+        mo.precision = precs[k / 2];
+        sg_trainer_options to = sg_trainer_options_default();
+        to.scope = scopes[k % 2];
+        to.clip = max_norm;
+        const sg_optim_kind kind = k == 1 ? SG_OPTIM_SGD : SG_OPTIM_ADAMW;
+        char what[96];
+        snprintf(what, sizeof what, "%s %s %s scope %s, clipping folded", sg_backend_name(be),
+                 sg_dtype_name(precs[k / 2]), sg_scope_name(scopes[k % 2]), kind == SG_OPTIM_SGD ? "SGD" : "AdamW");
+        tu_side a = {0}, b = {0};
+        for (int j = 0; j < 2; j++) {
+            tu_side *sd = j ? &b : &a;
+            if (j) TU_CHECK(setenv("STEPGRAPH_CLIP", "separate", 1) == 0, "setenv");
+            TU_OK(ctx, sg_model_create_ex(ctx, "gpt-64-2-4-16", seed, &mo, &sd->m));
+            TU_OK(ctx, sg_optim_create(ctx, sd->m, kind, &sd->o));
+            if (kind == SG_OPTIM_SGD) TU_OK(ctx, sg_optim_set_lr(sd->o, 0.1f));
+            TU_OK(ctx, sg_trainer_create(sd->m, sd->o, &to, &sd->t));
+            if (j) TU_CHECK(unsetenv("STEPGRAPH_CLIP") == 0, "unsetenv");
+        }
+        bool ok = true;
+        float n0 = 0;
+        for (int s = 0; s < 6 && ok; s++) {
+            TU_OK(ctx, sg_trainer_step(a.t, s));
+            TU_OK(ctx, sg_trainer_step(b.t, s));
+            ok = tu_same_bits(b.m->loss, a.m->loss, what, s + 1) &&
+                 tu_same_bits(sg_model_params(b.m), sg_model_params(a.m), what, s + 1) &&
+                 tu_same_bits(b.m->gnorm, a.m->gnorm, what, s + 1) &&
+                 (!b.m->scaler || tu_same_bits(b.m->scaler, a.m->scaler, what, s + 1));
+            float n;
+            TU_OK(ctx, sg_tensor_copy_to_host(a.m->gnorm, &n, sizeof n));
+            TU_CHECK(n > max_norm, "%s: step %d's norm %g is not above max_norm %g: nothing clipped", what, s, n,
+                     (double)max_norm);
+            n0 = n;
+        }
+        double na = host_norm(sg_model_grads(a.m)), nb = host_norm(sg_model_grads(b.m));
+        double want_b = (double)max_norm * n0 / (n0 + 1e-6);
+        TU_CHECK(fabs(na - n0) <= 1e-6 * n0, "%s: the f32 gradients' norm is %.9g, the measured one %.9g: not the "
+                 "unclipped gradients", what, na, (double)n0);
+        TU_CHECK(fabs(nb - want_b) <= 1e-6 * want_b, "%s: with STEPGRAPH_CLIP=separate the gradients' norm is %.9g, "
+                 "expected %.9g (clipped)", what, nb, want_b);
+        tu_side_drop(&a), tu_side_drop(&b);
+    }
+    sg_ctx_destroy(ctx);
+}
+
 static void gpu_no_allocations(const char *name)
 {
     run g = start(SG_BACKEND_CUDA, name, SG_OPTIM_ADAMW, 1e-3f, tu_next());
@@ -264,6 +336,7 @@ static void gpu_suite(void)
     gpu_vs_cpu(SG_OPTIM_ADAMW, 1e-3f, name, 2, (tu_tol){2e-4, 1e-3}, 1.0, 20 * 2 * 1e-3);
     gpu_no_allocations(name);
     fold_unscale(SG_BACKEND_CUDA);
+    fold_clip(SG_BACKEND_CUDA);
 }
 
 int main(int argc, char **argv)
@@ -277,6 +350,7 @@ int main(int argc, char **argv)
         cpu_learns(SG_OPTIM_SGD, 5e-2f, 2.0);
         cpu_errors();
         fold_unscale(SG_BACKEND_CPU);
+        fold_clip(SG_BACKEND_CPU);
     }
     return tu_finish("test_train");
 }

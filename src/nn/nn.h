@@ -294,6 +294,9 @@ sg_status sg_optim_update(sg_optim *o);
  * precision). Bit for bit the two halves above, a pass over the gradients fewer. */
 sg_status sg_optim_check(sg_optim *o);
 sg_status sg_optim_update_amp(sg_optim *o);
+/* sg_optim_update on the f32 gradients times factor (1 F32, device; sg_clip_factor's) as each
+ * is read: bit for bit scaling them by it first (sg_clip_grad_norm), without that pass. */
+sg_status sg_optim_update_by(sg_optim *o, const sg_tensor *factor);
 /* Gradient accumulation under mixed precision: the f32 gradients hold the sum of the
  * micro-batches' bf16 gradients, still scaled (all by the same scale): unscaled in place,
  * found set when the sum is not finite (some micro-batch's gradients were not, or the sum

@@ -248,21 +248,21 @@ sg_status sg_optim_step(sg_optim *o)
     return sg_optim_update_amp(o);
 }
 
-/* The fused update over all parameters, reading the f32 gradients, or (amp) the scaled bf16
- * ones with sg_amp_check's factor. */
-static sg_status update(sg_optim *o, bool amp)
+/* The fused update over all parameters, reading grad times *inv (inv NULL: the f32 gradients
+ * as stored). */
+static sg_status update(sg_optim *o, const sg_tensor *grad, const sg_tensor *inv)
 {
     SG_TRY(have_params(o, "sg_optim_update"));
     sg_param_set *ps = o->ps;
     SG_TRY(sg_optim_alloc_state(o));
     o->stepped = true;
     const bool adamw = o->kind == SG_OPTIM_ADAMW;
-    if (amp && adamw)
-        return sg_adamw_step_amp(o->ctx, ps->flat, o->grad_lo, o->inv, o->m, o->v, o->hp, ps->seg_start,
-                                 ps->seg_decay, ps->count, o->skip, o->param_lo);
-    if (amp)
-        return sg_sgd_step_amp(o->ctx, ps->flat, o->grad_lo, o->inv, o->m, o->hp, ps->seg_start, ps->seg_decay,
-                               ps->count, o->skip, o->param_lo);
+    if (inv && adamw)
+        return sg_adamw_step_amp(o->ctx, ps->flat, grad, inv, o->m, o->v, o->hp, ps->seg_start, ps->seg_decay,
+                                 ps->count, o->skip, o->param_lo);
+    if (inv)
+        return sg_sgd_step_amp(o->ctx, ps->flat, grad, inv, o->m, o->hp, ps->seg_start, ps->seg_decay, ps->count,
+                               o->skip, o->param_lo);
     if (adamw)
         return sg_adamw_step(o->ctx, ps->flat, ps->grad_flat, o->m, o->v, o->hp, ps->seg_start, ps->seg_decay,
                              ps->count, o->skip, o->param_lo);
@@ -273,11 +273,19 @@ static sg_status update(sg_optim *o, bool amp)
 sg_status sg_optim_update_amp(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
-    return update(o, o->grad_lo != NULL);
+    return o->grad_lo ? update(o, o->grad_lo, o->inv) : update(o, NULL, NULL);
+}
+
+sg_status sg_optim_update_by(sg_optim *o, const sg_tensor *factor)
+{
+    if (!o) return SG_ERR_NULL;
+    if (!factor) return sg_fail(o->ctx, SG_ERR_NULL, "sg_optim_update_by: tensor 'factor' is NULL");
+    SG_TRY(have_params(o, "sg_optim_update_by"));
+    return update(o, o->ps->grad_flat, factor);
 }
 
 sg_status sg_optim_update(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
-    return update(o, false);
+    return update(o, NULL, NULL);
 }

@@ -8,7 +8,10 @@
  *    scratch, and sets the counter back to 0 for the next call or replay. The grid depends on
  *    P and the SM count only, so the sum is bitwise reproducible on a given GPU.
  * 2. clip_scale_kernel (max_norm > 0 only): reads the double norm from scratch and multiplies
- *    g by max_norm / (norm + 1e-6) when that is below 1 and the norm is finite.
+ *    g by coef = max_norm / (norm + 1e-6), computed in double and rounded once to f32, when that
+ *    is below 1 and the norm is finite. With a factor tensor instead (sg_clip_factor), step 1
+ *    writes that coefficient (1 when it would not scale) and there is no step 2: an optimizer
+ *    multiplies as it reads, g * coef in f32 being the scaled value bit for bit.
  *
  * Why double: squares of finite f32 values summed in double cannot overflow (each is below
  * 2^256, there are fewer than 2^63), so the sum is finite exactly when every element is, and
@@ -42,9 +45,19 @@ __device__ __forceinline__ double clip_add_squares(double acc, float4 v)
 
 /* g (n). vec: g is 16-byte aligned; float4 i of a thread is followed by float4 i + stride in
  * the same trip (two loads in flight), then the last n % 4 elements one by one. */
+/* The factor clipping multiplies g by, from the norm nd: max_norm / (nd + 1e-6) in double,
+ * rounded once to f32, when nd is finite, max_norm > 0 and that is below 1; else 1. */
+__device__ __forceinline__ float clip_coef(float max_norm, double nd)
+{
+    if (!isfinite(nd) || !(max_norm > 0)) return 1.f;
+    const float coef = (float)((double)max_norm / (nd + 1e-6));
+    return coef < 1.f ? coef : 1.f;
+}
+
 __global__ void __launch_bounds__(CLIP_THREADS)
     clip_sumsq_kernel(const float *__restrict__ g, int64_t n, bool vec, double *partials,
-                      unsigned *counter, int *sum_out, double *norm_d, float *norm, int *nonfinite)
+                      unsigned *counter, int *sum_out, double *norm_d, float *norm, int *nonfinite,
+                      float max_norm, float *factor)
 {
     __shared__ double sh[CLIP_WARPS];
     const int64_t stride = (int64_t)gridDim.x * CLIP_THREADS;
@@ -74,29 +87,29 @@ __global__ void __launch_bounds__(CLIP_THREADS)
         *norm_d = nd;
         *norm = (float)nd;
         *nonfinite = isfinite(a) ? 0 : 1;
+        if (factor) *factor = clip_coef(max_norm, nd);
     }
 }
 
-/* g (n) *= coef = max_norm / (norm + 1e-6), in double and rounded once (the reference's
- * arithmetic), when the norm nd is finite and coef < 1; otherwise the thread returns at once. */
+/* g (n) *= clip_coef(max_norm, nd) in f32, when that is below 1; otherwise the thread returns
+ * at once. */
 __device__ __forceinline__ void clip_scale(float *__restrict__ g, int64_t n, bool vec, float max_norm, double nd)
 {
-    if (!isfinite(nd)) return;
-    const double coef = (double)max_norm / (nd + 1e-6);
-    if (!(coef < 1.0)) return;
+    const float coef = clip_coef(max_norm, nd);
+    if (!(coef < 1.f)) return;
     const int64_t stride = (int64_t)gridDim.x * CLIP_THREADS;
     const int64_t tid = blockIdx.x * (int64_t)CLIP_THREADS + threadIdx.x;
     const int64_t n4 = vec ? n / 4 : 0;
     float4 *g4 = reinterpret_cast<float4 *>(g);
     for (int64_t i = tid; i < n4; i += stride) {
         float4 v = g4[i];
-        v.x = (float)((double)v.x * coef);
-        v.y = (float)((double)v.y * coef);
-        v.z = (float)((double)v.z * coef);
-        v.w = (float)((double)v.w * coef);
+        v.x = __fmul_rn(v.x, coef);
+        v.y = __fmul_rn(v.y, coef);
+        v.z = __fmul_rn(v.z, coef);
+        v.w = __fmul_rn(v.w, coef);
         g4[i] = v;
     }
-    for (int64_t i = n4 * 4 + tid; i < n; i += stride) g[i] = (float)((double)g[i] * coef);
+    for (int64_t i = n4 * 4 + tid; i < n; i += stride) g[i] = __fmul_rn(g[i], coef);
 }
 
 /* clip_scale over the norm the sum of squares left in scratch. */
@@ -108,12 +121,13 @@ __global__ void __launch_bounds__(CLIP_THREADS)
 }
 
 /* sg_clip_apply: the parts' sums (raw f64 bytes, two ints each) added in order, norm = sqrt of
- * that, nonfinite, and g *= coef as clip_scale_kernel does: the same double arithmetic, so that
- * one part measured by clip_sumsq_kernel and applied here is sg_clip_grad_norm bit for bit (0 +
- * x is x). Block 0's thread 0 writes norm and nonfinite; max_norm <= 0 only measures. */
+ * that, nonfinite, and g *= the factor as clip_scale_kernel does (or, given factor, the factor
+ * written instead): the same arithmetic, so that one part measured by clip_sumsq_kernel and
+ * applied here is sg_clip_grad_norm bit for bit (0 + x is x). Block 0's thread 0 writes norm,
+ * nonfinite and factor; max_norm <= 0 only measures. */
 __global__ void __launch_bounds__(CLIP_THREADS)
     clip_apply_kernel(float *__restrict__ g, int64_t n, bool vec, float max_norm, const int *sums,
-                      int64_t parts, float *norm, int *nonfinite)
+                      int64_t parts, float *norm, int *nonfinite, float *factor)
 {
     double a = 0;
     for (int64_t i = 0; i < parts; i++)
@@ -123,8 +137,9 @@ __global__ void __launch_bounds__(CLIP_THREADS)
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         *norm = (float)nd;
         *nonfinite = isfinite(a) ? 0 : 1;
+        if (factor) *factor = clip_coef(max_norm, nd);
     }
-    if (max_norm > 0) clip_scale(g, n, vec, max_norm, nd);
+    if (!factor && max_norm > 0) clip_scale(g, n, vec, max_norm, nd);
 }
 
 static int grid_for(const sg_ctx *ctx, int64_t want, int per_sm)
@@ -136,7 +151,7 @@ static int grid_for(const sg_ctx *ctx, int64_t want, int per_sm)
 }
 
 extern "C" sg_status sg_clip_grad_norm_cuda(sg_ctx *ctx, sg_tensor *grad, float max_norm,
-                                            sg_tensor *norm, sg_tensor *nonfinite)
+                                            sg_tensor *norm, sg_tensor *nonfinite, sg_tensor *factor)
 {
     /* Always the same size, so the buffer is allocated once and a captured graph keeps
      * pointing at it. */
@@ -153,10 +168,11 @@ extern "C" sg_status sg_clip_grad_norm_cuda(sg_ctx *ctx, sg_tensor *grad, float 
     /* Sum of squares: 8 elements a thread a trip (two float4s). */
     int blocks = grid_for(ctx, (n + 8 * CLIP_THREADS - 1) / (8 * CLIP_THREADS), CLIP_BLOCKS_PER_SM);
     clip_sumsq_kernel<<<blocks, CLIP_THREADS, 0, stream>>>(
-        g, n, vec, partials, counter, NULL, norm_d, (float *)norm->data, (int *)nonfinite->data);
+        g, n, vec, partials, counter, NULL, norm_d, (float *)norm->data, (int *)nonfinite->data, max_norm,
+        factor ? (float *)factor->data : NULL);
     SG_CUDA_CHECK_LAUNCH(ctx, "clip_sumsq_kernel");
     sg_ctx_count_launches(ctx, 1);
-    if (!(max_norm > 0)) return SG_OK; /* measure only */
+    if (factor || !(max_norm > 0)) return SG_OK; /* measured (and the factor written) */
 
     int64_t want = (n + 4 * CLIP_THREADS - 1) / (4 * CLIP_THREADS);
     blocks = grid_for(ctx, want, CLIP_SCALE_BLOCKS_PER_SM);
@@ -176,22 +192,23 @@ extern "C" sg_status sg_clip_sumsq_cuda(sg_ctx *ctx, const sg_tensor *grad, sg_t
     int blocks = grid_for(ctx, (n + 8 * CLIP_THREADS - 1) / (8 * CLIP_THREADS), CLIP_BLOCKS_PER_SM);
     clip_sumsq_kernel<<<blocks, CLIP_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
         g, n, vec, (double *)((char *)s + SCRATCH_PARTIALS_OFF), (unsigned *)s, (int *)sums->data + 2 * (int64_t)part,
-        NULL, NULL, NULL);
+        NULL, NULL, NULL, 0.f, NULL);
     SG_CUDA_CHECK_LAUNCH(ctx, "clip_sumsq_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
 }
 
 extern "C" sg_status sg_clip_apply_cuda(sg_ctx *ctx, sg_tensor *grad, float max_norm, const sg_tensor *sums,
-                                        sg_tensor *norm, sg_tensor *nonfinite)
+                                        sg_tensor *norm, sg_tensor *nonfinite, sg_tensor *factor)
 {
-    int64_t n = grad->numel;
-    float *g = (float *)grad->data;
+    const bool scale = !factor && max_norm > 0;
+    int64_t n = scale ? grad->numel : 0;
+    float *g = scale ? (float *)grad->data : NULL;
     bool vec = ((uintptr_t)g & 15u) == 0;
-    int blocks = max_norm > 0 ? grid_for(ctx, (n + 4 * CLIP_THREADS - 1) / (4 * CLIP_THREADS), CLIP_SCALE_BLOCKS_PER_SM)
-                              : 1;
+    int blocks = scale ? grid_for(ctx, (n + 4 * CLIP_THREADS - 1) / (4 * CLIP_THREADS), CLIP_SCALE_BLOCKS_PER_SM) : 1;
     clip_apply_kernel<<<blocks, CLIP_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
-        g, n, vec, max_norm, (const int *)sums->data, sums->numel / 2, (float *)norm->data, (int *)nonfinite->data);
+        g, n, vec, max_norm, (const int *)sums->data, sums->numel / 2, (float *)norm->data, (int *)nonfinite->data,
+        factor ? (float *)factor->data : NULL);
     SG_CUDA_CHECK_LAUNCH(ctx, "clip_apply_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;

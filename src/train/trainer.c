@@ -87,6 +87,9 @@ struct sg_trainer {
      * context's capture makes conditional nodes) */
     bool use_loop, use_skip_if, use_switch;
     bool fold_unscale;           /* sg_optim_check + sg_optim_update_amp (sg_trainer_create) */
+    sg_tensor *clip_factor;      /* (1) F32, with clipping: sg_clip_factor's, which the optimizer
+                                  * multiplies the gradients by as it reads them (NULL with
+                                  * STEPGRAPH_CLIP=separate: sg_clip_grad_norm scales them) */
     bool in_step_graph;          /* the step graph is being captured (the forms apply) */
     char cond_note[512];
     sg_tensor *micro_left;       /* (1) I32: loop turns left, micro-batches */
@@ -459,20 +462,29 @@ static sg_status run_micro(sg_trainer *t, int j)
 /* The update: reading the f32 gradients, or unscaling the bf16 ones as it reads them. */
 static sg_status optim_update(sg_trainer *t)
 {
-    return t->fold_unscale ? sg_optim_update_amp(t->o) : sg_optim_update(t->o);
+    return t->fold_unscale ? sg_optim_update_amp(t->o)
+           : t->clip_factor ? sg_optim_update_by(t->o, t->clip_factor) : sg_optim_update(t->o);
 }
 
 static sg_status update_body(void *u) { return optim_update(u); }
 
-/* Sharded clipping: each rank's f64 sum of squares of its shares (the tail once), gathered from
- * every rank and added in rank order, then each rank scales its compact gradients by the norm.
- * The same norm as an unsharded run's up to the order of its f64 sum (within an f32 ulp); every
- * rank gets the same bits. */
-static sg_status clip_sharded(sg_trainer *t)
+/* Clipping: the norm of the step's f32 gradients, and the factor the optimizer multiplies them
+ * by as it reads them (clip_factor), or, with STEPGRAPH_CLIP=separate, a pass scaling them (bit
+ * for bit the same update). Sharded, each rank's f64 sum of squares of its shares (the tail
+ * once) is gathered from every rank and the sums added in rank order: the same norm as an
+ * unsharded run's up to the order of its f64 sum (within an f32 ulp), the same bits on every
+ * rank. */
+static sg_status clip(sg_trainer *t)
 {
+    sg_model *m = t->m;
+    const float c = t->opts.clip;
+    if (!t->shard)
+        return t->clip_factor ? sg_clip_factor(t->ctx, sg_model_grads(m), c, m->gnorm, m->nonfinite, t->clip_factor)
+                              : sg_clip_grad_norm(t->ctx, sg_model_grads(m), c, m->gnorm, m->nonfinite);
     SG_TRY(sg_clip_sumsq(t->ctx, t->sh_norm_part, t->sh_sumsq, 0));
     SG_TRY(sg_dist_gather_bits(t->dist, t->sh_sumsq, t->sh_sums));
-    return sg_clip_apply(t->ctx, t->sps.grad_flat, t->opts.clip, t->sh_sums, t->m->gnorm, t->m->nonfinite);
+    return t->clip_factor ? sg_clip_factor_sums(t->ctx, c, t->sh_sums, m->gnorm, m->nonfinite, t->clip_factor)
+                          : sg_clip_apply(t->ctx, t->sps.grad_flat, c, t->sh_sums, m->gnorm, m->nonfinite);
 }
 
 /* Unscaling (mixed precision: the bf16 gradients, or with accum > 1 their f32 sum, divided by
@@ -482,7 +494,8 @@ static sg_status clip_sharded(sg_trainer *t)
  * host sync. skip_if in the step graph: the update is the one branch of a SWITCH on the skip
  * flag, so it runs only when the flag is 0 (an IF on "finite"); its kernels still read the
  * flag, so the node changes what launches, not what is computed. Clipping stays outside: on
- * a skipped step it writes the gradients as eagerly (verify compares them). */
+ * a skipped step it writes what it writes eagerly (the norm and the factor, or with
+ * STEPGRAPH_CLIP=separate the scaled gradients, which verify compares). */
 static sg_status run_optim(sg_trainer *t)
 {
     sg_model *m = t->m;
@@ -493,8 +506,7 @@ static sg_status run_optim(sg_trainer *t)
      * those of a step some rank found not finite (the least scale and good-step count, the most
      * skips), which is what every rank would have computed from all the gradients. */
     if (st == SG_OK && t->shard && t->sh_param_lo) st = sg_dist_agree_scaler(t->dist, m->found, m->scaler);
-    if (st == SG_OK && t->opts.clip > 0)
-        st = t->shard ? clip_sharded(t) : sg_clip_grad_norm(t->ctx, sg_model_grads(m), t->opts.clip, m->gnorm, m->nonfinite);
+    if (st == SG_OK && t->opts.clip > 0) st = clip(t);
     if (st == SG_OK && t->use_skip_if && t->in_step_graph)
         st = sg_graph_switch(t->ctx, m->found, 1, (sg_step_fn[]){update_body}, (void *[]){t});
     else if (st == SG_OK)
@@ -895,6 +907,11 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
      * keeps the separate pass, to measure the difference. */
     const char *us = getenv("STEPGRAPH_UNSCALE");
     t->fold_unscale = sg_model_grads_lo(m) && op.accum == 1 && !(op.clip > 0) && !(us && !strcmp(us, "separate"));
+    /* Clipping likewise: the norm measured, and the optimizer multiplying the gradients by the
+     * factor as it reads them (sg_clip_factor, sg_optim_update_by) instead of a pass scaling
+     * them first; bit for bit the same update, the f32 gradients left unclipped.
+     * STEPGRAPH_CLIP=separate keeps the pass. */
+    const char *cs = getenv("STEPGRAPH_CLIP");
     snprintf(t->modules, sizeof t->modules, "%s", op.graph_modules ? op.graph_modules : "");
     t->opts.graph_modules = t->modules;
     sg_status st = SG_OK;
@@ -916,6 +933,8 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     else if (op.n_buckets || op.n_seq_buckets)
         st = set_buckets(t, &op);
     if (st == SG_OK && op.scope != SG_SCOPE_EAGER) st = sg_model_use_static_inputs(m);
+    if (st == SG_OK && op.clip > 0 && !(cs && !strcmp(cs, "separate")))
+        st = sg_tensor_create(m->ctx, SG_DTYPE_F32, 1, (int64_t[]){1}, "trainer.clip_factor", &t->clip_factor);
     if (st == SG_OK && op.accum > 1) st = make_sums(t);
     if (st == SG_OK && op.scope == SG_SCOPE_LAYER) st = wrap_modules(t);
     if (st == SG_OK && op.dist) st = attach_dist(t);
@@ -955,6 +974,7 @@ void sg_trainer_destroy(sg_trainer *t)
     sg_tensor_destroy(t->stop);
     sg_tensor_destroy(t->bucket);
     sg_tensor_destroy(t->vary_step);
+    sg_tensor_destroy(t->clip_factor);
     free(t);
 }
 
