@@ -807,11 +807,8 @@ static int worker(int argc, char **argv)
              * all-gather, the tail's all-reduce and under mixed precision the scaler agreement's
              * three: none left out (the agreement's effect is seen only when some ranks' shares
              * overflow and others' do not, which no drawn step here does). */
-            const sg_dist_bucket *plan;
-            int n_plan;
-            int64_t tail_lo, S;
-            sg_dist_shard_layout(d, &plan, &n_plan, &tail_lo, &S);
-            uint64_t want = (uint64_t)STEPS * (uint64_t)(1 + 2 * n_plan + (tail_lo < np) +
+            const sg_dist_layout L = sg_dist_shard_layout(d);
+            uint64_t want = (uint64_t)STEPS * (uint64_t)(1 + 2 * L.n_plan + (L.tail_n > 0) +
                                                          (c->precision == SG_DTYPE_BF16 ? 3 : 0));
             TU_CHECK(ds1.collectives - ds0.collectives == want, "%s: %llu collectives in %d eager steps, want %llu",
                      tag, (unsigned long long)(ds1.collectives - ds0.collectives), STEPS, (unsigned long long)want);

@@ -224,9 +224,10 @@ sg_status sg_dist_attach(sg_dist *d, sg_tensor *grads, sg_tensor *loss, const in
     return shard ? d->vt->marks(d, d->n_plan) : SG_OK;
 }
 
-void sg_dist_shard_layout(const sg_dist *d, const sg_dist_bucket **plan, int *n, int64_t *tail_lo, int64_t *numel)
+sg_dist_layout sg_dist_shard_layout(const sg_dist *d)
 {
-    *plan = d->plan, *n = d->n_plan, *tail_lo = d->tail_lo, *numel = d->shard_numel;
+    const int64_t tail_n = d->grads->numel - d->tail_lo;
+    return (sg_dist_layout){d->plan, d->n_plan, d->tail_lo, tail_n, d->shard_numel - tail_n, d->shard_numel};
 }
 
 sg_status sg_dist_set_shard_out(sg_dist *d, sg_tensor *shard_out)
@@ -347,8 +348,6 @@ sg_status sg_dist_backward_hook(void *dist, int child)
     return SG_OK;
 }
 
-/* Where a sharded run's tail sits in the compact buffers: after the shares. */
-static int64_t tail_off(const sg_dist *d) { return d->shard_numel - (d->grads->numel - d->tail_lo); }
 
 /* Closes a group opened after collectives whose status is st: st's failure first, else the
  * close's. */
@@ -362,7 +361,7 @@ static sg_status end_group(sg_dist *d, sg_status st)
  * from from[from_off ..) to to[to_off ..), on the context's stream. */
 static sg_status copy_tail(sg_dist *d, sg_tensor *from, int64_t from_off, sg_tensor *to, int64_t to_off)
 {
-    int64_t n = d->grads->numel - d->tail_lo;
+    int64_t n = sg_dist_shard_layout(d).tail_n;
     if (n <= 0) return SG_OK;
     sg_tensor *a = NULL, *b = NULL;
     sg_status st = sg_tensor_view(from, from_off, 1, &n, "tail", &a);
@@ -397,7 +396,7 @@ sg_status sg_dist_backward_end(sg_dist *d)
     d->last_bytes = d->step_bytes;
     SG_TRY(d->vt->join(d));
     /* Sharded: the tail into the compact gradients' last elements. */
-    return d->shard ? copy_tail(d, d->grads, d->tail_lo, d->shard_out, tail_off(d)) : SG_OK;
+    return d->shard ? copy_tail(d, d->grads, d->tail_lo, d->shard_out, sg_dist_shard_layout(d).tail_off) : SG_OK;
 }
 
 sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler)
@@ -424,7 +423,7 @@ static sg_status gather_tail(sg_dist *d, const char *fn, sg_tensor *src, sg_tens
                        (long long)d->shard_numel, (long long)d->grads->numel);
     if (d->gather_left)
         return sg_fail(d->ctx, SG_ERR_INVALID, "%s: the gather begun before was not ended (sg_dist_gather_end)", fn);
-    return copy_tail(d, src, tail_off(d), dst, d->tail_lo);
+    return copy_tail(d, src, sg_dist_shard_layout(d).tail_off, dst, d->tail_lo);
 }
 
 /* Every bucket's all-gather in the order the forward reads them (the plan's last bucket holds
@@ -487,6 +486,8 @@ sg_status sg_dist_gather_bits(sg_dist *d, sg_tensor *mine, sg_tensor *all)
     SG_TRY(collective(d, SG_DIST_OP_ALL_GATHER, mine, 0, all->numel, all, 0));
     return d->vt->join(d);
 }
+
+bool sg_dist_has_windows(const sg_dist *d) { return d->vt->window_alloc != NULL; }
 
 sg_status sg_dist_window_alloc(sg_dist *d, size_t bytes, void **ptr, void **win)
 {

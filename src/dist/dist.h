@@ -162,10 +162,17 @@ sg_status sg_dist_wrap(sg_status st, const char *prefix);
  * planned here. shard: for a sharded optimizer (buckets of multiples of 4 x world elements,
  * reduce-scattered once sg_dist_set_shard_out names where). */
 sg_status sg_dist_attach(sg_dist *d, sg_tensor *grads, sg_tensor *loss, const int64_t *ready, int n, bool shard);
-/* A sharded run's layout: the buckets (owned by d), the tail's start and the compact buffers'
- * element count (the shares, then the tail); and the compact gradients (grads' dtype, that
- * many elements) the backward's reduce-scatters write, and sg_dist_backward_end the tail. */
-void sg_dist_shard_layout(const sg_dist *d, const sg_dist_bucket **plan, int *n, int64_t *tail_lo, int64_t *numel);
+/* A sharded run's layout (sg_dist_shard_layout): the buckets (owned by d); the tail, grads[tail_lo,
+ * tail_lo + tail_n), which every rank holds whole, at tail_off in the compact buffers (after the
+ * shares); and the compact buffers' element count (tail_off + tail_n). sg_dist_set_shard_out
+ * names the compact gradients (grads' dtype, numel elements) the backward's reduce-scatters
+ * write, and sg_dist_backward_end the tail. */
+typedef struct sg_dist_layout {
+    const sg_dist_bucket *plan;
+    int n_plan;
+    int64_t tail_lo, tail_n, tail_off, numel;
+} sg_dist_layout;
+sg_dist_layout sg_dist_shard_layout(const sg_dist *d);
 sg_status sg_dist_set_shard_out(sg_dist *d, sg_tensor *shard_out);
 /* Queued on the collectives' stream between a fork and a join of the context's: a sharded
  * step's scaler agreement (found: max; scale, good steps: min; skipped: max), and the
@@ -184,7 +191,9 @@ sg_status sg_dist_gather_bits(sg_dist *d, sg_tensor *mine, sg_tensor *all);
 sg_status sg_dist_gather_begin(sg_dist *d, sg_tensor *src, sg_tensor *dst);
 sg_status sg_dist_forward_hook(void *dist, int child);
 sg_status sg_dist_gather_end(sg_dist *d);
-/* Experimental: the transport's window_alloc / window_free; SG_ERR_UNSUPPORTED without them. */
+/* Experimental: the transport's window_alloc / window_free; SG_ERR_UNSUPPORTED without them
+ * (sg_dist_has_windows says). */
+bool sg_dist_has_windows(const sg_dist *d);
 sg_status sg_dist_window_alloc(sg_dist *d, size_t bytes, void **ptr, void **win);
 void sg_dist_window_free(sg_dist *d, void *ptr, void *win);
 void sg_dist_detach(sg_dist *d);

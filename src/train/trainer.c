@@ -578,19 +578,15 @@ typedef struct owned { int64_t a, n, c; } owned;
  * malloc'ed (n_plan + 1 entries). */
 static sg_status owned_ranges(sg_trainer *t, owned **out, int *n_out)
 {
-    const sg_dist_bucket *plan;
-    int n;
-    int64_t tail_lo, numel;
-    sg_dist_shard_layout(t->dist, &plan, &n, &tail_lo, &numel);
-    owned *o = malloc((size_t)(n + 1) * sizeof *o);
+    const sg_dist_layout L = sg_dist_shard_layout(t->dist);
+    owned *o = malloc((size_t)(L.n_plan + 1) * sizeof *o);
     if (!o) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
     int k = 0, W = sg_dist_world(t->dist), r = sg_dist_rank(t->dist);
-    for (int i = 0; i < n; i++) {
-        int64_t share = (plan[i].hi - plan[i].lo) / W;
-        o[k++] = (owned){plan[i].lo + r * share, share, plan[i].shard_off};
+    for (int i = 0; i < L.n_plan; i++) {
+        int64_t share = (L.plan[i].hi - L.plan[i].lo) / W;
+        o[k++] = (owned){L.plan[i].lo + r * share, share, L.plan[i].shard_off};
     }
-    int64_t flat_n = t->m->params->flat->numel;
-    if (tail_lo < flat_n) o[k++] = (owned){tail_lo, flat_n - tail_lo, numel - (flat_n - tail_lo)};
+    if (L.tail_n > 0) o[k++] = (owned){L.tail_lo, L.tail_n, L.tail_off};
     *out = o, *n_out = k;
     return SG_OK;
 }
@@ -694,10 +690,8 @@ static sg_status make_shards(sg_trainer *t)
 {
     sg_model *m = t->m;
     sg_param_set *ps = m->params;
-    const sg_dist_bucket *plan;
-    int n_plan;
-    int64_t tail_lo, S;
-    sg_dist_shard_layout(t->dist, &plan, &n_plan, &tail_lo, &S);
+    const sg_dist_layout L = sg_dist_shard_layout(t->dist);
+    const int64_t S = L.numel;
     owned *o;
     int n;
     SG_TRY(owned_ranges(t, &o, &n));
@@ -717,7 +711,7 @@ static sg_status make_shards(sg_trainer *t)
          * step's too: it must hold the masters' copy. */
         SG_TRY(sg_tensor_convert(t->sh_param_lo, t->sps.flat));
         const char *ce = getenv("STEPGRAPH_NCCL_CE");
-        if (ce && !strcmp(ce, "1") && t->dist->vt->window_alloc) {
+        if (ce && !strcmp(ce, "1") && sg_dist_has_windows(t->dist)) {
             SG_TRY(to_window(t, ps->flat_lo, ps->param_lo, ps->count));
             SG_TRY(to_window(t, t->sh_param_lo, NULL, 0));
         }
@@ -728,7 +722,7 @@ static sg_status make_shards(sg_trainer *t)
     const char *g = getenv("STEPGRAPH_SHARD_GATHER");
     t->ahead = t->n_win > 0 || (g && !strcmp(g, "ahead"));
     if (t->opts.clip > 0) { /* fold_unscale is off with clipping: grad_flat holds the f32 gradients */
-        int64_t part = S - (sg_dist_rank(t->dist) == 0 ? 0 : ps->flat->numel - tail_lo), two = 2;
+        int64_t part = sg_dist_rank(t->dist) == 0 ? S : L.tail_off, two = 2;
         int64_t all = 2 * (int64_t)sg_dist_world(t->dist);
         SG_TRY(sg_tensor_view(t->sps.grad_flat, 0, 1, &part, "shard.grads.norm_part", &t->sh_norm_part));
         SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, &two, "shard.grads.sumsq", &t->sh_sumsq));
