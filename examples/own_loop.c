@@ -1,6 +1,8 @@
 /* own_loop.c: a training loop written by hand from stepgraph's public ops, as a user would:
  * a two-layer network (Linear + ReLU, Linear) fitting a random linear teacher with MSE and
- * AdamW, its parameters in one flat buffer (views per tensor, so addresses never move). The
+ * AdamW, its gradients clipped to a global norm of 0.5 (the norm measured, the clipping factor
+ * applied by the optimizer as it reads them: no pass over the gradients of its own), its
+ * parameters in one flat buffer (views per tensor, so addresses never move). The
  * same step runs twice from the same start: eagerly, and captured once with sg_graph_capture
  * and replayed, the batch copied into static inputs before each replay. The program checks
  * that the loss fell and that both copies end bit for bit equal. Usage: own_loop [cpu|cuda]. */
@@ -11,6 +13,7 @@
 #include <string.h>
 
 enum { B = 64, D = 16, H = 32, O = 4, STEPS = 300, WARMUP = 3 };
+#define MAX_NORM 0.5f
 
 #define TRY(call)                                                                          \
     do {                                                                                   \
@@ -28,6 +31,7 @@ typedef struct net {
     sg_tensor *params, *grads, *m, *v, *hp, *seg_start, *seg_decay;
     sg_tensor *w1, *b1, *w2, *b2, *dw1, *db1, *dw2, *db2;
     sg_tensor *x, *t, *h, *y, *loss, *dy, *dh;
+    sg_tensor *norm, *nonfinite, *factor; /* clipping: the gradients' norm, a flag, the factor */
 } net;
 
 static sg_tensor *make(int ndim, const int64_t *shape, const char *name)
@@ -73,18 +77,22 @@ static void net_init(net *n, const float *init)
     n->h = make(2, (int64_t[]){B, H}, "h"), n->dh = make(2, (int64_t[]){B, H}, "dh");
     n->y = make(2, (int64_t[]){B, O}, "y"), n->dy = make(2, (int64_t[]){B, O}, "dy");
     n->loss = make(1, (int64_t[]){1}, "loss");
+    n->norm = make(1, (int64_t[]){1}, "grad.norm"), n->factor = make(1, (int64_t[]){1}, "clip.factor");
+    TRY(sg_tensor_create(ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "grad.nonfinite", &n->nonfinite));
 }
 
 static void net_free(net *n)
 {
     sg_tensor *ts[] = {n->w1, n->b1, n->w2, n->b2, n->dw1, n->db1, n->dw2, n->db2, /* views first */
                        n->params, n->grads, n->m, n->v, n->hp, n->seg_start, n->seg_decay,
-                       n->x, n->t, n->h, n->y, n->loss, n->dy, n->dh};
+                       n->x, n->t, n->h, n->y, n->loss, n->dy, n->dh, n->norm, n->nonfinite, n->factor};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
 }
 
-/* Forward, MSE, backward, AdamW: the work of one step, queued on the context's stream. The
- * same calls every time, so it can be captured. */
+/* Forward, MSE, backward, clipping, AdamW: the work of one step, queued on the context's stream.
+ * The same calls every time, so it can be captured. Clipping: sg_clip_factor writes the factor
+ * min(1, MAX_NORM / (norm + 1e-6)) and leaves the gradients alone; AdamW's _amp form multiplies each
+ * gradient by it as it reads it, bit for bit sg_clip_grad_norm then sg_adamw_step. */
 static sg_status step(void *user)
 {
     net *n = user;
@@ -93,8 +101,10 @@ static sg_status step(void *user)
     if (st == SG_OK) st = sg_mse(ctx, n->y, n->t, 1.f, n->loss, n->dy);
     if (st == SG_OK) st = sg_linear_backward(ctx, n->h, n->w2, n->dy, SG_ACT_NONE, NULL, n->dh, n->dw2, n->db2);
     if (st == SG_OK) st = sg_linear_backward(ctx, n->x, n->w1, n->dh, SG_ACT_RELU, n->h, NULL, n->dw1, n->db1);
+    if (st == SG_OK) st = sg_clip_factor(ctx, n->grads, MAX_NORM, n->norm, n->nonfinite, n->factor);
     if (st == SG_OK)
-        st = sg_adamw_step(ctx, n->params, n->grads, n->m, n->v, n->hp, n->seg_start, n->seg_decay, 4, NULL, NULL);
+        st = sg_adamw_step_amp(ctx, n->params, n->grads, n->factor, n->m, n->v, n->hp, n->seg_start, n->seg_decay, 4,
+                               NULL, NULL);
     return st;
 }
 
@@ -141,7 +151,7 @@ int main(int argc, char **argv)
     sg_graph_options go = sg_graph_options_default();
     go.name = "own_loop.step", go.warmup = 0, go.static_inputs = inputs, go.n_static_inputs = 2;
     sg_graph *g = NULL;
-    float first = 0, last_e = 0, last_g = 0;
+    float first = 0, last_e = 0, last_g = 0, norm0 = 0;
     for (int s = 0; s < STEPS; s++) {
         load_batch(&eager, s, teacher);
         TRY(step(&eager));
@@ -152,6 +162,7 @@ int main(int argc, char **argv)
             TRY(sg_graph_replay(g));
         }
         if (s == 0) TRY(sg_tensor_copy_to_host(eager.loss, &first, sizeof first));
+        if (s == 0) TRY(sg_tensor_copy_to_host(eager.norm, &norm0, sizeof norm0));
     }
     TRY(sg_tensor_copy_to_host(eager.loss, &last_e, sizeof last_e));
     TRY(sg_tensor_copy_to_host(graphed.loss, &last_g, sizeof last_g));
@@ -159,9 +170,9 @@ int main(int argc, char **argv)
     TRY(sg_tensor_copy_to_host(eager.params, pe, sizeof pe));
     TRY(sg_tensor_copy_to_host(graphed.params, pg, sizeof pg));
     int same = !memcmp(pe, pg, sizeof pe) && !memcmp(&last_e, &last_g, sizeof last_e);
-    printf("own_loop on %s: loss %.5f -> %.5f over %d steps (%d eager, %d replayed); graph and eager %s\n",
-           sg_ctx_device_name(ctx), first, last_e, STEPS, WARMUP, STEPS - WARMUP,
-           same ? "bit-exact" : "DIFFER");
+    printf("own_loop on %s: loss %.5f -> %.5f over %d steps (%d eager, %d replayed; gradient norm %.3g at "
+           "step 1, clipped to %g); graph and eager %s\n", sg_ctx_device_name(ctx), first, last_e, STEPS, WARMUP,
+           STEPS - WARMUP, norm0, (double)MAX_NORM, same ? "bit-exact" : "DIFFER");
     sg_graph_destroy(g);
     net_free(&eager);
     net_free(&graphed);
