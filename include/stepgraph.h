@@ -364,12 +364,12 @@ sg_status sg_rng_advance(sg_ctx *ctx, sg_tensor *rng);
 sg_status sg_clip_grad_norm(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_tensor *norm,
                             sg_tensor *nonfinite);
 /* The same measurement on f32 gradients with the factor written to factor (1 F32, device: 1
- * when nothing would be scaled) and grad left as it is, so that the optimizer can clip as it reads: grad * factor
- * in f32 is sg_clip_grad_norm's grad bit for bit, so sg_clip_factor then sg_adamw_step_amp (or
- * sg_sgd_step_amp) with grad and factor for grad_lo and inv is sg_clip_grad_norm then
- * sg_adamw_step, without the pass that reads and writes the gradients again. (With mixed
- * precision the _amp steps' inv is the loss scale's; the factor then needs f32 gradients:
- * sg_amp_unscale's.) */
+ * when nothing would be scaled) and grad left as it is, so that the optimizer can clip as it
+ * reads: grad * factor in f32 is sg_clip_grad_norm's grad bit for bit, so sg_clip_factor then
+ * sg_adamw_step_amp (or sg_sgd_step_amp) with grad and factor for grad_lo and inv is
+ * sg_clip_grad_norm then sg_adamw_step, without the pass that reads and writes the gradients
+ * again. (With mixed precision the _amp steps' inv is the loss scale's; the factor then needs
+ * f32 gradients: sg_amp_unscale's.) */
 sg_status sg_clip_factor(sg_ctx *ctx, const sg_tensor *grad, float max_norm, sg_tensor *norm,
                          sg_tensor *nonfinite, sg_tensor *factor);
 /* The same clipping over gradients split into n parts, e.g. a sharded optimizer's shares, a part

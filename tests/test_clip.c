@@ -793,7 +793,8 @@ static void gpu_run(sg_ctx *gpu, sg_ctx *cpu, int64_t P, int misaligned)
     TU_CHECK(memcmp(b, g0, (size_t)P * sizeof *b) == 0, "%s: sg_clip_factor changed g", what);
     TU_OK(cpu, sg_clip_factor(cpu, gc, max_norm, norm_c, nf_c, factor_c));
     snprintf(label, sizeof label, "%s: the factor for %g", what, (double)max_norm);
-    tu_close_tensors(label, factor, factor_c, (tu_tol){0, 1.1920928955078125e-07 + 2.0 * (double)P * 1.1102230246251565e-16});
+    const double u = 1.1102230246251565e-16; /* 2^-53 */
+    tu_close_tensors(label, factor, factor_c, (tu_tol){0, 1.1920928955078125e-07 + 2.0 * (double)P * u});
     const float F = (float)read1(factor);
     TU_CHECK(F < 1.f, "%s: %.9g, not below 1", label, (double)F);
     int64_t bad = 0;
