@@ -348,7 +348,6 @@ sg_status sg_dist_backward_hook(void *dist, int child)
     return SG_OK;
 }
 
-
 /* Closes a group opened after collectives whose status is st: st's failure first, else the
  * close's. */
 static sg_status end_group(sg_dist *d, sg_status st)
@@ -357,16 +356,18 @@ static sg_status end_group(sg_dist *d, sg_status st)
     return st != SG_OK ? st : end;
 }
 
-/* A sharded run's tail (grads[tail_lo, numel), all-reduced whole, so the same on every rank)
- * from from[from_off ..) to to[to_off ..), on the context's stream. */
-static sg_status copy_tail(sg_dist *d, sg_tensor *from, int64_t from_off, sg_tensor *to, int64_t to_off)
+/* A sharded run's tail (all-reduced whole, so the same on every rank) copied between a flat
+ * tensor (at tail_lo) and a compact one (at tail_off), into the compact one or out of it, on the
+ * context's stream. */
+static sg_status copy_tail(sg_dist *d, sg_tensor *flat, sg_tensor *compact, bool into_compact)
 {
-    int64_t n = sg_dist_shard_layout(d).tail_n;
+    const sg_dist_layout L = sg_dist_shard_layout(d);
+    int64_t n = L.tail_n;
     if (n <= 0) return SG_OK;
     sg_tensor *a = NULL, *b = NULL;
-    sg_status st = sg_tensor_view(from, from_off, 1, &n, "tail", &a);
-    if (st == SG_OK) st = sg_tensor_view(to, to_off, 1, &n, "tail", &b);
-    if (st == SG_OK) st = sg_tensor_copy(b, a);
+    sg_status st = sg_tensor_view(flat, L.tail_lo, 1, &n, "tail.flat", &a);
+    if (st == SG_OK) st = sg_tensor_view(compact, L.tail_off, 1, &n, "tail.compact", &b);
+    if (st == SG_OK) st = into_compact ? sg_tensor_copy(b, a) : sg_tensor_copy(a, b);
     sg_tensor_destroy(a);
     sg_tensor_destroy(b);
     return st;
@@ -396,7 +397,7 @@ sg_status sg_dist_backward_end(sg_dist *d)
     d->last_bytes = d->step_bytes;
     SG_TRY(d->vt->join(d));
     /* Sharded: the tail into the compact gradients' last elements. */
-    return d->shard ? copy_tail(d, d->grads, d->tail_lo, d->shard_out, sg_dist_shard_layout(d).tail_off) : SG_OK;
+    return d->shard ? copy_tail(d, d->grads, d->shard_out, true) : SG_OK;
 }
 
 sg_status sg_dist_agree_scaler(sg_dist *d, sg_tensor *found, sg_tensor *scaler)
@@ -423,7 +424,7 @@ static sg_status gather_tail(sg_dist *d, const char *fn, sg_tensor *src, sg_tens
                        (long long)d->shard_numel, (long long)d->grads->numel);
     if (d->gather_left)
         return sg_fail(d->ctx, SG_ERR_INVALID, "%s: the gather begun before was not ended (sg_dist_gather_end)", fn);
-    return copy_tail(d, src, sg_dist_shard_layout(d).tail_off, dst, d->tail_lo);
+    return copy_tail(d, dst, src, false);
 }
 
 /* Every bucket's all-gather in the order the forward reads them (the plan's last bucket holds

@@ -354,9 +354,9 @@ typedef struct seq_module {
     sg_module base;
     int n;
     sg_module **child;
-    sg_backward_hook hook;        /* after each child's backward (data parallelism) */
+    sg_child_hook hook;        /* after each child's backward (data parallelism) */
     void *hook_user;
-    sg_backward_hook fwd_hook;    /* before each child's forward (a sharded optimizer's gathers) */
+    sg_child_hook fwd_hook;    /* before each child's forward (a sharded optimizer's gathers) */
     void *fwd_hook_user;
 } seq_module;
 
@@ -436,7 +436,7 @@ sg_module *sg_sequential_replace(sg_module *seq, int i, sg_module *m)
     return old;
 }
 
-void sg_sequential_set_backward_hook(sg_module *seq, sg_backward_hook fn, void *user)
+void sg_sequential_set_backward_hook(sg_module *seq, sg_child_hook fn, void *user)
 {
     if (!seq || seq->vt != &seq_i) return;
     seq_module *s = (seq_module *)seq;
@@ -444,7 +444,7 @@ void sg_sequential_set_backward_hook(sg_module *seq, sg_backward_hook fn, void *
     s->hook_user = user;
 }
 
-void sg_sequential_set_forward_hook(sg_module *seq, sg_backward_hook fn, void *user)
+void sg_sequential_set_forward_hook(sg_module *seq, sg_child_hook fn, void *user)
 {
     if (!seq || seq->vt != &seq_i) return;
     seq_module *s = (seq_module *)seq;

@@ -256,10 +256,10 @@ sg_module *sg_sequential_replace(sg_module *seq, int i, sg_module *m);
 /* fn(user, i) runs after child i's backward has been queued (children go from the last to
  * the first), so a caller can act on the gradients that are final from then on (data
  * parallelism starts their all-reduce); its error fails the backward. fn NULL: none. */
-typedef sg_status (*sg_backward_hook)(void *user, int child);
-void sg_sequential_set_backward_hook(sg_module *seq, sg_backward_hook fn, void *user);
+typedef sg_status (*sg_child_hook)(void *user, int child);
+void sg_sequential_set_backward_hook(sg_module *seq, sg_child_hook fn, void *user);
 /* The same before each child's forward (fn(user, i), then child i's forward). */
-void sg_sequential_set_forward_hook(sg_module *seq, sg_backward_hook fn, void *user);
+void sg_sequential_set_forward_hook(sg_module *seq, sg_child_hook fn, void *user);
 
 /* ---- optimizers (the public sg_optim_* calls live in optim.c; creation takes a model,
  * so the public sg_optim_create is in models/, which calls this) ---- */
