@@ -368,8 +368,7 @@ sg_status sg_clip_grad_norm(sg_ctx *ctx, sg_tensor *grad, float max_norm, sg_ten
  * reads: grad * factor in f32 is sg_clip_grad_norm's grad bit for bit, so sg_clip_factor then
  * sg_adamw_step_amp (or sg_sgd_step_amp) with grad and factor for grad_lo and inv is
  * sg_clip_grad_norm then sg_adamw_step, without the pass that reads and writes the gradients
- * again. (With mixed precision the _amp steps' inv is the loss scale's; the factor then needs
- * f32 gradients: sg_amp_unscale's.) */
+ * again. (With mixed precision see sg_clip_sumsq_amp: the unscale folded in too.) */
 sg_status sg_clip_factor(sg_ctx *ctx, const sg_tensor *grad, float max_norm, sg_tensor *norm,
                          sg_tensor *nonfinite, sg_tensor *factor);
 /* The same clipping over gradients split into n parts, e.g. a sharded optimizer's shares, a part
@@ -383,6 +382,16 @@ sg_status sg_clip_factor(sg_ctx *ctx, const sg_tensor *grad, float max_norm, sg_
  * One part (sums of 2): the pair is sg_clip_grad_norm (sg_clip_factor) bit for bit. No host
  * sync: a captured step can hold them. */
 sg_status sg_clip_sumsq(sg_ctx *ctx, const sg_tensor *grad, sg_tensor *sums, int part);
+/* sg_clip_sumsq of mixed precision's scaled gradients: grad_lo (BF16 or F32; F64 too on the
+ * CPU) times inv (1 F32, device: sg_amp_check's 1 / scale), each product rounded to f32 as it
+ * is read, summed in sg_clip_sumsq's order: bit for bit sg_clip_sumsq of what sg_amp_unscale
+ * would write, without writing it. With sg_clip_factor_sums writing the factor into the second
+ * element of a 2-element inv for the _amp steps (sg_tensor_view gives the halves), the chain
+ * sg_amp_check, sg_clip_sumsq_amp, sg_clip_factor_sums, sg_adamw_step_amp is sg_amp_unscale,
+ * sg_clip_grad_norm, sg_adamw_step bit for bit, reading the bf16 gradients twice and writing no
+ * f32 ones. */
+sg_status sg_clip_sumsq_amp(sg_ctx *ctx, const sg_tensor *grad_lo, const sg_tensor *inv, sg_tensor *sums,
+                            int part);
 sg_status sg_clip_apply(sg_ctx *ctx, sg_tensor *grad, float max_norm, const sg_tensor *sums, sg_tensor *norm,
                         sg_tensor *nonfinite);
 sg_status sg_clip_factor_sums(sg_ctx *ctx, float max_norm, const sg_tensor *sums, sg_tensor *norm,
@@ -447,7 +456,9 @@ sg_status sg_sgd_step(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, sg_t
 /* The same steps on the scaled gradients of mixed precision: grad_lo (P, BF16 or F32; F64 too
  * on the CPU) multiplied by inv (1 F32, device: sg_amp_check's) in f32 as each is read, the
  * value sg_amp_unscale would have written, so the result is bit for bit sg_amp_unscale followed
- * by sg_adamw_step / sg_sgd_step. Pass sg_amp_check's found as skip. */
+ * by sg_adamw_step / sg_sgd_step. Pass sg_amp_check's found as skip. inv may hold 2 F32: the
+ * product is then multiplied by inv[1] (a clipping factor, sg_clip_factor_sums's) and rounded
+ * again, bit for bit the unscale, then sg_clip_grad_norm, then the step. */
 sg_status sg_adamw_step_amp(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad_lo, const sg_tensor *inv,
                             sg_tensor *m, sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
                             const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip, sg_tensor *param_lo);
@@ -829,12 +840,14 @@ sg_tensor *sg_model_buffers(sg_model *m);
 int sg_model_buffer_tensors(const sg_model *m);
 sg_status sg_model_buffer_info(const sg_model *m, int i, const char **name, int64_t *offset, int64_t *numel);
 /* The f32 gradients. Under mixed precision the backward writes scaled bf16 gradients
- * (sg_model_grads_lo) and the step's unscale writes these; with one micro-batch and no
- * clipping the trainer's step (and sg_optim_step) folds the unscale into the optimizer
- * (sg_amp_check, sg_adamw_step_amp), and then these are not written: read sg_model_grads_lo
- * and divide by the scale the step used. With clipping (sg_trainer_options.clip) the trainer's
- * step leaves them unclipped: the update multiplies them by the clipping factor as it reads
- * them (sg_clip_factor); STEPGRAPH_CLIP=separate scales them in place first. */
+ * (sg_model_grads_lo) and the step's unscale writes these; with one micro-batch the trainer's
+ * step (and sg_optim_step) folds the unscale into the optimizer (sg_amp_check,
+ * sg_adamw_step_amp; with clipping sg_clip_sumsq_amp too), and then these are not written: read
+ * sg_model_grads_lo and divide by the scale the step used. With clipping
+ * (sg_trainer_options.clip) the trainer's step leaves the gradients unclipped: the update
+ * multiplies them by the clipping factor as it reads them (sg_clip_factor, or under mixed
+ * precision sg_clip_factor_sums); STEPGRAPH_CLIP=separate writes these and scales them in
+ * place first. */
 sg_tensor *sg_model_grads(sg_model *m);
 /* Mixed precision: the (P) BF16 gradients the backward writes, times the loss scale. NULL
  * for an fp32 model. */
@@ -1240,8 +1253,10 @@ typedef struct sg_trainer_options {
     int accum;
     /* Clip gradients to this global norm inside the step (0: no clipping): the norm measured
      * and the update multiplying the gradients by the factor as it reads them (sg_clip_factor;
-     * bit for bit sg_clip_grad_norm first, one pass fewer; STEPGRAPH_CLIP=separate scales them
-     * first). */
+     * bit for bit sg_clip_grad_norm first, one pass fewer; under mixed precision with accum 1
+     * the norm of the bf16 gradients times 1 / scale, sg_clip_sumsq_amp, and the update
+     * unscaling them too, no f32 gradients written; STEPGRAPH_CLIP=separate unscales and scales
+     * them first). */
     float clip;
     /* ---- control flow on the device (conditional graph nodes; see sg_graph_if). Each form
      * computes what the eager step computes, bit for bit; it changes only how a captured

@@ -485,6 +485,97 @@ static void check_split(sg_ctx *ctx, int64_t P)
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
 }
 
+/* sg_clip_sumsq_amp: the sum of squares of scaled gradients grad_lo (dt; misaligned: a view at
+ * element 1) times inv, against sg_amp_unscale's f32 output summed by sg_clip_sumsq, bit for
+ * bit, into part 1 of a 2-part sums; and against the host's index-order sum of f32(g * inv)
+ * squared (the CPU reference's own order: equal there; a CUDA grid's order: within (P + 1)
+ * 2^-53 relative, as check_split). The scale is not a power of two, so f32(g * inv) rounds and
+ * the sum of the unrounded products would differ. Then an inf: both sums inf. One launch. */
+static void check_sumsq_amp(sg_ctx *ctx, sg_dtype dt, int64_t P, int misaligned)
+{
+    const char *be = ctx->backend == SG_BACKEND_CPU ? "cpu" : "gpu";
+    char what[160];
+    snprintf(what, sizeof what, "%s sg_clip_sumsq_amp %s P=%lld%s", be, sg_dtype_name(dt), (long long)P,
+             misaligned ? " misaligned" : "");
+    sg_tensor *base = tu_tensor1(ctx, dt, P + misaligned, "grad_lo_base"), *glo = base;
+    if (misaligned) TU_OK(ctx, sg_tensor_view(base, 1, 1, &P, "grad_lo", &glo));
+    sg_tensor *g32 = tu_tensor1(ctx, SG_DTYPE_F32, P, "grad_f32");
+    sg_tensor *sa = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler_a");
+    sg_tensor *sb = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler_b");
+    sg_tensor *fa = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found_a"), *fb = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found_b");
+    sg_tensor *inv = tu_tensor1(ctx, SG_DTYPE_F32, 1, "inv");
+    sg_tensor *want = tu_tensor1(ctx, SG_DTYPE_I32, 4, "sums_unscaled"), *got = tu_tensor1(ctx, SG_DTYPE_I32, 4, "sums");
+    const double scale = 3000.5 * (1 + (double)(tu_next() % 1000)) / 1000, sc[SG_SCALER_COUNT] = {scale, 0, 1e6, 0};
+    for (int bad = 0; bad < 2; bad++) {
+        double *g = tu_random(glo, -3000, 3000);
+        if (bad) {
+            g[tu_randint(0, (int)(P - 1))] = INFINITY;
+            tu_set(glo, g);
+        }
+        free(g);
+        g = tu_get(glo); /* as stored */
+        tu_set(sa, sc), tu_set(sb, sc);
+        tu_poison(g32), tu_poison(inv), tu_poison(want), tu_poison(got);
+        if (dt != SG_DTYPE_F64) { /* sg_amp_unscale writes f32 from bf16 or f32 */
+            TU_OK(ctx, sg_amp_unscale(ctx, glo, g32, sa, fa));
+            TU_OK(ctx, sg_clip_sumsq(ctx, g32, want, 1));
+        }
+        TU_OK(ctx, sg_amp_check(ctx, glo, sb, fb, inv));
+        uint64_t before = sg_ctx_launch_count(ctx);
+        TU_OK(ctx, sg_clip_sumsq_amp(ctx, glo, inv, got, 1));
+        uint64_t launches = sg_ctx_launch_count(ctx) - before;
+        if (ctx->backend == SG_BACKEND_CUDA)
+            TU_CHECK(launches == 1, "%s: %llu launches, expected 1", what, (unsigned long long)launches);
+        const double s = sum_of(got, 1), iv = read1(inv);
+        double host = 0;
+        for (int64_t i = 0; i < P; i++) {
+            double v = (double)(float)(g[i] * iv);
+            host += v * v;
+        }
+        if (dt != SG_DTYPE_F64)
+            TU_CHECK(!memcmp(&s, &(double){sum_of(want, 1)}, sizeof s), "%s%s: the sum of squares is %.17g, "
+                     "sg_amp_unscale then sg_clip_sumsq gave %.17g: not bit for bit", what, bad ? " (an inf)" : "",
+                     s, sum_of(want, 1));
+        if (bad) {
+            TU_CHECK(isinf(s), "%s: an inf among the gradients, the sum is %g", what, s);
+        } else {
+            char w[200];
+            snprintf(w, sizeof w, "%s: the sum against the host's", what);
+            tu_close(w, &s, &host, 1, (tu_tol){0, ((double)P + 1) * 1.1102230246251565e-16});
+            if (ctx->backend == SG_BACKEND_CPU)
+                TU_CHECK(s == host, "%s: the CPU's sum %.17g is not the index-order sum %.17g", what, s, host);
+        }
+        free(g);
+    }
+    if (misaligned) sg_tensor_destroy(glo);
+    sg_tensor *ts[] = {base, g32, sa, sb, fa, fb, inv, want, got};
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
+/* sg_clip_sumsq_amp's own refusals: grad_lo's dtype, inv's dtype and count, the part. */
+static void sumsq_amp_errors(sg_ctx *ctx)
+{
+    sg_tensor *g = tu_tensor1(ctx, SG_DTYPE_BF16, 12, "grad_lo"), *gi = tu_tensor1(ctx, SG_DTYPE_I32, 12, "grad_i32");
+    sg_tensor *s = tu_tensor1(ctx, SG_DTYPE_I32, 4, "sums"), *inv = tu_tensor1(ctx, SG_DTYPE_F32, 1, "inv");
+    sg_tensor *inv2 = tu_tensor1(ctx, SG_DTYPE_F32, 2, "inv2"), *invb = tu_tensor1(ctx, SG_DTYPE_BF16, 1, "invb");
+    free(tu_random(g, -1, 1));
+    TU_OK(ctx, sg_tensor_fill(inv, 0.5));
+    tu_poison(s);
+    double *s0 = tu_get(s);
+    TU_FAILS(ctx, sg_clip_sumsq_amp(ctx, gi, inv, s, 0), SG_ERR_DTYPE, "'grad_lo' is i32");
+    TU_FAILS(ctx, sg_clip_sumsq_amp(ctx, g, NULL, s, 0), SG_ERR_NULL, "'inv'");
+    TU_FAILS(ctx, sg_clip_sumsq_amp(ctx, g, inv2, s, 0), SG_ERR_SHAPE, "'inv'");
+    TU_FAILS(ctx, sg_clip_sumsq_amp(ctx, g, invb, s, 0), SG_ERR_DTYPE, "'inv'");
+    TU_FAILS(ctx, sg_clip_sumsq_amp(ctx, g, inv, s, 2), SG_ERR_INVALID, "part 2");
+    TU_CHECK(sg_clip_sumsq_amp(NULL, g, inv, s, 0) == SG_ERR_NULL, "NULL ctx accepted");
+    expect_unchanged("sums after sg_clip_sumsq_amp's rejected calls", s, s0);
+    TU_OK(ctx, sg_clip_sumsq_amp(ctx, g, inv, s, 1)); /* still usable */
+    TU_CHECK(sum_of(s, 1) > 0, "the valid call after the errors wrote %g", sum_of(s, 1));
+    free(s0);
+    sg_tensor *ts[] = {g, gi, s, inv, inv2, invb};
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
+}
+
 /* The split form's argument checks: nothing written, the context usable after. */
 static void split_errors(sg_ctx *ctx)
 {
@@ -681,6 +772,11 @@ static void cpu_tests(void)
     check_split(ctx, 2);
     check_split(ctx, 100003);
     split_errors(ctx);
+    check_sumsq_amp(ctx, SG_DTYPE_BF16, 1, 0);
+    check_sumsq_amp(ctx, SG_DTYPE_BF16, 4099, 1);
+    check_sumsq_amp(ctx, SG_DTYPE_F32, 1003, 0);
+    check_sumsq_amp(ctx, SG_DTYPE_F64, 77, 0);
+    sumsq_amp_errors(ctx);
     check_factor(ctx, 1);
     check_factor(ctx, 4099);
     factor_errors(ctx);
@@ -846,6 +942,14 @@ static void gpu_tests(void)
     check_split(gpu, 1001);
     check_split(gpu, (1 << 20) + 7);
     split_errors(gpu);
+    /* the scaled sum: one element, the tails, a misaligned bf16 view (scalar loads, the same
+     * order), f32, and more groups than threads of the grid */
+    check_sumsq_amp(gpu, SG_DTYPE_BF16, 1, 0);
+    check_sumsq_amp(gpu, SG_DTYPE_BF16, 4099, 0);
+    check_sumsq_amp(gpu, SG_DTYPE_BF16, 4099, 1);
+    check_sumsq_amp(gpu, SG_DTYPE_F32, 1003, 1);
+    check_sumsq_amp(gpu, SG_DTYPE_BF16, (1 << 22) + 6, 0);
+    sumsq_amp_errors(gpu);
     check_factor(gpu, 1);
     check_factor(gpu, (1 << 20) + 5);
     factor_errors(gpu);

@@ -588,6 +588,8 @@ static const tcase cases[] = {
     {"mlp-model-shard-clip", "mlp-32-2-16", SG_SCOPE_MODEL, SG_OPTIM_SGD, 0.05f, false, 0, 0, true, 0, 0.05f},
     {"gpt-eager-shard-clip-bf16", "gpt-64-1-4-16", SG_SCOPE_EAGER, SG_OPTIM_ADAMW, 3e-3f, false, 0, 0, true,
      SG_DTYPE_BF16, 0.05f},
+    {"gpt-step-shard-clip-bf16", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, false, 0, 0, true,
+     SG_DTYPE_BF16, 0.05f}, /* the unscale folded too: sg_clip_sumsq_amp on the bf16 shares */
     {"gpt-step-accum-shard-clip-bf16", "gpt-64-1-4-16", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, false, 2, 0, true,
      SG_DTYPE_BF16, 0.05f},
     {"gpt-step-shard-gpu", "gpt-128-2-4-32", SG_SCOPE_STEP, SG_OPTIM_ADAMW, 3e-3f, true, 0, 0, true,
@@ -972,7 +974,9 @@ static int worker(int argc, char **argv)
          * ranks do from 1 (the weights are not compared later: see "match"). The sharded run
          * captured and eager: the same bits to the end, the eager run with STEPGRAPH_CLIP=separate
          * (sg_clip_apply scaling the shares, then the update) and the captured one folded
-         * (sg_clip_factor_sums, the update multiplying by the factor as it reads). */
+         * (sg_clip_factor_sums, the update multiplying by the factor as it reads; under mixed
+         * precision with accum 1 the norm of the bf16 shares times 1 / scale, sg_clip_sumsq_amp,
+         * and the update unscaling them too). */
         float loss[3][STEPS], norm[3][STEPS];
         int64_t np = sg_tensor_numel(sg_model_params(r.m));
         float *p[3], *first[2];

@@ -354,14 +354,22 @@ static void mixed_case(sg_ctx *ctx, int op, sg_dtype dt, int64_t P, int n_seg, d
  * inf among them at step 3 (both skip, the scale halves), a scale that is not a power of two
  * (the f32 product is what both must agree on), and inv = f32(1 / the scale before the step).
  * On CUDA the folded step is two launches. state: the state dtype (F32 or BF16);
- * misaligned: grad_lo a view at element 1 (the scalar path). */
-static void amp_case(sg_ctx *ctx, int op, sg_dtype state, int64_t P, int n_seg, double momentum, int misaligned)
+ * misaligned: grad_lo a view at element 1 (the scalar path).
+ * clip: clipping between the unscale and the step, folded too: the separate side clips its f32
+ * gradients (sg_clip_grad_norm), the folded one measures the scaled ones (sg_clip_sumsq_amp),
+ * writes the factor beside inv (sg_clip_factor_sums into the second element of a 2-element
+ * inv) and steps with both; the norms and flags bit for bit as well, four launches. max_norm is
+ * a fifth of the gradients' expected norm at the largest scale (sqrt(P / 3) 3000 / 6001: U(-1,
+ * 1) times 3000 / scale), so every finite step clips (checked: factor < 1). */
+static void amp_case_clip(sg_ctx *ctx, int op, sg_dtype state, int64_t P, int n_seg, double momentum, int misaligned,
+                          bool clip)
 {
     const int gpu = ctx->backend == SG_BACKEND_CUDA;
     char what[200];
-    int k = snprintf(what, sizeof what, "%s %s amp %s state P=%lld%s", gpu ? "gpu" : "cpu",
+    int k = snprintf(what, sizeof what, "%s %s amp %s state P=%lld%s%s", gpu ? "gpu" : "cpu",
                      op == OPT_ADAMW ? "adamw" : "sgd", sg_dtype_name(state), (long long)P,
-                     misaligned ? " grad_lo misaligned" : "");
+                     misaligned ? " grad_lo misaligned" : "", clip ? " clipped" : "");
+    const float max_norm = (float)(0.2 * sqrt((double)P / 3) * 3000 / 6001);
     int32_t *start = malloc((size_t)(n_seg + 1) * sizeof *start), *decay = malloc((size_t)n_seg * sizeof *decay);
     make_segments(P, n_seg, start, decay);
     sg_tensor *ss = int_tensor(ctx, start, n_seg + 1, "seg_start"), *sd = int_tensor(ctx, decay, n_seg, "seg_decay");
@@ -385,7 +393,15 @@ static void amp_case(sg_ctx *ctx, int op, sg_dtype state, int64_t P, int n_seg, 
     sg_tensor *sa = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler_a");
     sg_tensor *sb = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler_b");
     sg_tensor *fa = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found_a"), *fb = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found_b");
-    sg_tensor *inv = tu_tensor1(ctx, SG_DTYPE_F32, 1, "inv");
+    /* inv: 1 element, or with clip the first of muls (inv, factor) */
+    sg_tensor *muls = tu_tensor1(ctx, SG_DTYPE_F32, clip ? 2 : 1, "inv_factor"), *inv = muls, *fac = NULL;
+    if (clip) {
+        TU_OK(ctx, sg_tensor_view(muls, 0, 1, (int64_t[]){1}, "inv", &inv));
+        TU_OK(ctx, sg_tensor_view(muls, 1, 1, (int64_t[]){1}, "factor", &fac));
+    }
+    sg_tensor *na = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm_a"), *nb = tu_tensor1(ctx, SG_DTYPE_F32, 1, "norm_b");
+    sg_tensor *nfa = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nonfinite_a"), *nfb = tu_tensor1(ctx, SG_DTYPE_I32, 1, "nonfinite_b");
+    sg_tensor *sums = tu_tensor1(ctx, SG_DTYPE_I32, 2, "sums");
     sg_tensor *pla = tu_tensor1(ctx, SG_DTYPE_BF16, P, "param_lo_a"), *plb = tu_tensor1(ctx, SG_DTYPE_BF16, P, "param_lo_b");
     /* scale 3000.5 (not a power of two), growth every 2 finite steps: it doubles at step 2,
      * halves at step 3 (the inf), and the factor differs from step to step. */
@@ -401,27 +417,36 @@ static void amp_case(sg_ctx *ctx, int op, sg_dtype state, int64_t P, int n_seg, 
         double *scv = tu_get(sb);
         const float want_inv = 1.0f / (float)scv[SG_SCALER_SCALE];
         free(scv);
-        tu_poison(A.t[1]), tu_poison(fa), tu_poison(fb), tu_poison(inv);
+        tu_poison(A.t[1]), tu_poison(fa), tu_poison(fb), tu_poison(muls);
+        tu_poison(na), tu_poison(nb), tu_poison(nfa), tu_poison(nfb);
         TU_OK(ctx, sg_amp_unscale(ctx, glo, A.t[1], sa, fa));
+        if (clip) TU_OK(ctx, sg_clip_grad_norm(ctx, A.t[1], max_norm, na, nfa));
         if (op == OPT_ADAMW)
             TU_OK(ctx, sg_adamw_step(ctx, A.t[0], A.t[1], A.t[2], A.t[3], A.hp, ss, sd, n_seg, fa, pla));
         else
             TU_OK(ctx, sg_sgd_step(ctx, A.t[0], A.t[1], A.t[2], A.hp, ss, sd, n_seg, fa, pla));
         uint64_t before = sg_ctx_launch_count(ctx);
         TU_OK(ctx, sg_amp_check(ctx, glo, sb, fb, inv));
+        if (clip) {
+            TU_OK(ctx, sg_clip_sumsq_amp(ctx, glo, inv, sums, 0));
+            TU_OK(ctx, sg_clip_factor_sums(ctx, max_norm, sums, nb, nfb, fac));
+        }
         if (op == OPT_ADAMW)
-            TU_OK(ctx, sg_adamw_step_amp(ctx, B.t[0], glo, inv, B.t[2], B.t[3], B.hp, ss, sd, n_seg, fb, plb));
+            TU_OK(ctx, sg_adamw_step_amp(ctx, B.t[0], glo, muls, B.t[2], B.t[3], B.hp, ss, sd, n_seg, fb, plb));
         else
-            TU_OK(ctx, sg_sgd_step_amp(ctx, B.t[0], glo, inv, B.t[2], B.hp, ss, sd, n_seg, fb, plb));
+            TU_OK(ctx, sg_sgd_step_amp(ctx, B.t[0], glo, muls, B.t[2], B.hp, ss, sd, n_seg, fb, plb));
         uint64_t launches = sg_ctx_launch_count(ctx) - before;
         snprintf(what + k, sizeof what - k, " step %d", t);
-        if (gpu) TU_CHECK(launches == 2, "%s: %llu launches, expected 2", what, (unsigned long long)launches);
+        const uint64_t want_launches = clip ? 4 : 2;
+        if (gpu)
+            TU_CHECK(launches == want_launches, "%s: %llu launches, expected %llu", what,
+                     (unsigned long long)launches, (unsigned long long)want_launches);
         void *bits[4];
         snapshot(op, &A, bits);
         expect_state(what, op, &B, bits);
         free_bits(bits);
-        const sg_tensor *pairs[3][2] = {{pla, plb}, {sa, sb}, {fa, fb}};
-        for (int i = 0; i < 3; i++) {
+        const sg_tensor *pairs[5][2] = {{pla, plb}, {sa, sb}, {fa, fb}, {na, nb}, {nfa, nfb}};
+        for (int i = 0; i < (clip ? 5 : 3); i++) {
             void *x = tu_raw(pairs[i][0]);
             expect_bits(what, pairs[i][1], x);
             free(x);
@@ -430,17 +455,29 @@ static void amp_case(sg_ctx *ctx, int op, sg_dtype state, int64_t P, int n_seg, 
         TU_CHECK(f[0] == (t == 3), "%s: found is %g", what, f[0]);
         TU_CHECK(iv[0] == (double)want_inv, "%s: inv is %.9g, expected 1 / scale = %.9g", what, iv[0], (double)want_inv);
         free(f), free(iv);
+        if (clip) {
+            double *c = tu_get(fac);
+            TU_CHECK(t == 3 ? c[0] == 1 : c[0] < 1, "%s: the clipping factor is %.9g: expected %s", what, c[0],
+                     t == 3 ? "1 (not finite)" : "below 1 (max_norm is below the norm)");
+            free(c);
+        }
     }
     double *h = tu_get(B.hp);
     TU_CHECK(h[SG_HP_STEP] == 3, "%s: hp.step is %g after 3 steps and a skip", what, h[SG_HP_STEP]);
     free(h);
     for (int j = 0; j < 4; j++) sg_tensor_destroy(A.t[j]), sg_tensor_destroy(B.t[j]);
-    sg_tensor *ts[] = {A.hp, B.hp, glo, glo_base, sa, sb, fa, fb, inv, pla, plb, ss, sd};
-    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
+    if (clip) sg_tensor_destroy(inv), sg_tensor_destroy(fac);
+    sg_tensor *ts[] = {A.hp, B.hp, glo, glo_base, sa, sb, fa, fb, muls, na, nb, nfa, nfb, sums, pla, plb, ss, sd};
+    tu_destroy_all(ts, sizeof ts / sizeof *ts);
     free(start), free(decay);
 }
 
-/* sg_adamw_step_amp's own refusals: grad_lo's dtype and element count, inv's. */
+static void amp_case(sg_ctx *ctx, int op, sg_dtype state, int64_t P, int n_seg, double momentum, int misaligned)
+{
+    amp_case_clip(ctx, op, state, P, n_seg, momentum, misaligned, false);
+}
+
+/* sg_adamw_step_amp's own refusals: grad_lo's dtype and element count, inv's (1 or 2). */
 static void amp_errors(sg_ctx *ctx)
 {
     const int64_t P = 10;
@@ -448,7 +485,7 @@ static void amp_errors(sg_ctx *ctx)
     sg_tensor *v = tu_tensor1(ctx, SG_DTYPE_F32, P, "v"), *hp = tu_tensor1(ctx, SG_DTYPE_F32, 8, "hp");
     sg_tensor *g = tu_tensor1(ctx, SG_DTYPE_BF16, P, "grad_lo"), *g9 = tu_tensor1(ctx, SG_DTYPE_BF16, 9, "grad_lo9");
     sg_tensor *gi = tu_tensor1(ctx, SG_DTYPE_I32, P, "grad_i32"), *inv = tu_tensor1(ctx, SG_DTYPE_F32, 1, "inv");
-    sg_tensor *inv2 = tu_tensor1(ctx, SG_DTYPE_F32, 2, "inv2"), *invb = tu_tensor1(ctx, SG_DTYPE_BF16, 1, "invb");
+    sg_tensor *inv3 = tu_tensor1(ctx, SG_DTYPE_F32, 3, "inv3"), *invb = tu_tensor1(ctx, SG_DTYPE_BF16, 1, "invb");
     int32_t st[2] = {0, (int32_t)P}, dc[1] = {1};
     sg_tensor *ss = int_tensor(ctx, st, 2, "seg_start"), *sd = int_tensor(ctx, dc, 1, "seg_decay");
     double hv[8];
@@ -462,7 +499,7 @@ static void amp_errors(sg_ctx *ctx)
     TU_FAILS(ctx, sg_adamw_step_amp(ctx, p, gi, inv, m, v, hp, ss, sd, 1, NULL, NULL), SG_ERR_DTYPE,
              "'grad_lo' is i32");
     TU_FAILS(ctx, sg_adamw_step_amp(ctx, p, g9, inv, m, v, hp, ss, sd, 1, NULL, NULL), SG_ERR_SHAPE, "grad_lo");
-    TU_FAILS(ctx, sg_adamw_step_amp(ctx, p, g, inv2, m, v, hp, ss, sd, 1, NULL, NULL), SG_ERR_SHAPE, "'inv'");
+    TU_FAILS(ctx, sg_adamw_step_amp(ctx, p, g, inv3, m, v, hp, ss, sd, 1, NULL, NULL), SG_ERR_SHAPE, "'inv'");
     TU_FAILS(ctx, sg_adamw_step_amp(ctx, p, g, invb, m, v, hp, ss, sd, 1, NULL, NULL), SG_ERR_DTYPE, "inv");
     TU_FAILS(ctx, sg_sgd_step_amp(ctx, p, g, inv, m, hp, ss, sd, 1, NULL, hp), SG_ERR_DTYPE, "param_lo");
     /* inv inside the parameters the step writes */
@@ -470,7 +507,7 @@ static void amp_errors(sg_ctx *ctx)
     TU_OK(ctx, sg_tensor_view(p, 3, 1, (int64_t[]){1}, "inv_in_param", &inside));
     TU_FAILS(ctx, sg_adamw_step_amp(ctx, p, g, inside, m, v, hp, ss, sd, 1, NULL, NULL), SG_ERR_INVALID, "inv");
     TU_OK(ctx, sg_adamw_step_amp(ctx, p, g, inv, m, v, hp, ss, sd, 1, NULL, NULL)); /* still usable */
-    sg_tensor *ts[] = {p, m, v, hp, g, g9, gi, inv, inv2, invb, ss, sd, inside};
+    sg_tensor *ts[] = {p, m, v, hp, g, g9, gi, inv, inv3, invb, ss, sd, inside};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
 }
 
@@ -897,6 +934,8 @@ static void cpu_tests(void)
     amp_case(ctx, OPT_ADAMW, SG_DTYPE_F32, 1000, 37, 0, 0);
     amp_case(ctx, OPT_ADAMW, SG_DTYPE_BF16, 513, 5, 0, 1);
     amp_case(ctx, OPT_SGD, SG_DTYPE_F32, 77, 3, 0.9, 0);
+    amp_case_clip(ctx, OPT_ADAMW, SG_DTYPE_F32, 1000, 37, 0, 0, true);
+    amp_case_clip(ctx, OPT_SGD, SG_DTYPE_BF16, 77, 3, 0.9, 1, true);
     amp_errors(ctx);
     sg_ctx_destroy(ctx);
     cpu_errors();
@@ -1070,6 +1109,10 @@ static void gpu_tests(void)
     amp_case(gpu, OPT_ADAMW, SG_DTYPE_F32, 1001, 7, 0, 1);
     amp_case(gpu, OPT_SGD, SG_DTYPE_BF16, (1 << 20) + 3, 9, 0.9, 0);
     amp_case(gpu, OPT_ADAMW, SG_DTYPE_F32, (1 << 22) + 5, 17, 0, 0);
+    /* and clipping folded with it: the float4 paths, the scalar ones, a grid of many blocks */
+    amp_case_clip(gpu, OPT_ADAMW, SG_DTYPE_F32, 1000, 37, 0, 0, true);
+    amp_case_clip(gpu, OPT_SGD, SG_DTYPE_BF16, 1001, 7, 0.9, 1, true);
+    amp_case_clip(gpu, OPT_ADAMW, SG_DTYPE_BF16, (1 << 22) + 5, 17, 0, 0, true);
     amp_errors(gpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);

@@ -234,13 +234,17 @@ static double host_norm(const sg_tensor *g)
 }
 
 /* Clipping folded into the optimizer (sg_clip_factor, then the update multiplying the f32
- * gradients by the factor as it reads them) against STEPGRAPH_CLIP=separate (sg_clip_grad_norm
- * scaling them, then the update): loss, parameters, norm (and under mixed precision the
- * scaler) bit for bit over 6 steps, fp32 and bf16, eager and step scope, SGD and AdamW, with a
- * max_norm below every step's norm. Then which path ran: the folded side's f32 gradients are
- * the unclipped ones (their norm is the measured one, to the rounding of two f64 sums of f32
- * squares: rtol 1e-6 is far above it) and the separate side's are clipped (norm max_norm norm /
- * (norm + 1e-6), to the f32 products' rounding: rtol 1e-6). */
+ * gradients by the factor as it reads them; under mixed precision sg_clip_sumsq_amp and the
+ * update unscaling and clipping the bf16 gradients as it reads them) against
+ * STEPGRAPH_CLIP=separate (the unscale pass, sg_clip_grad_norm scaling the f32 gradients, then
+ * the update) and, under mixed precision, against STEPGRAPH_UNSCALE=separate too (the unscale
+ * pass, then the clip folded): loss, parameters, norm (and under mixed precision the scaler)
+ * bit for bit over 6 steps, fp32 and bf16, eager and step scope, SGD and AdamW, with a max_norm
+ * below every step's norm. Then which path ran, the f32 gradients poisoned first: the separate
+ * side's are clipped (norm max_norm norm / (norm + 1e-6), to the f32 products' rounding: rtol
+ * 1e-6); the folded side's fp32 ones are the unclipped ones (their norm is the measured one, to
+ * the rounding of two f64 sums of f32 squares: rtol 1e-6 is far above it), and its bf16 run
+ * wrote none (still poisoned); the unscale-separate side's are unclipped. */
 static void fold_clip(sg_backend be)
 {
     sg_ctx *ctx = tu_ctx(be);
@@ -251,6 +255,7 @@ static void fold_clip(sg_backend be)
     for (int k = 0; k < 4; k++) {
         sg_model_options mo = {0};
         mo.precision = precs[k / 2];
+        const bool amp = mo.precision == SG_DTYPE_BF16;
         sg_trainer_options to = sg_trainer_options_default();
         to.scope = scopes[k % 2];
         to.clip = max_norm;
@@ -258,38 +263,52 @@ static void fold_clip(sg_backend be)
         char what[96];
         snprintf(what, sizeof what, "%s %s %s scope %s, clipping folded", sg_backend_name(be),
                  sg_dtype_name(precs[k / 2]), sg_scope_name(scopes[k % 2]), kind == SG_OPTIM_SGD ? "SGD" : "AdamW");
-        tu_side a = {0}, b = {0};
-        for (int j = 0; j < 2; j++) {
-            tu_side *sd = j ? &b : &a;
-            if (j) TU_CHECK(setenv("STEPGRAPH_CLIP", "separate", 1) == 0, "setenv");
-            TU_OK(ctx, sg_model_create_ex(ctx, "gpt-64-2-4-16", seed, &mo, &sd->m));
-            TU_OK(ctx, sg_optim_create(ctx, sd->m, kind, &sd->o));
-            if (kind == SG_OPTIM_SGD) TU_OK(ctx, sg_optim_set_lr(sd->o, 0.1f));
-            TU_OK(ctx, sg_trainer_create(sd->m, sd->o, &to, &sd->t));
-            if (j) TU_CHECK(unsetenv("STEPGRAPH_CLIP") == 0, "unsetenv");
+        /* a: folded; b: STEPGRAPH_CLIP=separate; c (mixed precision): STEPGRAPH_UNSCALE=separate */
+        tu_side sd[3] = {{0}};
+        const char *env[3][2] = {{NULL, NULL}, {"STEPGRAPH_CLIP", "separate"}, {"STEPGRAPH_UNSCALE", "separate"}};
+        const int n_sides = amp ? 3 : 2;
+        for (int j = 0; j < n_sides; j++) {
+            if (env[j][0]) TU_CHECK(setenv(env[j][0], env[j][1], 1) == 0, "setenv");
+            TU_OK(ctx, sg_model_create_ex(ctx, "gpt-64-2-4-16", seed, &mo, &sd[j].m));
+            TU_OK(ctx, sg_optim_create(ctx, sd[j].m, kind, &sd[j].o));
+            if (kind == SG_OPTIM_SGD) TU_OK(ctx, sg_optim_set_lr(sd[j].o, 0.1f));
+            TU_OK(ctx, sg_trainer_create(sd[j].m, sd[j].o, &to, &sd[j].t));
+            if (env[j][0]) TU_CHECK(unsetenv(env[j][0]) == 0, "unsetenv");
+            tu_poison(sg_model_grads(sd[j].m));
         }
         bool ok = true;
         float n0 = 0;
         for (int s = 0; s < 6 && ok; s++) {
-            TU_OK(ctx, sg_trainer_step(a.t, s));
-            TU_OK(ctx, sg_trainer_step(b.t, s));
-            ok = tu_same_bits(b.m->loss, a.m->loss, what, s + 1) &&
-                 tu_same_bits(sg_model_params(b.m), sg_model_params(a.m), what, s + 1) &&
-                 tu_same_bits(b.m->gnorm, a.m->gnorm, what, s + 1) &&
-                 (!b.m->scaler || tu_same_bits(b.m->scaler, a.m->scaler, what, s + 1));
+            for (int j = 0; j < n_sides; j++) TU_OK(ctx, sg_trainer_step(sd[j].t, s));
+            for (int j = 1; j < n_sides && ok; j++) {
+                const sg_model *a = sd[0].m, *b = sd[j].m;
+                ok = tu_same_bits(b->loss, a->loss, what, s + 1) &&
+                     tu_same_bits(sg_model_params((sg_model *)b), sg_model_params((sg_model *)a), what, s + 1) &&
+                     tu_same_bits(b->gnorm, a->gnorm, what, s + 1) &&
+                     (!b->scaler || tu_same_bits(b->scaler, a->scaler, what, s + 1));
+            }
             float n;
-            TU_OK(ctx, sg_tensor_copy_to_host(a.m->gnorm, &n, sizeof n));
+            TU_OK(ctx, sg_tensor_copy_to_host(sd[0].m->gnorm, &n, sizeof n));
             TU_CHECK(n > max_norm, "%s: step %d's norm %g is not above max_norm %g: nothing clipped", what, s, n,
                      (double)max_norm);
             n0 = n;
         }
-        double na = host_norm(sg_model_grads(a.m)), nb = host_norm(sg_model_grads(b.m));
-        double want_b = (double)max_norm * n0 / (n0 + 1e-6);
-        TU_CHECK(fabs(na - n0) <= 1e-6 * n0, "%s: the f32 gradients' norm is %.9g, the measured one %.9g: not the "
-                 "unclipped gradients", what, na, (double)n0);
+        const double want_b = (double)max_norm * n0 / (n0 + 1e-6);
+        const double nb = host_norm(sg_model_grads(sd[1].m));
         TU_CHECK(fabs(nb - want_b) <= 1e-6 * want_b, "%s: with STEPGRAPH_CLIP=separate the gradients' norm is %.9g, "
                  "expected %.9g (clipped)", what, nb, want_b);
-        tu_side_drop(&a), tu_side_drop(&b);
+        if (amp) {
+            double *ga = tu_get(sg_model_grads(sd[0].m));
+            int64_t n = sg_tensor_numel(sg_model_grads(sd[0].m)), written = 0;
+            for (int64_t i = 0; i < n; i++) written += !isnan(ga[i]);
+            TU_CHECK(written == 0, "%s: %lld of %lld f32 gradients written with the unscale and the clip folded",
+                     what, (long long)written, (long long)n);
+            free(ga);
+        }
+        const double na = host_norm(sg_model_grads(sd[amp ? 2 : 0].m));
+        TU_CHECK(fabs(na - n0) <= 1e-6 * n0, "%s: the f32 gradients' norm is %.9g%s, the measured one %.9g: not "
+                 "the unclipped gradients", what, na, amp ? " with STEPGRAPH_UNSCALE=separate" : "", (double)n0);
+        for (int j = 0; j < n_sides; j++) tu_side_drop(&sd[j]);
     }
     sg_ctx_destroy(ctx);
 }

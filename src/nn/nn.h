@@ -294,6 +294,13 @@ sg_status sg_optim_update(sg_optim *o);
  * precision). Bit for bit the two halves above, a pass over the gradients fewer. */
 sg_status sg_optim_check(sg_optim *o);
 sg_status sg_optim_update_amp(sg_optim *o);
+/* Clipping with the unscale folded (mixed precision): inv (1 F32: sg_optim_check's 1 / scale,
+ * for sg_clip_sumsq_amp) and factor (1 F32: the slot sg_clip_factor_sums writes), views of one
+ * 2-element tensor; NULL without mixed precision. sg_optim_update_amp_clipped then multiplies
+ * the bf16 gradients by both as it reads them: bit for bit sg_optim_unscale, sg_clip_grad_norm
+ * and sg_optim_update, without the f32 gradients. */
+void sg_optim_amp_slots(sg_optim *o, sg_tensor **inv, sg_tensor **factor);
+sg_status sg_optim_update_amp_clipped(sg_optim *o);
 /* sg_optim_update on the f32 gradients times factor (1 F32, device; sg_clip_factor's) as each
  * is read: bit for bit scaling them by it first (sg_clip_grad_norm), without that pass. */
 sg_status sg_optim_update_by(sg_optim *o, const sg_tensor *factor);

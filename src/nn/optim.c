@@ -25,7 +25,8 @@ struct sg_optim {
     sg_tensor *scaler;       /* (SG_SCALER_COUNT) F32: sg_loss_scaler */
     sg_tensor *skip;         /* (1) I32: sg_amp_unscale's found; nonzero skips the step */
     sg_tensor *param_lo;     /* (P) BF16: bf16 of the parameters */
-    sg_tensor *inv;          /* (1) F32, owned: sg_amp_check's 1 / scale for sg_optim_update_amp */
+    sg_tensor *muls;         /* (2) F32, owned: sg_amp_check's 1 / scale, then the clipping factor */
+    sg_tensor *inv, *factor; /* views of muls' elements (sg_optim_amp_slots) */
     bool stepped;            /* an update was queued or captured: the state buffers are fixed */
 };
 
@@ -47,6 +48,8 @@ void sg_optim_destroy(sg_optim *o)
     sg_tensor_destroy(o->m);
     sg_tensor_destroy(o->v);
     sg_tensor_destroy(o->inv);
+    sg_tensor_destroy(o->factor);
+    sg_tensor_destroy(o->muls);
     free(o);
 }
 
@@ -175,10 +178,12 @@ sg_status sg_optim_set_mixed(sg_optim *o, const sg_tensor *grad_lo, sg_tensor *s
 {
     if (!o) return SG_ERR_NULL;
     o->grad_lo = grad_lo, o->scaler = scaler, o->skip = found, o->param_lo = param_lo;
-    if (grad_lo && !o->inv) {
-        int64_t one = 1;
-        SG_TRY(sg_tensor_create(o->ctx, SG_DTYPE_F32, 1, &one, "optim.inv_scale", &o->inv));
-        SG_TRY(sg_tensor_fill(o->inv, 1.0));
+    if (grad_lo && !o->muls) {
+        int64_t one = 1, two = 2;
+        SG_TRY(sg_tensor_create(o->ctx, SG_DTYPE_F32, 1, &two, "optim.inv_scale_factor", &o->muls));
+        SG_TRY(sg_tensor_fill(o->muls, 1.0));
+        SG_TRY(sg_tensor_view(o->muls, 0, 1, &one, "optim.inv_scale", &o->inv));
+        SG_TRY(sg_tensor_view(o->muls, 1, 1, &one, "optim.clip_factor", &o->factor));
     }
     if (!grad_lo || o->ctx->backend == SG_BACKEND_CPU) return SG_OK;
     void *scratch;
@@ -248,8 +253,8 @@ sg_status sg_optim_step(sg_optim *o)
     return sg_optim_update_amp(o);
 }
 
-/* The fused update over all parameters, reading grad times *inv (inv NULL: the f32 gradients
- * as stored). */
+/* The fused update over all parameters, reading grad times inv[0] (then times inv[1] when it
+ * has 2 elements; inv NULL: the f32 gradients as stored). */
 static sg_status update(sg_optim *o, const sg_tensor *grad, const sg_tensor *inv)
 {
     SG_TRY(have_params(o, "sg_optim_update"));
@@ -274,6 +279,19 @@ sg_status sg_optim_update_amp(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
     return o->grad_lo ? update(o, o->grad_lo, o->inv) : update(o, NULL, NULL);
+}
+
+void sg_optim_amp_slots(sg_optim *o, sg_tensor **inv, sg_tensor **factor)
+{
+    *inv = o->inv, *factor = o->factor;
+}
+
+sg_status sg_optim_update_amp_clipped(sg_optim *o)
+{
+    if (!o) return SG_ERR_NULL;
+    if (!o->grad_lo)
+        return sg_fail(o->ctx, SG_ERR_INVALID, "sg_optim_update_amp_clipped: the optimizer is not mixed precision");
+    return update(o, o->grad_lo, o->muls);
 }
 
 sg_status sg_optim_update_by(sg_optim *o, const sg_tensor *factor)

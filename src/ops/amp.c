@@ -14,8 +14,7 @@ _Static_assert(offsetof(sg_loss_scaler, growth_interval) ==
                    SG_SCALER_GROWTH_INTERVAL * sizeof(float),
                "sg_loss_scaler.growth_interval must be element SG_SCALER_GROWTH_INTERVAL");
 
-/* grad_lo: bf16 or f32 on both backends, f64 too on the CPU (the reference's dtypes). */
-static sg_status check_grad_lo(sg_ctx *ctx, const char *fn, const sg_tensor *grad_lo)
+sg_status sg_amp_check_grad_lo(const sg_ctx *ctx, const char *fn, const sg_tensor *grad_lo)
 {
     SG_TRY(sg_check_tensor(ctx, fn, "grad_lo", grad_lo));
     if (grad_lo->dtype == SG_DTYPE_BF16) return SG_OK;
@@ -84,7 +83,7 @@ sg_status sg_amp_unscale(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
 {
     const char *fn = "sg_amp_unscale";
     if (!ctx) return SG_ERR_NULL;
-    SG_TRY(check_grad_lo(ctx, fn, grad_lo));
+    SG_TRY(sg_amp_check_grad_lo(ctx, fn, grad_lo));
     SG_TRY(check_grad(ctx, fn, grad_lo, grad));
     SG_TRY(check_scaler_found(ctx, fn, scaler, found));
     SG_TRY(check_overlaps(ctx, fn, grad_lo, grad, scaler, found));
@@ -100,7 +99,7 @@ sg_status sg_amp_check(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *scaler,
 {
     const char *fn = "sg_amp_check";
     if (!ctx) return SG_ERR_NULL;
-    SG_TRY(check_grad_lo(ctx, fn, grad_lo));
+    SG_TRY(sg_amp_check_grad_lo(ctx, fn, grad_lo));
     SG_TRY(check_scaler_found(ctx, fn, scaler, found));
     SG_TRY(sg_check_count(ctx, fn, "inv", inv, SG_DTYPE_F32, 1, "1 / scale"));
     /* The outputs (scaler, found, inv) against each other and against grad_lo. */

@@ -32,6 +32,10 @@ enum {
  * (and capture) allocates nothing and the address stays put. */
 #define SG_AMP_SCRATCH_BYTES 16
 
+/* Mixed precision's scaled gradients as the ops that read them take them: grad_lo BF16 or F32
+ * on both backends, F64 too on the CPU (the reference's dtypes); fails naming fn otherwise. */
+sg_status sg_amp_check_grad_lo(const sg_ctx *ctx, const char *fn, const sg_tensor *grad_lo);
+
 /* The reference: grad_lo (P) f32, bf16 or f64, grad (P) F32 (may be grad_lo itself when both
  * are f32) or NULL, scaler (SG_SCALER_COUNT) F32, found (1) I32, inv_out (1) F32 or NULL,
  * already validated. inv = 1 / scale in f32 (as the kernel); each unscaled value is

@@ -2,6 +2,7 @@
  * max_norm, then run the CPU reference (through sg_cpu_run, so a CPU capture records it) or
  * the CUDA kernels. Nothing is written before every check has passed. */
 #include "ops/clip.h"
+#include "ops/amp.h"
 
 #include <stdint.h>
 
@@ -87,7 +88,7 @@ sg_status sg_clip_factor(sg_ctx *ctx, const sg_tensor *grad, float max_norm, sg_
 }
 
 typedef struct split_args {
-    sg_tensor *grad, *sums, *norm, *nonfinite, *factor;
+    sg_tensor *grad, *inv, *sums, *norm, *nonfinite, *factor;
     float max_norm;
     int part;
 } split_args;
@@ -96,7 +97,7 @@ static sg_status sumsq_cpu(sg_ctx *ctx, const void *p)
 {
     (void)ctx;
     const split_args *a = p;
-    sg_clip_sumsq_cpu(a->grad, a->sums, a->part);
+    sg_clip_sumsq_cpu(a->grad, a->inv, a->sums, a->part);
     return SG_OK;
 }
 
@@ -118,21 +119,39 @@ static sg_status check_sums(sg_ctx *ctx, const char *fn, const sg_tensor *grad, 
     return grad ? check_apart(ctx, fn, grad, "sums", sums) : SG_OK;
 }
 
-sg_status sg_clip_sumsq(sg_ctx *ctx, const sg_tensor *grad, sg_tensor *sums, int part)
+/* sg_clip_sumsq (f32 gradients), and sg_clip_sumsq_amp (inv given: scaled gradients, BF16 or
+ * F32, F64 too on the CPU, times inv as they are read). */
+static sg_status sumsq(sg_ctx *ctx, const char *fn, const sg_tensor *grad, const sg_tensor *inv, sg_tensor *sums,
+                       int part, bool scaled)
 {
-    const char *fn = "sg_clip_sumsq";
     if (!ctx) return SG_ERR_NULL;
-    SG_TRY(sg_check_dtype(ctx, fn, "grad", grad, SG_DTYPE_F32));
+    if (scaled) {
+        SG_TRY(sg_amp_check_grad_lo(ctx, fn, grad));
+        SG_TRY(sg_check_count(ctx, fn, "inv", inv, SG_DTYPE_F32, 1, "sg_amp_check's 1 / scale"));
+        SG_TRY(sg_check_not_overlapping(ctx, fn, "sums", sums, "inv", inv));
+    } else {
+        SG_TRY(sg_check_dtype(ctx, fn, "grad", grad, SG_DTYPE_F32));
+    }
     SG_TRY(check_sums(ctx, fn, grad, sums));
     if (part < 0 || part >= sums->numel / 2)
         return sg_fail(ctx, SG_ERR_INVALID, "%s: part %d of 'sums' (%s), which holds %lld parts", fn, part,
                        sums->name, (long long)(sums->numel / 2));
     sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, sg_tensors_bytes(grad, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
-        split_args a = {(sg_tensor *)grad, sums, NULL, NULL, NULL, 0.f, part};
+        split_args a = {(sg_tensor *)grad, (sg_tensor *)inv, sums, NULL, NULL, NULL, 0.f, part};
         return sg_cpu_run(ctx, sumsq_cpu, &a, sizeof a);
     }
-    return SG_CUDA_DISPATCH(ctx, sg_clip_sumsq_cuda(ctx, grad, sums, part));
+    return SG_CUDA_DISPATCH(ctx, sg_clip_sumsq_cuda(ctx, grad, inv, sums, part));
+}
+
+sg_status sg_clip_sumsq(sg_ctx *ctx, const sg_tensor *grad, sg_tensor *sums, int part)
+{
+    return sumsq(ctx, "sg_clip_sumsq", grad, NULL, sums, part, false);
+}
+
+sg_status sg_clip_sumsq_amp(sg_ctx *ctx, const sg_tensor *grad_lo, const sg_tensor *inv, sg_tensor *sums, int part)
+{
+    return sumsq(ctx, "sg_clip_sumsq_amp", grad_lo, inv, sums, part, true);
 }
 
 /* sg_clip_apply (grad scaled), and sg_clip_factor_sums (grad NULL: factor written). */
@@ -148,7 +167,7 @@ static sg_status apply(sg_ctx *ctx, const char *fn, sg_tensor *grad, float max_n
         sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0,
                           2 * sg_tensors_bytes(grad, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
-        split_args a = {grad, (sg_tensor *)sums, norm, nonfinite, factor, max_norm, 0};
+        split_args a = {grad, NULL, (sg_tensor *)sums, norm, nonfinite, factor, max_norm, 0};
         return sg_cpu_run(ctx, apply_cpu, &a, sizeof a);
     }
     return SG_CUDA_DISPATCH(ctx, sg_clip_apply_cuda(ctx, grad, max_norm, sums, norm, nonfinite, factor));

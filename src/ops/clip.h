@@ -39,11 +39,13 @@ sg_status sg_clip_grad_norm_cuda(sg_ctx *ctx, sg_tensor *grad, float max_norm, s
  * clip_sumsq_kernel's order on CUDA); apply adds the n parts in order in f64, then norm = sqrt
  * of that, nonfinite = it is not finite, and the factor above: g (which may be NULL then) *= it,
  * or factor (when not NULL) holds it. On one part the two are sg_clip_grad_norm bit for bit, on
- * each backend. */
-void sg_clip_sumsq_cpu(const sg_tensor *grad, sg_tensor *sums, int part);
+ * each backend. With inv (1 F32; sg_clip_sumsq_amp) the sum is of grad (BF16 or F32, F64 too on
+ * the CPU) times inv[0], each product rounded to f32 (sg_amp_unscale's value), in the order of
+ * the f32 sum: the sum of sg_amp_unscale's output bit for bit. */
+void sg_clip_sumsq_cpu(const sg_tensor *grad, const sg_tensor *inv, sg_tensor *sums, int part);
 void sg_clip_apply_cpu(sg_tensor *grad, float max_norm, const sg_tensor *sums, sg_tensor *norm,
                        sg_tensor *nonfinite, sg_tensor *factor);
-sg_status sg_clip_sumsq_cuda(sg_ctx *ctx, const sg_tensor *grad, sg_tensor *sums, int part);
+sg_status sg_clip_sumsq_cuda(sg_ctx *ctx, const sg_tensor *grad, const sg_tensor *inv, sg_tensor *sums, int part);
 sg_status sg_clip_apply_cuda(sg_ctx *ctx, sg_tensor *grad, float max_norm, const sg_tensor *sums,
                              sg_tensor *norm, sg_tensor *nonfinite, sg_tensor *factor);
 

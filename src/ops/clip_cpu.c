@@ -80,11 +80,12 @@ static double sum_at(const sg_tensor *sums, int64_t i)
     return v;
 }
 
-void sg_clip_sumsq_cpu(const sg_tensor *grad, sg_tensor *sums, int part)
+void sg_clip_sumsq_cpu(const sg_tensor *grad, const sg_tensor *inv, sg_tensor *sums, int part)
 {
+    const double f = inv ? sg_ld(inv, 0) : 1.0;
     double s = 0; /* f32 squares: no overflow, so inf or NaN exactly when an element is */
     for (int64_t i = 0; i < grad->numel; i++) {
-        double v = sg_ld(grad, i);
+        double v = inv ? (double)(float)(sg_ld(grad, i) * f) : sg_ld(grad, i);
         s += v * v;
     }
     memcpy((char *)sums->data + 8 * (int64_t)part, &s, sizeof s);

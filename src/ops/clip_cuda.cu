@@ -1,4 +1,5 @@
-/* clip_cuda.cu: global-norm gradient clipping, f32, in two launches and no host sync, so a
+/* clip_cuda.cu: global-norm gradient clipping, f32 (the sum of squares also of mixed
+ * precision's scaled bf16 gradients times 1 / scale), in two launches and no host sync, so a
  * captured step can hold it:
  *
  * 1. clip_sumsq_kernel: each thread sums the squares of its elements in double, in a fixed
@@ -19,8 +20,10 @@
  * difference is at most about P * 2^-53 (3e-9 at 25M elements), far below f32's 2^-24: the
  * norm written as f32 agrees with the reference to 1 ulp. */
 #include "ops/clip.h"
+#include "ops/dtype_cuda.cuh"
 #include "ops/reduce_cuda.cuh"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #define CLIP_THREADS 256
@@ -43,8 +46,6 @@ __device__ __forceinline__ double clip_add_squares(double acc, float4 v)
     return acc;
 }
 
-/* g (n). vec: g is 16-byte aligned; float4 i of a thread is followed by float4 i + stride in
- * the same trip (two loads in flight), then the last n % 4 elements one by one. */
 /* The factor clipping multiplies g by, from the norm nd: max_norm / (nd + 1e-6) in double,
  * rounded once to f32, when nd is finite, max_norm > 0 and that is below 1; else 1. */
 __device__ __forceinline__ float clip_coef(float max_norm, double nd)
@@ -54,25 +55,52 @@ __device__ __forceinline__ float clip_coef(float max_norm, double nd)
     return coef < 1.f ? coef : 1.f;
 }
 
+/* Elements 4 i4 to 4 i4 + 3 of g as f32: one load when vec (g 16-byte aligned for f32, 8-byte
+ * for bf16), else four. */
+__device__ __forceinline__ float4 ld4(const float *g, int64_t i4, bool vec)
+{
+    if (vec) return reinterpret_cast<const float4 *>(g)[i4];
+    return make_float4(g[4 * i4], g[4 * i4 + 1], g[4 * i4 + 2], g[4 * i4 + 3]);
+}
+__device__ __forceinline__ float4 ld4(const __nv_bfloat16 *g, int64_t i4, bool vec)
+{
+    if (vec) return bf16x4_to_float4(reinterpret_cast<const uint2 *>(g)[i4]);
+    return make_float4(to_f(g[4 * i4]), to_f(g[4 * i4 + 1]), to_f(g[4 * i4 + 2]), to_f(g[4 * i4 + 3]));
+}
+
+/* v times inv, each product rounded to f32 (sg_amp_unscale's value), when scaled. */
+__device__ __forceinline__ float4 times(float4 v, bool scaled, float inv)
+{
+    if (scaled) v.x = __fmul_rn(v.x, inv), v.y = __fmul_rn(v.y, inv), v.z = __fmul_rn(v.z, inv), v.w = __fmul_rn(v.w, inv);
+    return v;
+}
+
+/* g (n), or with inv_p (sg_clip_sumsq_amp) each element times *inv_p rounded to f32 first. The
+ * order of the sum depends on n and the grid only, not on g's dtype or alignment (vec picks the
+ * loads): group i of 4 elements of a thread is followed by group i + stride in the same trip
+ * (two loads in flight), then the last n % 4 elements one by one. So scaled bf16 gradients sum
+ * to the bits their unscaled f32 copy sums to. */
+template <typename G>
 __global__ void __launch_bounds__(CLIP_THREADS)
-    clip_sumsq_kernel(const float *__restrict__ g, int64_t n, bool vec, double *partials,
-                      unsigned *counter, int *sum_out, double *norm_d, float *norm, int *nonfinite,
-                      float max_norm, float *factor)
+    clip_sumsq_kernel(const G *__restrict__ g, const float *__restrict__ inv_p, int64_t n, bool vec,
+                      double *partials, unsigned *counter, int *sum_out, double *norm_d, float *norm,
+                      int *nonfinite, float max_norm, float *factor)
 {
     __shared__ double sh[CLIP_WARPS];
     const int64_t stride = (int64_t)gridDim.x * CLIP_THREADS;
     const int64_t tid = blockIdx.x * (int64_t)CLIP_THREADS + threadIdx.x;
-    const int64_t n4 = vec ? n / 4 : 0;
-    const float4 *g4 = reinterpret_cast<const float4 *>(g);
+    const int64_t n4 = n / 4;
+    const bool scaled = inv_p != nullptr;
+    const float inv = scaled ? *inv_p : 1.f;
     double acc = 0;
     for (int64_t i = tid; i < n4; i += 2 * stride) {
-        float4 a = g4[i];
-        float4 b = i + stride < n4 ? g4[i + stride] : make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 a = times(ld4(g, i, vec), scaled, inv);
+        float4 b = i + stride < n4 ? times(ld4(g, i + stride, vec), scaled, inv) : make_float4(0.f, 0.f, 0.f, 0.f);
         acc = clip_add_squares(acc, a);
         acc = clip_add_squares(acc, b);
     }
     for (int64_t i = n4 * 4 + tid; i < n; i += stride) {
-        double v = g[i];
+        double v = scaled ? __fmul_rn(to_f(g[i]), inv) : to_f(g[i]);
         acc += v * v;
     }
     double a = 0;
@@ -167,8 +195,8 @@ extern "C" sg_status sg_clip_grad_norm_cuda(sg_ctx *ctx, sg_tensor *grad, float 
 
     /* Sum of squares: 8 elements a thread a trip (two float4s). */
     int blocks = grid_for(ctx, (n + 8 * CLIP_THREADS - 1) / (8 * CLIP_THREADS), CLIP_BLOCKS_PER_SM);
-    clip_sumsq_kernel<<<blocks, CLIP_THREADS, 0, stream>>>(
-        g, n, vec, partials, counter, NULL, norm_d, (float *)norm->data, (int *)nonfinite->data, max_norm,
+    clip_sumsq_kernel<float><<<blocks, CLIP_THREADS, 0, stream>>>(
+        g, nullptr, n, vec, partials, counter, NULL, norm_d, (float *)norm->data, (int *)nonfinite->data, max_norm,
         factor ? (float *)factor->data : NULL);
     SG_CUDA_CHECK_LAUNCH(ctx, "clip_sumsq_kernel");
     sg_ctx_count_launches(ctx, 1);
@@ -182,17 +210,25 @@ extern "C" sg_status sg_clip_grad_norm_cuda(sg_ctx *ctx, sg_tensor *grad, float 
     return SG_OK;
 }
 
-extern "C" sg_status sg_clip_sumsq_cuda(sg_ctx *ctx, const sg_tensor *grad, sg_tensor *sums, int part)
+extern "C" sg_status sg_clip_sumsq_cuda(sg_ctx *ctx, const sg_tensor *grad, const sg_tensor *inv, sg_tensor *sums,
+                                        int part)
 {
     void *s = NULL;
     SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_CLIP, SG_CLIP_SCRATCH_BYTES, &s));
     int64_t n = grad->numel;
-    const float *g = (const float *)grad->data;
-    bool vec = ((uintptr_t)g & 15u) == 0;
+    const bool lo = grad->dtype == SG_DTYPE_BF16;
+    const bool vec = ((uintptr_t)grad->data & (lo ? 7u : 15u)) == 0;
+    const float *ip = inv ? (const float *)inv->data : nullptr;
+    double *partials = (double *)((char *)s + SCRATCH_PARTIALS_OFF);
+    int *out = (int *)sums->data + 2 * (int64_t)part;
+    cudaStream_t stream = (cudaStream_t)sg_ctx_stream(ctx);
     int blocks = grid_for(ctx, (n + 8 * CLIP_THREADS - 1) / (8 * CLIP_THREADS), CLIP_BLOCKS_PER_SM);
-    clip_sumsq_kernel<<<blocks, CLIP_THREADS, 0, (cudaStream_t)sg_ctx_stream(ctx)>>>(
-        g, n, vec, (double *)((char *)s + SCRATCH_PARTIALS_OFF), (unsigned *)s, (int *)sums->data + 2 * (int64_t)part,
-        NULL, NULL, NULL, 0.f, NULL);
+    if (lo)
+        clip_sumsq_kernel<__nv_bfloat16><<<blocks, CLIP_THREADS, 0, stream>>>(
+            (const __nv_bfloat16 *)grad->data, ip, n, vec, partials, (unsigned *)s, out, NULL, NULL, NULL, 0.f, NULL);
+    else
+        clip_sumsq_kernel<float><<<blocks, CLIP_THREADS, 0, stream>>>(
+            (const float *)grad->data, ip, n, vec, partials, (unsigned *)s, out, NULL, NULL, NULL, 0.f, NULL);
     SG_CUDA_CHECK_LAUNCH(ctx, "clip_sumsq_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;

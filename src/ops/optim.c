@@ -2,6 +2,7 @@
  * hyperparameter tensor, the segment tables and mixed precision's skip flag and bf16 copy,
  * then run the CPU reference or the CUDA kernel. Nothing is written before every check has
  * passed. */
+#include "ops/amp.h"
 #include "ops/optim.h"
 
 #include <stddef.h>
@@ -114,17 +115,17 @@ static sg_status check_mixed(sg_ctx *ctx, const char *fn, const sg_tensor *param
 }
 
 /* The scaled gradients of the _amp steps: BF16 or F32 (F64 too on the CPU) with param's
- * dims, and inv, 1 F32; neither shares bytes with what the step writes (check_mixed). */
+ * dims, and inv, 1 or 2 F32 (the second a clipping factor); neither shares bytes with what the
+ * step writes (check_mixed). */
 static sg_status check_scaled(sg_ctx *ctx, const char *fn, const sg_tensor *param, const sg_tensor *grad,
                               const sg_tensor *inv)
 {
-    SG_TRY(sg_check_tensor(ctx, fn, "grad_lo", grad));
-    if (grad->dtype != SG_DTYPE_BF16 && grad->dtype != SG_DTYPE_F32 &&
-        !(grad->dtype == SG_DTYPE_F64 && ctx->backend == SG_BACKEND_CPU))
-        return sg_fail(ctx, SG_ERR_DTYPE, "%s: tensor 'grad_lo' is %s, expected bf16 or f32%s", fn,
-                       sg_dtype_name(grad->dtype), ctx->backend == SG_BACKEND_CPU ? " (or f64 on the CPU)" : "");
+    SG_TRY(sg_amp_check_grad_lo(ctx, fn, grad));
     SG_TRY(sg_check_same_dims(ctx, fn, "grad_lo", grad, "param", param));
-    return sg_check_count(ctx, fn, "inv", inv, SG_DTYPE_F32, 1, "sg_amp_check's 1 / scale");
+    SG_TRY(sg_check_dtype(ctx, fn, "inv", inv, SG_DTYPE_F32));
+    if (inv->numel == 2) return SG_OK;
+    return sg_check_count(ctx, fn, "inv", inv, SG_DTYPE_F32, 1,
+                          "sg_amp_check's 1 / scale; or 2: that, then a clipping factor");
 }
 
 /* Everything both optimizers share; v is NULL for SGD, inv NULL for the f32-gradient steps. */

@@ -74,8 +74,9 @@ SG_PHILOX_FN uint16_t sg_bf16_round_stochastic(float x, uint32_t r)
 }
 
 /* References, in double through sg_ld/sg_st (f32 or f64 tensors; hp f32 or f64). The
- * arguments are valid (optim.c checks them). inv (1) or NULL: grad holds mixed precision's
- * scaled gradients (any float dtype), each used as f32(grad * inv), sg_amp_unscale's value.
+ * arguments are valid (optim.c checks them). inv (1 or 2) or NULL: grad holds mixed precision's
+ * scaled gradients (any float dtype), each used as f32(grad * inv[0]), sg_amp_unscale's value,
+ * and with 2 elements as f32(that * inv[1]), clipped by the factor inv[1].
  * m, v, buf: (P), like param, or BF16 (P) beside an F32 param: then each new state value is
  * rounded to f32, then stochastically to bf16 with the bits above (the kernel computes it in
  * f32: the two agree but for the rare value whose f32 rounding differs). skip (1 I32) or NULL:
@@ -90,8 +91,8 @@ void sg_sgd_step_cpu(sg_tensor *param, const sg_tensor *grad, const sg_tensor *i
 
 /* One launch each, f32 params with f32 or bf16 state; seg_start/seg_decay/skip are device
  * tensors (skip read by the kernel: on nonzero every block returns at entry, so neither the
- * buffers nor hp.step nor the block counter move). grad: F32, or with inv (1 F32, device)
- * BF16 or F32 scaled gradients, each multiplied by inv in f32 as it is read. */
+ * buffers nor hp.step nor the block counter move). grad: F32, or with inv (1 or 2 F32, device)
+ * BF16 or F32 scaled gradients, each multiplied by inv[0] in f32 as it is read (then by inv[1]). */
 sg_status sg_adamw_step_cuda(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, const sg_tensor *inv,
                              sg_tensor *m, sg_tensor *v, sg_tensor *hp, const sg_tensor *seg_start,
                              const sg_tensor *seg_decay, int n_seg, const sg_tensor *skip,

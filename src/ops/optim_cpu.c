@@ -20,12 +20,14 @@ static hp_d hp_read(const sg_tensor *hp)
 /* skip: a nonzero flag (non-finite gradients) means the step changes nothing. */
 static bool skipped(const sg_tensor *skip) { return skip && sg_ld(skip, 0) != 0; }
 
-/* Gradient i: as stored, or (inv given: mixed precision's scaled gradients) times inv rounded
- * to f32 once, the value sg_amp_unscale_cpu writes (a product of two floats is exact in
- * double). */
+/* Gradient i: as stored, or (inv given: mixed precision's scaled gradients) times inv[0]
+ * rounded to f32 once, the value sg_amp_unscale_cpu writes (a product of two floats is exact in
+ * double), and with a second element times that (the clipping factor), rounded again. */
 static double grad_at(const sg_tensor *grad, const sg_tensor *inv, int64_t i)
 {
-    return inv ? (double)(float)(sg_ld(grad, i) * sg_ld(inv, 0)) : sg_ld(grad, i);
+    if (!inv) return sg_ld(grad, i);
+    double g = (double)(float)(sg_ld(grad, i) * sg_ld(inv, 0));
+    return inv->numel > 1 ? (double)(float)(g * sg_ld(inv, 1)) : g;
 }
 
 /* param_lo[i] = bf16 of param[i] as stored, rounded to nearest even as __float2bfloat16_rn

@@ -6,7 +6,8 @@
  * the whole launch returns at entry, nothing written) and a bf16 copy of the new parameters
  * (param_lo) written in the same pass; the gradients read as f32, or as mixed precision's
  * scaled bf16 (or f32) ones times a device factor inv (sg_adamw_step_amp: the unscale done as
- * they are read, the same f32 product sg_amp_unscale writes). Then the launchers. */
+ * they are read, the same f32 product sg_amp_unscale writes), and then, given a second factor,
+ * times the clipping factor (sg_clip_factor_sums's). Then the launchers. */
 #include "ops/optim.h"
 
 #include <cuda_bf16.h>
@@ -123,10 +124,12 @@ __device__ __forceinline__ void st_state4(__nv_bfloat16 *s, int64_t i4, float4 x
 }
 template <typename S> __device__ __forceinline__ bool sr() { return sizeof(S) == 2; }
 
-/* Gradient loads: f32 as stored, or times inv (the scaled gradients of mixed precision). */
-template <bool SCALED, typename G> __device__ __forceinline__ float ld_grad(const G *g, int64_t i, float inv)
+/* Gradient loads: f32 as stored, or times inv and then times fac, each product rounded (the
+ * scaled gradients of mixed precision, unscaled and then clipped; fac is 1 without clipping,
+ * and x * 1 is x). */
+template <bool SCALED, typename G> __device__ __forceinline__ float ld_grad(const G *g, int64_t i, float inv, float fac)
 {
-    return SCALED ? __fmul_rn(to_f(g[i]), inv) : to_f(g[i]);
+    return SCALED ? __fmul_rn(__fmul_rn(to_f(g[i]), inv), fac) : to_f(g[i]);
 }
 __device__ __forceinline__ float4 ld_grad4_raw(const float *g, int64_t i4)
 {
@@ -136,19 +139,23 @@ __device__ __forceinline__ float4 ld_grad4_raw(const __nv_bfloat16 *g, int64_t i
 {
     return bf16x4_to_float4(reinterpret_cast<const uint2 *>(g)[i4]);
 }
-template <bool SCALED, typename G> __device__ __forceinline__ float4 ld_grad4(const G *g, int64_t i4, float inv)
+template <bool SCALED, typename G>
+__device__ __forceinline__ float4 ld_grad4(const G *g, int64_t i4, float inv, float fac)
 {
     float4 r = ld_grad4_raw(g, i4);
-    if (SCALED) r.x = __fmul_rn(r.x, inv), r.y = __fmul_rn(r.y, inv), r.z = __fmul_rn(r.z, inv), r.w = __fmul_rn(r.w, inv);
+    if (SCALED) {
+        r.x = __fmul_rn(__fmul_rn(r.x, inv), fac), r.y = __fmul_rn(__fmul_rn(r.y, inv), fac);
+        r.z = __fmul_rn(__fmul_rn(r.z, inv), fac), r.w = __fmul_rn(__fmul_rn(r.w, inv), fac);
+    }
     return r;
 }
 
 template <int OP, typename S, bool SCALED, typename G>
 __device__ __forceinline__ void update_one(const hyper &h, bool decay, float *p, const G *g, float inv,
-                                           S *m, S *v, __nv_bfloat16 *plo, int64_t i)
+                                           float fac, S *m, S *v, __nv_bfloat16 *plo, int64_t i)
 {
     float pi = p[i], mi = uses_m<OP>(h) ? ld_state(m, i) : 0.f, vi = OP == OP_ADAMW ? ld_state(v, i) : 0.f;
-    update<OP>(h, decay, pi, ld_grad<SCALED>(g, i, inv), mi, vi);
+    update<OP>(h, decay, pi, ld_grad<SCALED>(g, i, inv, fac), mi, vi);
     p[i] = pi;
     if (plo) plo[i] = __float2bfloat16_rn(pi);
     uint32_t w = sr<S>() ? sg_optim_sr_bits((uint64_t)i / 4, h.t).v[i % 4] : 0u;
@@ -164,7 +171,8 @@ __device__ __forceinline__ unsigned pack_bf16x2(float a, float b)
 }
 
 /* param/grad/m/v (n), cut into n_seg segments by seg_start (n_seg+1); seg_decay (n_seg);
- * SCALED: grad is G (bf16 or f32) times *inv, else f32 as stored;
+ * SCALED: grad is G (bf16 or f32) times inv_p[0], then times inv_p[1] when n_inv is 2 (the
+ * clipping factor), else f32 as stored;
  * plo (n) bf16 or NULL: bf16(param) after the update; skip (1) or NULL: when nonzero every
  * thread returns before reading anything else, so nothing is written, hp.step and the block
  * counter included (every block sees the same flag: nothing in this launch writes it).
@@ -178,14 +186,14 @@ __device__ __forceinline__ unsigned pack_bf16x2(float a, float b)
  * so the next launch (or graph replay) finds it at 0. */
 template <int OP, typename S, bool SCALED, typename G>
 __global__ void __launch_bounds__(OPT_THREADS)
-optim_kernel(float *__restrict__ p, const G *__restrict__ g, const float *__restrict__ inv_p,
+optim_kernel(float *__restrict__ p, const G *__restrict__ g, const float *__restrict__ inv_p, int n_inv,
              S *__restrict__ m, S *__restrict__ v, float *hp, const int *__restrict__ seg_start,
              const int *__restrict__ seg_decay, int n_seg, int64_t n, bool vec,
              const int *__restrict__ skip, __nv_bfloat16 *__restrict__ plo, unsigned int *done)
 {
     if (skip && *skip != 0) return;
     const hyper h = read_hyper(hp);
-    const float inv = SCALED ? *inv_p : 1.f;
+    const float inv = SCALED ? inv_p[0] : 1.f, fac = SCALED && n_inv > 1 ? inv_p[1] : 1.f;
     for (int64_t base = blockIdx.x * (int64_t)OPT_CHUNK; base < n;
          base += (int64_t)gridDim.x * OPT_CHUNK) {
         int64_t end = base + OPT_CHUNK < n ? base + OPT_CHUNK : n;
@@ -195,7 +203,7 @@ optim_kernel(float *__restrict__ p, const G *__restrict__ g, const float *__rest
             int64_t i = base + 4 * (int64_t)threadIdx.x;
             if (i + 4 <= end) {
                 float4 p4 = reinterpret_cast<const float4 *>(p)[i / 4];
-                float4 g4 = ld_grad4<SCALED>(g, i / 4, inv);
+                float4 g4 = ld_grad4<SCALED>(g, i / 4, inv, fac);
                 float4 m4 = uses_m<OP>(h) ? ld_state4(m, i / 4) : g4;
                 float4 v4 = OP == OP_ADAMW ? ld_state4(v, i / 4) : g4;
                 /* A float4 may straddle segments: walk s forward per element. */
@@ -222,15 +230,15 @@ optim_kernel(float *__restrict__ p, const G *__restrict__ g, const float *__rest
                 if (OP == OP_ADAMW) st_state4(v, i / 4, v4, r, 16);
             } else {
                 for (; i < end; i++) /* the buffer's last 1-3 elements */
-                    update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, inv, m, v,
-                                      plo, i);
+                    update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, inv, fac,
+                                              m, v, plo, i);
             }
         } else {
             for (int k = 0; k < 4; k++) {
                 int64_t i = base + k * OPT_THREADS + threadIdx.x;
                 if (i < end)
-                    update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, inv, m, v,
-                                   plo, i);
+                    update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, inv, fac,
+                                              m, v, plo, i);
             }
         }
     }
@@ -247,27 +255,32 @@ static bool aligned8(const void *q) { return ((uintptr_t)q & 7u) == 0; } /* 4 bf
 
 /* The kernel for state S and gradients (G, SCALED); one launch. */
 template <int OP, typename S, bool SCALED, typename G>
-static void launch_kernel(int blocks, cudaStream_t st, float *p, const void *g, const float *inv, void *m, void *v,
-                          float *hp, const int *ss, const int *sd, int n_seg, int64_t n, bool vec, const int *sk,
+static void launch_kernel(int blocks, cudaStream_t st, float *p, const void *g, const float *inv, int n_inv, void *m,
+                          void *v, float *hp, const int *ss, const int *sd, int n_seg, int64_t n, bool vec, const int *sk,
                           __nv_bfloat16 *lo, unsigned int *done)
 {
-    optim_kernel<OP, S, SCALED, G><<<blocks, OPT_THREADS, 0, st>>>(p, (const G *)g, inv, (S *)m, (S *)v, hp, ss, sd,
-                                                                   n_seg, n, vec, sk, lo, done);
+    optim_kernel<OP, S, SCALED, G><<<blocks, OPT_THREADS, 0, st>>>(p, (const G *)g, inv, n_inv, (S *)m, (S *)v, hp,
+                                                                   ss, sd, n_seg, n, vec, sk, lo, done);
 }
 
-/* The state dtype's kernel for the gradients: f32 as stored, or scaled (inv) bf16 or f32. */
+/* The state dtype's kernel for the gradients: f32 as stored, or scaled (inv: 1 or 2 factors)
+ * bf16 or f32. */
 template <int OP, typename S>
-static void launch_state(const sg_tensor *grad, const float *inv, int blocks, cudaStream_t st, float *p, void *m,
+static void launch_state(const sg_tensor *grad, const sg_tensor *inv, int blocks, cudaStream_t st, float *p, void *m,
                          void *v, float *hp, const int *ss, const int *sd, int n_seg, int64_t n, bool vec,
                          const int *sk, __nv_bfloat16 *lo, unsigned int *done)
 {
+    const float *ip = inv ? (const float *)inv->data : nullptr;
+    const int ni = inv ? (int)inv->numel : 0;
     if (!inv)
-        launch_kernel<OP, S, false, float>(blocks, st, p, grad->data, inv, m, v, hp, ss, sd, n_seg, n, vec, sk, lo, done);
+        launch_kernel<OP, S, false, float>(blocks, st, p, grad->data, ip, ni, m, v, hp, ss, sd, n_seg, n, vec, sk, lo,
+                                           done);
     else if (grad->dtype == SG_DTYPE_BF16)
-        launch_kernel<OP, S, true, __nv_bfloat16>(blocks, st, p, grad->data, inv, m, v, hp, ss, sd, n_seg, n, vec, sk,
-                                                  lo, done);
+        launch_kernel<OP, S, true, __nv_bfloat16>(blocks, st, p, grad->data, ip, ni, m, v, hp, ss, sd, n_seg, n, vec,
+                                                  sk, lo, done);
     else
-        launch_kernel<OP, S, true, float>(blocks, st, p, grad->data, inv, m, v, hp, ss, sd, n_seg, n, vec, sk, lo, done);
+        launch_kernel<OP, S, true, float>(blocks, st, p, grad->data, ip, ni, m, v, hp, ss, sd, n_seg, n, vec, sk, lo,
+                                          done);
 }
 
 template <int OP>
@@ -293,16 +306,15 @@ static sg_status launch(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, co
                (!v || state_aligned(v->data)) && (!param_lo || aligned8(param_lo->data));
     cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
     float *pp = (float *)param->data, *hpp = (float *)hp->data;
-    const float *ip = inv ? (const float *)inv->data : nullptr;
     const int *ss = (const int *)seg_start->data, *sd = (const int *)seg_decay->data;
     const int *sk = skip ? (const int *)skip->data : nullptr;
     __nv_bfloat16 *lo = param_lo ? (__nv_bfloat16 *)param_lo->data : nullptr;
     void *vp = v ? v->data : nullptr;
     if (lo_state)
-        launch_state<OP, __nv_bfloat16>(grad, ip, blocks, st, pp, m->data, vp, hpp, ss, sd, n_seg, n, vec, sk, lo,
+        launch_state<OP, __nv_bfloat16>(grad, inv, blocks, st, pp, m->data, vp, hpp, ss, sd, n_seg, n, vec, sk, lo,
                                         (unsigned int *)done);
     else
-        launch_state<OP, float>(grad, ip, blocks, st, pp, m->data, vp, hpp, ss, sd, n_seg, n, vec, sk, lo,
+        launch_state<OP, float>(grad, inv, blocks, st, pp, m->data, vp, hpp, ss, sd, n_seg, n, vec, sk, lo,
                                 (unsigned int *)done);
     SG_CUDA_CHECK_LAUNCH(ctx, "optim_kernel");
     sg_ctx_count_launches(ctx, 1);

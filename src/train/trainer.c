@@ -87,9 +87,12 @@ struct sg_trainer {
      * context's capture makes conditional nodes) */
     bool use_loop, use_skip_if, use_switch;
     bool fold_unscale;           /* sg_optim_check + sg_optim_update_amp (sg_trainer_create) */
-    sg_tensor *clip_factor;      /* (1) F32, with clipping: sg_clip_factor's, which the optimizer
-                                  * multiplies the gradients by as it reads them (NULL with
-                                  * STEPGRAPH_CLIP=separate: sg_clip_grad_norm scales them) */
+    sg_tensor *clip_factor;      /* (1) F32, with clipping of f32 gradients: sg_clip_factor's,
+                                  * which the optimizer multiplies the gradients by as it reads
+                                  * them (NULL with STEPGRAPH_CLIP=separate: sg_clip_grad_norm
+                                  * scales them, and with fold_unscale: the optimizer's slot) */
+    sg_tensor *clip_sums;        /* (2) I32, clipping with fold_unscale, not sharded: the sum of
+                                  * squares of the unscaled gradients (sg_clip_sumsq_amp) */
     bool in_step_graph;          /* the step graph is being captured (the forms apply) */
     char cond_note[512];
     sg_tensor *micro_left;       /* (1) I32: loop turns left, micro-batches */
@@ -459,32 +462,42 @@ static sg_status run_micro(sg_trainer *t, int j)
     return micro_end(t, j);
 }
 
-/* The update: reading the f32 gradients, or unscaling the bf16 ones as it reads them. */
+/* The update: reading the f32 gradients (times the clipping factor), or unscaling the bf16
+ * ones as it reads them (and then clipping them). */
 static sg_status optim_update(sg_trainer *t)
 {
-    return t->fold_unscale ? sg_optim_update_amp(t->o)
-           : t->clip_factor ? sg_optim_update_by(t->o, t->clip_factor) : sg_optim_update(t->o);
+    if (t->fold_unscale) return t->opts.clip > 0 ? sg_optim_update_amp_clipped(t->o) : sg_optim_update_amp(t->o);
+    return t->clip_factor ? sg_optim_update_by(t->o, t->clip_factor) : sg_optim_update(t->o);
 }
 
 static sg_status update_body(void *u) { return optim_update(u); }
 
 /* Clipping: the norm of the step's f32 gradients, and the factor the optimizer multiplies them
  * by as it reads them (clip_factor), or, with STEPGRAPH_CLIP=separate, a pass scaling them (bit
- * for bit the same update). Sharded, each rank's f64 sum of squares of its shares (the tail
- * once) is gathered from every rank and the sums added in rank order: the same norm as an
- * unsharded run's up to the order of its f64 sum (within an f32 ulp), the same bits on every
- * rank. */
+ * for bit the same update). With fold_unscale the norm is of the bf16 gradients times 1 / scale
+ * (sg_clip_sumsq_amp: the f32 ones the unscale pass would write, bit for bit), the factor
+ * written into the optimizer's slot beside 1 / scale. Sharded, each rank's f64 sum of squares
+ * of its shares (the tail once) is gathered from every rank and the sums added in rank order:
+ * the same norm as an unsharded run's up to the order of its f64 sum (within an f32 ulp), the
+ * same bits on every rank. */
 static sg_status clip(sg_trainer *t)
 {
     sg_model *m = t->m;
     const float c = t->opts.clip;
+    sg_tensor *inv = NULL, *factor = t->clip_factor;
+    if (t->fold_unscale) sg_optim_amp_slots(t->o, &inv, &factor);
+    if (!t->shard && t->fold_unscale) {
+        SG_TRY(sg_clip_sumsq_amp(t->ctx, sg_model_grads_lo(m), inv, t->clip_sums, 0));
+        return sg_clip_factor_sums(t->ctx, c, t->clip_sums, m->gnorm, m->nonfinite, factor);
+    }
     if (!t->shard)
-        return t->clip_factor ? sg_clip_factor(t->ctx, sg_model_grads(m), c, m->gnorm, m->nonfinite, t->clip_factor)
-                              : sg_clip_grad_norm(t->ctx, sg_model_grads(m), c, m->gnorm, m->nonfinite);
-    SG_TRY(sg_clip_sumsq(t->ctx, t->sh_norm_part, t->sh_sumsq, 0));
+        return factor ? sg_clip_factor(t->ctx, sg_model_grads(m), c, m->gnorm, m->nonfinite, factor)
+                      : sg_clip_grad_norm(t->ctx, sg_model_grads(m), c, m->gnorm, m->nonfinite);
+    SG_TRY(t->fold_unscale ? sg_clip_sumsq_amp(t->ctx, t->sh_norm_part, inv, t->sh_sumsq, 0)
+                           : sg_clip_sumsq(t->ctx, t->sh_norm_part, t->sh_sumsq, 0));
     SG_TRY(sg_dist_gather_bits(t->dist, t->sh_sumsq, t->sh_sums));
-    return t->clip_factor ? sg_clip_factor_sums(t->ctx, c, t->sh_sums, m->gnorm, m->nonfinite, t->clip_factor)
-                          : sg_clip_apply(t->ctx, t->sps.grad_flat, c, t->sh_sums, m->gnorm, m->nonfinite);
+    return factor ? sg_clip_factor_sums(t->ctx, c, t->sh_sums, m->gnorm, m->nonfinite, factor)
+                  : sg_clip_apply(t->ctx, t->sps.grad_flat, c, t->sh_sums, m->gnorm, m->nonfinite);
 }
 
 /* Unscaling (mixed precision: the bf16 gradients, or with accum > 1 their f32 sum, divided by
@@ -721,10 +734,11 @@ static sg_status make_shards(sg_trainer *t)
      * them, about even with gathering after the update; bench/RESULTS.md, sessions 31, 32). */
     const char *g = getenv("STEPGRAPH_SHARD_GATHER");
     t->ahead = t->n_win > 0 || (g && !strcmp(g, "ahead"));
-    if (t->opts.clip > 0) { /* fold_unscale is off with clipping: grad_flat holds the f32 gradients */
+    if (t->opts.clip > 0) { /* the f32 gradients, or with fold_unscale the bf16 ones the update reads */
         int64_t part = sg_dist_rank(t->dist) == 0 ? S : L.tail_off, two = 2;
         int64_t all = 2 * (int64_t)sg_dist_world(t->dist);
-        SG_TRY(sg_tensor_view(t->sps.grad_flat, 0, 1, &part, "shard.grads.norm_part", &t->sh_norm_part));
+        SG_TRY(sg_tensor_view(t->fold_unscale ? t->sh_grad_lo : t->sps.grad_flat, 0, 1, &part,
+                              "shard.grads.norm_part", &t->sh_norm_part));
         SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, &two, "shard.grads.sumsq", &t->sh_sumsq));
         SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, &all, "shard.grads.sums", &t->sh_sums));
     }
@@ -894,18 +908,18 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     if (!t) return sg_fail(m->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
     t->ctx = m->ctx, t->m = m, t->o = o, t->opts = op;
     t->grad_scale = 1.0f / (float)op.accum;
-    /* Mixed precision with nothing between the unscale and the update (one micro-batch, no
-     * clipping): the optimizer unscales the bf16 gradients as it reads them, after a check
-     * pass, instead of a pass writing the f32 ones (bit for bit the same step; the f32
-     * gradients are then not written, sg_model_grads says so). STEPGRAPH_UNSCALE=separate
-     * keeps the separate pass, to measure the difference. */
-    const char *us = getenv("STEPGRAPH_UNSCALE");
-    t->fold_unscale = sg_model_grads_lo(m) && op.accum == 1 && !(op.clip > 0) && !(us && !strcmp(us, "separate"));
-    /* Clipping likewise: the norm measured, and the optimizer multiplying the gradients by the
-     * factor as it reads them (sg_clip_factor, sg_optim_update_by) instead of a pass scaling
-     * them first; bit for bit the same update, the f32 gradients left unclipped.
-     * STEPGRAPH_CLIP=separate keeps the pass. */
-    const char *cs = getenv("STEPGRAPH_CLIP");
+    /* Clipping: the norm measured, and the optimizer multiplying the gradients by the factor
+     * as it reads them (sg_clip_factor, sg_optim_update_by) instead of a pass scaling them
+     * first; bit for bit the same update, the f32 gradients left unclipped.
+     * STEPGRAPH_CLIP=separate keeps the pass. Mixed precision with one micro-batch (no sums
+     * between the backward and the update): the optimizer unscales the bf16 gradients as it
+     * reads them too, after a check pass, instead of a pass writing the f32 ones (bit for bit
+     * the same step; the f32 gradients are then not written, sg_model_grads says so), and
+     * clipping measures the norm of the bf16 ones times 1 / scale (sg_clip_sumsq_amp).
+     * STEPGRAPH_UNSCALE=separate keeps the separate unscale pass, to measure the difference. */
+    const char *us = getenv("STEPGRAPH_UNSCALE"), *cs = getenv("STEPGRAPH_CLIP");
+    const bool clip_separate = op.clip > 0 && cs && !strcmp(cs, "separate");
+    t->fold_unscale = sg_model_grads_lo(m) && op.accum == 1 && !clip_separate && !(us && !strcmp(us, "separate"));
     snprintf(t->modules, sizeof t->modules, "%s", op.graph_modules ? op.graph_modules : "");
     t->opts.graph_modules = t->modules;
     sg_status st = SG_OK;
@@ -927,8 +941,10 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     else if (op.n_buckets || op.n_seq_buckets)
         st = set_buckets(t, &op);
     if (st == SG_OK && op.scope != SG_SCOPE_EAGER) st = sg_model_use_static_inputs(m);
-    if (st == SG_OK && op.clip > 0 && !(cs && !strcmp(cs, "separate")))
+    if (st == SG_OK && op.clip > 0 && !clip_separate && !t->fold_unscale)
         st = sg_tensor_create(m->ctx, SG_DTYPE_F32, 1, (int64_t[]){1}, "trainer.clip_factor", &t->clip_factor);
+    if (st == SG_OK && op.clip > 0 && t->fold_unscale) /* sharded runs keep their own (make_shards) */
+        st = sg_tensor_create(m->ctx, SG_DTYPE_I32, 1, (int64_t[]){2}, "trainer.clip_sums", &t->clip_sums);
     if (st == SG_OK && op.accum > 1) st = make_sums(t);
     if (st == SG_OK && op.scope == SG_SCOPE_LAYER) st = wrap_modules(t);
     if (st == SG_OK && op.dist) st = attach_dist(t);
@@ -969,6 +985,7 @@ void sg_trainer_destroy(sg_trainer *t)
     sg_tensor_destroy(t->bucket);
     sg_tensor_destroy(t->vary_step);
     sg_tensor_destroy(t->clip_factor);
+    sg_tensor_destroy(t->clip_sums);
     free(t);
 }
 
