@@ -349,12 +349,15 @@ static sg_status launch_bias_act(sg_ctx *ctx, sg_dtype dt, sg_activation act, vo
  * chunks; a block sums its chunk per column (each lane its rows in order, then the 8 lanes in
  * order). With one chunk the block writes db; with several, each block writes its partial and
  * the last block of a column tile (a counter per tile, reset to 0 by that block) adds the
- * partials in chunk order. Same order every run: deterministic. Sums and partials are f32 for
+ * partials in chunk order. Same order every run: deterministic. Loads go ahead of the adds in
+ * batches (DB_UNROLL rows, DB_UNROLL_RED partials), the adds in the same order. Sums and partials are f32 for
  * both storage types; db is rounded once to T at the end. */
 
 #define DB_COLS 32
 #define DB_ROWS 8
 #define DB_VEC_MAX 8 /* columns a thread takes at most (bf16) */
+#define DB_UNROLL 4      /* rows a lane loads before it adds them */
+#define DB_UNROLL_RED 16 /* partials the last block loads before it adds them */
 
 template <int ACT> __device__ __forceinline__ float act_grad(float g, float a)
 {
@@ -386,8 +389,33 @@ dact_bias_kernel(T *g, const T *act_in, T *__restrict__ db, float *__restrict__ 
     float s[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; j++) s[j] = 0.f;
-    if (col0 < n)
-        for (int64_t r = r0 + ty; r < r1; r += DB_ROWS) {
+    if (col0 < n) {
+        /* DB_UNROLL rows loaded before any is used, so their loads are in flight together (one
+         * at a time, each waited for by the adds, left the kernel latency-bound: 5.5 us for
+         * 2048 x 768 bf16, 3 MB); then added in row order, as one row at a time would. */
+        int64_t r = r0 + ty;
+        for (; r + (DB_UNROLL - 1) * DB_ROWS < r1; r += DB_UNROLL * DB_ROWS) {
+            vec_t<T, VEC> v[DB_UNROLL];
+#pragma unroll
+            for (int u = 0; u < DB_UNROLL; u++) v[u] = ldv<T, VEC>(g + (r + u * DB_ROWS) * n + col0, 0);
+            if (ACT != SG_ACT_NONE) {
+                vec_t<T, VEC> a[DB_UNROLL];
+#pragma unroll
+                for (int u = 0; u < DB_UNROLL; u++) a[u] = ldv<T, VEC>(act_in + (r + u * DB_ROWS) * n + col0, 0);
+#pragma unroll
+                for (int u = 0; u < DB_UNROLL; u++) {
+#pragma unroll
+                    for (int j = 0; j < VEC; j++)
+                        v[u].e[j] = from_f<T>(act_grad<ACT>(to_f(v[u].e[j]), to_f(a[u].e[j])));
+                    stv<T, VEC>(g + (r + u * DB_ROWS) * n + col0, 0, v[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < DB_UNROLL; u++)
+#pragma unroll
+                for (int j = 0; j < VEC; j++) s[j] += to_f(v[u].e[j]);
+        }
+        for (; r < r1; r += DB_ROWS) {
             const int64_t i = r * n + col0;
             vec_t<T, VEC> v = ldv<T, VEC>(g + i, 0);
             if (ACT != SG_ACT_NONE) {
@@ -399,6 +427,7 @@ dact_bias_kernel(T *g, const T *act_in, T *__restrict__ db, float *__restrict__ 
 #pragma unroll
             for (int j = 0; j < VEC; j++) s[j] += to_f(v.e[j]);
         }
+    }
     if (!db) return; /* the same for the whole grid */
 
 #pragma unroll
@@ -422,9 +451,17 @@ dact_bias_kernel(T *g, const T *act_in, T *__restrict__ db, float *__restrict__ 
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (mine) {
+    if (mine) { /* the partials in chunk order, DB_UNROLL_RED loads in flight at a time */
         float t = 0.f;
-        for (unsigned j = 0; j < gridDim.y; j++) t += __ldcg(&partials[(int64_t)j * n + col]);
+        unsigned j = 0;
+        for (; j + DB_UNROLL_RED <= gridDim.y; j += DB_UNROLL_RED) {
+            float p[DB_UNROLL_RED];
+#pragma unroll
+            for (int u = 0; u < DB_UNROLL_RED; u++) p[u] = __ldcg(&partials[(int64_t)(j + u) * n + col]);
+#pragma unroll
+            for (int u = 0; u < DB_UNROLL_RED; u++) t += p[u];
+        }
+        for (; j < gridDim.y; j++) t += __ldcg(&partials[(int64_t)j * n + col]);
         db[col] = from_f<T>(t);
     }
     if (tx == 0 && ty == 0) counters[blockIdx.x] = 0; /* ready for the next launch */
