@@ -360,7 +360,7 @@ static void mixed_case(sg_ctx *ctx, int op, sg_dtype dt, int64_t P, int n_seg, d
  * writes the factor beside inv (sg_clip_factor_sums into the second element of a 2-element
  * inv) and steps with both; the norms and flags bit for bit as well, four launches. The
  * unscaled gradients are U(-1, 1) times 3000 / scale, of norm about sqrt(P / 3) 3000 / scale
- * (within 10% for P >= 77); max_norm is a fifth of that at the largest scale the case reaches
+ * (a spread of about 5% at P = 77); max_norm is a fifth of that at the largest scale reached
  * (6001), a tenth at 3000.5, so every finite step clips (checked: factor < 1). */
 static void amp_case_clip(sg_ctx *ctx, int op, sg_dtype state, int64_t P, int n_seg, double momentum, int misaligned,
                           bool clip)
