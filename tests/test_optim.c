@@ -362,13 +362,13 @@ static void mixed_case(sg_ctx *ctx, int op, sg_dtype dt, int64_t P, int n_seg, d
  * unscaled gradients are U(-1, 1) times 3000 / scale, of norm about sqrt(P / 3) 3000 / scale
  * (a spread of about 5% at P = 77); max_norm is a fifth of that at the largest scale reached
  * (6001), a tenth at 3000.5, so every finite step clips (checked: factor < 1). */
-static void amp_case_clip(sg_ctx *ctx, int op, sg_dtype state, int64_t P, int n_seg, double momentum, int misaligned,
-                          bool clip)
+static void amp_case_clip(sg_ctx *ctx, int op, sg_dtype state, sg_dtype gdt, int64_t P, int n_seg, double momentum,
+                          int misaligned, bool clip)
 {
     const int gpu = ctx->backend == SG_BACKEND_CUDA;
     char what[200];
-    int k = snprintf(what, sizeof what, "%s %s amp %s state P=%lld%s%s", gpu ? "gpu" : "cpu",
-                     op == OPT_ADAMW ? "adamw" : "sgd", sg_dtype_name(state), (long long)P,
+    int k = snprintf(what, sizeof what, "%s %s amp %s grad_lo %s state P=%lld%s%s", gpu ? "gpu" : "cpu",
+                     op == OPT_ADAMW ? "adamw" : "sgd", sg_dtype_name(gdt), sg_dtype_name(state), (long long)P,
                      misaligned ? " grad_lo misaligned" : "", clip ? " clipped" : "");
     const float max_norm = (float)(0.2 * sqrt((double)P / 3) * 3000 / 6001);
     int32_t *start = malloc((size_t)(n_seg + 1) * sizeof *start), *decay = malloc((size_t)n_seg * sizeof *decay);
@@ -390,7 +390,7 @@ static void amp_case_clip(sg_ctx *ctx, int op, sg_dtype state, int64_t P, int n_
     hp_values(op, momentum, hv);
     A.hp = tu_tensor1(ctx, SG_DTYPE_F32, 8, "hp"), B.hp = tu_tensor1(ctx, SG_DTYPE_F32, 8, "hp");
     tu_set(A.hp, hv), tu_set(B.hp, hv);
-    sg_tensor *glo_base = NULL, *glo = layout_tensor(ctx, SG_DTYPE_BF16, P, misaligned, "grad_lo", &glo_base);
+    sg_tensor *glo_base = NULL, *glo = layout_tensor(ctx, gdt, P, misaligned, "grad_lo", &glo_base);
     sg_tensor *sa = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler_a");
     sg_tensor *sb = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler_b");
     sg_tensor *fa = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found_a"), *fb = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found_b");
@@ -475,7 +475,7 @@ static void amp_case_clip(sg_ctx *ctx, int op, sg_dtype state, int64_t P, int n_
 
 static void amp_case(sg_ctx *ctx, int op, sg_dtype state, int64_t P, int n_seg, double momentum, int misaligned)
 {
-    amp_case_clip(ctx, op, state, P, n_seg, momentum, misaligned, false);
+    amp_case_clip(ctx, op, state, SG_DTYPE_BF16, P, n_seg, momentum, misaligned, false);
 }
 
 /* sg_adamw_step_amp's own refusals: grad_lo's dtype and element count, inv's (1 or 2). */
@@ -935,8 +935,9 @@ static void cpu_tests(void)
     amp_case(ctx, OPT_ADAMW, SG_DTYPE_F32, 1000, 37, 0, 0);
     amp_case(ctx, OPT_ADAMW, SG_DTYPE_BF16, 513, 5, 0, 1);
     amp_case(ctx, OPT_SGD, SG_DTYPE_F32, 77, 3, 0.9, 0);
-    amp_case_clip(ctx, OPT_ADAMW, SG_DTYPE_F32, 1000, 37, 0, 0, true);
-    amp_case_clip(ctx, OPT_SGD, SG_DTYPE_BF16, 77, 3, 0.9, 1, true);
+    amp_case_clip(ctx, OPT_ADAMW, SG_DTYPE_F32, SG_DTYPE_BF16, 1000, 37, 0, 0, true);
+    amp_case_clip(ctx, OPT_SGD, SG_DTYPE_BF16, SG_DTYPE_BF16, 77, 3, 0.9, 1, true);
+    amp_case_clip(ctx, OPT_ADAMW, SG_DTYPE_F32, SG_DTYPE_F32, 513, 5, 0, 1, true); /* f32 scaled gradients */
     amp_errors(ctx);
     sg_ctx_destroy(ctx);
     cpu_errors();
@@ -1111,9 +1112,11 @@ static void gpu_tests(void)
     amp_case(gpu, OPT_SGD, SG_DTYPE_BF16, (1 << 20) + 3, 9, 0.9, 0);
     amp_case(gpu, OPT_ADAMW, SG_DTYPE_F32, (1 << 22) + 5, 17, 0, 0);
     /* and clipping folded with it: the float4 paths, the scalar ones, a grid of many blocks */
-    amp_case_clip(gpu, OPT_ADAMW, SG_DTYPE_F32, 1000, 37, 0, 0, true);
-    amp_case_clip(gpu, OPT_SGD, SG_DTYPE_BF16, 1001, 7, 0.9, 1, true);
-    amp_case_clip(gpu, OPT_ADAMW, SG_DTYPE_BF16, (1 << 22) + 5, 17, 0, 0, true);
+    amp_case_clip(gpu, OPT_ADAMW, SG_DTYPE_F32, SG_DTYPE_BF16, 1000, 37, 0, 0, true);
+    amp_case_clip(gpu, OPT_SGD, SG_DTYPE_BF16, SG_DTYPE_BF16, 1001, 7, 0.9, 1, true);
+    amp_case_clip(gpu, OPT_ADAMW, SG_DTYPE_BF16, SG_DTYPE_BF16, (1 << 22) + 5, 17, 0, 0, true);
+    amp_case_clip(gpu, OPT_ADAMW, SG_DTYPE_F32, SG_DTYPE_F32, 4099, 9, 0, 0, true); /* f32 scaled gradients */
+    amp_case_clip(gpu, OPT_SGD, SG_DTYPE_F32, SG_DTYPE_F32, 1001, 7, 0.9, 1, true);
     amp_errors(gpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
