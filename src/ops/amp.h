@@ -36,6 +36,12 @@ enum {
  * on both backends, F64 too on the CPU (the reference's dtypes); fails naming fn otherwise. */
 sg_status sg_amp_check_grad_lo(const sg_ctx *ctx, const char *fn, const sg_tensor *grad_lo);
 
+/* The references' unscaled gradient: g times inv (1 / scale, an f32), rounded once to f32, the
+ * value sg_amp_unscale writes (a product of two floats is exact in double, so for bf16 and f32
+ * g this is the kernel's f32 product); the optimizer and clipping references that unscale as
+ * they read compute it here too. */
+static inline float sg_amp_unscaled(double g, double inv) { return (float)(g * inv); }
+
 /* The reference: grad_lo (P) f32, bf16 or f64, grad (P) F32 (may be grad_lo itself when both
  * are f32) or NULL, scaler (SG_SCALER_COUNT) F32, found (1) I32, inv_out (1) F32 or NULL,
  * already validated. inv = 1 / scale in f32 (as the kernel); each unscaled value is

@@ -14,7 +14,7 @@ void sg_amp_unscale_cpu(const sg_tensor *grad_lo, sg_tensor *grad, sg_tensor *sc
     const double inv = (double)(1.0f / (float)sg_ld(scaler, SG_SCALER_SCALE));
     int bad = 0;
     for (int64_t i = 0; i < grad_lo->numel; i++) {
-        float g = (float)(sg_ld(grad_lo, i) * inv); /* grad may be grad_lo: read, then write */
+        float g = sg_amp_unscaled(sg_ld(grad_lo, i), inv); /* grad may be grad_lo: read, then write */
         bad |= !isfinite(g);
         if (grad) sg_st(grad, i, g);
     }

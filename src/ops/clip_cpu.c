@@ -2,6 +2,7 @@
  * error_if_nonfinite=False, but leaving g alone when it holds an inf or a NaN), in double for
  * every dtype. The oracle the CUDA kernels are tested against. */
 #include "ops/clip.h"
+#include "ops/amp.h"
 
 #include <math.h>
 #include <string.h>
@@ -85,7 +86,7 @@ void sg_clip_sumsq_cpu(const sg_tensor *grad, const sg_tensor *inv, sg_tensor *s
     const double f = inv ? sg_ld(inv, 0) : 1.0;
     double s = 0; /* f32 squares: no overflow, so inf or NaN exactly when an element is */
     for (int64_t i = 0; i < grad->numel; i++) {
-        double v = inv ? (double)(float)(sg_ld(grad, i) * f) : sg_ld(grad, i);
+        double v = inv ? sg_amp_unscaled(sg_ld(grad, i), f) : sg_ld(grad, i);
         s += v * v;
     }
     memcpy((char *)sums->data + 8 * (int64_t)part, &s, sizeof s);

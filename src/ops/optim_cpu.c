@@ -2,6 +2,7 @@
  * computed in double for every dtype with PyTorch's formulas (torch.optim.AdamW, SGD), with
  * mixed precision's skip flag and bf16 compute copy. The oracle the CUDA kernel is tested
  * against. */
+#include "ops/amp.h"
 #include "ops/optim.h"
 
 #include <math.h>
@@ -26,8 +27,8 @@ static bool skipped(const sg_tensor *skip) { return skip && sg_ld(skip, 0) != 0;
 static double grad_at(const sg_tensor *grad, const sg_tensor *inv, int64_t i)
 {
     if (!inv) return sg_ld(grad, i);
-    double g = (double)(float)(sg_ld(grad, i) * sg_ld(inv, 0));
-    return inv->numel > 1 ? (double)(float)(g * sg_ld(inv, 1)) : g;
+    double g = sg_amp_unscaled(sg_ld(grad, i), sg_ld(inv, 0));
+    return inv->numel > 1 ? sg_amp_unscaled(g, sg_ld(inv, 1)) : g;
 }
 
 /* param_lo[i] = bf16 of param[i] as stored, rounded to nearest even as __float2bfloat16_rn

@@ -67,9 +67,9 @@ struct sg_trainer {
     sg_param_set sps;
     sg_tensor *sh_grad_lo, *sh_param_lo;
     /* Sharded with clipping: the compact gradients this rank counts in the norm (all but the
-     * tail on ranks other than 0: every rank holds the tail), their f64 sum of squares (I32 2:
-     * raw bytes, sg_clip_sumsq) and every rank's, gathered (I32 2 x world). */
-    sg_tensor *sh_norm_part, *sh_sumsq, *sh_sums;
+     * tail on ranks other than 0: every rank holds the tail), and every rank's f64 sum of
+     * squares of them (clip_sums), gathered (I32 2 x world). */
+    sg_tensor *sh_norm_part, *sh_sums;
     /* Experimental (STEPGRAPH_NCCL_CE=1 with NCCL, mixed precision): the model's bf16 weights and
      * the shares' bf16 copies moved into NCCL windows (their views with them) for the sharded
      * run's life, so its gathers run on the copy engines; moved back before the trainer goes. */
@@ -91,8 +91,9 @@ struct sg_trainer {
                                   * which the optimizer multiplies the gradients by as it reads
                                   * them (NULL with STEPGRAPH_CLIP=separate: sg_clip_grad_norm
                                   * scales them, and with fold_unscale: the optimizer's slot) */
-    sg_tensor *clip_sums;        /* (2) I32, clipping with fold_unscale, not sharded: the sum of
-                                  * squares of the unscaled gradients (sg_clip_sumsq_amp) */
+    sg_tensor *clip_sums;        /* (2) I32, with clipping: the f64 sum of squares as raw bytes
+                                  * (sg_clip_sumsq, sg_clip_sumsq_amp) where it is measured apart
+                                  * from the factor: sharded (this rank's), or with fold_unscale */
     bool in_step_graph;          /* the step graph is being captured (the forms apply) */
     char cond_note[512];
     sg_tensor *micro_left;       /* (1) I32: loop turns left, micro-batches */
@@ -486,18 +487,21 @@ static sg_status clip(sg_trainer *t)
     const float c = t->opts.clip;
     sg_tensor *inv = NULL, *factor = t->clip_factor;
     if (t->fold_unscale) sg_optim_amp_slots(t->o, &inv, &factor);
-    if (!t->shard && t->fold_unscale) {
-        SG_TRY(sg_clip_sumsq_amp(t->ctx, sg_model_grads_lo(m), inv, t->clip_sums, 0));
-        return sg_clip_factor_sums(t->ctx, c, t->clip_sums, m->gnorm, m->nonfinite, factor);
-    }
-    if (!t->shard)
+    if (!t->shard && !t->fold_unscale) /* one launch: the f32 gradients measured whole */
         return factor ? sg_clip_factor(t->ctx, sg_model_grads(m), c, m->gnorm, m->nonfinite, factor)
                       : sg_clip_grad_norm(t->ctx, sg_model_grads(m), c, m->gnorm, m->nonfinite);
-    SG_TRY(t->fold_unscale ? sg_clip_sumsq_amp(t->ctx, t->sh_norm_part, inv, t->sh_sumsq, 0)
-                           : sg_clip_sumsq(t->ctx, t->sh_norm_part, t->sh_sumsq, 0));
-    SG_TRY(sg_dist_gather_bits(t->dist, t->sh_sumsq, t->sh_sums));
-    return factor ? sg_clip_factor_sums(t->ctx, c, t->sh_sums, m->gnorm, m->nonfinite, factor)
-                  : sg_clip_apply(t->ctx, t->sps.grad_flat, c, t->sh_sums, m->gnorm, m->nonfinite);
+    /* The split form: the sum of squares (of this rank's shares when sharded), then the factor
+     * from the sums (every rank's, gathered), or the shares scaled by it. */
+    const sg_tensor *g = t->shard ? t->sh_norm_part : sg_model_grads_lo(m);
+    SG_TRY(t->fold_unscale ? sg_clip_sumsq_amp(t->ctx, g, inv, t->clip_sums, 0)
+                           : sg_clip_sumsq(t->ctx, g, t->clip_sums, 0));
+    const sg_tensor *sums = t->clip_sums;
+    if (t->shard) {
+        SG_TRY(sg_dist_gather_bits(t->dist, t->clip_sums, t->sh_sums));
+        sums = t->sh_sums;
+    }
+    return factor ? sg_clip_factor_sums(t->ctx, c, sums, m->gnorm, m->nonfinite, factor)
+                  : sg_clip_apply(t->ctx, t->sps.grad_flat, c, sums, m->gnorm, m->nonfinite);
 }
 
 /* Unscaling (mixed precision: the bf16 gradients, or with accum > 1 their f32 sum, divided by
@@ -735,11 +739,10 @@ static sg_status make_shards(sg_trainer *t)
     const char *g = getenv("STEPGRAPH_SHARD_GATHER");
     t->ahead = t->n_win > 0 || (g && !strcmp(g, "ahead"));
     if (t->opts.clip > 0) { /* the f32 gradients, or with fold_unscale the bf16 ones the update reads */
-        int64_t part = sg_dist_rank(t->dist) == 0 ? S : L.tail_off, two = 2;
+        int64_t part = sg_dist_rank(t->dist) == 0 ? S : L.tail_off;
         int64_t all = 2 * (int64_t)sg_dist_world(t->dist);
         SG_TRY(sg_tensor_view(t->fold_unscale ? t->sh_grad_lo : t->sps.grad_flat, 0, 1, &part,
                               "shard.grads.norm_part", &t->sh_norm_part));
-        SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, &two, "shard.grads.sumsq", &t->sh_sumsq));
         SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, &all, "shard.grads.sums", &t->sh_sums));
     }
     SG_TRY(sg_dist_set_shard_out(t->dist, t->sh_grad_lo ? t->sh_grad_lo : t->sps.grad_flat));
@@ -757,7 +760,7 @@ static void free_shards(sg_trainer *t)
 {
     from_windows(t);
     if (t->optim_moved) sg_optim_use_params(t->o, NULL); /* the optimizer's parameters are freed next */
-    sg_tensor *ts[] = {t->sh_norm_part, t->sh_sumsq, t->sh_sums, t->sps.flat, t->sps.grad_flat, t->sps.seg_start,
+    sg_tensor *ts[] = {t->sh_norm_part, t->sh_sums, t->sps.flat, t->sps.grad_flat, t->sps.seg_start,
                        t->sps.seg_decay, t->sh_grad_lo, t->sh_param_lo};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) sg_tensor_destroy(ts[i]);
     memset(&t->sps, 0, sizeof t->sps);
@@ -943,7 +946,7 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     if (st == SG_OK && op.scope != SG_SCOPE_EAGER) st = sg_model_use_static_inputs(m);
     if (st == SG_OK && op.clip > 0 && !clip_separate && !t->fold_unscale)
         st = sg_tensor_create(m->ctx, SG_DTYPE_F32, 1, (int64_t[]){1}, "trainer.clip_factor", &t->clip_factor);
-    if (st == SG_OK && op.clip > 0 && t->fold_unscale) /* sharded runs keep their own (make_shards) */
+    if (st == SG_OK && op.clip > 0) /* 8 bytes: not worth waiting to know whether it is sharded */
         st = sg_tensor_create(m->ctx, SG_DTYPE_I32, 1, (int64_t[]){2}, "trainer.clip_sums", &t->clip_sums);
     if (st == SG_OK && op.accum > 1) st = make_sums(t);
     if (st == SG_OK && op.scope == SG_SCOPE_LAYER) st = wrap_modules(t);
