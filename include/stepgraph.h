@@ -301,6 +301,18 @@ sg_status sg_layernorm_backward_add(sg_ctx *ctx, const sg_tensor *x, const sg_te
                                     const sg_tensor *mean, const sg_tensor *rstd,
                                     const sg_tensor *dy, const sg_tensor *dres, sg_tensor *dx,
                                     sg_tensor *dgamma, sg_tensor *dbeta);
+/* sg_layernorm_backward_add (dres required) that also writes two column sums over the M rows,
+ * each in double and rounded once to the storage dtype: dres_sum (C), of dres, and dx_sum (C),
+ * of dx as stored. Either may be NULL; dx, dgamma and dbeta are bit for bit
+ * sg_layernorm_backward_add's. In a pre-LayerNorm block without dropout, x2 = x + P1(..) and
+ * y = x2 + P2(f(LN2(x2))), LN2's call (dy its output's gradient, dres = dL/dy) gives P2's bias
+ * gradient as dres_sum and P1's as dx_sum (dx = dL/dx2): both projections' backwards then run
+ * with db NULL, each one pass over an (M, C) gradient fewer (the GPT block does this). */
+sg_status sg_layernorm_backward_add_sums(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
+                                         const sg_tensor *mean, const sg_tensor *rstd,
+                                         const sg_tensor *dy, const sg_tensor *dres, sg_tensor *dx,
+                                         sg_tensor *dgamma, sg_tensor *dbeta, sg_tensor *dres_sum,
+                                         sg_tensor *dx_sum);
 
 /* Token + position embedding: y (B, T, C) = wte[tokens[b, t]] + wpe[t]; tokens (B, T) I32,
  * wte (V, C), wpe (Tmax >= T, C). A token outside 0..V-1 is an error on the CPU; on CUDA its

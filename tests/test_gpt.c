@@ -5,6 +5,7 @@
  * gpt-256-4-8-128 on the GPU against the CPU for 5 steps (loss and parameters within
  * tolerance), every scope bit-exact with eager on the GPU with dropout and clipping (fp32 and
  * bf16), bf16 against fp32, the forced overflow, and no allocation per step after set-up.
+ * `cpu` also: the projections' bias gradients summed by LN2's backward, bit for bit their own.
  * Both modes: variable sequence length (--vary-seq): a padded step matches an unpadded one,
  * step scope over three length buckets is bit-exact with eager, and argument errors. */
 #include "testutil.h"
@@ -235,11 +236,11 @@ static void rng_advances(sg_backend be, const char *name)
     sg_ctx_destroy(ctx);
 }
 
-static void gpu_vs_cpu(const char *name)
+static void gpu_vs_cpu(const char *name, float dropout)
 {
     sg_ctx *gc = tu_ctx(SG_BACKEND_CUDA), *cc = tu_ctx(SG_BACKEND_CPU);
     uint64_t seed = tu_next();
-    side g = make(gc, name, seed, 0.1f, SG_SCOPE_EAGER, 1.0f), c = make(cc, name, seed, 0.1f, SG_SCOPE_EAGER, 1.0f);
+    side g = make(gc, name, seed, dropout, SG_SCOPE_EAGER, 1.0f), c = make(cc, name, seed, dropout, SG_SCOPE_EAGER, 1.0f);
     double lg[5], lc[5];
     for (int i = 0; i < 5; i++) {
         float a, b;
@@ -251,7 +252,8 @@ static void gpu_vs_cpu(const char *name)
     }
     /* Same masks (Philox on both), same data; f32 sums in different orders. */
     tu_close("gpt loss per step, GPU vs CPU", lg, lc, 5, (tu_tol){1e-4, 1e-3});
-    printf("%s: loss step 1 %.5f / %.5f, step 5 %.5f / %.5f (GPU / CPU)\n", name, lg[0], lc[0], lg[4], lc[4]);
+    printf("%s dropout %g: loss step 1 %.5f / %.5f, step 5 %.5f / %.5f (GPU / CPU)\n", name, (double)dropout, lg[0],
+           lc[0], lg[4], lc[4]);
     /* Adam normalises updates: parameters agree to a few lr (see test_train.c). */
     double *pg = tu_get(sg_model_params(g.m)), *pc = tu_get(sg_model_params(c.m));
     int64_t n = sg_tensor_numel(sg_model_params(g.m)), bad = 0;
@@ -268,6 +270,54 @@ static void gpu_vs_cpu(const char *name)
              (unsigned long long)(a1.device_allocs - a0.device_allocs));
     drop(&g), drop(&c);
     sg_ctx_destroy(gc), sg_ctx_destroy(cc);
+}
+
+/* Without dropout LN2's backward sums the two projections' bias gradients
+ * (sg_layernorm_backward_add_sums), and the projections' own backwards skip them. On the CPU
+ * both ways sum the same values in double, in row order, and round once, so a model built under
+ * STEPGRAPH_BIAS_SUMS=separate (the projections sum their own) has the same bits: loss,
+ * parameters and every gradient (bf16: the bf16 gradients the backward writes), poisoned
+ * before each step so that both sides must write all of them, over 3 steps, fp32 and bf16,
+ * eager and step scope. What this checks is which sum lands on which bias, and that none is
+ * left out. (The CUDA kernel sums in double where the projections' kernel sums in f32:
+ * test_layernorm checks it against the host's sums.) */
+static void bias_sums(const char *name)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    const sg_dtype saved = precision;
+    const sg_dtype precs[2] = {SG_DTYPE_F32, SG_DTYPE_BF16};
+    const sg_scope scopes[2] = {SG_SCOPE_EAGER, SG_SCOPE_STEP};
+    for (int k = 0; k < 4; k++) {
+        precision = precs[k / 2];
+        const uint64_t seed = tu_next();
+        side a = make(ctx, name, seed, 0.f, scopes[k % 2], 0.f);
+        TU_CHECK(setenv("STEPGRAPH_BIAS_SUMS", "separate", 1) == 0, "setenv");
+        side b = make(ctx, name, seed, 0.f, scopes[k % 2], 0.f);
+        TU_CHECK(unsetenv("STEPGRAPH_BIAS_SUMS") == 0, "unsetenv");
+        char what[96];
+        snprintf(what, sizeof what, "%s %s scope, bias sums in LN2's backward", prec_name(),
+                 sg_scope_name(scopes[k % 2]));
+        sg_tensor *ga = precision == SG_DTYPE_BF16 ? sg_model_grads_lo(a.m) : sg_model_grads(a.m);
+        sg_tensor *gb = precision == SG_DTYPE_BF16 ? sg_model_grads_lo(b.m) : sg_model_grads(b.m);
+        bool ok = true;
+        for (int i = 0; i < 3 && ok; i++) {
+            tu_poison(ga), tu_poison(gb);
+            TU_OK(ctx, sg_trainer_step(a.t, i));
+            TU_OK(ctx, sg_trainer_step(b.t, i));
+            ok = tu_same_bits(sg_model_loss(b.m), sg_model_loss(a.m), what, i + 1) &&
+                 tu_same_bits(gb, ga, what, i + 1) &&
+                 tu_same_bits(sg_model_params(b.m), sg_model_params(a.m), what, i + 1);
+            double *v = tu_get(ga);
+            int64_t n = sg_tensor_numel(ga), unwritten = 0;
+            for (int64_t j = 0; j < n; j++) unwritten += isnan(v[j]);
+            TU_CHECK(unwritten == 0, "%s: %lld of %lld gradients not written in step %d", what,
+                     (long long)unwritten, (long long)n, i + 1);
+            free(v);
+        }
+        drop(&a), drop(&b);
+    }
+    precision = saved;
+    sg_ctx_destroy(ctx);
 }
 
 /* ---- variable sequence length (sg_trainer_step_seq, --vary-seq) ---- */
@@ -482,7 +532,9 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "gpu")) {
         sg_ctx_destroy(tu_ctx(SG_BACKEND_CUDA)); /* skips (77) without a GPU */
         const char *name = getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-256-4-8-128";
-        gpu_vs_cpu(getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64");
+        /* With dropout, and without (then LN2's backward sums the projections' biases). */
+        gpu_vs_cpu(getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", 0.1f);
+        gpu_vs_cpu(getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", 0.f);
         scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12);
         seq_padded_matches_unpadded(SG_BACKEND_CUDA, getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64");
         seq_vary_matches_eager(SG_BACKEND_CUDA, name);
@@ -507,6 +559,7 @@ int main(int argc, char **argv)
         seq_vary_matches_eager(SG_BACKEND_CPU, "gpt-64-2-2-16");
         seq_errors(SG_BACKEND_CPU);
         rng_advances(SG_BACKEND_CPU, "gpt-64-1-2-16");
+        bias_sums("gpt-64-2-2-16");
         bf16_tracks_fp32(SG_BACKEND_CPU, "gpt-64-1-2-16", 30);
         precision = SG_DTYPE_BF16;
         scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6);

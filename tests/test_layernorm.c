@@ -3,7 +3,9 @@
  * written here, float64 finite differences of dx, dgamma and dbeta (N-D x, C odd and even; the
  * fused ops through L = sum(r y) + sum(q s)), bf16 storage against f64 on the same bf16 values,
  * the fused ops in f32 and bf16 against float64 within the roundings they make and bit for bit
- * against the unfused pair (sg_add_forward with the plain op) in every dtype, argument errors
+ * against the unfused pair (sg_add_forward with the plain op) in every dtype, the column sums'
+ * form (sg_layernorm_backward_add_sums) bit for bit the plain fused backward with its sums
+ * against the host's, on both backends, argument errors
  * (mixed dtypes included; the context usable afterwards), and a captured plan that replays
  * them. `gpu`: the CUDA kernels, f32 and bf16, against the CPU reference in the same dtype on
  * fresh random inputs (warp-per-row and block-per-row, 16-byte and scalar paths, blocks of one
@@ -690,6 +692,71 @@ static void fused_vs_pair(sg_ctx *ctx, int64_t M, int64_t C, sg_dtype dt, bool o
     fused_free(&f);
 }
 
+/* sg_layernorm_backward_add_sums on ctx's backend, fresh inputs: dx, dgamma and dbeta bit for
+ * bit sg_layernorm_backward_add's (the same kernels' sums, two more beside them); dres_sum and
+ * dx_sum against the host's column sums of dres and of dx as the op stored it. Bound: one
+ * rounding to dt, u |sum|, plus the two double sums' own errors (each adds M terms in some
+ * order, so each is within (M - 1) 2^-53 sum|terms| of the exact sum: 2 M 2^-53 sum|terms|
+ * covers both). With one of the two NULL the other has the same bits and the NULL one's
+ * tensor stays poisoned; two launches on the GPU; the call again, the same bits. */
+static void sums_case(sg_ctx *ctx, int64_t M, int64_t C, sg_dtype dt, bool odd)
+{
+    char what[160];
+    snprintf(what, sizeof what, "layernorm_backward_add_sums %s %s (%lld,%lld)%s",
+             ctx->backend == SG_BACKEND_CPU ? "cpu" : "gpu", sg_dtype_name(dt), (long long)M,
+             (long long)C, odd ? " unaligned dres" : "");
+    fused_t f = fused_make(ctx, M, C, dt, odd);
+    fused_forward(&f);
+    fused_backward(&f);
+    void *dx0 = tu_raw(f.dx), *dg0 = tu_raw(f.dg), *db0 = tu_raw(f.db);
+    sg_tensor *rs = tu_tensor1(ctx, dt, C, "dres_sum"), *xs = tu_tensor1(ctx, dt, C, "dx_sum");
+    tu_poison(f.dx), tu_poison(f.dg), tu_poison(f.db), tu_poison(rs), tu_poison(xs);
+    const uint64_t n0 = sg_ctx_launch_count(ctx);
+    TU_OK(ctx, sg_layernorm_backward_add_sums(ctx, f.s, f.g, f.mean, f.rstd, f.dy, f.dres, f.dx, f.dg,
+                                              f.db, rs, xs));
+    const uint64_t n1 = sg_ctx_launch_count(ctx);
+    if (ctx->backend == SG_BACKEND_CUDA)
+        TU_CHECK(n1 - n0 == 2, "%s: %llu launches, expected 2", what, (unsigned long long)(n1 - n0));
+    TU_CHECK(tu_same_bytes(f.dx, dx0), "%s: dx differs from sg_layernorm_backward_add's", what);
+    TU_CHECK(tu_same_bytes(f.dg, dg0), "%s: dgamma differs from sg_layernorm_backward_add's", what);
+    TU_CHECK(tu_same_bytes(f.db, db0), "%s: dbeta differs from sg_layernorm_backward_add's", what);
+
+    const double u = unit_roundoff(dt);
+    double *rv = tu_get(f.dres), *xv = tu_get(f.dx);
+    double *want = malloc((size_t)C * sizeof *want), *bound = malloc((size_t)C * sizeof *bound);
+    for (int k = 0; k < 2; k++) {
+        const double *v = k ? xv : rv;
+        for (int64_t c = 0; c < C; c++) {
+            double t = 0, a = 0;
+            for (int64_t r = 0; r < M; r++) t += v[r * C + c], a += fabs(v[r * C + c]);
+            want[c] = t, bound[c] = u * fabs(t) + 2.0 * (double)M * 0x1p-53 * a;
+        }
+        check_bounded(what, k ? "dx_sum vs the host's sums of dx" : "dres_sum vs the host's sums of dres",
+                      k ? xs : rs, want, bound, C);
+    }
+    void *rs0 = tu_raw(rs), *xs0 = tu_raw(xs);
+    for (int k = 0; k < 2; k++) { /* one sum at a time */
+        tu_poison(rs), tu_poison(xs);
+        TU_OK(ctx, sg_layernorm_backward_add_sums(ctx, f.s, f.g, f.mean, f.rstd, f.dy, f.dres, f.dx, f.dg,
+                                                  f.db, k ? NULL : rs, k ? xs : NULL));
+        sg_tensor *on = k ? xs : rs, *off = k ? rs : xs;
+        TU_CHECK(tu_same_bytes(on, k ? xs0 : rs0), "%s: %s alone differs from both together", what, on->name);
+        double *ov = tu_get(off);
+        int64_t written = 0;
+        for (int64_t c = 0; c < C; c++) written += !isnan(ov[c]);
+        TU_CHECK(written == 0, "%s: %lld of %lld values of %s written when it was NULL", what,
+                 (long long)written, (long long)C, off->name);
+        free(ov);
+    }
+    TU_CHECK(tu_same_bytes(f.dx, dx0) && tu_same_bytes(f.dg, dg0) && tu_same_bytes(f.db, db0),
+             "%s: the calls with one sum differ from sg_layernorm_backward_add's", what);
+    void *ptrs[] = {dx0, dg0, db0, rs0, xs0, rv, xv, want, bound};
+    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) free(ptrs[i]);
+    sg_tensor *ts[] = {rs, xs};
+    tu_destroy_all(ts, 2);
+    fused_free(&f);
+}
+
 /* Refusals of the fused ops, each naming what is wrong; a refused call writes nothing; the
  * context computes afterwards. */
 static void cpu_fused_errors(sg_ctx *ctx)
@@ -763,6 +830,26 @@ static void cpu_fused_errors(sg_ctx *ctx)
     free(dxv);
     /* dres may be dy (inputs may share memory): dx = dy + LayerNorm's dx. */
     TU_OK(ctx, BWD(f.dy, f.dy, f.dx));
+    /* The sums' form: dres required, the sums (C) of x's dtype, outputs apart. */
+    sg_tensor *rs = tu_tensor1(ctx, d, C, "rs"), *xs = tu_tensor1(ctx, d, C, "xs"),
+              *rs32 = tu_tensor1(ctx, SG_DTYPE_F32, C, "rs32");
+#define SUMS(dres_, rs_, xs_)                                                                      \
+    sg_layernorm_backward_add_sums(ctx, f.s, f.g, f.mean, f.rstd, f.dy, dres_, f.dx, f.dg, f.db, rs_, xs_)
+    TU_FAILS(ctx, SUMS(NULL, rs, xs), SG_ERR_NULL, "sg_layernorm_backward_add_sums: tensor 'dres' is NULL");
+    TU_FAILS(ctx, SUMS(f.dres, g6, xs), SG_ERR_SHAPE,
+             "sg_layernorm_backward_add_sums: 'dres_sum' is (6) f64, expected (5) f64");
+    TU_FAILS(ctx, SUMS(f.dres, rs, rs32), SG_ERR_DTYPE, "'dx_sum'");
+    TU_FAILS(ctx, SUMS(f.dres, f.dg, xs), SG_ERR_INVALID, "output 'dgamma' overlaps 'dres_sum' in memory");
+    TU_FAILS(ctx, SUMS(f.dres, rs, rs), SG_ERR_INVALID, "output 'dres_sum' overlaps 'dx_sum' in memory");
+    TU_FAILS(ctx, SUMS(f.dres, rs, f.g), SG_ERR_INVALID, "output 'dx_sum' overlaps 'gamma' in memory");
+    TU_OK(ctx, sg_tensor_fill(rs, 12345.0));
+    TU_FAILS(ctx, SUMS(f.dres, rs, rs), SG_ERR_INVALID, "overlaps");
+    double *rsv = tu_get(rs);
+    for (int64_t c = 0; c < C; c++) TU_CHECK(rsv[c] == 12345.0, "a refused call wrote dres_sum[%lld]", (long long)c);
+    free(rsv);
+    sg_tensor *es[] = {rs, xs, rs32};
+    tu_destroy_all(es, 3);
+#undef SUMS
 #undef FWD
 #undef BWD
     /* The context still computes: the pair's bits, as above. */
@@ -875,7 +962,7 @@ static void cpu_tests(void)
     mixed_dtypes(ctx);
     /* The fused forms: gradients (C even, C odd with M = 1, C = 1), f32 and bf16 against float64
      * (M = 1 with C not a multiple of 8, and a random shape), the unfused pair bit for bit in
-     * every dtype (unaligned views once), refusals. */
+     * every dtype (unaligned views once), the column sums' form, refusals. */
     cpu_fused_gradcheck(ctx, tu_randint(2, 5), 2 * tu_randint(1, 6));
     cpu_fused_gradcheck(ctx, 1, 2 * tu_randint(1, 5) + 1);
     cpu_fused_gradcheck(ctx, tu_randint(2, 4), 1);
@@ -887,6 +974,8 @@ static void cpu_tests(void)
         }
         fused_vs_pair(ctx, tu_randint(1, 40), tu_randint(1, 300), fdt[d], false);
         fused_vs_pair(ctx, 1, 8 * tu_randint(0, 30) + tu_randint(1, 7), fdt[d], true);
+        sums_case(ctx, tu_randint(1, 40), tu_randint(1, 300), fdt[d], false);
+        sums_case(ctx, tu_randint(1, 40), 8 * tu_randint(0, 30) + tu_randint(1, 7), fdt[d], true);
     }
     cpu_fused_errors(ctx);
     capture_case(ctx, tu_randint(1, 20), tu_randint(1, 40), SG_DTYPE_F32);
@@ -1107,11 +1196,13 @@ static void gpu_tests(void)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
             gpu_fused_case(gpu, cpu, shapes[s][0], shapes[s][1], dt, false);
             fused_vs_pair(gpu, shapes[s][0], shapes[s][1], dt, false);
+            sums_case(gpu, shapes[s][0], shapes[s][1], dt, false);
         }
         int64_t odd[][2] = {{37, 256}, {3, 4096}, {2048, 768}};
         for (size_t s = 0; s < sizeof odd / sizeof *odd; s++) {
             gpu_fused_case(gpu, cpu, odd[s][0], odd[s][1], dt, true);
             fused_vs_pair(gpu, odd[s][0], odd[s][1], dt, true);
+            sums_case(gpu, odd[s][0], odd[s][1], dt, true);
         }
         capture_case(gpu, 256, 768, dt);
         capture_case(gpu, 33, 4100, dt);

@@ -360,6 +360,7 @@ typedef struct block_module {
     sg_module base;
     int heads;
     bool fused;                 /* fused attention: att holds lse, work delta */
+    bool ln_sums;               /* without dropout, LN2's backward sums the projections' biases */
     uint32_t site;              /* dropout call sites: site (attention), site + 1 (MLP) */
     sg_tensor *rng;
     int ip[12];                 /* ln1 w b, qkv w b, proj w b, ln2 w b, fc w b, mlp.proj w b */
@@ -408,21 +409,32 @@ static sg_status block_backward(sg_module *mod, sg_tensor *dy, sg_tensor **dx)
         SG_TRY(sg_dropout_backward(ctx, dy, p, b->rng, b->site + 1, b->gq));
         gq = b->gq;
     }
+    /* Without dropout the two projections' bias gradients are column sums of what LN2's
+     * backward reads and writes: mlp.proj's (W11) of dy, its dres, and attn.proj's (W5) of dx2,
+     * its dx. LN2's backward sums them (sg_layernorm_backward_add_sums), and the projections'
+     * backwards skip theirs (one pass over an (M, C) gradient each). With dropout the
+     * projections' output gradients are the masked ones, so they sum their own, as they do
+     * under STEPGRAPH_BIAS_SUMS=separate (b->ln_sums false). */
+    const bool sums = p == 0 && b->ln_sums;
     /* The projection's backward goes on through the GELU: df = gelu'(pre_f) * (dq W10) and the
      * fc's bias gradient in one (on CUDA the dx matmul's DGELU_BGRAD epilogue), so the fc's
      * backward has no activation or bias left to do. */
-    SG_TRY(sg_linear_backward_through(ctx, b->f, W(10), gq, SG_ACT_NONE, NULL, G(10), G(11), SG_ACT_GELU,
-                                      b->pre_f, b->df, G(9)));
+    SG_TRY(sg_linear_backward_through(ctx, b->f, W(10), gq, SG_ACT_NONE, NULL, G(10), sums ? NULL : G(11),
+                                      SG_ACT_GELU, b->pre_f, b->df, G(9)));
     SG_TRY(sg_linear_backward(ctx, b->h2, W(8), b->df, SG_ACT_NONE, NULL, b->dh2, G(8), NULL));
     /* dx2 = dy (the residual carries it through) + LN2's backward of dh2 */
-    SG_TRY(sg_layernorm_backward_add(ctx, b->x2, W(6), b->mean2, b->rstd2, b->dh2, dy, b->dx2, G(6), G(7)));
+    if (sums)
+        SG_TRY(sg_layernorm_backward_add_sums(ctx, b->x2, W(6), b->mean2, b->rstd2, b->dh2, dy, b->dx2, G(6),
+                                              G(7), G(11), G(5)));
+    else
+        SG_TRY(sg_layernorm_backward_add(ctx, b->x2, W(6), b->mean2, b->rstd2, b->dh2, dy, b->dx2, G(6), G(7)));
     /* attention branch: x2 = x + drop(proj(attn(qkv(ln1(x))))) */
     sg_tensor *gp = b->dx2;
     if (p > 0) {
         SG_TRY(sg_dropout_backward(ctx, b->dx2, p, b->rng, b->site, b->dp));
         gp = b->dp;
     }
-    SG_TRY(sg_linear_backward(ctx, b->a, W(4), gp, SG_ACT_NONE, NULL, b->da, G(4), G(5)));
+    SG_TRY(sg_linear_backward(ctx, b->a, W(4), gp, SG_ACT_NONE, NULL, b->da, G(4), sums ? NULL : G(5)));
     SG_TRY(attention_bwd(ctx, b->fused, b->qkv, b->a, b->att, b->da, b->heads, b->dqkv, b->work));
     SG_TRY(sg_linear_backward(ctx, b->h1, W(2), b->dqkv, SG_ACT_NONE, NULL, b->dh1, G(2), G(3)));
     /* dx = dx2 (the residual) + LN1's backward of dh1 */
@@ -519,6 +531,8 @@ sg_status sg_module_gpt_block(sg_builder *bl, const char *name, int64_t C, int h
     b->qkv = own(mod, &st, dt, "qkv", 2, M3C), b->a = own(mod, &st, dt, "attn", 2, MC);
     b->p = own(mod, &st, dt, "proj", 2, MC);
     b->fused = sg_module_attention_fused(dt, C, heads);
+    const char *bs = getenv("STEPGRAPH_BIAS_SUMS");
+    b->ln_sums = !(bs && !strcmp(bs, "separate"));
     if (b->fused) b->att = own(mod, &st, f32, "lse", 3, (int64_t[]){B, H, T});
     else b->att = own(mod, &st, dt, "att", 4, (int64_t[]){B, H, T, T}); /* qkv's dtype */
     b->f = own(mod, &st, dt, "fc", 2, M4C), b->pre_f = own(mod, &st, dt, "fc.pre", 2, M4C);

@@ -1,5 +1,6 @@
 /* layernorm.c: public entry points of LayerNorm (sg_layernorm_forward, sg_layernorm_backward)
- * and of its fused residual forms (sg_add_layernorm_forward, sg_layernorm_backward_add): check
+ * and of its fused residual forms (sg_add_layernorm_forward, sg_layernorm_backward_add, and
+ * sg_layernorm_backward_add_sums, which also sums dres's and dx's columns): check
  * every argument (dtypes, shapes, eps, outputs that overlap anything else the call touches),
  * then run the CPU reference through sg_cpu_run or the CUDA kernels. x (or a) sets the dtype
  * (f32, bf16, or f64 on the CPU) of every tensor but mean and rstd, which stay f32 (f64 with
@@ -52,6 +53,7 @@ typedef struct ln_args {
     float eps;
     sg_tensor *s, *y, *mean, *rstd; /* forward (s: the residual sum, with b) */
     sg_tensor *dx, *dgamma, *dbeta; /* backward */
+    sg_tensor *dres_sum, *dx_sum;   /* backward: the column sums, or NULL */
 } ln_args;
 
 static sg_status ln_forward_cpu(sg_ctx *ctx, const void *p)
@@ -69,7 +71,7 @@ static sg_status ln_backward_cpu(sg_ctx *ctx, const void *p)
 {
     const ln_args *a = p;
     sg_layernorm_backward_cpu(a->x, a->gamma, a->mean_in, a->rstd_in, a->dy, a->dres, a->dx,
-                              a->dgamma, a->dbeta);
+                              a->dgamma, a->dbeta, a->dres_sum, a->dx_sum);
     return SG_OK;
 }
 
@@ -135,11 +137,13 @@ sg_status sg_add_layernorm_forward(sg_ctx *ctx, const sg_tensor *a, const sg_ten
     return forward(ctx, "sg_add_layernorm_forward", true, a, b, gamma, beta, eps, s, y, mean, rstd);
 }
 
-/* Both backwards; dres NULL: LayerNorm's dx alone. */
-static sg_status backward(sg_ctx *ctx, const char *fn, const sg_tensor *x,
+/* The three backwards; dres NULL: LayerNorm's dx alone; dres_sum and dx_sum NULL: no column
+ * sums (sums: the _sums form, where dres is required). */
+static sg_status backward(sg_ctx *ctx, const char *fn, bool sums, const sg_tensor *x,
                           const sg_tensor *gamma, const sg_tensor *mean, const sg_tensor *rstd,
                           const sg_tensor *dy, const sg_tensor *dres, sg_tensor *dx,
-                          sg_tensor *dgamma, sg_tensor *dbeta)
+                          sg_tensor *dgamma, sg_tensor *dbeta, sg_tensor *dres_sum,
+                          sg_tensor *dx_sum)
 {
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(sg_check_float_or_bf16(ctx, fn, "x", x));
@@ -148,18 +152,22 @@ static sg_status backward(sg_ctx *ctx, const char *fn, const sg_tensor *x,
     SG_TRY(check_stats(ctx, fn, "mean", mean, "x", x, M));
     SG_TRY(check_stats(ctx, fn, "rstd", rstd, "x", x, M));
     SG_TRY(sg_check_same_shape(ctx, fn, "x", x, "dy", dy));
+    if (sums) SG_TRY(sg_check_tensor(ctx, fn, "dres", dres));
     if (dres) SG_TRY(sg_check_same_shape(ctx, fn, "x", x, "dres", dres));
     SG_TRY(sg_check_same_shape(ctx, fn, "x", x, "dx", dx));
     SG_TRY(check_vec(ctx, fn, "dgamma", dgamma, C, x->dtype));
     SG_TRY(check_vec(ctx, fn, "dbeta", dbeta, C, x->dtype));
-    /* The first three are outputs (dres NULL passes). */
-    const char *names[] = {"dx", "dgamma", "dbeta", "x", "gamma", "mean", "rstd", "dy", "dres"};
-    const sg_tensor *ts[] = {dx, dgamma, dbeta, x, gamma, mean, rstd, dy, dres};
-    SG_TRY(sg_check_disjoint(ctx, fn, 3, 9, names, ts));
-    /* The fewest bytes: every input read once, every output written once (9 tensors). */
+    if (dres_sum) SG_TRY(check_vec(ctx, fn, "dres_sum", dres_sum, C, x->dtype));
+    if (dx_sum) SG_TRY(check_vec(ctx, fn, "dx_sum", dx_sum, C, x->dtype));
+    /* The first five are outputs (dres, dres_sum, dx_sum NULL pass). */
+    const char *names[] = {"dx",  "dgamma", "dbeta", "dres_sum", "dx_sum", "x",
+                           "gamma", "mean", "rstd",  "dy",       "dres"};
+    const sg_tensor *ts[] = {dx, dgamma, dbeta, dres_sum, dx_sum, x, gamma, mean, rstd, dy, dres};
+    SG_TRY(sg_check_disjoint(ctx, fn, 5, 11, names, ts));
+    /* The fewest bytes: every input read once, every output written once (11 tensors). */
     sg_ctx_count_work(ctx, SG_WORK_NORM, 0,
                       sg_tensors_bytes(x, gamma, mean, rstd, dy, dres, dx, dgamma) +
-                          sg_tensors_bytes(dbeta, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
+                          sg_tensors_bytes(dbeta, dres_sum, dx_sum, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
         ln_args a = {.x = x,
                      .gamma = gamma,
@@ -169,7 +177,9 @@ static sg_status backward(sg_ctx *ctx, const char *fn, const sg_tensor *x,
                      .dres = dres,
                      .dx = dx,
                      .dgamma = dgamma,
-                     .dbeta = dbeta};
+                     .dbeta = dbeta,
+                     .dres_sum = dres_sum,
+                     .dx_sum = dx_sum};
         return sg_cpu_run(ctx, ln_backward_cpu, &a, sizeof a);
     }
     if (C > SG_LAYERNORM_CUDA_MAX_C)
@@ -178,15 +188,15 @@ static sg_status backward(sg_ctx *ctx, const char *fn, const sg_tensor *x,
                        "at most %lld",
                        fn, (long long)C, (long long)SG_LAYERNORM_CUDA_MAX_C);
     return SG_CUDA_DISPATCH(ctx, sg_layernorm_backward_cuda(ctx, x, gamma, mean, rstd, dy, dres,
-                                                            dx, dgamma, dbeta));
+                                                            dx, dgamma, dbeta, dres_sum, dx_sum));
 }
 
 sg_status sg_layernorm_backward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
                                 const sg_tensor *mean, const sg_tensor *rstd, const sg_tensor *dy,
                                 sg_tensor *dx, sg_tensor *dgamma, sg_tensor *dbeta)
 {
-    return backward(ctx, "sg_layernorm_backward", x, gamma, mean, rstd, dy, NULL, dx,
-                    dgamma, dbeta);
+    return backward(ctx, "sg_layernorm_backward", false, x, gamma, mean, rstd, dy, NULL, dx,
+                    dgamma, dbeta, NULL, NULL);
 }
 
 sg_status sg_layernorm_backward_add(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
@@ -194,6 +204,16 @@ sg_status sg_layernorm_backward_add(sg_ctx *ctx, const sg_tensor *x, const sg_te
                                     const sg_tensor *dy, const sg_tensor *dres, sg_tensor *dx,
                                     sg_tensor *dgamma, sg_tensor *dbeta)
 {
-    return backward(ctx, "sg_layernorm_backward_add", x, gamma, mean, rstd, dy, dres, dx,
-                    dgamma, dbeta);
+    return backward(ctx, "sg_layernorm_backward_add", false, x, gamma, mean, rstd, dy, dres, dx,
+                    dgamma, dbeta, NULL, NULL);
+}
+
+sg_status sg_layernorm_backward_add_sums(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
+                                         const sg_tensor *mean, const sg_tensor *rstd,
+                                         const sg_tensor *dy, const sg_tensor *dres, sg_tensor *dx,
+                                         sg_tensor *dgamma, sg_tensor *dbeta, sg_tensor *dres_sum,
+                                         sg_tensor *dx_sum)
+{
+    return backward(ctx, "sg_layernorm_backward_add_sums", true, x, gamma, mean, rstd, dy, dres,
+                    dx, dgamma, dbeta, dres_sum, dx_sum);
 }

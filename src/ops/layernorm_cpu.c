@@ -43,14 +43,16 @@ void sg_add_layernorm_forward_cpu(const sg_tensor *a, const sg_tensor *b, const 
 
 /* With xhat = (x - mean) * rstd and g = dy * gamma, per row:
  *   dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)),
- * and over rows: dgamma = sum_r dy * xhat, dbeta = sum_r dy. The statistics are the saved
+ * and over rows: dgamma = sum_r dy * xhat, dbeta = sum_r dy (and dres_sum = sum_r dres,
+ * dx_sum = sum_r dx as stored, where asked for). The statistics are the saved
  * ones (as the CUDA kernels read them), not recomputed. dgamma and dbeta are summed column by
  * column (strided reads, no temporary buffer: replaying a captured plan allocates nothing).
  * With dres, dx is rounded to its dtype, read back and added to dres, and rounded again: what
  * sg_layernorm_backward then sg_add_forward store, bit for bit (the CUDA kernels do the same). */
 void sg_layernorm_backward_cpu(const sg_tensor *x, const sg_tensor *gamma, const sg_tensor *mean,
                                const sg_tensor *rstd, const sg_tensor *dy, const sg_tensor *dres,
-                               sg_tensor *dx, sg_tensor *dgamma, sg_tensor *dbeta)
+                               sg_tensor *dx, sg_tensor *dgamma, sg_tensor *dbeta,
+                               sg_tensor *dres_sum, sg_tensor *dx_sum)
 {
     int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
     for (int64_t r = 0; r < M; r++) {
@@ -72,13 +74,17 @@ void sg_layernorm_backward_cpu(const sg_tensor *x, const sg_tensor *gamma, const
         }
     }
     for (int64_t c = 0; c < C; c++) {
-        double dg = 0, db = 0;
+        double dg = 0, db = 0, rs = 0, xs = 0;
         for (int64_t r = 0; r < M; r++) {
             double d = sg_ld(dy, r * C + c);
             dg += d * (sg_ld(x, r * C + c) - sg_ld(mean, r)) * sg_ld(rstd, r);
             db += d;
+            if (dres_sum) rs += sg_ld(dres, r * C + c);
+            if (dx_sum) xs += sg_ld(dx, r * C + c);
         }
         sg_st(dgamma, c, dg);
         sg_st(dbeta, c, db);
+        if (dres_sum) sg_st(dres_sum, c, rs);
+        if (dx_sum) sg_st(dx_sum, c, xs);
     }
 }

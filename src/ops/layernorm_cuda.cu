@@ -37,12 +37,17 @@
  * is near M: f32 partials would add an error near u_f32 * sum|dy*xhat| (u_f32 = 2^-24), about
  * sqrt(M) times the f32 rounding of the result. In double, dgamma and dbeta stay within one
  * rounding to T of the exact sum of the terms. The double adds cost little beside the loads
- * (H100: f64 at half the f32 rate), and the partials (2C doubles per block, at most
- * LN_BWD_BLOCKS_PER_SM blocks per SM) stay in L2. nparts <= MAX_C / C, so the scratch has one
- * fixed size (4 MiB) and is allocated once per context.
+ * (H100: f64 at half the f32 rate), and the partials (2C doubles per block, 4C with the column
+ * sums, at most LN_BWD_BLOCKS_PER_SM blocks per SM) stay in L2. nparts <= MAX_C / C, so the
+ * scratch has one fixed size (8 MiB: four sets) and is allocated once per context.
  *
  * Residual gradient (ADD): dx = dres + LayerNorm's dx, the latter rounded to T first and the
  * sum rounded again, bit for bit what the plain kernel then sg_add_forward write.
+ *
+ * Column sums (NS = 4, sg_layernorm_backward_add_sums): phase B also adds dres and dx as stored
+ * into two more double registers per column, in the same row order, and the partials have four
+ * sets of C columns (dgamma, dbeta, dres's sums, dx's sums); the reduce kernel takes all 4C. The
+ * first two sets are computed as without them, so dgamma and dbeta keep their bits.
  *
  * The arithmetic of the rows is written with rounding intrinsics (__fadd_rn, __fmul_rn,
  * __fmaf_rn, and their double forms): the compiler may fuse a plain a*b + c into an FMA or not,
@@ -61,11 +66,12 @@
 #define LN_BWD_BLOCKS_PER_SM 2  /* backward: at most this many partials per SM */
 #define LN_TILE_ROWS 32         /* backward: rows whose statistics a block holds at a time */
 #define LN_ROWS_IN_FLIGHT 2     /* backward phase B: rows a thread loads before computing (4
-                                 * spilled at 2 blocks per SM in bf16, 128 registers) */
+                                 * spilled at 2 blocks per SM in bf16, 128 registers; so did 2
+                                 * with the column sums and 8 bf16 a thread, which take 1) */
 #define LN_RED_COLS 16          /* reduce kernel: columns per block (128 bytes of a partial) ... */
 #define LN_RED_SLICES (LN_THREADS / LN_RED_COLS) /* ... and partial slices per column */
 #define LN_RED_CHUNK 256        /* reduce kernel: partials staged at a time (32 KiB a block) */
-#define LN_SCRATCH_BYTES ((size_t)2 * SG_LAYERNORM_CUDA_MAX_C * sizeof(double))
+#define LN_SCRATCH_BYTES ((size_t)4 * SG_LAYERNORM_CUDA_MAX_C * sizeof(double))
 #define FULL_MASK 0xffffffffu
 
 /* ---- group sums, fixed order ---- */
@@ -175,12 +181,13 @@ __global__ void ln_forward_kernel(const T *__restrict__ x, const T *__restrict__
 
 /* ---- backward ---- */
 
-/* Kernel 1. x, dy, dres, dx (M, C); gamma (C); mean, rstd (M); partials (gridDim.x, 2C):
- * block b's sum over its rows of dy*xhat (columns 0..C-1) and of dy (C..2C-1). ADD: dres is
- * added to dx (read by 16-byte accesses only when dres_vec). The launch bounds keep the grid's
+/* Kernel 1. x, dy, dres, dx (M, C); gamma (C); mean, rstd (M); partials (gridDim.x, NS*C):
+ * block b's sum over its rows of dy*xhat (columns 0..C-1) and of dy (C..2C-1), and with NS = 4
+ * of dres (2C..3C-1; zeros without ADD) and of dx as stored (3C..4C-1). ADD: dres is added to
+ * dx (read by 16-byte accesses only when dres_vec). The launch bounds keep the grid's
  * LN_BWD_BLOCKS_PER_SM blocks resident at once (at most 128 registers; no spills, by ptxas -v,
  * CUDA 13, sm_90). */
-template <typename T, int G, int V, bool ADD>
+template <typename T, int G, int V, bool ADD, int NS>
 __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
     ln_backward_rows_kernel(const T *__restrict__ x, const T *__restrict__ gamma,
                             const float *__restrict__ mean, const float *__restrict__ rstd,
@@ -188,7 +195,7 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
                             T *__restrict__ dx, double *__restrict__ partials, int64_t M,
                             int64_t C, int64_t rpb)
 {
-    constexpr int R = LN_THREADS / G, U = LN_ROWS_IN_FLIGHT;
+    constexpr int R = LN_THREADS / G, U = NS == 4 && V == 8 ? 1 : LN_ROWS_IN_FLIGHT;
     __shared__ float2 sh[LN_WARPS];
     __shared__ float4 st[LN_TILE_ROWS]; /* per tile row: mean, rstd, mean(g), mean(g*xhat) */
     const int group = threadIdx.x / G, gt = threadIdx.x % G;
@@ -199,7 +206,7 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
     int S = 1;
     while (S < 32 && 2 * S * nv <= LN_THREADS) S *= 2;
     const int sl = threadIdx.x % S, cpp = LN_THREADS / S;
-    double *pb = partials + (int64_t)blockIdx.x * 2 * C;
+    double *pb = partials + (int64_t)blockIdx.x * NS * C;
 
     for (int64_t t0 = r0; t0 < r1; t0 += LN_TILE_ROWS) {
         const int nt = (int)(r1 - t0 < LN_TILE_ROWS ? r1 - t0 : LN_TILE_ROWS);
@@ -231,9 +238,11 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
         for (int64_t jb = 0; jb < nv; jb += cpp) {
             const int64_t j = jb + threadIdx.x / S;
             const bool on = j < nv;
-            double dg[V], db[V];
+            double dg[V], db[V], sr[NS == 4 ? V : 1], sx[NS == 4 ? V : 1];
 #pragma unroll
             for (int k = 0; k < V; k++) dg[k] = db[k] = 0;
+#pragma unroll
+            for (int k = 0; k < (NS == 4 ? V : 1); k++) sr[k] = sx[k] = 0;
             if (on) {
                 const vec_t<T, V> gv = ldv<T, V>(gamma, j);
                 for (int i0 = sl; i0 < nt; i0 += U * S) {
@@ -258,6 +267,10 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
                                 const double xh = __dmul_rn(__dsub_rn(xk, q.x), q.y);
                                 dg[k] = __fma_rn(d, xh, dg[k]);
                                 db[k] = __dadd_rn(db[k], d);
+                                if (NS == 4) {
+                                    if (ADD) sr[k] = __dadd_rn(sr[k], to_f(res[u].e[k]));
+                                    sx[k] = __dadd_rn(sx[k], to_f(out.e[k]));
+                                }
                             }
                             stv<T, V>(dx, (t0 + i0 + u * S) * nv + j, out);
                         }
@@ -269,6 +282,10 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
                 for (int k = 0; k < V; k++) {
                     dg[k] += __shfl_xor_sync(FULL_MASK, dg[k], o);
                     db[k] += __shfl_xor_sync(FULL_MASK, db[k], o);
+                    if (NS == 4) {
+                        sr[k] += __shfl_xor_sync(FULL_MASK, sr[k], o);
+                        sx[k] += __shfl_xor_sync(FULL_MASK, sx[k], o);
+                    }
                 }
             if (on && sl == 0)
 #pragma unroll
@@ -276,6 +293,10 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
                     const int64_t c = j * V + k;
                     pb[c] = t0 == r0 ? dg[k] : pb[c] + dg[k];
                     pb[C + c] = t0 == r0 ? db[k] : pb[C + c] + db[k];
+                    if (NS == 4) {
+                        pb[2 * C + c] = t0 == r0 ? sr[k] : pb[2 * C + c] + sr[k];
+                        pb[3 * C + c] = t0 == r0 ? sx[k] : pb[3 * C + c] + sx[k];
+                    }
                 }
         }
         __syncthreads(); /* st is rewritten by the next tile */
@@ -292,7 +313,8 @@ __device__ __forceinline__ void ln_cp_async8(void *dst, const void *src, int src
                  : "memory");
 }
 
-/* Kernel 2. Column j of the 2C partial columns (dgamma then dbeta): LN_RED_SLICES threads each
+/* Kernel 2. Column j of the NS*C partial columns (dgamma, dbeta, and with NS = 4 dres's and
+ * dx's sums; out[k] receives set k, NULL: not written): LN_RED_SLICES threads each
  * sum every LN_RED_SLICES-th partial in order, then one adds the slices in order. A thread
  * copies the partials it sums into shared memory first, LN_RED_CHUNK partials of its column
  * (LN_RED_CHUNK / LN_RED_SLICES copies) at a time, all in flight together: loaded straight
@@ -301,19 +323,19 @@ __device__ __forceinline__ void ln_cp_async8(void *dst, const void *src, int src
  * needs no barrier before its reads, only one before the next chunk's copies go over them. */
 template <typename T>
 __global__ void __launch_bounds__(LN_THREADS)
-    ln_backward_reduce_kernel(const double *__restrict__ partials, int nparts, int64_t C,
-                              T *__restrict__ dgamma, T *__restrict__ dbeta)
+    ln_backward_reduce_kernel(const double *__restrict__ partials, int nparts, int64_t C, int ns,
+                              T *out0, T *out1, T *out2, T *out3)
 {
     __shared__ double tile[LN_RED_CHUNK][LN_RED_COLS];
     __shared__ double sh[LN_RED_SLICES][LN_RED_COLS];
     const int cx = threadIdx.x % LN_RED_COLS, sy = threadIdx.x / LN_RED_COLS;
     const int64_t j = (int64_t)blockIdx.x * LN_RED_COLS + cx;
-    const bool in = j < 2 * C;
+    const bool in = j < ns * C;
     double a = 0;
     for (int p0 = 0; p0 < nparts; p0 += LN_RED_CHUNK) {
         const int np = nparts - p0 < LN_RED_CHUNK ? nparts - p0 : LN_RED_CHUNK;
         for (int pr = sy; pr < np; pr += LN_RED_SLICES)
-            ln_cp_async8(&tile[pr][cx], in ? partials + (int64_t)(p0 + pr) * 2 * C + j : partials,
+            ln_cp_async8(&tile[pr][cx], in ? partials + (int64_t)(p0 + pr) * ns * C + j : partials,
                          in ? 8 : 0);
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         for (int pr = sy; pr < np; pr += LN_RED_SLICES) a += tile[pr][cx];
@@ -323,10 +345,9 @@ __global__ void __launch_bounds__(LN_THREADS)
     __syncthreads();
     if (sy == 0 && in) {
         for (int k = 1; k < LN_RED_SLICES; k++) a += sh[k][cx];
-        if (j < C)
-            dgamma[j] = from_d<T>(a);
-        else
-            dbeta[j - C] = from_d<T>(a);
+        const int set = (int)(j / C);
+        T *o = set == 0 ? out0 : set == 1 ? out1 : set == 2 ? out2 : out3;
+        if (o) o[j - set * C] = from_d<T>(a);
     }
 }
 
@@ -394,32 +415,49 @@ static sg_status forward_t(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b,
     return SG_OK;
 }
 
-/* One launch of kernel 1: dres NULL, the plain kernel; else the one that adds it. */
+/* One launch of kernel 1: dres NULL, the plain kernel; else the one that adds it; NS sets of
+ * column sums (2, or 4 with dres's and dx's). */
+template <typename T, int G, int V, int NS>
+static void launch_backward_rows_ns(int blocks, cudaStream_t st, const sg_tensor *x,
+                                    const sg_tensor *gamma, const sg_tensor *mean,
+                                    const sg_tensor *rstd, const sg_tensor *dy,
+                                    const sg_tensor *dres, bool dres_vec, sg_tensor *dx,
+                                    double *partials, int64_t M, int64_t C, int64_t rpb)
+{
+    const T *px = (const T *)x->data, *pg = (const T *)gamma->data, *pdy = (const T *)dy->data;
+    const float *pm = (const float *)mean->data, *pr = (const float *)rstd->data;
+    if (dres)
+        ln_backward_rows_kernel<T, G, V, true, NS><<<blocks, LN_THREADS, 0, st>>>(
+            px, pg, pm, pr, pdy, (const T *)dres->data, dres_vec, (T *)dx->data, partials, M, C,
+            rpb);
+    else
+        ln_backward_rows_kernel<T, G, V, false, NS><<<blocks, LN_THREADS, 0, st>>>(
+            px, pg, pm, pr, pdy, nullptr, false, (T *)dx->data, partials, M, C, rpb);
+}
+
 template <typename T, int G, int V>
-static void launch_backward_rows(int blocks, cudaStream_t st, const sg_tensor *x,
+static void launch_backward_rows(int ns, int blocks, cudaStream_t st, const sg_tensor *x,
                                  const sg_tensor *gamma, const sg_tensor *mean,
                                  const sg_tensor *rstd, const sg_tensor *dy, const sg_tensor *dres,
                                  bool dres_vec, sg_tensor *dx, double *partials, int64_t M,
                                  int64_t C, int64_t rpb)
 {
-    const T *px = (const T *)x->data, *pg = (const T *)gamma->data, *pdy = (const T *)dy->data;
-    const float *pm = (const float *)mean->data, *pr = (const float *)rstd->data;
-    if (dres)
-        ln_backward_rows_kernel<T, G, V, true><<<blocks, LN_THREADS, 0, st>>>(
-            px, pg, pm, pr, pdy, (const T *)dres->data, dres_vec, (T *)dx->data, partials, M, C,
-            rpb);
+    if (ns == 4)
+        launch_backward_rows_ns<T, G, V, 4>(blocks, st, x, gamma, mean, rstd, dy, dres, dres_vec,
+                                            dx, partials, M, C, rpb);
     else
-        ln_backward_rows_kernel<T, G, V, false><<<blocks, LN_THREADS, 0, st>>>(
-            px, pg, pm, pr, pdy, nullptr, false, (T *)dx->data, partials, M, C, rpb);
+        launch_backward_rows_ns<T, G, V, 2>(blocks, st, x, gamma, mean, rstd, dy, dres, dres_vec,
+                                            dx, partials, M, C, rpb);
 }
 
 template <typename T>
 static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *gamma,
                             const sg_tensor *mean, const sg_tensor *rstd, const sg_tensor *dy,
                             const sg_tensor *dres, sg_tensor *dx, sg_tensor *dgamma,
-                            sg_tensor *dbeta)
+                            sg_tensor *dbeta, sg_tensor *dres_sum, sg_tensor *dx_sum)
 {
     constexpr int VEC = 16 / sizeof(T);
+    const int ns = dres_sum || dx_sum ? 4 : 2; /* sets of column sums in the partials */
     const int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
     /* Always the same size (the entry point caps C), so the buffer is allocated once and its
      * address never changes: a captured graph keeps pointing at it. */
@@ -427,7 +465,9 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *ga
     SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_LAYERNORM, LN_SCRATCH_BYTES, &scratch));
     double *partials = (double *)scratch;
 
-    /* Partials: at most LN_BWD_BLOCKS_PER_SM per SM, and as many as the scratch holds. Rows
+    /* Partials: at most LN_BWD_BLOCKS_PER_SM per SM, and as many as the scratch holds with
+     * four sets (4C doubles each), whether this call has two sets or four: so the grid, and
+     * with it dgamma's and dbeta's order, is the same with and without the column sums. Rows
      * are split evenly; grid = the blocks that get rows. */
     int64_t want = M;
     int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * LN_BWD_BLOCKS_PER_SM;
@@ -444,23 +484,24 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *ga
     const bool block_row = C >= LN_BLOCK_ROW_MIN_C;
     cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
     if (block_row && vec)
-        launch_backward_rows<T, LN_THREADS, VEC>(blocks, st, x, gamma, mean, rstd, dy, dres,
+        launch_backward_rows<T, LN_THREADS, VEC>(ns, blocks, st, x, gamma, mean, rstd, dy, dres,
                                                  dres_vec, dx, partials, M, C, rpb);
     else if (block_row)
-        launch_backward_rows<T, LN_THREADS, 1>(blocks, st, x, gamma, mean, rstd, dy, dres,
+        launch_backward_rows<T, LN_THREADS, 1>(ns, blocks, st, x, gamma, mean, rstd, dy, dres,
                                                dres_vec, dx, partials, M, C, rpb);
     else if (vec)
-        launch_backward_rows<T, 32, VEC>(blocks, st, x, gamma, mean, rstd, dy, dres, dres_vec, dx,
+        launch_backward_rows<T, 32, VEC>(ns, blocks, st, x, gamma, mean, rstd, dy, dres, dres_vec, dx,
                                          partials, M, C, rpb);
     else
-        launch_backward_rows<T, 32, 1>(blocks, st, x, gamma, mean, rstd, dy, dres, dres_vec, dx,
+        launch_backward_rows<T, 32, 1>(ns, blocks, st, x, gamma, mean, rstd, dy, dres, dres_vec, dx,
                                        partials, M, C, rpb);
     SG_CUDA_CHECK_LAUNCH(ctx, "ln_backward_rows_kernel");
     sg_ctx_count_launches(ctx, 1);
 
-    const int red_blocks = (int)((2 * C + LN_RED_COLS - 1) / LN_RED_COLS);
+    const int red_blocks = (int)((ns * C + LN_RED_COLS - 1) / LN_RED_COLS);
     ln_backward_reduce_kernel<T><<<red_blocks, LN_THREADS, 0, st>>>(
-        partials, blocks, C, (T *)dgamma->data, (T *)dbeta->data);
+        partials, blocks, C, ns, (T *)dgamma->data, (T *)dbeta->data,
+        dres_sum ? (T *)dres_sum->data : nullptr, dx_sum ? (T *)dx_sum->data : nullptr);
     SG_CUDA_CHECK_LAUNCH(ctx, "ln_backward_reduce_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
@@ -487,17 +528,22 @@ extern "C" sg_status sg_layernorm_backward_cuda(sg_ctx *ctx, const sg_tensor *x,
                                                 const sg_tensor *gamma, const sg_tensor *mean,
                                                 const sg_tensor *rstd, const sg_tensor *dy,
                                                 const sg_tensor *dres, sg_tensor *dx,
-                                                sg_tensor *dgamma, sg_tensor *dbeta)
+                                                sg_tensor *dgamma, sg_tensor *dbeta,
+                                                sg_tensor *dres_sum, sg_tensor *dx_sum)
 {
     switch (x->dtype) {
     case SG_DTYPE_F32:
-        return backward_t<float>(ctx, x, gamma, mean, rstd, dy, dres, dx, dgamma, dbeta);
+        return backward_t<float>(ctx, x, gamma, mean, rstd, dy, dres, dx, dgamma, dbeta, dres_sum,
+                                 dx_sum);
     case SG_DTYPE_BF16:
-        return backward_t<__nv_bfloat16>(ctx, x, gamma, mean, rstd, dy, dres, dx, dgamma, dbeta);
+        return backward_t<__nv_bfloat16>(ctx, x, gamma, mean, rstd, dy, dres, dx, dgamma, dbeta,
+                                         dres_sum, dx_sum);
     default:
         return sg_fail(ctx, SG_ERR_DTYPE,
                        "%s: 'x' is %s; the CUDA kernels take f32 or bf16",
-                       dres ? "sg_layernorm_backward_add" : "sg_layernorm_backward",
+                       dres_sum || dx_sum ? "sg_layernorm_backward_add_sums"
+                       : dres            ? "sg_layernorm_backward_add"
+                                         : "sg_layernorm_backward",
                        sg_dtype_name(x->dtype));
     }
 }
