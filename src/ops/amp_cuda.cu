@@ -46,16 +46,12 @@ __global__ void __launch_bounds__(AMP_THREADS)
     const int64_t n4 = vec ? n / 4 : 0;
     bool bad = false;
     for (int64_t i = tid; i < n4; i += stride) {
-        float4 v = load4(lo, i);
-        v.x *= inv;
-        v.y *= inv;
-        v.z *= inv;
-        v.w *= inv;
+        const float4 v = sg_times4(load4(lo, i), inv);
         bad |= !isfinite(v.x) | !isfinite(v.y) | !isfinite(v.z) | !isfinite(v.w);
         if (g) reinterpret_cast<float4 *>(g)[i] = v;
     }
     for (int64_t i = n4 * 4 + tid; i < n; i += stride) {
-        float v = to_f(lo[i]) * inv;
+        const float v = sg_times(to_f(lo[i]), inv);
         bad |= !isfinite(v);
         if (g) g[i] = v;
     }

@@ -68,13 +68,6 @@ __device__ __forceinline__ float4 ld4(const __nv_bfloat16 *g, int64_t i4, bool v
     return make_float4(to_f(g[4 * i4]), to_f(g[4 * i4 + 1]), to_f(g[4 * i4 + 2]), to_f(g[4 * i4 + 3]));
 }
 
-/* v times inv, each product rounded to f32 (sg_amp_unscale's value), when scaled. */
-__device__ __forceinline__ float4 times(float4 v, bool scaled, float inv)
-{
-    if (scaled) v.x = __fmul_rn(v.x, inv), v.y = __fmul_rn(v.y, inv), v.z = __fmul_rn(v.z, inv), v.w = __fmul_rn(v.w, inv);
-    return v;
-}
-
 /* g (n), or with inv_p (sg_clip_sumsq_amp) each element times *inv_p rounded to f32 first. The
  * order of the sum depends on n and the grid only, not on g's dtype or alignment (vec picks the
  * loads): group i of 4 elements of a thread is followed by group i + stride in the same trip
@@ -94,13 +87,14 @@ __global__ void __launch_bounds__(CLIP_THREADS)
     const float inv = scaled ? *inv_p : 1.f;
     double acc = 0;
     for (int64_t i = tid; i < n4; i += 2 * stride) {
-        float4 a = times(ld4(g, i, vec), scaled, inv);
-        float4 b = i + stride < n4 ? times(ld4(g, i + stride, vec), scaled, inv) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 a = ld4(g, i, vec), b = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i + stride < n4) b = ld4(g, i + stride, vec);
+        if (scaled) a = sg_times4(a, inv), b = sg_times4(b, inv); /* sg_amp_unscale's values */
         acc = clip_add_squares(acc, a);
         acc = clip_add_squares(acc, b);
     }
     for (int64_t i = n4 * 4 + tid; i < n; i += stride) {
-        double v = scaled ? __fmul_rn(to_f(g[i]), inv) : to_f(g[i]);
+        double v = scaled ? sg_times(to_f(g[i]), inv) : to_f(g[i]);
         acc += v * v;
     }
     double a = 0;
@@ -129,15 +123,8 @@ __device__ __forceinline__ void clip_scale(float *__restrict__ g, int64_t n, boo
     const int64_t tid = blockIdx.x * (int64_t)CLIP_THREADS + threadIdx.x;
     const int64_t n4 = vec ? n / 4 : 0;
     float4 *g4 = reinterpret_cast<float4 *>(g);
-    for (int64_t i = tid; i < n4; i += stride) {
-        float4 v = g4[i];
-        v.x = __fmul_rn(v.x, coef);
-        v.y = __fmul_rn(v.y, coef);
-        v.z = __fmul_rn(v.z, coef);
-        v.w = __fmul_rn(v.w, coef);
-        g4[i] = v;
-    }
-    for (int64_t i = n4 * 4 + tid; i < n; i += stride) g[i] = __fmul_rn(g[i], coef);
+    for (int64_t i = tid; i < n4; i += stride) g4[i] = sg_times4(g4[i], coef);
+    for (int64_t i = n4 * 4 + tid; i < n; i += stride) g[i] = sg_times(g[i], coef);
 }
 
 /* clip_scale over the norm the sum of squares left in scratch. */

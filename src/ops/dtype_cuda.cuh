@@ -42,6 +42,16 @@ template <typename T, int V> __device__ __forceinline__ void stv(T *p, int64_t j
     reinterpret_cast<vec_t<T, V> *>(p)[j] = v;
 }
 
+/* v times s rounded to f32, never contracted into an FMA: mixed precision's unscaled gradient
+ * f32(g * inv), which sg_amp_unscale writes, sg_clip_sumsq_amp squares and the _amp optimizer
+ * steps read, and the clipping factor's product after it. One definition for the three, so
+ * that the folded passes keep the separate ones' bits (sg_amp_unscaled in amp.h is the CPU's). */
+__device__ __forceinline__ float sg_times(float v, float s) { return __fmul_rn(v, s); }
+__device__ __forceinline__ float4 sg_times4(float4 v, float s)
+{
+    return make_float4(__fmul_rn(v.x, s), __fmul_rn(v.y, s), __fmul_rn(v.z, s), __fmul_rn(v.w, s));
+}
+
 /* Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
  * attribute may start while the kernel before it still runs; sg_pdl_wait() blocks until that
  * kernel has completed and its writes are visible (a no-op for a kernel launched normally), so

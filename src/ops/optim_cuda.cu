@@ -129,7 +129,7 @@ template <typename S> __device__ __forceinline__ bool sr() { return sizeof(S) ==
  * and x * 1 is x). */
 template <bool SCALED, typename G> __device__ __forceinline__ float ld_grad(const G *g, int64_t i, float inv, float fac)
 {
-    return SCALED ? __fmul_rn(__fmul_rn(to_f(g[i]), inv), fac) : to_f(g[i]);
+    return SCALED ? sg_times(sg_times(to_f(g[i]), inv), fac) : to_f(g[i]);
 }
 __device__ __forceinline__ float4 ld_grad4_raw(const float *g, int64_t i4)
 {
@@ -142,12 +142,8 @@ __device__ __forceinline__ float4 ld_grad4_raw(const __nv_bfloat16 *g, int64_t i
 template <bool SCALED, typename G>
 __device__ __forceinline__ float4 ld_grad4(const G *g, int64_t i4, float inv, float fac)
 {
-    float4 r = ld_grad4_raw(g, i4);
-    if (SCALED) {
-        r.x = __fmul_rn(__fmul_rn(r.x, inv), fac), r.y = __fmul_rn(__fmul_rn(r.y, inv), fac);
-        r.z = __fmul_rn(__fmul_rn(r.z, inv), fac), r.w = __fmul_rn(__fmul_rn(r.w, inv), fac);
-    }
-    return r;
+    const float4 r = ld_grad4_raw(g, i4);
+    return SCALED ? sg_times4(sg_times4(r, inv), fac) : r;
 }
 
 template <int OP, typename S, bool SCALED, typename G>
