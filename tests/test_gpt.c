@@ -1,10 +1,11 @@
 /* test_gpt.c: the byte-level GPT end to end. `cpu`: a small GPT learns the system's licence
  * text (loss falls by a stated amount), and every capture scope reproduces eager training bit
- * for bit with dropout and gradient clipping on, in fp32 and in bf16 mixed precision; bf16
+ * for bit with gradient clipping on, with dropout and without (then LN2's backward sums the
+ * projections' bias gradients), in fp32 and in bf16 mixed precision; bf16
  * tracks fp32; a forced overflow skips exactly one step under step scope. `gpu`:
  * gpt-256-4-8-128 on the GPU against the CPU for 5 steps (loss and parameters within
- * tolerance), every scope bit-exact with eager on the GPU with dropout and clipping (fp32 and
- * bf16), bf16 against fp32, the forced overflow, and no allocation per step after set-up.
+ * tolerance; with dropout and without), every scope bit-exact with eager on the GPU with
+ * clipping, with dropout and without (fp32 and bf16), bf16 against fp32, the forced overflow, and no allocation per step after set-up.
  * `cpu` also: the projections' bias gradients summed by LN2's backward, bit for bit their own.
  * Both modes: variable sequence length (--vary-seq): a padded step matches an unpadded one,
  * step scope over three length buckets is bit-exact with eager, and argument errors. */
@@ -89,13 +90,13 @@ static void learns(sg_backend be, const char *name, sg_scope scope, int steps, d
     sg_ctx_destroy(ctx);
 }
 
-static void scopes_match(sg_backend be, const char *name, int steps)
+static void scopes_match(sg_backend be, const char *name, int steps, float dropout)
 {
     sg_ctx *ctx = tu_ctx(be);
     uint64_t seed = tu_next();
     for (int sc = SG_SCOPE_LAYER; sc <= SG_SCOPE_STEP; sc++) {
-        side e = make(ctx, name, seed, 0.1f, SG_SCOPE_EAGER, 0.5f);
-        side g = make(ctx, name, seed, 0.1f, (sg_scope)sc, 0.5f);
+        side e = make(ctx, name, seed, dropout, SG_SCOPE_EAGER, 0.5f);
+        side g = make(ctx, name, seed, dropout, (sg_scope)sc, 0.5f);
         bool ok = true;
         for (int i = 0; i < steps && ok; i++) {
             TU_OK(ctx, sg_trainer_step(e.t, i));
@@ -111,8 +112,9 @@ static void scopes_match(sg_backend be, const char *name, int steps)
         TU_OK(ctx, sg_trainer_get_stats(g.t, &ts));
         TU_CHECK(!ts.fell_back && ts.graphs > 0, "%s scope: %d graphs, fell back: %s", sg_scope_name((sg_scope)sc),
                  ts.graphs, ts.fallback_reason);
-        printf("%s %s %s scope: %d steps bit-exact with eager (dropout 0.1, clip 0.5); %d graphs, %llu replays\n",
-               name, prec_name(), sg_scope_name((sg_scope)sc), steps, ts.graphs, (unsigned long long)ts.replays);
+        printf("%s %s %s scope: %d steps bit-exact with eager (dropout %g, clip 0.5); %d graphs, %llu replays\n",
+               name, prec_name(), sg_scope_name((sg_scope)sc), steps, (double)dropout, ts.graphs,
+               (unsigned long long)ts.replays);
         drop(&g), drop(&e);
     }
     sg_ctx_destroy(ctx);
@@ -535,7 +537,9 @@ int main(int argc, char **argv)
         /* With dropout, and without (then LN2's backward sums the projections' biases). */
         gpu_vs_cpu(getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", 0.1f);
         gpu_vs_cpu(getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", 0.f);
-        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12);
+        /* With dropout, and without: then LN2's backward sums the projections' biases. */
+        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12, 0.1f);
+        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12, 0.f);
         seq_padded_matches_unpadded(SG_BACKEND_CUDA, getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64");
         seq_vary_matches_eager(SG_BACKEND_CUDA, name);
         seq_errors(SG_BACKEND_CUDA);
@@ -547,14 +551,17 @@ int main(int argc, char **argv)
         if (tu_racecheck()) return tu_finish("test_gpt");
         bf16_tracks_fp32(SG_BACKEND_CUDA, getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", 30);
         precision = SG_DTYPE_BF16;
-        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12);
+        /* With dropout, and without: then LN2's backward sums the projections' biases. */
+        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12, 0.1f);
+        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12, 0.f);
         seq_vary_matches_eager(SG_BACKEND_CUDA, name);
         overflow_skips(SG_BACKEND_CUDA, name);
         learns(SG_BACKEND_CUDA, getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", SG_SCOPE_STEP,
                getenv("SG_TEST_MODEL") ? 60 : 150, 1.0);
     } else {
         learns(SG_BACKEND_CPU, "gpt-64-2-4-32", SG_SCOPE_EAGER, 60, 1.0);
-        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6);
+        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6, 0.1f);
+        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6, 0.f);
         seq_padded_matches_unpadded(SG_BACKEND_CPU, "gpt-64-2-2-16");
         seq_vary_matches_eager(SG_BACKEND_CPU, "gpt-64-2-2-16");
         seq_errors(SG_BACKEND_CPU);
@@ -562,7 +569,8 @@ int main(int argc, char **argv)
         bias_sums("gpt-64-2-2-16");
         bf16_tracks_fp32(SG_BACKEND_CPU, "gpt-64-1-2-16", 30);
         precision = SG_DTYPE_BF16;
-        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6);
+        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6, 0.1f);
+        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6, 0.f);
         seq_vary_matches_eager(SG_BACKEND_CPU, "gpt-64-2-2-16");
         overflow_skips(SG_BACKEND_CPU, "gpt-64-1-2-16");
         learns(SG_BACKEND_CPU, "gpt-64-1-4-32", SG_SCOPE_STEP, 60, 1.0);
