@@ -624,6 +624,14 @@ static void cpu_fused_dtype(sg_ctx *ctx, sg_dtype dt, int64_t M, int64_t C)
     fused_free(&f);
 }
 
+/* A case's name for messages: "<op> <backend> <dtype> (M,C)<odd><tail>". */
+static void case_label(char *w, size_t n, const char *op, const sg_ctx *ctx, sg_dtype dt, int64_t M, int64_t C,
+                       const char *odd, const char *tail)
+{
+    snprintf(w, n, "%s %s %s (%lld,%lld)%s%s", op, ctx->backend == SG_BACKEND_CPU ? "cpu" : "gpu",
+             sg_dtype_name(dt), (long long)M, (long long)C, odd, tail);
+}
+
 /* Are two tensors equal bit for bit? (what: the comparison, for the message) */
 static void same_bits(const char *what, const sg_tensor *a, const sg_tensor *b)
 {
@@ -639,9 +647,8 @@ static void same_bits(const char *what, const sg_tensor *a, const sg_tensor *b)
 static void fused_vs_pair(sg_ctx *ctx, int64_t M, int64_t C, sg_dtype dt, bool odd)
 {
     char what[160];
-    snprintf(what, sizeof what, "add+layernorm %s %s (%lld,%lld)%s vs the unfused pair",
-             ctx->backend == SG_BACKEND_CPU ? "cpu" : "gpu", sg_dtype_name(dt), (long long)M,
-             (long long)C, odd ? " unaligned a, b, dres" : "");
+    case_label(what, sizeof what, "add+layernorm", ctx, dt, M, C, odd ? " unaligned a, b, dres" : "",
+               " vs the unfused pair");
     fused_t f = fused_make(ctx, M, C, dt, odd);
     const sg_dtype st = f.mean->dtype;
     sg_tensor *s2 = tu_tensor2(ctx, dt, M, C, "s_pair"), *y2 = tu_tensor2(ctx, dt, M, C, "y_pair"),
@@ -702,9 +709,7 @@ static void fused_vs_pair(sg_ctx *ctx, int64_t M, int64_t C, sg_dtype dt, bool o
 static void sums_case(sg_ctx *ctx, int64_t M, int64_t C, sg_dtype dt, bool odd)
 {
     char what[160];
-    snprintf(what, sizeof what, "layernorm_backward_add_sums %s %s (%lld,%lld)%s",
-             ctx->backend == SG_BACKEND_CPU ? "cpu" : "gpu", sg_dtype_name(dt), (long long)M,
-             (long long)C, odd ? " unaligned dres" : "");
+    case_label(what, sizeof what, "layernorm_backward_add_sums", ctx, dt, M, C, odd ? " unaligned dres" : "", "");
     fused_t f = fused_make(ctx, M, C, dt, odd);
     fused_forward(&f);
     fused_backward(&f);

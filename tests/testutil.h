@@ -351,7 +351,7 @@ static inline bool tu_same_bits(const sg_tensor *a, const sg_tensor *b, const ch
     TU_OK(a->ctx, sg_tensor_copy_to_host(a, x, n));
     TU_OK(b->ctx, sg_tensor_copy_to_host(b, y, n));
     bool same = memcmp(x, y, n) == 0;
-    TU_CHECK(same, "%s differs from eager after step %d", what, step);
+    TU_CHECK(same, "%s: '%s' and '%s' differ after step %d", what, a->name, b->name, step);
     free(x), free(y);
     return same;
 }
