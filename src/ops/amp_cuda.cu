@@ -17,16 +17,6 @@
 #define AMP_THREADS 256
 #define AMP_BLOCKS_PER_SM 4 /* a streaming kernel: one wave of 4 blocks an SM keeps it busy */
 
-/* Four elements from index 4*i4 (the buffer aligned to 4 elements: 16 or 8 bytes). */
-__device__ __forceinline__ float4 load4(const float *p, int64_t i4)
-{
-    return reinterpret_cast<const float4 *>(p)[i4];
-}
-__device__ __forceinline__ float4 load4(const __nv_bfloat16 *p, int64_t i4)
-{
-    return bf16x4_to_float4(reinterpret_cast<const uint2 *>(p)[i4]);
-}
-
 /* grad (n) = grad_lo (n) * (1 / scale) in f32; found = some result is inf or NaN; then the
  * scaler update (amp.h). lo and g may be the same f32 buffer (in place: no __restrict__; each
  * element is read, then written, by one thread); g NULL: nothing written but the flag (the
@@ -46,7 +36,7 @@ __global__ void __launch_bounds__(AMP_THREADS)
     const int64_t n4 = vec ? n / 4 : 0;
     bool bad = false;
     for (int64_t i = tid; i < n4; i += stride) {
-        const float4 v = sg_times4(load4(lo, i), inv);
+        const float4 v = sg_times4(sg_load4(lo, i), inv);
         bad |= !isfinite(v.x) | !isfinite(v.y) | !isfinite(v.z) | !isfinite(v.w);
         if (g) reinterpret_cast<float4 *>(g)[i] = v;
     }

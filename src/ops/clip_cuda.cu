@@ -59,12 +59,12 @@ __device__ __forceinline__ float clip_coef(float max_norm, double nd)
  * for bf16), else four. */
 __device__ __forceinline__ float4 ld4(const float *g, int64_t i4, bool vec)
 {
-    if (vec) return reinterpret_cast<const float4 *>(g)[i4];
+    if (vec) return sg_load4(g, i4);
     return make_float4(g[4 * i4], g[4 * i4 + 1], g[4 * i4 + 2], g[4 * i4 + 3]);
 }
 __device__ __forceinline__ float4 ld4(const __nv_bfloat16 *g, int64_t i4, bool vec)
 {
-    if (vec) return bf16x4_to_float4(reinterpret_cast<const uint2 *>(g)[i4]);
+    if (vec) return sg_load4(g, i4);
     return make_float4(to_f(g[4 * i4]), to_f(g[4 * i4 + 1]), to_f(g[4 * i4 + 2]), to_f(g[4 * i4 + 3]));
 }
 

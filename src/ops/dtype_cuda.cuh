@@ -86,4 +86,17 @@ __device__ __forceinline__ float4 bf16x4_to_float4(uint2 u)
                        __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
 }
 
+
+/* Elements 4 i4 to 4 i4 + 3 of p as f32, one load: p aligned to 4 elements (16 bytes for f32,
+ * 8 for bf16). The streaming passes over gradients (the unscale, the clipping norm, the
+ * optimizer steps) read through it. */
+__device__ __forceinline__ float4 sg_load4(const float *p, int64_t i4)
+{
+    return reinterpret_cast<const float4 *>(p)[i4];
+}
+__device__ __forceinline__ float4 sg_load4(const __nv_bfloat16 *p, int64_t i4)
+{
+    return bf16x4_to_float4(reinterpret_cast<const uint2 *>(p)[i4]);
+}
+
 #endif

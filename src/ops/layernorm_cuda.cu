@@ -25,7 +25,9 @@
  * registers in row order. The S lanes' sums are combined by an xor butterfly (a fixed order)
  * and added to the block's partial in scratch (slot SG_SLOT_LAYERNORM, double [nparts][2C],
  * dgamma's columns then dbeta's; a block of more than one tile reads its partial back and adds
- * to it, tile by tile). So x and dy are read twice, the second time from L1/L2 right after the
+ * to it, tile by tile), 16 bytes (two columns) a store, the pairs shared among the S lanes:
+ * stored 8 bytes at a time by one lane, the partials took 3 of the kernel's 13 us on gpt-768's
+ * rows (the H200, bench/RESULTS.md). So x and dy are read twice, the second time from L1/L2 right after the
  * first, and the column sums come from registers phase B holds anyway (the kernel this one
  * replaced read every element a third time, by column, for them). Kernel 2: dgamma and dbeta,
  * each column the sum of the partials in a fixed order (LN_RED_SLICES threads per column, each
@@ -181,10 +183,27 @@ __global__ void ln_forward_kernel(const T *__restrict__ x, const T *__restrict__
 
 /* ---- backward ---- */
 
+/* A block's partial of column c (of pair c2: columns 2 c2, 2 c2 + 1, one 16-byte access):
+ * stored on the block's first tile, added to after. */
+__device__ __forceinline__ void pb_add(double *p, int64_t c, bool first, double v)
+{
+    p[c] = first ? v : p[c] + v;
+}
+__device__ __forceinline__ void pb_add2(double *p, int64_t c2, bool first, double a, double b)
+{
+    double2 *q = reinterpret_cast<double2 *>(p) + c2;
+    if (first) {
+        *q = make_double2(a, b);
+    } else {
+        const double2 o = *q;
+        *q = make_double2(o.x + a, o.y + b);
+    }
+}
+
 /* Kernel 1. x, dy, dres, dx (M, C); gamma (C); mean, rstd (M); partials (gridDim.x, NS*C):
  * block b's sum over its rows of dy*xhat (columns 0..C-1) and of dy (C..2C-1), and with NS = 4
- * of dres (2C..3C-1; zeros without ADD) and of dx as stored (3C..4C-1). ADD: dres is added to
- * dx (read by 16-byte accesses only when dres_vec). The launch bounds keep the grid's
+ * (launched with ADD only) of dres (2C..3C-1) and of dx as stored (3C..4C-1). ADD: dres is
+ * added to dx (read by 16-byte accesses only when dres_vec). The launch bounds keep the grid's
  * LN_BWD_BLOCKS_PER_SM blocks resident at once (at most 128 registers; no spills, by ptxas -v,
  * CUDA 13, sm_90). */
 template <typename T, int G, int V, bool ADD, int NS>
@@ -287,17 +306,34 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
                         sx[k] += __shfl_xor_sync(FULL_MASK, sx[k], o);
                     }
                 }
-            if (on && sl == 0)
-#pragma unroll
-                for (int k = 0; k < V; k++) {
-                    const int64_t c = j * V + k;
-                    pb[c] = t0 == r0 ? dg[k] : pb[c] + dg[k];
-                    pb[C + c] = t0 == r0 ? db[k] : pb[C + c] + db[k];
-                    if (NS == 4) {
-                        pb[2 * C + c] = t0 == r0 ? sr[k] : pb[2 * C + c] + sr[k];
-                        pb[3 * C + c] = t0 == r0 ? sx[k] : pb[3 * C + c] + sx[k];
-                    }
+            /* Every lane of the S has the sums; column pair p (16 bytes of a set) is stored by
+             * lane p % S. */
+            if (on && V == 1 && sl == 0) {
+                pb_add(pb, j, t0 == r0, dg[0]);
+                pb_add(pb + C, j, t0 == r0, db[0]);
+                if (NS == 4) {
+                    pb_add(pb + 2 * C, j, t0 == r0, sr[0]);
+                    pb_add(pb + 3 * C, j, t0 == r0, sx[0]);
                 }
+            }
+            if (on && V > 1) {
+                const int64_t c0 = j * V / 2; /* the thread's first pair */
+                const bool first = t0 == r0;
+#pragma unroll
+                for (int p = 0; p < V / 2; p++)
+                    if (p % S == sl) pb_add2(pb, c0 + p, first, dg[2 * p], dg[2 * p + 1]);
+#pragma unroll
+                for (int p = 0; p < V / 2; p++)
+                    if (p % S == sl) pb_add2(pb + C, c0 + p, first, db[2 * p], db[2 * p + 1]);
+                if (NS == 4) {
+#pragma unroll
+                    for (int p = 0; p < V / 2; p++)
+                        if (p % S == sl) pb_add2(pb + 2 * C, c0 + p, first, sr[2 * p], sr[2 * p + 1]);
+#pragma unroll
+                    for (int p = 0; p < V / 2; p++)
+                        if (p % S == sl) pb_add2(pb + 3 * C, c0 + p, first, sx[2 * p], sx[2 * p + 1]);
+                }
+            }
         }
         __syncthreads(); /* st is rewritten by the next tile */
     }
@@ -416,7 +452,8 @@ static sg_status forward_t(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b,
 }
 
 /* One launch of kernel 1: dres NULL, the plain kernel; else the one that adds it; NS sets of
- * column sums (2, or 4 with dres's and dx's). */
+ * column sums (2, or 4 with dres's and dx's: sg_layernorm_backward_add_sums requires dres, so
+ * NS = 4 has only the adding kernel). */
 template <typename T, int G, int V, int NS>
 static void launch_backward_rows_ns(int blocks, cudaStream_t st, const sg_tensor *x,
                                     const sg_tensor *gamma, const sg_tensor *mean,
@@ -430,7 +467,7 @@ static void launch_backward_rows_ns(int blocks, cudaStream_t st, const sg_tensor
         ln_backward_rows_kernel<T, G, V, true, NS><<<blocks, LN_THREADS, 0, st>>>(
             px, pg, pm, pr, pdy, (const T *)dres->data, dres_vec, (T *)dx->data, partials, M, C,
             rpb);
-    else
+    else if constexpr (NS == 2)
         ln_backward_rows_kernel<T, G, V, false, NS><<<blocks, LN_THREADS, 0, st>>>(
             px, pg, pm, pr, pdy, nullptr, false, (T *)dx->data, partials, M, C, rpb);
 }

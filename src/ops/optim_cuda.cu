@@ -131,18 +131,10 @@ template <bool SCALED, typename G> __device__ __forceinline__ float ld_grad(cons
 {
     return SCALED ? sg_times(sg_times(to_f(g[i]), inv), fac) : to_f(g[i]);
 }
-__device__ __forceinline__ float4 ld_grad4_raw(const float *g, int64_t i4)
-{
-    return reinterpret_cast<const float4 *>(g)[i4];
-}
-__device__ __forceinline__ float4 ld_grad4_raw(const __nv_bfloat16 *g, int64_t i4)
-{
-    return bf16x4_to_float4(reinterpret_cast<const uint2 *>(g)[i4]);
-}
 template <bool SCALED, typename G>
 __device__ __forceinline__ float4 ld_grad4(const G *g, int64_t i4, float inv, float fac)
 {
-    const float4 r = ld_grad4_raw(g, i4);
+    const float4 r = sg_load4(g, i4);
     return SCALED ? sg_times4(sg_times4(r, inv), fac) : r;
 }
 
