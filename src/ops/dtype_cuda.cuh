@@ -86,7 +86,6 @@ __device__ __forceinline__ float4 bf16x4_to_float4(uint2 u)
                        __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
 }
 
-
 /* Elements 4 i4 to 4 i4 + 3 of p as f32, one load: p aligned to 4 elements (16 bytes for f32,
  * 8 for bf16). The streaming passes over gradients (the unscale, the clipping norm, the
  * optimizer steps) read through it. */

@@ -27,12 +27,12 @@
  * dgamma's columns then dbeta's; a block of more than one tile reads its partial back and adds
  * to it, tile by tile), 16 bytes (two columns) a store, the pairs shared among the S lanes:
  * stored 8 bytes at a time by one lane, the partials took 3 of the kernel's 13 us on gpt-768's
- * rows (the H200, bench/RESULTS.md). So x and dy are read twice, the second time from L1/L2 right after the
- * first, and the column sums come from registers phase B holds anyway (the kernel this one
- * replaced read every element a third time, by column, for them). Kernel 2: dgamma and dbeta,
- * each column the sum of the partials in a fixed order (LN_RED_SLICES threads per column, each
- * with all its loads in flight, staged in shared memory by cp.async, then the slices in
- * order), rounded once to T.
+ * rows (the H200, bench/RESULTS.md). So x and dy are read twice, the second time from L1/L2
+ * right after the first, and the column sums come from registers phase B holds anyway (the
+ * kernel this one replaced read every element a third time, by column, for them). Kernel 2:
+ * dgamma and dbeta, each column the sum of the partials in a fixed order (LN_RED_SLICES threads
+ * per column, each with all its loads in flight, staged in shared memory by cp.async, then the
+ * slices in order), rounded once to T.
  *
  * Why the column sums stay in double: dgamma = sum over rows of dy*xhat has terms of both
  * signs, so over M rows it is near sqrt(M) terms in size while the sum of the terms' magnitudes
@@ -328,10 +328,12 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
                 if (NS == 4) {
 #pragma unroll
                     for (int p = 0; p < V / 2; p++)
-                        if (p % S == sl) pb_add2(pb + 2 * C, c0 + p, first, sr[2 * p], sr[2 * p + 1]);
+                        if (p % S == sl)
+                            pb_add2(pb + 2 * C, c0 + p, first, sr[2 * p], sr[2 * p + 1]);
 #pragma unroll
                     for (int p = 0; p < V / 2; p++)
-                        if (p % S == sl) pb_add2(pb + 3 * C, c0 + p, first, sx[2 * p], sx[2 * p + 1]);
+                        if (p % S == sl)
+                            pb_add2(pb + 3 * C, c0 + p, first, sx[2 * p], sx[2 * p + 1]);
                 }
             }
         }
@@ -495,6 +497,7 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *ga
 {
     constexpr int VEC = 16 / sizeof(T);
     const int ns = dres_sum || dx_sum ? 4 : 2; /* sets of column sums in the partials */
+    SG_ASSERT(ns == 2 || dres); /* the sums come with dres only (no NS = 4 kernel without it) */
     const int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
     /* Always the same size (the entry point caps C), so the buffer is allocated once and its
      * address never changes: a captured graph keeps pointing at it. */
