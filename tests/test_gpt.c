@@ -5,7 +5,8 @@
  * tracks fp32; a forced overflow skips exactly one step under step scope. `gpu`:
  * gpt-256-4-8-128 on the GPU against the CPU for 5 steps (loss and parameters within
  * tolerance; with dropout and without), every scope bit-exact with eager on the GPU with
- * clipping, with dropout and without (fp32 and bf16), bf16 against fp32, the forced overflow, and no allocation per step after set-up.
+ * clipping, with dropout and without (fp32 and bf16), bf16 against fp32, the forced overflow,
+ * and no allocation per step after set-up.
  * `cpu` also: the projections' bias gradients summed by LN2's backward, bit for bit their own.
  * Both modes: variable sequence length (--vary-seq): a padded step matches an unpadded one,
  * step scope over three length buckets is bit-exact with eager, and argument errors. */
@@ -90,7 +91,7 @@ static void learns(sg_backend be, const char *name, sg_scope scope, int steps, d
     sg_ctx_destroy(ctx);
 }
 
-static void scopes_match(sg_backend be, const char *name, int steps, float dropout)
+static void scopes_match_at(sg_backend be, const char *name, int steps, float dropout)
 {
     sg_ctx *ctx = tu_ctx(be);
     uint64_t seed = tu_next();
@@ -272,6 +273,14 @@ static void gpu_vs_cpu(const char *name, float dropout)
              (unsigned long long)(a1.device_allocs - a0.device_allocs));
     drop(&g), drop(&c);
     sg_ctx_destroy(gc), sg_ctx_destroy(cc);
+}
+
+/* Every capture scope against eager, bit for bit, with dropout and without (then LN2's backward
+ * sums the projections' bias gradients). */
+static void scopes_match(sg_backend be, const char *name, int steps)
+{
+    scopes_match_at(be, name, steps, 0.1f);
+    scopes_match_at(be, name, steps, 0.f);
 }
 
 /* Without dropout LN2's backward sums the two projections' bias gradients
@@ -537,9 +546,7 @@ int main(int argc, char **argv)
         /* With dropout, and without (then LN2's backward sums the projections' biases). */
         gpu_vs_cpu(getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", 0.1f);
         gpu_vs_cpu(getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", 0.f);
-        /* With dropout, and without: then LN2's backward sums the projections' biases. */
-        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12, 0.1f);
-        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12, 0.f);
+        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12);
         seq_padded_matches_unpadded(SG_BACKEND_CUDA, getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64");
         seq_vary_matches_eager(SG_BACKEND_CUDA, name);
         seq_errors(SG_BACKEND_CUDA);
@@ -551,17 +558,14 @@ int main(int argc, char **argv)
         if (tu_racecheck()) return tu_finish("test_gpt");
         bf16_tracks_fp32(SG_BACKEND_CUDA, getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", 30);
         precision = SG_DTYPE_BF16;
-        /* With dropout, and without: then LN2's backward sums the projections' biases. */
-        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12, 0.1f);
-        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12, 0.f);
+        scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12);
         seq_vary_matches_eager(SG_BACKEND_CUDA, name);
         overflow_skips(SG_BACKEND_CUDA, name);
         learns(SG_BACKEND_CUDA, getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", SG_SCOPE_STEP,
                getenv("SG_TEST_MODEL") ? 60 : 150, 1.0);
     } else {
         learns(SG_BACKEND_CPU, "gpt-64-2-4-32", SG_SCOPE_EAGER, 60, 1.0);
-        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6, 0.1f);
-        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6, 0.f);
+        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6);
         seq_padded_matches_unpadded(SG_BACKEND_CPU, "gpt-64-2-2-16");
         seq_vary_matches_eager(SG_BACKEND_CPU, "gpt-64-2-2-16");
         seq_errors(SG_BACKEND_CPU);
@@ -569,8 +573,7 @@ int main(int argc, char **argv)
         bias_sums("gpt-64-2-2-16");
         bf16_tracks_fp32(SG_BACKEND_CPU, "gpt-64-1-2-16", 30);
         precision = SG_DTYPE_BF16;
-        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6, 0.1f);
-        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6, 0.f);
+        scopes_match(SG_BACKEND_CPU, "gpt-64-2-2-16", 6);
         seq_vary_matches_eager(SG_BACKEND_CPU, "gpt-64-2-2-16");
         overflow_skips(SG_BACKEND_CPU, "gpt-64-1-2-16");
         learns(SG_BACKEND_CPU, "gpt-64-1-4-32", SG_SCOPE_STEP, 60, 1.0);
