@@ -12,11 +12,14 @@
  * (k and v for the forward and dq, q and dout for dk and dv) are double-buffered: tile i + 1 is
  * copied while tile i is computed, one __syncthreads a tile. The forward keeps each row's
  * running max and sum in registers (a row's 64 scores are spread over the 4 threads of a quad)
- * and saves lse = max + log(sum) for the backward. The backward is two kernels and no atomics,
- * so it is deterministic: one per query tile (dq, and delta = dout . out for each row, written
- * for the next kernel), one per key tile (dk and dv), each recomputing the probabilities from
- * lse. P and d(scores) are rounded to bf16 before the products that read them, as flash
- * attention and PyTorch's autocast do.
+ * and saves lse = max + log(sum) for the backward. The backward is three kernels and no atomics,
+ * so it is deterministic: delta = dout . out for each row, then one kernel per query tile (dq)
+ * and one per key tile (dk and dv), each recomputing the probabilities from lse. The last two
+ * read only what the kernels before them wrote and write different columns of dqkv, so where
+ * the device has programmatic dependent launch the key-tile kernel starts beside the dq kernel
+ * and fills the SMs its short tiles leave (it waits for the dq kernel before it completes). P
+ * and d(scores) are rounded to bf16 before the products that read them, as flash attention and
+ * PyTorch's autocast do.
  *
  * Causal skipping: on the diagonal tile, a warp whose 16 rows (keys, for dk and dv) leave a
  * half of the tile all masked skips that half's products. Their scores would be masked anyway,
@@ -26,6 +29,7 @@
  * kept run in the same order. So for finite inputs every output has the bits of the full
  * computation. Blocks start longest first (block_tile). */
 #include "ops/attention.h"
+#include "ops/dtype_cuda.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -322,17 +326,57 @@ __device__ __forceinline__ void dq_tile(float dq[8][4], const uint32_t qa[4][4],
     mm_add<0, HI>(dq, s, ks, lane);
 }
 
-/* dq for a query tile, and delta = dout . out of its rows (for the key-tile kernel).
- * grid (query tiles, B*H). 168 registers at most: 3 blocks an SM, so that 384 blocks (B 8 x 12
- * heads x 4 tiles) run in one wave on 132 SMs. */
+/* delta = dout . out of every query row, for both backward kernels: f32 from the bf16 values
+ * as stored, a row's 64 products added in column order by one thread. A block takes
+ * FA_DELTA_ROWS rows (of the B*H*T, in (b, h, t) order): its threads copy them into shared
+ * memory 16 bytes at a time, 8 threads a row (coalesced), then thread r adds row r's products. */
+#define FA_DELTA_ROWS 64
+#define FA_DELTA_THREADS 256
+__global__ void __launch_bounds__(FA_DELTA_THREADS) fused_bwd_delta_kernel(const bf16 *__restrict__ out,
+                                                                           const bf16 *__restrict__ dout,
+                                                                           float *__restrict__ delta, int64_t rows,
+                                                                           int T, int H, int C)
+{
+    __shared__ __align__(16) bf16 gs[FA_DELTA_ROWS * FA_LD], os[FA_DELTA_ROWS * FA_LD];
+    const int64_t r0 = (int64_t)blockIdx.x * FA_DELTA_ROWS;
+#pragma unroll
+    for (int j = 0; j < FA_DELTA_ROWS * 8 / FA_DELTA_THREADS; j++) {
+        const int k = (int)threadIdx.x + j * FA_DELTA_THREADS, r = k >> 3, c = (k & 7) * 8;
+        const int64_t i = r0 + r;
+        if (i >= rows) continue;
+        const int64_t bh = i / T, t = i - bh * T, b = bh / H, h = bh - b * H;
+        const int64_t off = (b * T + t) * C + h * FA_HS + c;
+        *reinterpret_cast<uint4 *>(gs + r * FA_LD + c) = *reinterpret_cast<const uint4 *>(dout + off);
+        *reinterpret_cast<uint4 *>(os + r * FA_LD + c) = *reinterpret_cast<const uint4 *>(out + off);
+    }
+    __syncthreads();
+    const int r = (int)threadIdx.x;
+    if (r >= FA_DELTA_ROWS || r0 + r >= rows) return;
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < FA_HS; c += 8) {
+        const uint4 gv = *reinterpret_cast<const uint4 *>(gs + r * FA_LD + c);
+        const uint4 ov = *reinterpret_cast<const uint4 *>(os + r * FA_LD + c);
+        const bf16 *ge = reinterpret_cast<const bf16 *>(&gv), *oe = reinterpret_cast<const bf16 *>(&ov);
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc = __fmaf_rn(__bfloat162float(ge[j]), __bfloat162float(oe[j]), acc);
+    }
+    delta[r0 + r] = acc;
+}
+
+/* dq for a query tile. grid (query tiles, B*H). 168 registers at most: 3 blocks an SM, so that
+ * 384 blocks (B 8 x 12 heads x 4 tiles) run in one wave on 132 SMs. It lets the key-tile
+ * kernel start at once (sg_pdl_trigger): the two write different columns of dqkv and read
+ * only what was written before this kernel, so the key-tile kernel's blocks fill the SMs as
+ * this kernel's shorter tiles finish. */
 __global__ void __launch_bounds__(FA_THREADS, 3) fused_bwd_dq_kernel(const bf16 *__restrict__ qkv,
-                                                                     const bf16 *__restrict__ out,
                                                                      const float *__restrict__ lse,
                                                                      const bf16 *__restrict__ dout,
-                                                                     bf16 *__restrict__ dqkv,
-                                                                     float *__restrict__ delta, int T, int H, int C,
+                                                                     const float *__restrict__ delta,
+                                                                     bf16 *__restrict__ dqkv, int T, int H, int C,
                                                                      float sl2, float scale)
 {
+    sg_pdl_trigger();
     __shared__ __align__(16) bf16 ks[2][FA_TILE * FA_LD], vs[2][FA_TILE * FA_LD];
     __shared__ float dsh[FA_TILE];
     int qt, bh;
@@ -341,11 +385,11 @@ __global__ void __launch_bounds__(FA_THREADS, 3) fused_bwd_dq_kernel(const bf16 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t ld = 3 * (int64_t)C;
     const bf16 *base = qkv + (int64_t)b * T * ld + h * FA_HS;
-    const bf16 *gbase = dout + (int64_t)b * T * C + h * FA_HS, *obase = out + (int64_t)b * T * C + h * FA_HS;
+    const bf16 *gbase = dout + (int64_t)b * T * C + h * FA_HS;
     const int q0 = qt * FA_TILE, r0 = warp * 16;
     const int qrow[2] = {q0 + r0 + g, q0 + r0 + g + 8};
 
-    /* q and dout into the buffers tile 1 will take, tile 0 behind them; delta meanwhile */
+    /* q and dout into the buffers tile 1 will take, tile 0 behind them; the rows' delta */
     uint32_t qa[4][4], ga[4][4];
     load_tile_async(ks[1], base, ld, q0, T, FA_THREADS);
     load_tile_async(vs[1], gbase, C, q0, T, FA_THREADS);
@@ -353,20 +397,8 @@ __global__ void __launch_bounds__(FA_THREADS, 3) fused_bwd_dq_kernel(const bf16 
     load_tile_async(ks[0], base + C, ld, 0, T, FA_THREADS);
     load_tile_async(vs[0], base + 2 * C, ld, 0, T, FA_THREADS);
     cp_async_commit();
-    if (threadIdx.x < FA_TILE) { /* delta of row threadIdx.x, from the bf16 values as stored */
-        float acc = 0.f;
-        const int row = q0 + threadIdx.x;
-        if (row < T)
-            for (int c = 0; c < FA_HS; c += 8) {
-                uint4 gv = *reinterpret_cast<const uint4 *>(gbase + (int64_t)row * C + c);
-                uint4 ov = *reinterpret_cast<const uint4 *>(obase + (int64_t)row * C + c);
-                const bf16 *ge = reinterpret_cast<const bf16 *>(&gv), *oe = reinterpret_cast<const bf16 *>(&ov);
-#pragma unroll
-                for (int j = 0; j < 8; j++) acc += __bfloat162float(ge[j]) * __bfloat162float(oe[j]);
-            }
-        dsh[threadIdx.x] = acc;
-        if (row < T) delta[(int64_t)bh * T + row] = acc;
-    }
+    if (threadIdx.x < FA_TILE)
+        dsh[threadIdx.x] = q0 + (int)threadIdx.x < T ? delta[(int64_t)bh * T + q0 + threadIdx.x] : 0.f;
     CP_ASYNC_WAIT(1);
     __syncthreads();
     load_a(qa, ks[1], r0, g, t4);
@@ -497,6 +529,9 @@ __global__ void __launch_bounds__(FA_THREADS, 2) fused_bwd_dkv_kernel(const bf16
     bf16 *dbase = dqkv + (int64_t)b * T * ld + h * FA_HS;
     store_rows(dbase + C, ld, dk, scale, k0 + r0, T, g, t4);
     store_rows(dbase + 2 * C, ld, dv, 1.f, k0 + r0, T, g, t4);
+    /* Launched beside the dq kernel (programmatic dependent launch): this grid completes only
+     * once that one has, so the kernels after it find dq written too. */
+    sg_pdl_wait();
 }
 
 /* ---- entry points (arguments checked by attention.c) ---- */
@@ -543,15 +578,30 @@ extern "C" sg_status sg_attention_fused_backward_cuda(sg_ctx *ctx, const sg_tens
     const float sl2 = (float)(FA_LOG2E * sc), scale = (float)sc;
     dim3 grid((unsigned)((d.T + FA_TILE - 1) / FA_TILE), (unsigned)(d.B * d.H));
     cudaStream_t s = (cudaStream_t)sg_ctx_stream(ctx);
-    fused_bwd_dq_kernel<<<grid, FA_THREADS, 0, s>>>((const bf16 *)qkv->data, (const bf16 *)out->data,
-                                                    (const float *)lse->data, (const bf16 *)dout->data,
-                                                    (bf16 *)dqkv->data, (float *)delta->data, (int)d.T, (int)d.H,
-                                                    (int)d.C, sl2, scale);
+    const int64_t rows = d.B * d.H * d.T;
+    fused_bwd_delta_kernel<<<(unsigned)((rows + FA_DELTA_ROWS - 1) / FA_DELTA_ROWS), FA_DELTA_THREADS, 0, s>>>(
+        (const bf16 *)out->data, (const bf16 *)dout->data, (float *)delta->data, rows, (int)d.T, (int)d.H, (int)d.C);
+    SG_CUDA_CHECK_LAUNCH(ctx, "fused_bwd_delta_kernel");
+    fused_bwd_dq_kernel<<<grid, FA_THREADS, 0, s>>>((const bf16 *)qkv->data, (const float *)lse->data,
+                                                    (const bf16 *)dout->data, (const float *)delta->data,
+                                                    (bf16 *)dqkv->data, (int)d.T, (int)d.H, (int)d.C, sl2, scale);
     SG_CUDA_CHECK_LAUNCH(ctx, "fused_bwd_dq_kernel");
-    fused_bwd_dkv_kernel<<<grid, FA_THREADS, 0, s>>>((const bf16 *)qkv->data, (const float *)lse->data,
-                                                     (const bf16 *)dout->data, (const float *)delta->data,
-                                                     (bf16 *)dqkv->data, (int)d.T, (int)d.H, (int)d.C, sl2, scale);
+    /* The key-tile kernel may start beside the dq kernel (which triggers at once), where the
+     * device has programmatic dependent launch; otherwise after it. */
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(FA_THREADS);
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = sg_ctx_pdl(ctx) ? 1 : 0;
+    SG_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, fused_bwd_dkv_kernel, (const bf16 *)qkv->data,
+                                          (const float *)lse->data, (const bf16 *)dout->data,
+                                          (const float *)delta->data, (bf16 *)dqkv->data, (int)d.T, (int)d.H,
+                                          (int)d.C, sl2, scale));
     SG_CUDA_CHECK_LAUNCH(ctx, "fused_bwd_dkv_kernel");
-    sg_ctx_count_launches(ctx, 2);
+    sg_ctx_count_launches(ctx, 3);
     return SG_OK;
 }
