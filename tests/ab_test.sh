@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# ab_test.sh SRC: scripts/ab.sh's contract on the CPU backend: --help, the usage errors (no REF,
+# an unknown option: exit 2; a ref git does not know: exit 1), then HEAD against HEAD built twice
+# (A=HEAD B=HEAD)
+# without CUDA (two trees from `git archive`), a short mlp run of each: the checkpoints the same
+# bit for bit ("0 differ", exit 0) and a time from every run; and a run of another seed, which
+# the comparison must tell apart. Skips (77) outside a git checkout
+# or without python3.
+set -u
+src=$1
+command -v python3 >/dev/null || { echo "SKIP: no python3"; exit 77; }
+git -C "$src" rev-parse HEAD >/dev/null 2>&1 || { echo "SKIP: $src is not a git checkout"; exit 77; }
+ab=$src/scripts/ab.sh
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+expect() { # expect CODE REGEX -- ARGS...
+    local code=$1 re=$2; shift 3
+    out=$(cd "$src" && "$ab" --work "$tmp/w" "$@" 2>&1); rc=$?
+    if [ "$rc" != "$code" ] || ! grep -Eq -- "$re" <<<"$out"; then
+        echo "FAIL: ab.sh $* -> exit $rc (want $code), output lacks /$re/:"; echo "$out" | tail -30
+        fails=$((fails + 1))
+    else
+        echo "ok: ab.sh $*"
+    fi
+}
+expect 0 'ab.sh \[options\] REF' -- --help
+expect 2 'no REF given' --
+expect 2 'unknown option --bogus' -- --bogus HEAD
+expect 1 'no such ref: no-such-ref-here' -- no-such-ref-here
+cpu=(--cmake-args "-DSG_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Release" --models mlp-32-2-8 --precisions fp32
+     --steps 20 --ckpt-steps 5 --rounds 2 --train-args "--scope step --backend cpu")
+expect 0 'mlp-32-2-8 fp32: B against A: [0-9]+ tensors, 0 differ' -- "${cpu[@]}" A=HEAD B=HEAD
+# two timing lines, each with two numbers
+n=$(grep -Ec '^  mlp-32-2-8 fp32 [AB]: [0-9.]+ [0-9.]+$' <<<"$out")
+[ "$n" = 2 ] || { echo "FAIL: expected 2 timing lines of 2 runs, found $n:"; echo "$out"; fails=$((fails + 1)); }
+# the comparison can tell: a run from another seed differs from A's checkpoint
+if "$tmp/w/bin/A" train --model mlp-32-2-8 --steps 5 --scope step --backend cpu --seed 2 --quiet \
+    --save "$tmp/seed2.safetensors" > /dev/null 2>&1; then
+    d=$(python3 "$src/scripts/ckpt_same.py" "$tmp/w/A.mlp-32-2-8.fp32.safetensors" "$tmp/seed2.safetensors")
+    rc=$?
+    if ! grep -Eq '[0-9]+ tensors, [1-9][0-9]* differ' <<<"$d" || [ $rc != 1 ]; then
+        echo "FAIL: another seed's checkpoint compared as: $d (exit $rc)"; fails=$((fails + 1))
+    fi
+else
+    echo "FAIL: the seed-2 run failed"; fails=$((fails + 1))
+fi
+[ $fails = 0 ] && echo "ab_test: all passed"
+exit $((fails > 0))
