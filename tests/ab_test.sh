@@ -11,19 +11,13 @@ src=$1
 command -v python3 >/dev/null || { echo "SKIP: no python3"; exit 77; }
 git -C "$src" rev-parse HEAD >/dev/null 2>&1 || { echo "SKIP: $src is not a git checkout"; exit 77; }
 ab=$src/scripts/ab.sh
+cd "$src" || exit 1 # ab.sh finds the repository from the working directory
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
-expect() { # expect CODE REGEX -- ARGS...
-    local code=$1 re=$2; shift 3
-    out=$(cd "$src" && "$ab" --work "$tmp/w" "$@" 2>&1); rc=$?
-    if [ "$rc" != "$code" ] || ! grep -Eq -- "$re" <<<"$out"; then
-        echo "FAIL: ab.sh $* -> exit $rc (want $code), output lacks /$re/:"; echo "$out" | tail -30
-        fails=$((fails + 1))
-    else
-        echo "ok: ab.sh $*"
-    fi
-}
+# shellcheck source=tests/expect.sh
+. "$(dirname "$0")/expect.sh"
+expect() { expect_cmd "ab.sh ${*:4}" "$1" "$2" -- "$ab" --work "$tmp/w" "${@:4}"; } # expect CODE REGEX -- ARGS...
 expect 0 'ab.sh \[options\] REF' -- --help
 expect 2 'no REF given' --
 expect 2 'unknown option --bogus' -- --bogus HEAD
@@ -45,5 +39,5 @@ if "$tmp/w/bin/A" train --model mlp-32-2-8 --steps 5 --scope step --backend cpu 
 else
     echo "FAIL: the seed-2 run failed"; fails=$((fails + 1))
 fi
-[ $fails = 0 ] && echo "ab_test: all passed"
+[ "$fails" = 0 ] && echo "ab_test: all passed"
 exit $((fails > 0))

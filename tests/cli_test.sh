@@ -6,17 +6,10 @@ set -u
 bin=$1
 fails=0
 passes=0
+# shellcheck source=tests/expect.sh
+. "$(dirname "$0")/expect.sh"
 pass() { echo "ok: $*"; passes=$((passes + 1)); }
-expect() { # expect CODE REGEX -- ARGS...
-    local code=$1 re=$2; shift 3
-    out=$("$bin" "$@" 2>&1); rc=$?
-    if [ "$rc" != "$code" ] || ! grep -Eq -- "$re" <<<"$out"; then
-        echo "FAIL: stepgraph $* -> exit $rc (want $code), output lacks /$re/:"; echo "$out" | head -20
-        fails=$((fails + 1))
-    else
-        pass "stepgraph $*"
-    fi
-}
+expect() { expect_cmd "stepgraph ${*:4}" "$1" "$2" -- "$bin" "${@:4}"; } # expect CODE REGEX -- ARGS...
 expect 0 'commands:' -- --help
 expect 0 '--log-every' -- train --help
 expect 0 '--repeats' -- bench --help

@@ -11,16 +11,10 @@ plot="python3 $src/bench/plot.py"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
-expect() { # expect CODE REGEX -- ARGS...
-    local code=$1 re=$2; shift 3
-    out=$($plot "$@" 2>&1); rc=$?
-    if [ "$rc" != "$code" ] || ! grep -Eq -- "$re" <<<"$out"; then
-        echo "FAIL: plot.py $* -> exit $rc (want $code), output lacks /$re/:"; echo "$out" | head -20
-        fails=$((fails + 1))
-    else
-        echo "ok: plot.py $*"
-    fi
-}
+# shellcheck source=tests/expect.sh
+. "$(dirname "$0")/expect.sh"
+# shellcheck disable=SC2086
+expect() { expect_cmd "plot.py ${*:4}" "$1" "$2" -- $plot "${@:4}"; } # expect CODE REGEX -- ARGS...
 expect 0 'usage: plot.py' -- --help
 expect 2 "$tmp/none.jsonl: no such file" -- --out "$tmp" "$tmp/none.jsonl"
 echo "not json" > "$tmp/log.txt"
