@@ -11,15 +11,9 @@ fails=0
 passes=0
 pass() { echo "ok: $*"; passes=$((passes + 1)); }
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-expect() { # expect CODE REGEX -- ARGS...: exit CODE, and stdout+stderr matching REGEX
-    local code=$1 re=$2; shift 3
-    out=$("$bin" "$@" 2>&1); rc=$?
-    if [ "$rc" != "$code" ] || ! grep -Eq -- "$re" <<<"$out"; then
-        fail "stepgraph $* -> exit $rc (want $code), output lacks /$re/:"; echo "$out" | head -20
-    else
-        pass "stepgraph $*"
-    fi
-}
+# shellcheck source=tests/expect.sh
+. "$(dirname "$0")/expect.sh"
+expect() { expect_cmd "stepgraph ${*:4}" "$1" "$2" -- "$bin" "${@:4}"; } # expect CODE REGEX -- ARGS...
 
 # Each help: exit 0, its exit statuses (0, 1 and 2 named), and what the command does.
 for cmd in bench sample advise trace; do

@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# expect.sh: sourced by the shell tests (cli_test.sh, plot_test.sh, ab_test.sh).
+# expect.sh: sourced by the shell tests (cli_test.sh, cli_help_test.sh, gpu_cli_test.sh,
+# trace_test.sh, plot_test.sh, ab_test.sh).
 # expect_cmd LABEL CODE REGEX -- CMD ARGS...: runs CMD ARGS, its stdout and stderr into $out and
 # its status into $rc; passes ("ok: LABEL", passes + 1) when the status is CODE and the output
 # matches the extended regex REGEX, else prints what it got (up to 40 lines: the first and last

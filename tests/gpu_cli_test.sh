@@ -13,12 +13,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pass() { echo "ok: $*"; passes=$((passes + 1)); }
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-expect() { # expect CODE REGEX -- ARGS...
-    local code=$1 re=$2; shift 3
-    out=$("$bin" "$@" 2>&1); rc=$?
-    if [ "$rc" != "$code" ] || ! grep -Eq -- "$re" <<<"$out"; then fail "stepgraph $* -> exit $rc (want $code): $(tail -n 3 <<<"$out")"
-    else pass "stepgraph $*"; fi
-}
+# shellcheck source=tests/expect.sh
+. "$(dirname "$0")/expect.sh"
+expect() { expect_cmd "stepgraph ${*:4}" "$1" "$2" -- "$bin" "${@:4}"; } # expect CODE REGEX -- ARGS...
 g="--model gpt-256-4-8-128 --backend cuda --scope step"
 "$bin" train $g --steps 100000000 --log-every 50 --save "$tmp/ck.safetensors" --metrics "$tmp/m.jsonl" >"$tmp/log" 2>&1 &
 pid=$!

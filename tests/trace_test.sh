@@ -12,16 +12,9 @@ fails=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-expect() { # expect CODE REGEX -- ARGS...
-    local code=$1 re=$2; shift 3
-    out=$("$bin" "$@" 2>&1); rc=$?
-    if [ "$rc" != "$code" ] || ! grep -Eq -- "$re" <<<"$out"; then
-        echo "FAIL: stepgraph $* -> exit $rc (want $code), output lacks /$re/:"; echo "$out" | head -20
-        fails=$((fails + 1))
-    else
-        echo "ok: stepgraph $*"
-    fi
-}
+# shellcheck source=tests/expect.sh
+. "$(dirname "$0")/expect.sh"
+expect() { expect_cmd "stepgraph ${*:4}" "$1" "$2" -- "$bin" "${@:4}"; } # expect CODE REGEX -- ARGS...
 
 expect 0 'usage: stepgraph trace' -- trace --help
 expect 0 'trace    write a Perfetto' -- --help
