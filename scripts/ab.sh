@@ -8,7 +8,8 @@
 # returns at most 8 files a call).
 #
 #   scripts/ab.sh [--models M1,M2] [--precisions P1,P2] [--steps N] [--ckpt-steps N] [--rounds R]
-#                 [--trace] [--no-ckpt] [--train-args "ARGS"] [--cmake-args "ARGS"] [--work DIR] REF...
+#                 [--trace] [--no-ckpt] [--train-args "ARGS"] [--cmake-args "ARGS"] [--work DIR]
+#                 [--env NAME VAR=VALUE]... REF...
 #
 #   --models      stepgraph models (default gpt-768-12-8-256,gpt-256-4-8-128)
 #   --precisions  fp32 and/or bf16 (default bf16)
@@ -21,6 +22,9 @@
 #   --train-args  more options for every train and trace run (default "--scope step")
 #   --cmake-args  the configure options (default: Release, CUDA architecture 90, Ninja)
 #   --work        where the trees and builds go (default /tmp/stepgraph-ab)
+#   --env         every run of build NAME gets VAR=VALUE in its environment (repeatable), so
+#                 that one ref can be compared with itself under a switch: a ref given twice
+#                 (NAME=REF) is built once
 #
 # A build REF is checked out by `git archive` into WORK/NAME (NAME: REF with / as _, unless
 # given; names must differ), configured and built (target stepgraph_cli, the command). Exit
@@ -30,6 +34,7 @@ models=gpt-768-12-8-256,gpt-256-4-8-128 precisions=bf16 steps=200 ckpt_steps=8 r
 train_args="--scope step"
 cmake_args="-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -G Ninja"
 work=/tmp/stepgraph-ab
+declare -A envof built
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "$1"; }
 while [ $# -gt 0 ]; do
     case $1 in
@@ -43,6 +48,7 @@ while [ $# -gt 0 ]; do
     --train-args) train_args=$2; shift 2 ;;
     --cmake-args) cmake_args=$2; shift 2 ;;
     --work) work=$2; shift 2 ;;
+    --env) envof[$2]="${envof[$2]:-} $3"; shift 3 ;;
     -h | --help) usage 0 ;;
     -*) echo "ab.sh: unknown option $1" >&2; usage 2 >&2 ;;
     *) break ;;
@@ -64,6 +70,11 @@ for ref in "$@"; do
         [ "$n" != "$name" ] || { echo "ab.sh: two builds named $name (name them: NAME=REF)" >&2; exit 2; }
     done
     seen+=("$name")
+    if [ "$ref" != . ] && [ -n "${built[$ref]:-}" ]; then
+        cp "$work/bin/${built[$ref]}" "$work/bin/$name" && names+=("$name")
+        say "built $name: the build of ${built[$ref]}${envof[$name]:+, run with${envof[$name]}}"
+        continue
+    fi
     tree=$work/$name
     rm -rf "$tree" && mkdir -p "$tree" || exit 1
     if [ "$ref" = . ]; then # tracked and untracked files as they are, without build outputs
@@ -78,7 +89,8 @@ for ref in "$@"; do
         cmake --build "$tree/build" --target stepgraph_cli -j "$(nproc)" > "$work/$name.build.log" 2>&1 &&
         cp "$tree/build/stepgraph" "$work/bin/$name" 2>> "$work/$name.build.log"; then
         names+=("$name")
-        say "built $name: $desc"
+        built[$ref]=$name
+        say "built $name: $desc${envof[$name]:+, run with${envof[$name]}}"
     else
         say "BUILD FAILED $name ($ref); the last lines:"
         tail -20 "$work/$name.build.log" "$work/$name.cmake.log"
@@ -87,11 +99,18 @@ for ref in "$@"; do
 done
 [ ${#names[@]} -ge 1 ] || exit 1
 
+bin() { # NAME ARGS...: build NAME's stepgraph with ARGS, in the environment --env gave it
+    local b=$1
+    shift
+    # shellcheck disable=SC2086
+    env ${envof[$b]:-} "$work/bin/$b" "$@"
+}
+
 run() { # NAME ARGS...: train, the ms/step it prints (empty if it failed)
     local b=$1
     shift
     # shellcheck disable=SC2086
-    "$work/bin/$b" train "$@" $train_args --quiet 2>&1 | sed -nE 's/.* ([0-9.]+) ms\/step.*/\1/p' | tail -1
+    bin "$b" train "$@" $train_args --quiet 2>&1 | sed -nE 's/.* ([0-9.]+) ms\/step.*/\1/p' | tail -1
 }
 
 IFS=, read -r -a ms <<< "$models"
@@ -102,7 +121,7 @@ if [ $ckpt = 1 ] && [ ${#names[@]} -ge 2 ]; then
         for p in "${ps[@]}"; do
             for b in "${names[@]}"; do
                 # shellcheck disable=SC2086
-                "$work/bin/$b" train --model "$m" --precision "$p" --steps "$ckpt_steps" $train_args --quiet \
+                bin "$b" train --model "$m" --precision "$p" --steps "$ckpt_steps" $train_args --quiet \
                     --save "$work/$b.$m.$p.safetensors" > "$work/$b.ckpt.log" 2>&1 ||
                     { say "RUN FAILED $b $m $p:"; tail -5 "$work/$b.ckpt.log"; status=1; }
             done
@@ -145,7 +164,7 @@ if [ $trace = 1 ]; then
     for b in "${names[@]}"; do
         say "trace of $b (${ms[0]} ${ps[0]}), the 25 longest kernels"
         # shellcheck disable=SC2086
-        if "$work/bin/$b" trace --model "${ms[0]}" --precision "${ps[0]}" $train_args --steps 5 \
+        if bin "$b" trace --model "${ms[0]}" --precision "${ps[0]}" $train_args --steps 5 \
             --out "$work/$b.trace.json" > "$work/$b.trace.log" 2>&1; then
             python3 "$root/scripts/kernel_times.py" "$work/$b.trace.json" 5 25
         else

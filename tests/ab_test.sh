@@ -3,8 +3,9 @@
 # an unknown option: exit 2; a ref git does not know: exit 1), then HEAD against HEAD built twice
 # (A=HEAD B=HEAD)
 # without CUDA (two trees from `git archive`), a short mlp run of each: the checkpoints the same
-# bit for bit ("0 differ", exit 0) and a time from every run; and a run of another seed, which
-# the comparison must tell apart. Skips (77) outside a git checkout
+# bit for bit ("0 differ", exit 0) and a time from every run; --env on a second name for the same
+# ref (built once; the unfused attention's checkpoint differs, exit 2); and a run of another
+# seed, which the comparison must tell apart. Skips (77) outside a git checkout
 # or without python3.
 set -u
 src=$1
@@ -28,6 +29,11 @@ expect 0 'mlp-32-2-8 fp32: B against A: [0-9]+ tensors, 0 differ' -- "${cpu[@]}"
 # two timing lines, each with two numbers
 n=$(grep -Ec '^  mlp-32-2-8 fp32 [AB]: [0-9.]+ [0-9.]+$' <<<"$out")
 [ "$n" = 2 ] || { echo "FAIL: expected 2 timing lines of 2 runs, found $n:"; echo "$out"; fails=$((fails + 1)); }
+# --env: B is A's build (built once), run with the unfused attention, whose sums differ
+expect 2 'gpt-64-1-2-8 fp32: B against A: [0-9]+ tensors, [1-9][0-9]* differ' -- "${cpu[@]}" --models gpt-64-1-2-8 \
+    --env B STEPGRAPH_ATTENTION=unfused A=HEAD B=HEAD
+grep -q 'built B: the build of A, run with STEPGRAPH_ATTENTION=unfused' <<<"$out" ||
+    { echo "FAIL: B was not A's build run with the switch:"; echo "$out"; fails=$((fails + 1)); }
 # the comparison can tell: a run from another seed differs from A's checkpoint
 if "$tmp/w/bin/A" train --model mlp-32-2-8 --steps 5 --scope step --backend cpu --seed 2 --quiet \
     --save "$tmp/seed2.safetensors" > /dev/null 2>&1; then
