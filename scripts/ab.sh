@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # ab.sh [options] REF...: builds stepgraph at each git REF (a commit, branch or tag; "." for the
-# working tree as it is; NAME=REF names the build) and compares the builds on the same machine, for a change's A/B on a GPU:
-# the checkpoints of a short training run against the first REF's (scripts/ckpt_same.py: bit for
-# bit or not), ms/step in rounds (the order of the builds reversed every other round, so that none
-# always runs on a warmer machine) and, with --trace, each build's kernels by time. Everything is
-# printed to stdout, one stream, so that a device call can keep it as one file (the device tool
-# returns at most 8 files a call).
+# working tree as it is; NAME=REF names the build) and compares the builds on the same machine,
+# for a change's A/B on a GPU: the checkpoints of a short training run against the first REF's
+# (scripts/ckpt_same.py: bit for bit or not), ms/step in rounds (the order of the builds
+# reversed every other round, so that none always runs on a warmer machine) and, with --trace,
+# each build's kernels by time. Everything is printed to stdout, one stream, so that a device
+# call can keep it as one file (the device tool returns at most 8 files a call).
 #
 #   scripts/ab.sh [--models M1,M2] [--precisions P1,P2] [--steps N] [--ckpt-steps N] [--rounds R]
 #                 [--trace] [--no-ckpt] [--train-args "ARGS"] [--cmake-args "ARGS"] [--work DIR]
@@ -48,7 +48,10 @@ while [ $# -gt 0 ]; do
     --train-args) train_args=$2; shift 2 ;;
     --cmake-args) cmake_args=$2; shift 2 ;;
     --work) work=$2; shift 2 ;;
-    --env) envof[$2]="${envof[$2]:-} $3"; shift 3 ;;
+    --env)
+        if [ $# -lt 3 ] || [[ $3 != *=* ]]; then echo "ab.sh: --env takes NAME VAR=VALUE" >&2; exit 2; fi
+        envof[$2]="${envof[$2]:-} $3"
+        shift 3 ;;
     -h | --help) usage 0 ;;
     -*) echo "ab.sh: unknown option $1" >&2; usage 2 >&2 ;;
     *) break ;;

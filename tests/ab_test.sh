@@ -23,6 +23,7 @@ expect 0 'ab.sh \[options\] REF' -- --help
 expect 2 'no REF given' --
 expect 2 'unknown option --bogus' -- --bogus HEAD
 expect 1 'no such ref: no-such-ref-here' -- no-such-ref-here
+expect 2 '--env takes NAME VAR=VALUE' -- --env B HEAD
 cpu=(--cmake-args "-DSG_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Release" --models mlp-32-2-8 --precisions fp32
      --steps 20 --ckpt-steps 5 --rounds 2 --train-args "--scope step --backend cpu")
 expect 0 'mlp-32-2-8 fp32: B against A: [0-9]+ tensors, 0 differ' -- "${cpu[@]}" A=HEAD B=HEAD
