@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # ab.sh [options] REF...: builds stepgraph at each git REF (a commit, branch or tag; "." for the
-# working tree as it is; NAME=REF names the build) and compares the builds on the same machine,
+# working tree as it is; a stepgraph executable's path, used as it is; NAME=REF names the build)
+# and compares the builds on the same machine,
 # for a change's A/B on a GPU: the checkpoints of a short training run against the first REF's
 # (scripts/ckpt_same.py: bit for bit or not), ms/step in rounds (the order of the builds
-# reversed every other round, so that none always runs on a warmer machine) and, with --trace,
+# reversed every other round, so that none always runs on a warmer machine; each build's median
+# and its ratio to the first's) and, with --trace,
 # each build's kernels by time. Everything is printed to stdout, one stream, so that a device
 # call can keep it as one file (the device tool returns at most 8 files a call).
 #
@@ -73,6 +75,11 @@ for ref in "$@"; do
         [ "$n" != "$name" ] || { echo "ab.sh: two builds named $name (name them: NAME=REF)" >&2; exit 2; }
     done
     seen+=("$name")
+    if [ "$ref" != . ] && [ -f "$ref" ] && [ -x "$ref" ]; then # a binary: no build
+        cp "$ref" "$work/bin/$name" && names+=("$name")
+        say "built $name: $ref as it is${envof[$name]:+, run with${envof[$name]}}"
+        continue
+    fi
     if [ "$ref" != . ] && [ -n "${built[$ref]:-}" ]; then
         cp "$work/bin/${built[$ref]}" "$work/bin/$name" && names+=("$name")
         say "built $name: the build of ${built[$ref]}${envof[$name]:+, run with${envof[$name]}}"
@@ -157,9 +164,15 @@ for ((r = 1; r <= rounds; r++)); do
         done
     done
 done
+median() { tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 for m in "${ms[@]}"; do
     for p in "${ps[@]}"; do
-        for b in "${names[@]}"; do echo "  $m $p $b:${got[$m $p $b]}"; done
+        m0=$(median <<< "${got[$m $p ${names[0]}]}")
+        for b in "${names[@]}"; do
+            mb=$(median <<< "${got[$m $p $b]}")
+            r=$(awk -v a="$mb" -v b="$m0" 'BEGIN { if (a != "" && b > 0) printf "%.3f", a / b }')
+            echo "  $m $p $b:${got[$m $p $b]}${mb:+ | median $mb}${r:+, $r of ${names[0]}}"
+        done
     done
 done
 
