@@ -223,6 +223,14 @@ typedef enum sg_activation {
  * pre(M,N): the pre-activation, written when act is GELU (needed by the backward), else NULL. */
 sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
                             const sg_tensor *b, sg_activation act, sg_tensor *y, sg_tensor *pre);
+/* y(M,N) = x(M,K) @ w(N,K)^T + b(N) + r(M,N): a linear layer whose output joins a residual
+ * stream, in one pass (a transformer block's last projection). b may be NULL; r has y's shape
+ * and dtype and may be y itself (in place), else must not overlap it. y is rounded once (on
+ * CUDA the matmul's epilogue adds r: cuBLASLt's C with beta 1), where sg_linear_forward then
+ * sg_add_forward would round twice. The backward is sg_linear_backward's with SG_ACT_NONE for
+ * x, w and b; r's gradient is dy itself. */
+sg_status sg_linear_forward_residual(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w, const sg_tensor *b,
+                                     const sg_tensor *r, sg_tensor *y);
 /* Given dy(M,N): dx(M,K) (may be NULL: not needed), dw(N,K), db(N) (may be NULL).
  * act: the forward's activation; with RELU, act_in is the forward output y; with GELU, the
  * forward's pre. dy is overwritten with d(pre) when act is not NONE (it is scratch). */

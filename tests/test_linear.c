@@ -165,6 +165,15 @@ static tu_tol fd_tolerance(const fd_case *c)
     return (tu_tol){2 * (gamma * s / FD_H + trunc), 2 * (2 * u / FD_H)};
 }
 
+/* tu_gradcheck of the gradient of in, labelled "what: name". */
+static void gradcheck_of(const char *what, const char *name, tu_loss_fn loss, void *user, sg_tensor *in,
+                         const sg_tensor *grad, tu_tol tol)
+{
+    char label[120];
+    snprintf(label, sizeof label, "%s: %s", what, name);
+    tu_gradcheck(label, loss, user, in, grad, 0, FD_H, tol);
+}
+
 static void cpu_gradcheck_case(sg_ctx *ctx, sg_activation act, int64_t m, int64_t n, int64_t k,
                                int nd, int has_b, int has_dx)
 {
@@ -232,19 +241,14 @@ static void cpu_gradcheck_case(sg_ctx *ctx, sg_activation act, int64_t m, int64_
 
     const tu_tol fd_tol = fd_tolerance(&c);
     if (has_dx) {
-        snprintf(label, sizeof label, "%s: dx", what);
-        tu_gradcheck(label, fd_loss, &c, c.x, dx, 0, FD_H, fd_tol);
+        gradcheck_of(what, "dx", fd_loss, &c, c.x, dx, fd_tol);
     } else {
         double *v = tu_get(dx); /* dx NULL: the poison must be untouched */
         TU_CHECK(isnan(v[0]), "%s: dx was written though NULL was passed", what);
         free(v);
     }
-    snprintf(label, sizeof label, "%s: dw", what);
-    tu_gradcheck(label, fd_loss, &c, c.w, dw, 0, FD_H, fd_tol);
-    if (c.b) {
-        snprintf(label, sizeof label, "%s: db", what);
-        tu_gradcheck(label, fd_loss, &c, c.b, db, 0, FD_H, fd_tol);
-    }
+    gradcheck_of(what, "dw", fd_loss, &c, c.w, dw, fd_tol);
+    if (c.b) gradcheck_of(what, "db", fd_loss, &c, c.b, db, fd_tol);
     tu_free_live();
 }
 
@@ -1212,6 +1216,205 @@ static void cpu_through(void)
     sg_ctx_destroy(ctx);
 }
 
+/* ---- sg_linear_forward_residual: y = x w^T + b + r, rounded once ---- */
+
+/* The f64 reference against a naive loop: y = x w^T + b + r, each in f64. */
+static void check_residual_naive(const char *what, const sg_tensor *x, const sg_tensor *w, const sg_tensor *b,
+                                 const double *r, const sg_tensor *y)
+{
+    int64_t n = w->shape[0], k = w->shape[1], m = x->numel / k;
+    double *ref = malloc((size_t)(m * n) * sizeof *ref), *got = tu_get(y);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double v = b ? sg_ld(b, j) : 0;
+            for (int64_t l = 0; l < k; l++) v += sg_ld(x, i * k + l) * sg_ld(w, j * k + l);
+            ref[i * n + j] = v + r[i * n + j];
+        }
+    char label[224];
+    snprintf(label, sizeof label, "%s: y vs naive", what);
+    tu_close(label, got, ref, m * n, tu_tol_for(SG_DTYPE_F64));
+    free(ref);
+    free(got);
+}
+
+/* One case on ctx (CPU or CUDA) in dtype dt, against ref's f64 path on the values as stored.
+ * mis: every tensor a view one element into its buffer (2- or 4-byte aligned: on CUDA the bias
+ * then takes the unfused path). y is checked as written beside r and written over r in place;
+ * on CUDA a repeated call gives the same bits, and aligned shapes are one launch. */
+static void residual_case(sg_ctx *ctx, sg_ctx *ref, sg_dtype dt, int64_t m, int64_t n, int64_t k, int has_b,
+                          int mis, int expect_fused)
+{
+    if (ctx->backend == SG_BACKEND_CUDA && tu_racecheck()) return; /* see tu_racecheck */
+    const sg_dtype d = SG_DTYPE_F64;
+    const int gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
+    char what[192], label[256];
+    snprintf(what, sizeof what, "%s residual %s M=%lld N=%lld K=%lld bias=%d misaligned=%d", gpu ? "gpu" : "cpu",
+             sg_dtype_name(dt), (long long)m, (long long)n, (long long)k, has_b, mis);
+    int64_t xs[2] = {m, k}, ws[2] = {n, k}, ys[2] = {m, n};
+    sg_tensor *x = dev_tensor(ctx, dt, 2, xs, "x", mis), *w = dev_tensor(ctx, dt, 2, ws, "w", mis);
+    sg_tensor *b = has_b ? dev_tensor(ctx, dt, 1, &n, "b", mis) : NULL;
+    sg_tensor *r = dev_tensor(ctx, dt, 2, ys, "r", mis), *y = dev_tensor(ctx, dt, 2, ys, "y", mis);
+    const double wscale = 1 / sqrt((double)k); /* outputs of order 1, as the residual */
+    free(tu_random(x, -1, 1));
+    free(tu_random(w, -wscale, wscale));
+    if (b) free(tu_random(b, -1, 1));
+    free(tu_random(r, -1, 1));
+    sg_tensor *xr = tu_keep(tu_clone_to(ref, x, d)), *wr = tu_keep(tu_clone_to(ref, w, d));
+    sg_tensor *br = b ? tu_keep(tu_clone_to(ref, b, d)) : NULL, *rr = tu_keep(tu_clone_to(ref, r, d));
+    sg_tensor *yr = tu_keep(tu_tensor(ref, d, 2, ys, "y_ref"));
+    tu_poison(yr);
+    TU_OK(ref, sg_linear_forward_residual(ref, xr, wr, br, rr, yr));
+    double *rv = tu_get(rr);
+    check_residual_naive(what, xr, wr, br, rv, yr);
+    free(rv);
+
+    /* On the CPU the result is the f64 value rounded once (exact); on CUDA an f32 sum of k
+     * products (gemm_tol) then one rounding (bf16: the bf16 rule). */
+    tu_poison(y);
+    uint64_t l0 = sg_ctx_launch_count(ctx);
+    TU_OK(ctx, sg_linear_forward_residual(ctx, x, w, b, r, y));
+    const uint64_t launches = sg_ctx_launch_count(ctx) - l0;
+    if (dt == SG_DTYPE_BF16) {
+        bf16_check(what, "y", y, yr, NULL, !gpu);
+    } else {
+        snprintf(label, sizeof label, "%s: y", what);
+        tu_close_tensors(label, y, yr, gpu ? gemm_tol(k) : tu_tol_for(dt));
+    }
+    if (gpu) {
+        TU_CHECK(launches == 1 || (has_b && launches == 2), "%s: took %llu launches", what,
+                 (unsigned long long)launches);
+        if (expect_fused) TU_CHECK(launches == 1, "%s: took %llu launches, expected one matmul", what,
+                                   (unsigned long long)launches);
+        double *y1 = tu_get(y);
+        tu_poison(y);
+        TU_OK(ctx, sg_linear_forward_residual(ctx, x, w, b, r, y));
+        snprintf(label, sizeof label, "%s: repeated", what);
+        check_same_bits(label, y, y1);
+        free(y1);
+    }
+    /* In place: y starts as r. r's values are still those the reference used. */
+    TU_OK(ctx, sg_tensor_copy(y, r));
+    TU_OK(ctx, sg_linear_forward_residual(ctx, x, w, b, y, y));
+    if (dt == SG_DTYPE_BF16) {
+        bf16_check(what, "y in place", y, yr, NULL, !gpu);
+    } else {
+        snprintf(label, sizeof label, "%s: y in place", what);
+        tu_close_tensors(label, y, yr, gpu ? gemm_tol(k) : tu_tol_for(dt));
+    }
+    tu_free_live();
+}
+
+typedef struct {
+    sg_ctx *ctx;
+    sg_tensor *x, *w, *b, *r, *y, *g;
+} res_fd;
+
+static double res_loss(void *u)
+{
+    res_fd *c = u;
+    TU_OK(c->ctx, sg_linear_forward_residual(c->ctx, c->x, c->w, c->b, c->r, c->y));
+    return tu_dot(c->y, c->g);
+}
+
+/* Finite differences of L = sum(y * g) in f64: dL/dr is g, and dL/dx, dL/dw, dL/db are
+ * sg_linear_backward's with SG_ACT_NONE and dy = g. The tolerance is fd_tolerance's (L is
+ * linear in every input, so no truncation) with the residual's terms sum |g r| added to S. */
+static void cpu_residual_fd(sg_ctx *ctx, int64_t m, int64_t n, int64_t k, int has_b)
+{
+    const sg_dtype d = SG_DTYPE_F64;
+    char what[80];
+    snprintf(what, sizeof what, "cpu residual fd M=%lld N=%lld K=%lld bias=%d", (long long)m, (long long)n,
+             (long long)k, has_b);
+    res_fd c = {ctx, tu_keep(tu_tensor2(ctx, d, m, k, "x")), tu_keep(tu_tensor2(ctx, d, n, k, "w")),
+                has_b ? tu_keep(tu_tensor1(ctx, d, n, "b")) : NULL, tu_keep(tu_tensor2(ctx, d, m, n, "r")),
+                tu_keep(tu_tensor2(ctx, d, m, n, "y")), tu_keep(tu_tensor2(ctx, d, m, n, "g"))};
+    sg_tensor *all[] = {c.x, c.w, c.b, c.r, c.g};
+    for (int i = 0; i < 5; i++)
+        if (all[i]) free(tu_random(all[i], -1, 1));
+    fd_case lin = {ctx, SG_ACT_NONE, c.x, c.w, c.b, c.y, NULL, c.g};
+    tu_tol tol = fd_tolerance(&lin);
+    double sgr = 0;
+    for (int64_t i = 0; i < m * n; i++) sgr += fabs(sg_ld(c.g, i) * sg_ld(c.r, i));
+    const double u = 0x1p-53, terms = (double)(k + 1 + 16 + m * n + 1);
+    tol.atol += 2 * (terms * u / (1 - terms * u)) * sgr / FD_H;
+
+    sg_tensor *dy = tu_keep(tu_tensor2(ctx, d, m, n, "dy")), *dx = tu_keep(tu_tensor2(ctx, d, m, k, "dx"));
+    sg_tensor *dw = tu_keep(tu_tensor2(ctx, d, n, k, "dw")), *db = tu_keep(tu_tensor1(ctx, d, n, "db"));
+    TU_OK(ctx, sg_tensor_copy(dy, c.g));
+    tu_poison(dx), tu_poison(dw), tu_poison(db);
+    TU_OK(ctx, sg_linear_backward(ctx, c.x, c.w, dy, SG_ACT_NONE, NULL, dx, dw, c.b ? db : NULL));
+    gradcheck_of(what, "dr = g", res_loss, &c, c.r, c.g, tol);
+    gradcheck_of(what, "dx", res_loss, &c, c.x, dx, tol);
+    gradcheck_of(what, "dw", res_loss, &c, c.w, dw, tol);
+    if (c.b) gradcheck_of(what, "db", res_loss, &c, c.b, db, tol);
+    tu_free_live();
+}
+
+/* Bad arguments fail naming r; the context stays usable. */
+static void residual_errors(sg_ctx *ctx)
+{
+    const sg_dtype f = SG_DTYPE_F32;
+    sg_tensor *x = tu_keep(tu_tensor2(ctx, f, 4, 8, "x")), *w = tu_keep(tu_tensor2(ctx, f, 5, 8, "w"));
+    sg_tensor *b = tu_keep(tu_tensor1(ctx, f, 5, "b")), *y = tu_keep(tu_tensor2(ctx, f, 4, 5, "y"));
+    sg_tensor *r = tu_keep(tu_tensor2(ctx, f, 4, 5, "r")), *r6 = tu_keep(tu_tensor2(ctx, f, 4, 6, "r6"));
+    sg_tensor *rh = tu_keep(tu_tensor2(ctx, SG_DTYPE_BF16, 4, 5, "rh"));
+    sg_tensor *base = tu_keep(tu_tensor1(ctx, f, 21, "base")), *yv, *rv;
+    TU_OK(ctx, sg_tensor_view(base, 0, 2, (int64_t[]){4, 5}, "yv", &yv));
+    TU_OK(ctx, sg_tensor_view(base, 1, 2, (int64_t[]){4, 5}, "rv", &rv));
+    tu_keep(yv), tu_keep(rv);
+    free(tu_random(x, -1, 1)), free(tu_random(w, -1, 1)), free(tu_random(b, -1, 1)), free(tu_random(r, -1, 1));
+    free(tu_random(base, -1, 1));
+    TU_FAILS(ctx, sg_linear_forward_residual(ctx, x, w, b, NULL, y), SG_ERR_NULL, "'r'");
+    TU_FAILS(ctx, sg_linear_forward_residual(ctx, x, w, b, r6, y), SG_ERR_SHAPE, "'r' is (4, 6)");
+    TU_FAILS(ctx, sg_linear_forward_residual(ctx, x, w, b, rh, y), SG_ERR_DTYPE, "'r' is bf16");
+    TU_FAILS(ctx, sg_linear_forward_residual(ctx, x, w, b, rv, yv), SG_ERR_INVALID, "overlaps 'r'");
+    TU_FAILS(ctx, sg_linear_forward_residual(ctx, x, w, b, r, x), SG_ERR_SHAPE, "'y'");
+    TU_CHECK(sg_linear_forward_residual(NULL, x, w, b, r, y) == SG_ERR_NULL, "a NULL context was accepted");
+    /* still usable: a good call after the failures */
+    sg_ctx *cpu = tu_ctx(SG_BACKEND_CPU);
+    sg_tensor *xr = tu_keep(tu_clone_to(cpu, x, SG_DTYPE_F64)), *wr = tu_keep(tu_clone_to(cpu, w, SG_DTYPE_F64));
+    sg_tensor *br = tu_keep(tu_clone_to(cpu, b, SG_DTYPE_F64)), *rr = tu_keep(tu_clone_to(cpu, r, SG_DTYPE_F64));
+    sg_tensor *yr = tu_keep(tu_tensor2(cpu, SG_DTYPE_F64, 4, 5, "y_ref"));
+    TU_OK(cpu, sg_linear_forward_residual(cpu, xr, wr, br, rr, yr));
+    tu_poison(y);
+    TU_OK(ctx, sg_linear_forward_residual(ctx, x, w, b, r, y));
+    tu_close_tensors("residual after errors", y, yr, gemm_tol(8));
+    tu_free_live();
+    sg_ctx_destroy(cpu);
+}
+
+static void cpu_residual(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    const sg_dtype dts[] = {SG_DTYPE_F64, SG_DTYPE_F32, SG_DTYPE_BF16};
+    for (int t = 0; t < 3; t++)
+        for (int rep = 0; rep < 3; rep++)
+            residual_case(ctx, ctx, dts[t], tu_randint(1, 40), tu_randint(1, 40), tu_randint(1, 40), rep != 1,
+                          rep == 2, 0);
+    cpu_residual_fd(ctx, 1, 1, 1, 1);
+    for (int rep = 0; rep < 3; rep++)
+        cpu_residual_fd(ctx, tu_randint(1, 6), tu_randint(1, 7), tu_randint(1, 8), rep != 2);
+    residual_errors(ctx);
+    sg_ctx_destroy(ctx);
+}
+
+/* CUDA against the f64 reference: one row (the GEMV kernel, which adds the residual itself),
+ * odd shapes, the GPT block's projection (2048 x 768 from 3072), views (the unfused bias path)
+ * and a random tall shape, with and without a bias, f32 and bf16. */
+static void gpu_residual(sg_ctx *gpu, sg_ctx *cpu)
+{
+    const sg_dtype dts[] = {SG_DTYPE_F32, SG_DTYPE_BF16};
+    for (int t = 0; t < 2; t++)
+        for (int v = 0; v < 2; v++) {
+            residual_case(gpu, cpu, dts[t], 1, 768, 3072, v, 0, 1);
+            residual_case(gpu, cpu, dts[t], 7, 13, 5, v, 0, 0);
+            residual_case(gpu, cpu, dts[t], 2048, 768, 3072, v, 0, 1);
+            residual_case(gpu, cpu, dts[t], 64, 40, 24, v, 1, 0);
+            residual_case(gpu, cpu, dts[t], 2 * tu_randint(1, 500), tu_randint(1, 64), tu_randint(1, 64), v, 0, 0);
+        }
+    residual_errors(gpu);
+}
+
 static void gpu_vs_cpu(void)
 {
     sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
@@ -1301,6 +1504,7 @@ static void gpu_vs_cpu(void)
         through_case(gpu, cpu, dts[t], 64, 32, 48, SG_ACT_NONE, SG_ACT_RELU, 0, 1);
     }
     through_errors(gpu);
+    gpu_residual(gpu, cpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
 }
@@ -1318,6 +1522,7 @@ int main(int argc, char **argv)
         cpu_errors();
         cpu_bf16();
         cpu_through();
+        cpu_residual();
         cpu_timing();
     }
     return tu_finish("test_linear");

@@ -390,9 +390,13 @@ static sg_status block_forward(sg_module *mod, const sg_tensor *x, const sg_tens
     SG_TRY(sg_add_layernorm_forward(ctx, x, p > 0 ? b->pd : b->p, W(6), W(7), SG_LN_EPS_GPT, b->x2, b->h2,
                                     b->mean2, b->rstd2));
     SG_TRY(sg_linear_forward(ctx, b->h2, W(8), W(9), SG_ACT_GELU, b->f, b->pre_f));
-    SG_TRY(sg_linear_forward(ctx, b->f, W(10), W(11), SG_ACT_NONE, b->q, NULL));
-    if (p > 0) SG_TRY(sg_dropout_forward(ctx, b->q, p, b->rng, b->site + 1, b->qd));
-    SG_TRY(sg_add_forward(ctx, b->x2, p > 0 ? b->qd : b->q, b->y));
+    if (p > 0) {
+        SG_TRY(sg_linear_forward(ctx, b->f, W(10), W(11), SG_ACT_NONE, b->q, NULL));
+        SG_TRY(sg_dropout_forward(ctx, b->q, p, b->rng, b->site + 1, b->qd));
+        SG_TRY(sg_add_forward(ctx, b->x2, b->qd, b->y));
+    } else { /* y = x2 + proj(f) in the projection's pass (q is not written) */
+        SG_TRY(sg_linear_forward_residual(ctx, b->f, W(10), W(11), b->x2, b->y));
+    }
     *y = b->y;
     return SG_OK;
 }
@@ -536,8 +540,12 @@ sg_status sg_module_gpt_block(sg_builder *bl, const char *name, int64_t C, int h
     if (b->fused) b->att = own(mod, &st, f32, "lse", 3, (int64_t[]){B, H, T});
     else b->att = own(mod, &st, dt, "att", 4, (int64_t[]){B, H, T, T}); /* qkv's dtype */
     b->f = own(mod, &st, dt, "fc", 2, M4C), b->pre_f = own(mod, &st, dt, "fc.pre", 2, M4C);
-    b->q = own(mod, &st, dt, "mlp.proj", 2, MC), b->y = own(mod, &st, dt, "y", 2, MC);
-    if (drop) b->pd = own(mod, &st, dt, "proj.dropped", 2, MC), b->qd = own(mod, &st, dt, "mlp.proj.dropped", 2, MC);
+    b->y = own(mod, &st, dt, "y", 2, MC);
+    /* Without dropout the MLP's projection writes y = x2 + proj(f) itself: no q. */
+    if (drop) {
+        b->pd = own(mod, &st, dt, "proj.dropped", 2, MC), b->q = own(mod, &st, dt, "mlp.proj", 2, MC);
+        b->qd = own(mod, &st, dt, "mlp.proj.dropped", 2, MC);
+    }
     /* The backward scratch and attention work are used only while one block's pass runs, and
      * blocks run one at a time on one stream (captured or not): every block shares one set.
      * Only dx alternates between two buffers, since block l's dx is block l-1's dy. (Per-block

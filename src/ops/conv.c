@@ -212,7 +212,7 @@ sg_status sg_conv2d_forward(sg_ctx *ctx, sg_conv2d *c, const sg_tensor *x, const
         return sg_cpu_run(ctx, conv_forward_cpu, &a, sizeof a);
     }
 #ifdef SG_HAVE_CUDNN
-    if (c->gemm) return sg_linear_forward_cuda(ctx, x, w, b, SG_ACT_NONE, y, NULL, pos(c), c->y_shape[3], c->x_shape[3]);
+    if (c->gemm) return sg_linear_forward_cuda(ctx, x, w, b, SG_ACT_NONE, NULL, y, NULL, pos(c), c->y_shape[3], c->x_shape[3]);
     return sg_conv2d_forward_cuda(ctx, c, x, w, b, y);
 #else
     return sg_fail(ctx, SG_ERR_UNSUPPORTED, "%s: this build of stepgraph has no cuDNN", fn);

@@ -62,7 +62,7 @@ static sg_status check_act(sg_ctx *ctx, const char *fn, sg_activation act)
 
 /* The CPU reference runs through sg_cpu_run, so a CPU capture records it. */
 typedef struct lin_args {
-    const sg_tensor *x, *w, *b, *act_in;
+    const sg_tensor *x, *w, *b, *act_in, *r; /* r: the forward's residual, or NULL */
     sg_activation act;
     sg_tensor *dy, *out, *pre, *dw, *db; /* out: y (forward) or dx (backward) */
     int64_t m, n, k;
@@ -72,7 +72,7 @@ typedef struct lin_args {
 static sg_status lin_fwd_cpu(sg_ctx *ctx, const void *p)
 {
     const lin_args *a = p;
-    return sg_linear_forward_cpu(ctx, a->x, a->w, a->b, a->act, a->out, a->pre, a->m, a->n, a->k);
+    return sg_linear_forward_cpu(ctx, a->x, a->w, a->b, a->act, a->r, a->out, a->pre, a->m, a->n, a->k);
 }
 
 static sg_status lin_bwd_cpu(sg_ctx *ctx, const void *p)
@@ -82,11 +82,10 @@ static sg_status lin_bwd_cpu(sg_ctx *ctx, const void *p)
                                   a->m, a->n, a->k);
 }
 
-sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
-                            const sg_tensor *b, sg_activation act, sg_tensor *y, sg_tensor *pre)
+/* sg_linear_forward, and with r sg_linear_forward_residual (act NONE, pre NULL). */
+static sg_status forward(sg_ctx *ctx, const char *fn, const sg_tensor *x, const sg_tensor *w, const sg_tensor *b,
+                         sg_activation act, const sg_tensor *r, sg_tensor *y, sg_tensor *pre)
 {
-    static const char fn[] = "sg_linear_forward";
-    if (!ctx) return SG_ERR_NULL;
     int64_t m = 0, n = 0, k = 0; /* set by check_x_w (0: quiets -Wmaybe-uninitialized) */
     SG_TRY(check_act(ctx, fn, act));
     SG_TRY(check_x_w(ctx, fn, x, w, &m, &n, &k));
@@ -110,13 +109,34 @@ sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
         SG_TRY(sg_check_not_overlapping(ctx, fn, "pre", pre, in_names[i], ins[i]));
     }
     SG_TRY(sg_check_not_overlapping(ctx, fn, "y", y, "pre", pre));
+    if (r) { /* y may be r itself (each element is read before it is written), or apart from it */
+        SG_TRY(check_rows(ctx, fn, "r", r, m, n, x->dtype));
+        if (r->data != y->data) SG_TRY(sg_check_not_overlapping(ctx, fn, "y", y, "r", r));
+    }
 
-    sg_ctx_count_work(ctx, SG_WORK_MATMUL, 2.0 * (double)m * (double)n * (double)k, sg_tensors_bytes(x, w, b, y, pre, NULL, NULL, NULL));
+    sg_ctx_count_work(ctx, SG_WORK_MATMUL, 2.0 * (double)m * (double)n * (double)k,
+                      sg_tensors_bytes(x, w, b, y, pre, r, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
-        lin_args a = {x, w, b, NULL, act, NULL, y, pre, NULL, NULL, m, n, k, {SG_ACT_NONE, NULL, NULL}};
+        lin_args a = {x, w, b, NULL, r, act, NULL, y, pre, NULL, NULL, m, n, k, {SG_ACT_NONE, NULL, NULL}};
         return sg_cpu_run(ctx, lin_fwd_cpu, &a, sizeof a);
     }
-    return SG_CUDA_DISPATCH(ctx, sg_linear_forward_cuda(ctx, x, w, b, act, y, pre, m, n, k));
+    return SG_CUDA_DISPATCH(ctx, sg_linear_forward_cuda(ctx, x, w, b, act, r, y, pre, m, n, k));
+}
+
+sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
+                            const sg_tensor *b, sg_activation act, sg_tensor *y, sg_tensor *pre)
+{
+    if (!ctx) return SG_ERR_NULL;
+    return forward(ctx, "sg_linear_forward", x, w, b, act, NULL, y, pre);
+}
+
+sg_status sg_linear_forward_residual(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w, const sg_tensor *b,
+                                     const sg_tensor *r, sg_tensor *y)
+{
+    static const char fn[] = "sg_linear_forward_residual";
+    if (!ctx) return SG_ERR_NULL;
+    if (!r) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor 'r' (the residual) is NULL", fn);
+    return forward(ctx, fn, x, w, b, SG_ACT_NONE, r, y, NULL);
 }
 
 /* sg_linear_backward, and with th->x_act not NONE sg_linear_backward_through (dx is dx_pre). */
@@ -170,7 +190,7 @@ static sg_status backward(sg_ctx *ctx, const char *fn, const sg_tensor *x, const
                       sg_tensors_bytes(x, w, dy, act_in, dx, dw, db, act != SG_ACT_NONE ? dy : NULL) +
                           (through ? sg_tensors_bytes(th->x_pre, th->x_db, NULL, NULL, NULL, NULL, NULL, NULL) : 0));
     if (ctx->backend == SG_BACKEND_CPU) {
-        lin_args a = {x, w, NULL, act_in, act, dy, dx, NULL, dw, db, m, n, k, *th};
+        lin_args a = {x, w, NULL, act_in, NULL, act, dy, dx, NULL, dw, db, m, n, k, *th};
         return sg_cpu_run(ctx, lin_bwd_cpu, &a, sizeof a);
     }
     return SG_CUDA_DISPATCH(ctx, sg_linear_backward_cuda(ctx, x, w, dy, act, act_in, dx, dw, db, th, m, n, k));

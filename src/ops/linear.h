@@ -29,8 +29,10 @@ extern "C" {
 
 /* Arguments checked by linear.c; m, n, k are the rows of x, the rows of w and the columns of
  * x. The CPU functions fail only when host memory runs out. */
+/* res: NULL, or the residual added before y is rounded (sg_linear_forward_residual: act NONE;
+ * res may be y itself). */
 sg_status sg_linear_forward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
-                                const sg_tensor *b, sg_activation act, sg_tensor *y,
+                                const sg_tensor *b, sg_activation act, const sg_tensor *res, sg_tensor *y,
                                 sg_tensor *pre, int64_t m, int64_t n, int64_t k);
 /* Backward: with x_act not NONE (sg_linear_backward_through), dx is dx_pre = x_act'(x_pre) *
  * (d(pre) @ w), rounded once, and x_db (may be NULL) its column sums as stored. */
@@ -45,7 +47,7 @@ sg_status sg_linear_backward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tenso
                                  const sg_linear_through *th, int64_t m, int64_t n, int64_t k);
 
 sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
-                                 const sg_tensor *b, sg_activation act, sg_tensor *y,
+                                 const sg_tensor *b, sg_activation act, const sg_tensor *res, sg_tensor *y,
                                  sg_tensor *pre, int64_t m, int64_t n, int64_t k);
 sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
                                   sg_tensor *dy, sg_activation act, const sg_tensor *act_in,

@@ -30,19 +30,22 @@ static sg_status oom(sg_ctx *ctx, const char *fn)
     return sg_fail(ctx, SG_ERR_OOM, "%s: out of host memory for the CPU reference's buffers", fn);
 }
 
-/* y(M,N) = act(x(M,K) @ w(N,K)^T + b(N)): per row m, acc(N) = b + sum_k x[m,k] * wT[k,:],
- * with w transposed once to wT(K,N) so the inner loop runs along n. */
+/* y(M,N) = act(x(M,K) @ w(N,K)^T + b(N)) (+ res(M,N)): per row m, acc(N) = b + sum_k x[m,k] *
+ * wT[k,:], with w transposed once to wT(K,N) so the inner loop runs along n; the residual is
+ * added in f64 before the one rounding to y's dtype. */
 sg_status sg_linear_forward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
-                                const sg_tensor *b, sg_activation act, sg_tensor *y,
+                                const sg_tensor *b, sg_activation act, const sg_tensor *res, sg_tensor *y,
                                 sg_tensor *pre, int64_t m, int64_t n, int64_t k)
 {
-    double *xo = NULL, *bo = NULL;
+    double *xo = NULL, *bo = NULL, *ro = NULL;
     const double *xd = sg_cpu_as_f64(x, &xo);
     const double *bd = b ? sg_cpu_as_f64(b, &bo) : NULL;
+    /* res may be y: an f64 res is read a row at a time, each row before y's row is stored */
+    const double *rd = res ? sg_cpu_as_f64(res, &ro) : NULL;
     double *wt = malloc((size_t)(n * k) * sizeof *wt);
     double *acc = malloc((size_t)n * sizeof *acc);
     sg_status st = SG_OK;
-    if (!xd || (b && !bd) || !wt || !acc) {
+    if (!xd || (b && !bd) || (res && !rd) || !wt || !acc) {
         st = oom(ctx, "sg_linear_forward");
         goto done;
     }
@@ -63,11 +66,14 @@ sg_status sg_linear_forward_cpu(sg_ctx *ctx, const sg_tensor *x, const sg_tensor
         } else if (act == SG_ACT_RELU) {
             for (int64_t j = 0; j < n; j++) acc[j] = acc[j] > 0 ? acc[j] : 0.0;
         }
+        if (rd)
+            for (int64_t j = 0; j < n; j++) acc[j] += rd[r * n + j];
         sg_cpu_store(y, r * n, acc, n);
     }
 done:
     free(xo);
     free(bo);
+    free(ro);
     free(wt);
     free(acc);
     return st;

@@ -28,13 +28,14 @@
 
 /* ---- plan cache ---- */
 
-/* What a plan depends on. Alignments (of A, B, D, bias, aux; lowest set bit of the address,
- * capped at 256) are part of the key: the heuristic picks algorithms that need them. dtype:
- * the sg_dtype of every operand (F32 or BF16). */
+/* What a plan depends on. Alignments (of A, B, D, bias, aux, and C where it is not D; lowest
+ * set bit of the address, capped at 256; 0 for an operand not there) are part of the key: the
+ * heuristic picks algorithms that need them. dtype: the sg_dtype of every operand (F32 or
+ * BF16). */
 typedef struct lin_key {
     uint64_t m, n, k;
     int32_t transa, transb, epilogue, dtype;
-    uint32_t align[5];
+    uint32_t align[6];
 } lin_key;
 
 typedef struct lin_plan {
@@ -42,7 +43,7 @@ typedef struct lin_plan {
     bool ok;        /* false: the heuristic has no algorithm for this key (remembered) */
     int heuristic;  /* the heuristic's cuBLAS status, for the message when !ok */
     cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t a, b, d; /* C is D (beta = 0) */
+    cublasLtMatrixLayout_t a, b, d; /* C has D's layout (D itself with beta 0) */
     cublasLtMatmulAlgo_t algo;
 } lin_plan;
 
@@ -154,7 +155,7 @@ static sg_status plan_build(sg_ctx *ctx, lin_plan *p, const void *bias, const vo
     const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    const uint32_t align_val[4] = {k->align[0], k->align[1], k->align[2], k->align[2]};
+    const uint32_t align_val[4] = {k->align[0], k->align[1], k->align[5] ? k->align[5] : k->align[2], k->align[2]};
     cublasLtMatmulPreference_t pref;
     SG_CUBLAS_CHECK(ctx, cublasLtMatmulPreferenceCreate(&pref));
     const char *what = "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)";
@@ -224,14 +225,15 @@ static sg_status plan_get(sg_ctx *ctx, const lin_key *key, const void *bias, con
     return SG_OK;
 }
 
-/* D(m x n) = op(A) op(B) with epilogue epi (bias: m elements; aux: m x n, packed), all
- * column-major and packed, every operand of dtype dt (F32 or BF16). When the heuristic has no
- * algorithm: with `optional`, *ran is false and nothing runs; otherwise it fails with
- * SG_ERR_CUBLAS naming the dtype and shape. */
-static sg_status matmul(sg_ctx *ctx, const char *fn, sg_dtype dt, cublasOperation_t transa,
-                        cublasOperation_t transb, int64_t m, int64_t n, int64_t k,
-                        cublasLtEpilogue_t epi, const void *A, const void *B, void *D,
-                        const void *bias, void *aux, bool optional, bool *ran)
+/* D(m x n) = op(A) op(B) (+ C, m x n like D, where C is not NULL: beta 1; C may be D) with
+ * epilogue epi (bias: m elements; aux: m x n, packed), all column-major and packed, every
+ * operand of dtype dt (F32 or BF16). When the heuristic has no algorithm: with `optional`,
+ * *ran is false and nothing runs; otherwise it fails with SG_ERR_CUBLAS naming the dtype and
+ * shape. */
+static sg_status matmul_c(sg_ctx *ctx, const char *fn, sg_dtype dt, cublasOperation_t transa,
+                          cublasOperation_t transb, int64_t m, int64_t n, int64_t k,
+                          cublasLtEpilogue_t epi, const void *A, const void *B, const void *C, void *D,
+                          const void *bias, void *aux, bool optional, bool *ran)
 {
     lin_key key;
     memset(&key, 0, sizeof key); /* keys are compared bytewise */
@@ -247,6 +249,7 @@ static sg_status matmul(sg_ctx *ctx, const char *fn, sg_dtype dt, cublasOperatio
     key.align[2] = align_of(D);
     key.align[3] = bias ? align_of(bias) : 0;
     key.align[4] = aux ? align_of(aux) : 0;
+    key.align[5] = C ? align_of(C) : 0;
     lin_plan *p;
     SG_TRY(plan_get(ctx, &key, bias, aux, &p));
     *ran = false;
@@ -255,14 +258,13 @@ static sg_status matmul(sg_ctx *ctx, const char *fn, sg_dtype dt, cublasOperatio
         size_t ws_bytes = 0;
         sg_ctx_workspace(ctx, &ws_bytes);
         return sg_fail(ctx, SG_ERR_CUBLAS,
-                       "%s: cuBLASLt has no %s algorithm for D(%lld x %lld) = op%s(A) op%s(B) "
-                       "with k = %lld, epilogue %s, alignments A %u B %u D %u bias %u aux %u "
+                       "%s: cuBLASLt has no %s algorithm for D(%lld x %lld) = op%s(A) op%s(B)%s "
+                       "with k = %lld, epilogue %s, alignments A %u B %u D %u bias %u aux %u C %u "
                        "bytes, workspace limit %zu bytes (heuristic status %d)",
                        fn, sg_dtype_name(dt), (long long)m, (long long)n,
-                       transa == CUBLAS_OP_T ? "T" : "N", transb == CUBLAS_OP_T ? "T" : "N",
-                       (long long)k, epilogue_name(epi),
-                       key.align[0], key.align[1], key.align[2], key.align[3], key.align[4],
-                       ws_bytes, p->heuristic);
+                       transa == CUBLAS_OP_T ? "T" : "N", transb == CUBLAS_OP_T ? "T" : "N", C ? " + C" : "",
+                       (long long)k, epilogue_name(epi), key.align[0], key.align[1], key.align[2],
+                       key.align[3], key.align[4], key.align[5], ws_bytes, p->heuristic);
     }
     if (bias)
         SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(
@@ -273,13 +275,22 @@ static sg_status matmul(sg_ctx *ctx, const char *fn, sg_dtype dt, cublasOperatio
                                  sizeof aux));
     size_t ws_bytes = 0;
     void *ws = sg_ctx_workspace(ctx, &ws_bytes);
-    const float one = 1.f, zero = 0.f;
+    const float one = 1.f, beta = C ? 1.f : 0.f;
     SG_CUBLAS_CHECK(ctx, cublasLtMatmul((cublasLtHandle_t)sg_ctx_cublaslt(ctx), p->desc, &one, A,
-                                        p->a, B, p->b, &zero, D, p->d, D, p->d, &p->algo, ws,
+                                        p->a, B, p->b, &beta, C ? C : D, p->d, D, p->d, &p->algo, ws,
                                         ws_bytes, (cudaStream_t)sg_ctx_stream(ctx)));
     sg_ctx_count_launches(ctx, 1);
     *ran = true;
     return SG_OK;
+}
+
+/* matmul_c without C (beta 0). */
+static sg_status matmul(sg_ctx *ctx, const char *fn, sg_dtype dt, cublasOperation_t transa,
+                        cublasOperation_t transb, int64_t m, int64_t n, int64_t k,
+                        cublasLtEpilogue_t epi, const void *A, const void *B, void *D,
+                        const void *bias, void *aux, bool optional, bool *ran)
+{
+    return matmul_c(ctx, fn, dt, transa, transb, m, n, k, epi, A, B, NULL, D, bias, aux, optional, ran);
 }
 
 /* ---- the unfused forward epilogue: one kernel ---- */
@@ -790,16 +801,16 @@ extern "C" sg_status sg_gen_row_linear_cuda(sg_ctx *ctx, const sg_tensor *x, con
 }
 
 extern "C" sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
-                                            const sg_tensor *b, sg_activation act, sg_tensor *y,
-                                            sg_tensor *pre, int64_t m, int64_t n, int64_t k)
+                                            const sg_tensor *b, sg_activation act, const sg_tensor *res,
+                                            sg_tensor *y, sg_tensor *pre, int64_t m, int64_t n, int64_t k)
 {
     static const char fn[] = "sg_linear_forward";
     const sg_dtype dt = x->dtype;
-    const void *xp = x->data, *wp = w->data, *bp = b ? b->data : NULL;
+    const void *xp = x->data, *wp = w->data, *bp = b ? b->data : NULL, *rp = res ? res->data : NULL;
     void *yp = y->data, *pp = pre ? pre->data : NULL;
 
     if (m == 1 && k <= INT32_MAX && n <= INT32_MAX)
-        return skinny(ctx, dt, act, xp, wp, bp, NULL, NULL, 0.f, NULL, yp, pp, n, k, false);
+        return skinny(ctx, dt, act, xp, wp, bp, NULL, NULL, 0.f, rp, yp, pp, n, k, false);
     cublasLtEpilogue_t fused;
     switch (act) {
     case SG_ACT_RELU: fused = bp ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU; break;
@@ -813,20 +824,23 @@ extern "C" sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, con
      * multiple of 8; and cuBLASLt's alignment preferences cover A, B, C, D but not the bias or
      * aux pointers, so the heuristic may pick a kernel that assumes 16-byte ones (a bias that
      * is a view into the parameter buffer need not be: PyTorch met "misaligned address"
-     * faults there). Those cases, and shapes the heuristic refuses, take the unfused path. */
+     * faults there). Those cases, and shapes the heuristic refuses, take the unfused path.
+     * A residual (act NONE) is cuBLASLt's C, added with beta 1 before the bias: y rounded once. */
     bool fusable = (!bp || align_of(bp) >= 16) &&
                    (act != SG_ACT_GELU || (n % 8 == 0 && align_of(pp) >= 16));
     bool ran = false;
     if (fusable)
-        SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, fused, wp, xp, yp, bp,
-                      act == SG_ACT_GELU ? pp : NULL, fused != CUBLASLT_EPILOGUE_DEFAULT, &ran));
+        SG_TRY(matmul_c(ctx, fn, dt, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, fused, wp, xp, rp, yp, bp,
+                        act == SG_ACT_GELU ? pp : NULL, fused != CUBLASLT_EPILOGUE_DEFAULT, &ran));
     if (ran) return SG_OK;
 
-    /* Unfused: the plain matmul into pre (GELU) or y, then one kernel adds the bias and
-     * applies act (y = act(pre + b), pre += b). */
+    /* Unfused: the plain matmul (plus the residual) into pre (GELU) or y, then one kernel adds
+     * the bias and applies act (y = act(pre + b), pre += b); with a residual and no bias the
+     * matmul is all. */
     void *t = act == SG_ACT_GELU ? pp : yp;
-    SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, CUBLASLT_EPILOGUE_DEFAULT, wp,
-                  xp, t, NULL, NULL, false, &ran));
+    SG_TRY(matmul_c(ctx, fn, dt, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, CUBLASLT_EPILOGUE_DEFAULT, wp,
+                    xp, rp, t, NULL, NULL, false, &ran));
+    if (rp && !bp) return SG_OK;
     return launch_bias_act(ctx, dt, act, t, bp, yp, m, n);
 }
 
