@@ -65,13 +65,18 @@ typedef struct sg_ctx sg_ctx;
 typedef struct sg_ctx_options {
     sg_backend backend;
     int device;                 /* CUDA device ordinal */
-    size_t workspace_bytes;     /* cuBLASLt workspace, fixed for the context's life */
+    size_t workspace_bytes;     /* cuBLASLt workspace (one a stream), fixed for the context's life */
     size_t alloc_limit_bytes;   /* 0: none. Reserving past it fails with SG_ERR_OOM (tests) */
 } sg_ctx_options;
 
 sg_ctx_options sg_ctx_options_default(void);
 
-/* Creates a context: one non-blocking stream, one cuBLASLt handle bound to one workspace.
+/* Creates a context: one non-blocking stream, one cuBLASLt handle and a workspace. A CUDA
+ * context also has a second stream, with a workspace of its own, on which the library's linear
+ * backwards run their weight-gradient matmuls beside the rest; its work is joined to the
+ * context's stream before a call returns (or a built-in module's backward ends), so your work
+ * on sg_ctx_stream sees it in order. STEPGRAPH_WGRAD=off in the environment makes none (see
+ * docs/performance.md); a value other than off, side or defer fails the creation.
  * On failure *out is NULL and sg_ctx_last_error(NULL) says why. */
 sg_status sg_ctx_create(const sg_ctx_options *opts, sg_ctx **out);
 void sg_ctx_destroy(sg_ctx *ctx);

@@ -292,6 +292,29 @@ static void scopes_match(sg_backend be, const char *name, int steps)
  * eager and step scope. What this checks is which sum lands on which bias, and that none is
  * left out. (The CUDA kernel sums in double where the projections' kernel sums in f32:
  * test_layernorm checks it against the host's sums.) */
+/* Three steps of a and b (the same model and seed): the same loss, gradients (bf16: the bf16
+ * ones the backward writes, poisoned before each step, so both must write all of them) and
+ * parameters, bit for bit, after every step. */
+static void same_runs(const char *what, side *a, side *b)
+{
+    sg_tensor *ga = precision == SG_DTYPE_BF16 ? sg_model_grads_lo(a->m) : sg_model_grads(a->m);
+    sg_tensor *gb = precision == SG_DTYPE_BF16 ? sg_model_grads_lo(b->m) : sg_model_grads(b->m);
+    bool ok = true;
+    for (int i = 0; i < 3 && ok; i++) {
+        tu_poison(ga), tu_poison(gb);
+        TU_OK(a->m->ctx, sg_trainer_step(a->t, i));
+        TU_OK(b->m->ctx, sg_trainer_step(b->t, i));
+        ok = tu_same_bits(sg_model_loss(b->m), sg_model_loss(a->m), what, i + 1) &&
+             tu_same_bits(gb, ga, what, i + 1) && tu_same_bits(sg_model_params(b->m), sg_model_params(a->m), what, i + 1);
+        double *v = tu_get(ga);
+        int64_t n = sg_tensor_numel(ga), unwritten = 0;
+        for (int64_t j = 0; j < n; j++) unwritten += isnan(v[j]);
+        TU_CHECK(unwritten == 0, "%s: %lld of %lld gradients not written in step %d", what, (long long)unwritten,
+                 (long long)n, i + 1);
+        free(v);
+    }
+}
+
 static void bias_sums(const char *name)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
@@ -308,27 +331,51 @@ static void bias_sums(const char *name)
         char what[96];
         snprintf(what, sizeof what, "%s %s scope, bias sums in LN2's backward", prec_name(),
                  sg_scope_name(scopes[k % 2]));
-        sg_tensor *ga = precision == SG_DTYPE_BF16 ? sg_model_grads_lo(a.m) : sg_model_grads(a.m);
-        sg_tensor *gb = precision == SG_DTYPE_BF16 ? sg_model_grads_lo(b.m) : sg_model_grads(b.m);
-        bool ok = true;
-        for (int i = 0; i < 3 && ok; i++) {
-            tu_poison(ga), tu_poison(gb);
-            TU_OK(ctx, sg_trainer_step(a.t, i));
-            TU_OK(ctx, sg_trainer_step(b.t, i));
-            ok = tu_same_bits(sg_model_loss(b.m), sg_model_loss(a.m), what, i + 1) &&
-                 tu_same_bits(gb, ga, what, i + 1) &&
-                 tu_same_bits(sg_model_params(b.m), sg_model_params(a.m), what, i + 1);
-            double *v = tu_get(ga);
-            int64_t n = sg_tensor_numel(ga), unwritten = 0;
-            for (int64_t j = 0; j < n; j++) unwritten += isnan(v[j]);
-            TU_CHECK(unwritten == 0, "%s: %lld of %lld gradients not written in step %d", what,
-                     (long long)unwritten, (long long)n, i + 1);
-            free(v);
-        }
+        same_runs(what, &a, &b);
         drop(&a), drop(&b);
     }
     precision = saved;
     sg_ctx_destroy(ctx);
+}
+
+/* The context's second stream (core.h, sg_ctx_side_use): under STEPGRAPH_WGRAD=side the
+ * linear backwards' dw matmuls and bias sums run there, joined by each op; under the default
+ * (defer) each block's backward is a region, where they and the LayerNorm backwards'
+ * reductions stay unjoined until the block ends. Either trains bit for bit as a context with
+ * STEPGRAPH_WGRAD=off: fp32 and bf16, eager, layer and step scope (the branches captured into
+ * the graphs), with dropout (every projection sums its own bias) and without. */
+static void side_stream_matches(const char *name)
+{
+    const sg_dtype saved = precision;
+    const char *modes[2] = {"side", NULL};
+    struct { sg_dtype prec; sg_scope scope; float dropout; } cases[5] = {
+        {SG_DTYPE_F32, SG_SCOPE_EAGER, 0.f}, {SG_DTYPE_F32, SG_SCOPE_STEP, 0.1f}, {SG_DTYPE_BF16, SG_SCOPE_EAGER, 0.f},
+        {SG_DTYPE_BF16, SG_SCOPE_STEP, 0.1f}, {SG_DTYPE_BF16, SG_SCOPE_LAYER, 0.f}};
+    TU_CHECK(setenv("STEPGRAPH_WGRAD", "off", 1) == 0, "setenv");
+    sg_ctx *plain = tu_ctx(SG_BACKEND_CUDA);
+    TU_CHECK(unsetenv("STEPGRAPH_WGRAD") == 0, "unsetenv");
+    TU_CHECK(sg_ctx_side_stream(plain) == NULL, "STEPGRAPH_WGRAD=off made a second stream");
+    for (int md = 0; md < 2; md++) {
+        if (modes[md]) TU_CHECK(setenv("STEPGRAPH_WGRAD", modes[md], 1) == 0, "setenv");
+        sg_ctx *ctx = tu_ctx(SG_BACKEND_CUDA);
+        TU_CHECK(unsetenv("STEPGRAPH_WGRAD") == 0, "unsetenv");
+        const char *mode = modes[md] ? modes[md] : "unset (defer)";
+        TU_CHECK(sg_ctx_side_stream(ctx) != NULL, "STEPGRAPH_WGRAD %s made no second stream", mode);
+        for (int k = 0; k < 5; k++) {
+            precision = cases[k].prec;
+            const uint64_t seed = tu_next();
+            side a = make(plain, name, seed, cases[k].dropout, cases[k].scope, 0.f);
+            side b = make(ctx, name, seed, cases[k].dropout, cases[k].scope, 0.f);
+            char what[96];
+            snprintf(what, sizeof what, "STEPGRAPH_WGRAD %s, %s %s scope dropout %g", mode, prec_name(),
+                     sg_scope_name(cases[k].scope), cases[k].dropout);
+            same_runs(what, &a, &b);
+            drop(&a), drop(&b);
+        }
+        sg_ctx_destroy(ctx);
+    }
+    sg_ctx_destroy(plain);
+    precision = saved;
 }
 
 /* ---- variable sequence length (sg_trainer_step_seq, --vary-seq) ---- */
@@ -551,6 +598,7 @@ int main(int argc, char **argv)
         seq_vary_matches_eager(SG_BACKEND_CUDA, name);
         seq_errors(SG_BACKEND_CUDA);
         rng_advances(SG_BACKEND_CUDA, name);
+        side_stream_matches(getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64");
         /* Under racecheck the bf16 model is left out: its bf16 cuBLAS GEMMs (nvjet_sm90_*)
          * draw hazard reports inside cuBLAS and slow racecheck past its limit (testutil.h);
          * the mixed-precision kernels (amp, scaled xent, optimizer skip) are racechecked in

@@ -1415,6 +1415,89 @@ static void gpu_residual(sg_ctx *gpu, sg_ctx *cpu)
     residual_errors(gpu);
 }
 
+/* A CUDA context made under STEPGRAPH_WGRAD=mode (NULL: unset). */
+static sg_ctx *wgrad_ctx(const char *mode)
+{
+    if (mode) TU_CHECK(setenv("STEPGRAPH_WGRAD", mode, 1) == 0, "setenv");
+    sg_ctx *c = tu_ctx(SG_BACKEND_CUDA);
+    TU_CHECK(unsetenv("STEPGRAPH_WGRAD") == 0, "unsetenv");
+    return c;
+}
+
+/* The context's second stream (core.h, sg_ctx_side_use): under STEPGRAPH_WGRAD=side the dw
+ * matmul (and a bias sum without an activation) runs there beside dx, joined before the call
+ * returns; under the default (defer) a direct call queues nothing there, and a call inside a
+ * region (sg_ctx_side_enter, as the built-in modules open one) leaves it unjoined until the
+ * region ends. Each gives the dx, dw and db of STEPGRAPH_WGRAD=off bit for bit (the same
+ * plans), plain and through GELU, f32 and bf16, and a repeat allocates nothing. A value other
+ * than off, side or defer fails the context's creation, naming it. */
+static void side_stream_cases(void)
+{
+    sg_ctx *c[4] = {wgrad_ctx("off"), wgrad_ctx("side"), wgrad_ctx(NULL), wgrad_ctx("defer")};
+    const char *how[4] = {"off", "side", "default (defer), a direct call", "defer, inside a region"};
+    TU_CHECK(sg_ctx_side_stream(c[0]) == NULL, "STEPGRAPH_WGRAD=off made a second stream");
+    for (int i = 1; i < 4; i++) TU_CHECK(sg_ctx_side_stream(c[i]) != NULL, "%s: no second stream", how[i]);
+    TU_CHECK(setenv("STEPGRAPH_WGRAD", "sideways", 1) == 0, "setenv");
+    sg_ctx_options o = sg_ctx_options_default();
+    o.backend = SG_BACKEND_CUDA;
+    sg_ctx *bad = NULL;
+    const sg_status st = sg_ctx_create(&o, &bad);
+    TU_CHECK(unsetenv("STEPGRAPH_WGRAD") == 0, "unsetenv");
+    TU_CHECK(st == SG_ERR_INVALID && !bad && strstr(sg_ctx_last_error(NULL), "STEPGRAPH_WGRAD is 'sideways'"),
+             "STEPGRAPH_WGRAD=sideways: status %d, message '%s'", (int)st, sg_ctx_last_error(NULL));
+    if (bad) sg_ctx_destroy(bad);
+    const sg_dtype dts[] = {SG_DTYPE_F32, SG_DTYPE_BF16};
+    for (int t = 0; t < 2; t++)
+        for (int thr = 0; thr < 2; thr++) {
+            const sg_dtype dt = dts[t];
+            const int64_t m = 2 * tu_randint(64, 512), n = 8 * tu_randint(8, 96), k = 8 * tu_randint(8, 96);
+            sg_tensor *dx[4], *dw[4], *db[4], *dy[4];
+            sg_tensor *x = tu_keep(tu_tensor2(c[0], dt, m, k, "x")), *w = tu_keep(tu_tensor2(c[0], dt, n, k, "w"));
+            sg_tensor *dy0 = tu_keep(tu_tensor2(c[0], dt, m, n, "dy")), *xp = tu_keep(tu_tensor2(c[0], dt, m, k, "x_pre"));
+            free(tu_random(x, -1, 1)), free(tu_random(w, -0.1, 0.1)), free(tu_random(dy0, -1, 1));
+            free(tu_random(xp, -2, 2));
+            for (int i = 0; i < 4; i++) {
+                sg_tensor *xi = tu_keep(tu_clone_to(c[i], x, dt)), *wi = tu_keep(tu_clone_to(c[i], w, dt));
+                sg_tensor *xpi = tu_keep(tu_clone_to(c[i], xp, dt));
+                dy[i] = tu_keep(tu_clone_to(c[i], dy0, dt));
+                dx[i] = tu_keep(tu_tensor2(c[i], dt, m, k, "dx")), dw[i] = tu_keep(tu_tensor2(c[i], dt, n, k, "dw"));
+                db[i] = tu_keep(tu_tensor1(c[i], dt, n, "db"));
+                tu_poison(dx[i]), tu_poison(dw[i]), tu_poison(db[i]);
+                for (int rep = 0; rep < 2; rep++) { /* the second call on the plans and scratch of the first */
+                    sg_alloc_stats a0, a1;
+                    TU_OK(c[i], sg_ctx_alloc_stats(c[i], &a0));
+                    if (i == 3) sg_ctx_side_enter(c[i]);
+                    if (thr)
+                        TU_OK(c[i], sg_linear_backward_through(c[i], xi, wi, dy[i], SG_ACT_NONE, NULL, dw[i], db[i],
+                                                               SG_ACT_GELU, xpi, dx[i], NULL));
+                    else
+                        TU_OK(c[i], sg_linear_backward(c[i], xi, wi, dy[i], SG_ACT_NONE, NULL, dx[i], dw[i], db[i]));
+                    if (i == 3) TU_OK(c[i], sg_ctx_side_leave(c[i]));
+                    TU_OK(c[i], sg_ctx_alloc_stats(c[i], &a1));
+                    TU_CHECK(rep == 0 || a1.device_allocs == a0.device_allocs, "%s: a repeat allocated", how[i]);
+                }
+            }
+            for (int i = 1; i < 4; i++) {
+                char what[160];
+                snprintf(what, sizeof what, "STEPGRAPH_WGRAD %s, %s M=%lld N=%lld K=%lld%s", how[i], sg_dtype_name(dt),
+                         (long long)m, (long long)n, (long long)k, thr ? " through GELU" : "");
+                tu_same_bits(dx[i], dx[0], what, 0);
+                tu_same_bits(dw[i], dw[0], what, 0);
+                tu_same_bits(db[i], db[0], what, 0);
+            }
+            const sg_tensor *outs[3] = {dx[0], dw[0], db[0]};
+            for (int o = 0; o < 3; o++) { /* written everywhere (poisoned before) */
+                double *v = tu_get(outs[o]);
+                int64_t nan = 0;
+                for (int64_t j = 0; j < outs[o]->numel; j++) nan += isnan(v[j]);
+                TU_CHECK(nan == 0, "STEPGRAPH_WGRAD=off: %lld of output %d left poisoned", (long long)nan, o);
+                free(v);
+            }
+            tu_free_live();
+        }
+    for (int i = 0; i < 4; i++) sg_ctx_destroy(c[i]);
+}
+
 static void gpu_vs_cpu(void)
 {
     sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
@@ -1505,6 +1588,7 @@ static void gpu_vs_cpu(void)
     }
     through_errors(gpu);
     gpu_residual(gpu, cpu);
+    side_stream_cases();
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
 }

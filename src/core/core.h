@@ -145,6 +145,10 @@ typedef enum sg_scratch_slot {
                          * (SG_CLIP_SCRATCH_BYTES) */
     SG_SLOT_BATCHNORM,  /* ops/batchnorm_cuda.cu: per-part channel sums of the forward's
                          * statistics and the backward's dgamma/dbeta */
+    SG_SLOT_LINEAR_SIDE, /* ops/linear_cuda.cu: as SG_SLOT_LINEAR, for the bias sums queued on
+                          * the context's second stream (sg_ctx_side_stream) */
+    SG_SLOT_LAYERNORM_B, /* ops/layernorm_cuda.cu: as SG_SLOT_LAYERNORM, for a second backward
+                          * whose reduction runs on the second stream while the first's may */
     SG_SLOT_COUNT
 } sg_scratch_slot;
 
@@ -260,6 +264,30 @@ bool sg_ctx_pdl(const sg_ctx *ctx);
  * kernel at its captured priority (on unless STEPGRAPH_NODE_PRIORITY=0). */
 bool sg_ctx_lt_bgrad(const sg_ctx *ctx);
 bool sg_ctx_node_priority(const sg_ctx *ctx);
+/* A second stream for work beside the context's own, with a cuBLASLt workspace of its own
+ * (made at context creation unless STEPGRAPH_WGRAD=off; NULL then). sg_ctx_side_fork makes it
+ * wait for what the main stream has queued and marks work pending; sg_ctx_side_join makes the
+ * main stream wait for what it has queued, if any is pending. Both are events, so they work in
+ * eager mode and under stream capture alike (a fork then a join makes a branch of the graph).
+ * An op queues work there when sg_ctx_side_use: STEPGRAPH_WGRAD=side, always; defer (the
+ * default), only inside a region, sg_ctx_side_enter to sg_ctx_side_leave (which joins), that a
+ * built-in module's backward opens around its ops because it knows which of its buffers they
+ * write. The op joins before it returns, unless sg_ctx_side_deferred (defer, inside a region):
+ * then the region's end joins. Outside a region (a user's own module, a direct call), defer
+ * queues nothing on the second stream. */
+void *sg_ctx_side_stream(const sg_ctx *ctx); /* cudaStream_t, or NULL */
+void *sg_ctx_side_workspace(const sg_ctx *ctx);
+sg_status sg_ctx_side_fork(sg_ctx *ctx);
+sg_status sg_ctx_side_join(sg_ctx *ctx);
+bool sg_ctx_side_use(const sg_ctx *ctx);
+bool sg_ctx_side_deferred(const sg_ctx *ctx);
+void sg_ctx_side_enter(sg_ctx *ctx);
+sg_status sg_ctx_side_leave(sg_ctx *ctx);
+/* Buffers that unjoined work on the second stream may still read: bits an op marks when it
+ * queues such work (SG_SIDE_*), all cleared by a join. An op that would write one first joins. */
+enum { SG_SIDE_LN_A = 1u, SG_SIDE_LN_B = 2u };
+unsigned sg_ctx_side_busy(const sg_ctx *ctx);
+void sg_ctx_side_mark(sg_ctx *ctx, unsigned bits);
 
 /* Turns a CUDA runtime error code (an int, so C code need not include CUDA headers) into a
  * status with a message naming the call, file and line. */

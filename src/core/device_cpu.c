@@ -122,6 +122,16 @@ void *sg_ctx_cublaslt(const sg_ctx *ctx) { (void)ctx; return NULL; }
 void *sg_ctx_workspace(const sg_ctx *ctx, size_t *bytes) { (void)ctx; if (bytes) *bytes = 0; return NULL; }
 int sg_ctx_sm_count(const sg_ctx *ctx) { (void)ctx; return 0; }
 bool sg_ctx_pdl(const sg_ctx *ctx) { (void)ctx; return false; }
+void *sg_ctx_side_stream(const sg_ctx *ctx) { (void)ctx; return NULL; }
+void *sg_ctx_side_workspace(const sg_ctx *ctx) { (void)ctx; return NULL; }
+sg_status sg_ctx_side_fork(sg_ctx *ctx) { (void)ctx; return SG_OK; }
+sg_status sg_ctx_side_join(sg_ctx *ctx) { (void)ctx; return SG_OK; }
+bool sg_ctx_side_use(const sg_ctx *ctx) { (void)ctx; return false; }
+bool sg_ctx_side_deferred(const sg_ctx *ctx) { (void)ctx; return false; }
+void sg_ctx_side_enter(sg_ctx *ctx) { (void)ctx; }
+sg_status sg_ctx_side_leave(sg_ctx *ctx) { (void)ctx; return SG_OK; }
+unsigned sg_ctx_side_busy(const sg_ctx *ctx) { (void)ctx; return 0; }
+void sg_ctx_side_mark(sg_ctx *ctx, unsigned bits) { (void)ctx, (void)bits; }
 int sg_cuda_last_error(void) { return 0; }
 sg_status sg_cuda_status(const sg_ctx *ctx, int err, const char *call, const char *file, int line)
 {

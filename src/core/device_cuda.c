@@ -18,6 +18,13 @@ typedef struct sg_cuda_state {
     bool pdl; /* programmatic dependent launch: sm_90 and later, unless SG_PDL=0 */
     bool lt_bgrad;      /* STEPGRAPH_BGRAD=1: cuBLASLt's bias-gradient epilogues (linear_cuda.cu) */
     bool node_priority; /* graphs keep captured kernel priorities, unless STEPGRAPH_NODE_PRIORITY=0 */
+    cudaStream_t side;  /* unless STEPGRAPH_WGRAD=off: the second stream, its workspace, fork and join */
+    void *side_workspace;
+    cudaEvent_t fork, join;
+    bool side_defer;    /* defer (the default): inside a region, joined when it ends; side: by each op */
+    bool side_pending;  /* work queued there since the last join */
+    unsigned side_busy; /* SG_SIDE_* bits of that work */
+    int side_depth;     /* module backwards entered (sg_ctx_side_enter) and not left */
 } sg_cuda_state;
 
 static sg_cuda_state *state(const sg_ctx *ctx) { return (sg_cuda_state *)ctx->cuda; }
@@ -54,6 +61,57 @@ bool sg_ctx_pdl(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->pdl; }
 bool sg_ctx_lt_bgrad(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->lt_bgrad; }
 bool sg_ctx_node_priority(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->node_priority; }
 
+void *sg_ctx_side_stream(const sg_ctx *ctx) { return ctx->cuda ? (void *)state(ctx)->side : NULL; }
+void *sg_ctx_side_workspace(const sg_ctx *ctx) { return ctx->cuda ? state(ctx)->side_workspace : NULL; }
+
+sg_status sg_ctx_side_fork(sg_ctx *ctx)
+{
+    sg_cuda_state *s = state(ctx);
+    SG_CUDA_CHECK(ctx, cudaEventRecord(s->fork, s->stream));
+    SG_CUDA_CHECK(ctx, cudaStreamWaitEvent(s->side, s->fork, 0));
+    s->side_pending = true;
+    return SG_OK;
+}
+
+sg_status sg_ctx_side_join(sg_ctx *ctx)
+{
+    sg_cuda_state *s = ctx->cuda ? state(ctx) : NULL;
+    if (!s || !s->side_pending) return SG_OK;
+    s->side_pending = false;
+    s->side_busy = 0;
+    SG_CUDA_CHECK(ctx, cudaEventRecord(s->join, s->side));
+    SG_CUDA_CHECK(ctx, cudaStreamWaitEvent(s->stream, s->join, 0));
+    return SG_OK;
+}
+
+bool sg_ctx_side_use(const sg_ctx *ctx)
+{
+    return ctx->cuda && state(ctx)->side && (!state(ctx)->side_defer || state(ctx)->side_depth > 0);
+}
+
+bool sg_ctx_side_deferred(const sg_ctx *ctx)
+{
+    return ctx->cuda && state(ctx)->side && state(ctx)->side_defer && state(ctx)->side_depth > 0;
+}
+
+unsigned sg_ctx_side_busy(const sg_ctx *ctx) { return ctx->cuda ? state(ctx)->side_busy : 0; }
+void sg_ctx_side_mark(sg_ctx *ctx, unsigned bits)
+{
+    if (ctx->cuda) state(ctx)->side_busy |= bits;
+}
+
+void sg_ctx_side_enter(sg_ctx *ctx)
+{
+    if (ctx->cuda) state(ctx)->side_depth++;
+}
+
+sg_status sg_ctx_side_leave(sg_ctx *ctx)
+{
+    if (!ctx->cuda) return SG_OK;
+    state(ctx)->side_depth--;
+    return sg_ctx_side_join(ctx);
+}
+
 void *sg_ctx_workspace(const sg_ctx *ctx, size_t *bytes)
 {
     if (!ctx->cuda) {
@@ -70,7 +128,12 @@ static void cuda_shutdown(sg_ctx *ctx)
     if (!s) return;
     /* Teardown: errors here cannot be acted on; each call is still made and checked. */
     if (s->stream && cudaStreamSynchronize(s->stream) != cudaSuccess) cudaGetLastError();
+    if (s->side && cudaStreamSynchronize(s->side) != cudaSuccess) cudaGetLastError();
     if (s->workspace && cudaFree(s->workspace) != cudaSuccess) cudaGetLastError();
+    if (s->side_workspace && cudaFree(s->side_workspace) != cudaSuccess) cudaGetLastError();
+    if (s->fork && cudaEventDestroy(s->fork) != cudaSuccess) cudaGetLastError();
+    if (s->join && cudaEventDestroy(s->join) != cudaSuccess) cudaGetLastError();
+    if (s->side && cudaStreamDestroy(s->side) != cudaSuccess) cudaGetLastError();
     if (s->lt) cublasLtDestroy(s->lt);
     if (s->stream && cudaStreamDestroy(s->stream) != cudaSuccess) cudaGetLastError();
     free(s);
@@ -87,6 +150,12 @@ static sg_status cuda_init(sg_ctx *ctx)
     if (ctx->opts.device < 0 || ctx->opts.device >= n)
         return sg_fail(ctx, SG_ERR_NO_DEVICE, "sg_ctx_create: device %d asked for, %d visible",
                        ctx->opts.device, n);
+    /* The second stream (sg_ctx_side_use): defer unless the environment says otherwise. */
+    const char *wgrad = getenv("STEPGRAPH_WGRAD");
+    if (!wgrad || !*wgrad) wgrad = "defer";
+    if (strcmp(wgrad, "off") && strcmp(wgrad, "side") && strcmp(wgrad, "defer"))
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_ctx_create: STEPGRAPH_WGRAD is '%.40s'; expected off, side or defer",
+                       wgrad);
     sg_cuda_state *s = calloc(1, sizeof *s);
     if (!s) return sg_fail(ctx, SG_ERR_OOM, "sg_ctx_create: out of host memory");
     ctx->cuda = s;
@@ -114,6 +183,13 @@ static sg_status cuda_init(sg_ctx *ctx)
     INIT_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
     s->workspace_bytes = ctx->opts.workspace_bytes;
     if (s->workspace_bytes) INIT_CHECK(cudaMalloc(&s->workspace, s->workspace_bytes));
+    if (strcmp(wgrad, "off")) {
+        s->side_defer = !strcmp(wgrad, "defer");
+        INIT_CHECK(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking));
+        INIT_CHECK(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
+        INIT_CHECK(cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming));
+        if (s->workspace_bytes) INIT_CHECK(cudaMalloc(&s->side_workspace, s->workspace_bytes));
+    }
     {
         cublasStatus_t cs = cublasLtCreate(&s->lt);
         if (cs != CUBLAS_STATUS_SUCCESS) {

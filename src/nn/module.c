@@ -47,7 +47,11 @@ static sg_status linear_backward(sg_module *m, sg_tensor *dy, sg_tensor **dx)
     linear_module *l = (linear_module *)m;
     if (!l->x) return sg_module_no_forward(m);
     const sg_tensor *act_in = l->act == SG_ACT_GELU ? l->pre : l->act == SG_ACT_RELU ? l->y : NULL;
-    SG_TRY(sg_linear_backward(m->ctx, l->x, l->w, dy, l->act, act_in, l->dx, l->dw, l->db));
+    /* A region of the context's second stream (sg_ctx_side_enter): its dw matmul beside dx. */
+    sg_ctx_side_enter(m->ctx);
+    sg_status st = sg_linear_backward(m->ctx, l->x, l->w, dy, l->act, act_in, l->dx, l->dw, l->db);
+    sg_status joined = sg_ctx_side_leave(m->ctx);
+    SG_TRY(st != SG_OK ? st : joined);
     *dx = l->dx;
     return SG_OK;
 }

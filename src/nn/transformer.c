@@ -401,7 +401,23 @@ static sg_status block_forward(sg_module *mod, const sg_tensor *x, const sg_tens
     return SG_OK;
 }
 
+static sg_status block_backward_ops(sg_module *mod, sg_tensor *dy, sg_tensor **dx);
+
+/* The block's backward is a region of the context's second stream (sg_ctx_side_enter): the
+ * linear backwards' dw matmuls and the LayerNorm backwards' reductions run there beside what
+ * follows, joined when the block ends. Safe because nothing in the block writes what they
+ * read (f, the MLP's output gradient, h2, d.fc, a, the projection's output gradient, h1,
+ * dqkv) once they are queued, and dx alternates between two buffers, so the block before
+ * writes its dx into neither this block's dy nor its own. */
 static sg_status block_backward(sg_module *mod, sg_tensor *dy, sg_tensor **dx)
+{
+    sg_ctx_side_enter(mod->ctx);
+    sg_status st = block_backward_ops(mod, dy, dx);
+    sg_status joined = sg_ctx_side_leave(mod->ctx);
+    return st != SG_OK ? st : joined;
+}
+
+static sg_status block_backward_ops(sg_module *mod, sg_tensor *dy, sg_tensor **dx)
 {
     block_module *b = (block_module *)mod;
     sg_ctx *ctx = mod->ctx;

@@ -501,8 +501,18 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *ga
     const int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
     /* Always the same size (the entry point caps C), so the buffer is allocated once and its
      * address never changes: a captured graph keeps pointing at it. */
+    /* Deferred (sg_ctx_side_deferred: the default STEPGRAPH_WGRAD, inside a module's region):
+     * the reduction goes to the second stream, unjoined, reading partials in one of two slots;
+     * a third call joins before it writes either (sg_ctx_side_busy). */
+    const bool defer = sg_ctx_side_deferred(ctx);
+    sg_scratch_slot slot = SG_SLOT_LAYERNORM;
+    unsigned bit = SG_SIDE_LN_A;
+    if (defer && (sg_ctx_side_busy(ctx) & SG_SIDE_LN_A)) {
+        if (sg_ctx_side_busy(ctx) & SG_SIDE_LN_B) SG_TRY(sg_ctx_side_join(ctx));
+        else slot = SG_SLOT_LAYERNORM_B, bit = SG_SIDE_LN_B;
+    }
     void *scratch;
-    SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_LAYERNORM, LN_SCRATCH_BYTES, &scratch));
+    SG_TRY(sg_ctx_scratch(ctx, slot, LN_SCRATCH_BYTES, &scratch));
     double *partials = (double *)scratch;
 
     /* Partials: at most LN_BWD_BLOCKS_PER_SM per SM, and as many as the scratch holds with
@@ -539,6 +549,11 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *ga
     sg_ctx_count_launches(ctx, 1);
 
     const int red_blocks = (int)((ns * C + LN_RED_COLS - 1) / LN_RED_COLS);
+    if (defer) {
+        SG_TRY(sg_ctx_side_fork(ctx));
+        sg_ctx_side_mark(ctx, bit);
+        st = (cudaStream_t)sg_ctx_side_stream(ctx);
+    }
     ln_backward_reduce_kernel<T><<<red_blocks, LN_THREADS, 0, st>>>(
         partials, blocks, C, ns, (T *)dgamma->data, (T *)dbeta->data,
         dres_sum ? (T *)dres_sum->data : nullptr, dx_sum ? (T *)dx_sum->data : nullptr);

@@ -227,13 +227,13 @@ static sg_status plan_get(sg_ctx *ctx, const lin_key *key, const void *bias, con
 
 /* D(m x n) = op(A) op(B) (+ C, m x n like D, where C is not NULL: beta 1; C may be D) with
  * epilogue epi (bias: m elements; aux: m x n, packed), all column-major and packed, every
- * operand of dtype dt (F32 or BF16). When the heuristic has no algorithm: with `optional`,
- * *ran is false and nothing runs; otherwise it fails with SG_ERR_CUBLAS naming the dtype and
- * shape. */
-static sg_status matmul_c(sg_ctx *ctx, const char *fn, sg_dtype dt, cublasOperation_t transa,
-                          cublasOperation_t transb, int64_t m, int64_t n, int64_t k,
-                          cublasLtEpilogue_t epi, const void *A, const void *B, const void *C, void *D,
-                          const void *bias, void *aux, bool optional, bool *ran)
+ * operand of dtype dt (F32 or BF16), on the context's stream or (side) its second stream with
+ * that stream's workspace. When the heuristic has no algorithm: with `optional`, *ran is false
+ * and nothing runs; otherwise it fails with SG_ERR_CUBLAS naming the dtype and shape. */
+static sg_status matmul_on(sg_ctx *ctx, bool side, const char *fn, sg_dtype dt, cublasOperation_t transa,
+                           cublasOperation_t transb, int64_t m, int64_t n, int64_t k, cublasLtEpilogue_t epi,
+                           const void *A, const void *B, const void *C, void *D, const void *bias, void *aux,
+                           bool optional, bool *ran)
 {
     lin_key key;
     memset(&key, 0, sizeof key); /* keys are compared bytewise */
@@ -275,22 +275,23 @@ static sg_status matmul_c(sg_ctx *ctx, const char *fn, sg_dtype dt, cublasOperat
                                  sizeof aux));
     size_t ws_bytes = 0;
     void *ws = sg_ctx_workspace(ctx, &ws_bytes);
+    if (side) ws = sg_ctx_side_workspace(ctx); /* the same size; NULL when the size is 0 */
     const float one = 1.f, beta = C ? 1.f : 0.f;
     SG_CUBLAS_CHECK(ctx, cublasLtMatmul((cublasLtHandle_t)sg_ctx_cublaslt(ctx), p->desc, &one, A,
-                                        p->a, B, p->b, &beta, C ? C : D, p->d, D, p->d, &p->algo, ws,
-                                        ws_bytes, (cudaStream_t)sg_ctx_stream(ctx)));
+                                        p->a, B, p->b, &beta, C ? C : D, p->d, D, p->d, &p->algo, ws, ws_bytes,
+                                        (cudaStream_t)(side ? sg_ctx_side_stream(ctx) : sg_ctx_stream(ctx))));
     sg_ctx_count_launches(ctx, 1);
     *ran = true;
     return SG_OK;
 }
 
-/* matmul_c without C (beta 0). */
+/* matmul_on the context's stream without C (beta 0). */
 static sg_status matmul(sg_ctx *ctx, const char *fn, sg_dtype dt, cublasOperation_t transa,
                         cublasOperation_t transb, int64_t m, int64_t n, int64_t k,
                         cublasLtEpilogue_t epi, const void *A, const void *B, void *D,
                         const void *bias, void *aux, bool optional, bool *ran)
 {
-    return matmul_c(ctx, fn, dt, transa, transb, m, n, k, epi, A, B, NULL, D, bias, aux, optional, ran);
+    return matmul_on(ctx, false, fn, dt, transa, transb, m, n, k, epi, A, B, NULL, D, bias, aux, optional, ran);
 }
 
 /* ---- the unfused forward epilogue: one kernel ---- */
@@ -518,8 +519,8 @@ static void dact_bias_launch(sg_activation act, dim3 grid, dim3 block, cudaStrea
     }
 }
 
-static sg_status launch_dact_bias(sg_ctx *ctx, sg_dtype dt, sg_activation act, void *g,
-                                  const void *act_in, void *db, int64_t m, int64_t n)
+static sg_status launch_dact_bias_on(sg_ctx *ctx, bool side, sg_dtype dt, sg_activation act, void *g,
+                                     const void *act_in, void *db, int64_t m, int64_t n)
 {
     /* 16-byte groups where the width and the addresses allow them. */
     const int full = dt == SG_DTYPE_BF16 ? 8 : 4;
@@ -542,13 +543,16 @@ static sg_status launch_dact_bias(sg_ctx *ctx, sg_dtype dt, sg_activation act, v
     if (db) {
         size_t off, bytes = scratch_bytes(t, &off);
         void *s;
-        SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_LINEAR, bytes, &s));
+        SG_TRY(sg_ctx_scratch(ctx, side ? SG_SLOT_LINEAR_SIDE : SG_SLOT_LINEAR, bytes, &s));
+        /* A scratch made just now was zeroed on the context's stream, after the fork: the
+         * second stream must wait for that too (a fork again; nothing else ran since). */
+        if (side) SG_TRY(sg_ctx_side_fork(ctx));
         counters = (unsigned *)s;
         partials = (float *)((char *)s + off);
         SG_ASSERT(gy == 1 || (gx <= t && gy * n <= 2 * t * DB_COLS * DB_VEC_MAX));
     }
     dim3 grid((unsigned)gx, (unsigned)gy), block(DB_COLS, DB_ROWS);
-    cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
+    cudaStream_t st = (cudaStream_t)(side ? sg_ctx_side_stream(ctx) : sg_ctx_stream(ctx));
     if (dt == SG_DTYPE_BF16 && vec == 8)
         dact_bias_launch<__nv_bfloat16, 8>(act, grid, block, st, g, act_in, db, partials, counters, m, n,
                                            rows_per_chunk);
@@ -562,6 +566,13 @@ static sg_status launch_dact_bias(sg_ctx *ctx, sg_dtype dt, sg_activation act, v
     SG_CUDA_CHECK_LAUNCH(ctx, "dact_bias_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
+}
+
+/* launch_dact_bias_on the context's stream. */
+static sg_status launch_dact_bias(sg_ctx *ctx, sg_dtype dt, sg_activation act, void *g, const void *act_in, void *db,
+                                  int64_t m, int64_t n)
+{
+    return launch_dact_bias_on(ctx, false, dt, act, g, act_in, db, m, n);
 }
 
 /* ---- entry points (arguments checked by linear.c: every tensor has x's dtype) ---- */
@@ -830,7 +841,7 @@ extern "C" sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, con
                    (act != SG_ACT_GELU || (n % 8 == 0 && align_of(pp) >= 16));
     bool ran = false;
     if (fusable)
-        SG_TRY(matmul_c(ctx, fn, dt, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, fused, wp, xp, rp, yp, bp,
+        SG_TRY(matmul_on(ctx, false, fn, dt, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, fused, wp, xp, rp, yp, bp,
                         act == SG_ACT_GELU ? pp : NULL, fused != CUBLASLT_EPILOGUE_DEFAULT, &ran));
     if (ran) return SG_OK;
 
@@ -838,11 +849,14 @@ extern "C" sg_status sg_linear_forward_cuda(sg_ctx *ctx, const sg_tensor *x, con
      * the bias and applies act (y = act(pre + b), pre += b); with a residual and no bias the
      * matmul is all. */
     void *t = act == SG_ACT_GELU ? pp : yp;
-    SG_TRY(matmul_c(ctx, fn, dt, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, CUBLASLT_EPILOGUE_DEFAULT, wp,
+    SG_TRY(matmul_on(ctx, false, fn, dt, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, CUBLASLT_EPILOGUE_DEFAULT, wp,
                     xp, rp, t, NULL, NULL, false, &ran));
     if (rp && !bp) return SG_OK;
     return launch_bias_act(ctx, dt, act, t, bp, yp, m, n);
 }
+
+static sg_status backward_dx(sg_ctx *ctx, const char *fn, sg_dtype dt, const sg_tensor *dy, const sg_tensor *w,
+                             sg_tensor *dx, const sg_linear_through *th, int64_t m, int64_t n, int64_t k);
 
 extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
                                              sg_tensor *dy, sg_activation act,
@@ -852,7 +866,7 @@ extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, co
 {
     static const char fn[] = "sg_linear_backward";
     const sg_dtype dt = x->dtype;
-    const void *xp = x->data, *wp = w->data;
+    const void *xp = x->data;
     void *g = dy->data; /* d(pre) once the kernel has run */
     bool ran;
 
@@ -873,18 +887,39 @@ extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, co
     if (act == SG_ACT_NONE && db && align_of(db->data) >= 16 && lt_bgrad)
         SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, CUBLASLT_EPILOGUE_BGRADB, xp, g, dw->data,
                       db->data, NULL, true, &ran));
-    if (!ran && (act != SG_ACT_NONE || db))
-        SG_TRY(launch_dact_bias(ctx, dt, act, g, act_in ? act_in->data : NULL,
-                                db ? db->data : NULL, m, n));
-    if (!ran)
-        SG_TRY(matmul(ctx, fn, dt, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, CUBLASLT_EPILOGUE_DEFAULT, xp,
-                      g, dw->data, NULL, NULL, false, &ran));
+    /* On the context's second stream (sg_ctx_side_use: STEPGRAPH_WGRAD=side, or the default
+     * inside a module's region), the dw matmul, and a bias sum without an activation, run
+     * beside the dx matmul: all read d(pre) (written before the fork), each writes its own
+     * output. The main stream waits for them before this call returns, or, deferred, when the
+     * region ends. */
+    const bool side = !ran && dx && sg_ctx_side_use(ctx);
+    if (!ran && act != SG_ACT_NONE)
+        SG_TRY(launch_dact_bias(ctx, dt, act, g, act_in ? act_in->data : NULL, db ? db->data : NULL, m, n));
+    if (side) SG_TRY(sg_ctx_side_fork(ctx));
+    sg_status st = SG_OK;
+    if (!ran && act == SG_ACT_NONE && db)
+        st = launch_dact_bias_on(ctx, side, dt, act, g, NULL, db->data, m, n);
+    if (st == SG_OK && !ran)
+        st = matmul_on(ctx, side, fn, dt, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, CUBLASLT_EPILOGUE_DEFAULT, xp, g, NULL,
+                       dw->data, NULL, NULL, false, &ran);
+    if (st == SG_OK && dx) st = backward_dx(ctx, fn, dt, dy, w, dx, th, m, n, k);
+    if (side && (st != SG_OK || !sg_ctx_side_deferred(ctx))) { /* on failure too: no branch left open */
+        sg_status j = sg_ctx_side_join(ctx);
+        if (st == SG_OK) st = j;
+    }
+    return st;
+}
 
-    /* Row-major dx(M,K) = dpre(M,N) w(N,K) is column-major dx^T(K x M) = w^T dpre^T:
-     *   A = w:    stored column-major K x N (ld K), op N;
-     *   B = dpre: stored column-major N x M (ld N), op N;
-     *   D = dx:   column-major K x M (ld K). m = K, n = M, k = N. */
-    if (!dx) return SG_OK;
+/* Row-major dx(M,K) = dpre(M,N) w(N,K) is column-major dx^T(K x M) = w^T dpre^T:
+ *   A = w:    stored column-major K x N (ld K), op N;
+ *   B = dpre: stored column-major N x M (ld N), op N;
+ *   D = dx:   column-major K x M (ld K). m = K, n = M, k = N. */
+static sg_status backward_dx(sg_ctx *ctx, const char *fn, sg_dtype dt, const sg_tensor *dy, const sg_tensor *w,
+                             sg_tensor *dx, const sg_linear_through *th, int64_t m, int64_t n, int64_t k)
+{
+    const void *wp = w->data, *g = dy->data;
+    const bool lt_bgrad = sg_ctx_lt_bgrad(ctx);
+    bool ran;
     /* Through the layer before's activation (sg_linear_backward_through): the plain matmul
      * and then the activation kernel on dx, as the layer before's backward would run it. With
      * STEPGRAPH_BGRAD=1 and GELU, the DGELU epilogue instead (gelu'(x_pre) from the aux input,
