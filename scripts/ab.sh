@@ -17,7 +17,7 @@
 #   --precisions  fp32 and/or bf16 (default bf16)
 #   --steps       timed steps a run (default 200; ms/step as `train --quiet` prints it)
 #   --ckpt-steps  steps of the checkpoint runs (default 8)
-#   --rounds      timing rounds (default 2)
+#   --rounds      timing rounds (default 2; 0: no timing, the checkpoints only)
 #   --trace       `stepgraph trace --steps 5` of each build on the first model and precision,
 #                 then scripts/kernel_times.py's 25 longest kernels
 #   --no-ckpt     skip the checkpoint comparison
@@ -28,6 +28,7 @@
 #                 that one ref can be compared with itself under a switch: a ref given twice
 #                 (NAME=REF) is built once
 #
+# Options and REFs may come in any order; after --, every argument is a REF.
 # A build REF is checked out by `git archive` into WORK/NAME (NAME: REF with / as _, unless
 # given; names must differ), configured and built (target stepgraph_cli, the command). Exit
 # status: 1 if a build or a run failed, 2 if checkpoints differ (or a usage error), else 0.
@@ -38,6 +39,7 @@ cmake_args="-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -G Ninja"
 work=/tmp/stepgraph-ab
 declare -A envof built
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "$1"; }
+refs=()
 while [ $# -gt 0 ]; do
     case $1 in
     --models) models=$2; shift 2 ;;
@@ -55,11 +57,14 @@ while [ $# -gt 0 ]; do
         envof[$2]="${envof[$2]:-} $3"
         shift 3 ;;
     -h | --help) usage 0 ;;
+    --) shift; refs+=("$@"); break ;;
     -*) echo "ab.sh: unknown option $1" >&2; usage 2 >&2 ;;
-    *) break ;;
+    *) refs+=("$1"); shift ;;
     esac
 done
-[ $# -ge 1 ] || { echo "ab.sh: no REF given" >&2; usage 2 >&2; }
+[[ $rounds =~ ^[0-9]+$ ]] || { echo "ab.sh: --rounds takes a count, not '$rounds'" >&2; exit 2; }
+[ ${#refs[@]} -ge 1 ] || { echo "ab.sh: no REF given" >&2; usage 2 >&2; }
+set -- "${refs[@]}"
 root=$(git rev-parse --show-toplevel) || exit 1
 mkdir -p "$work/bin" || exit 1
 status=0
@@ -146,35 +151,39 @@ if [ $ckpt = 1 ] && [ ${#names[@]} -ge 2 ]; then
     done
 fi
 
-say "ms/step, $steps steps a run, $rounds rounds"
-declare -A got
-for ((r = 1; r <= rounds; r++)); do
-    order=("${names[@]}")
-    if [ $((r % 2)) = 0 ]; then
-        order=()
-        for ((i = ${#names[@]} - 1; i >= 0; i--)); do order+=("${names[$i]}"); done
-    fi
-    for m in "${ms[@]}"; do
-        for p in "${ps[@]}"; do
-            for b in "${order[@]}"; do
-                v=$(run "$b" --model "$m" --precision "$p" --steps "$steps")
-                [ -n "$v" ] || { v=FAILED; status=1; }
-                got[$m $p $b]="${got[$m $p $b]:-} $v"
+median() { tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+if [ "$rounds" = 0 ]; then
+    say "no timing (--rounds 0)"
+else
+    say "ms/step, $steps steps a run, $rounds rounds"
+    declare -A got
+    for ((r = 1; r <= rounds; r++)); do
+        order=("${names[@]}")
+        if [ $((r % 2)) = 0 ]; then
+            order=()
+            for ((i = ${#names[@]} - 1; i >= 0; i--)); do order+=("${names[$i]}"); done
+        fi
+        for m in "${ms[@]}"; do
+            for p in "${ps[@]}"; do
+                for b in "${order[@]}"; do
+                    v=$(run "$b" --model "$m" --precision "$p" --steps "$steps")
+                    [ -n "$v" ] || { v=FAILED; status=1; }
+                    got[$m $p $b]="${got[$m $p $b]:-} $v"
+                done
             done
         done
     done
-done
-median() { tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-for m in "${ms[@]}"; do
-    for p in "${ps[@]}"; do
-        m0=$(median <<< "${got[$m $p ${names[0]}]}")
-        for b in "${names[@]}"; do
-            mb=$(median <<< "${got[$m $p $b]}")
-            r=$(awk -v a="$mb" -v b="$m0" 'BEGIN { if (a != "" && b > 0) printf "%.3f", a / b }')
-            echo "  $m $p $b:${got[$m $p $b]}${mb:+ | median $mb}${r:+, $r of ${names[0]}}"
+    for m in "${ms[@]}"; do
+        for p in "${ps[@]}"; do
+            m0=$(median <<< "${got[$m $p ${names[0]}]}")
+            for b in "${names[@]}"; do
+                mb=$(median <<< "${got[$m $p $b]}")
+                r=$(awk -v a="$mb" -v b="$m0" 'BEGIN { if (a != "" && b > 0) printf "%.3f", a / b }')
+                echo "  $m $p $b:${got[$m $p $b]}${mb:+ | median $mb}${r:+, $r of ${names[0]}}"
+            done
         done
     done
-done
+fi
 
 if [ $trace = 1 ]; then
     for b in "${names[@]}"; do

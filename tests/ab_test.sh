@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # ab_test.sh SRC: scripts/ab.sh's contract on the CPU backend: --help and the usage errors (no
-# REF, an unknown option, --env without NAME VAR=VALUE: exit 2; a ref git does not know: exit 1);
+# REF, an unknown option, --env without NAME VAR=VALUE, --rounds without a count: exit 2; a ref
+# git does not know: exit 1);
 # HEAD against HEAD built twice without CUDA (A=HEAD B=HEAD, two trees from `git archive`), a
 # short mlp run of each: the checkpoints the same bit for bit ("0 differ", exit 0), a time from
 # every run, each build's median and its ratio to A's; the two binaries given as paths (used as
-# they are); --env on a second name for the same ref (built once; the unfused attention's
+# they are), with the options after them and --rounds 0 (checkpoints only, no timing line);
+# --env on a second name for the same ref (built once; the unfused attention's
 # checkpoint differs, exit 2); and a run of another seed, which the comparison must tell apart.
 # Skips (77) outside a git checkout or without python3.
 set -u
@@ -24,6 +26,7 @@ expect 2 'no REF given' --
 expect 2 'unknown option --bogus' -- --bogus HEAD
 expect 1 'no such ref: no-such-ref-here' -- no-such-ref-here
 expect 2 '--env takes NAME VAR=VALUE' -- --env B HEAD
+expect 2 "--rounds takes a count, not 'two'" -- --rounds two HEAD
 cpu=(--cmake-args "-DSG_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Release" --models mlp-32-2-8 --precisions fp32
      --steps 20 --ckpt-steps 5 --rounds 2 --train-args "--scope step --backend cpu")
 expect 0 'mlp-32-2-8 fp32: B against A: [0-9]+ tensors, 0 differ' -- "${cpu[@]}" A=HEAD B=HEAD
@@ -31,10 +34,13 @@ expect 0 'mlp-32-2-8 fp32: B against A: [0-9]+ tensors, 0 differ' -- "${cpu[@]}"
 n=$(grep -Ec '^  mlp-32-2-8 fp32 [AB]: [0-9.]+ [0-9.]+ \| median [0-9.]+, [0-9.]+ of A$' <<<"$out")
 [ "$n" = 2 ] || { echo "FAIL: expected 2 timing lines of 2 runs, found $n:"; echo "$out"; fails=$((fails + 1)); }
 grep -Eq '^  mlp-32-2-8 fp32 A: .*, 1\.000 of A$' <<<"$out" || { echo "FAIL: A's ratio to itself is not 1.000"; fails=$((fails + 1)); }
-# binaries as they are: the two just built, no build
+# binaries as they are: the two just built, no build; the options after the REFs, no timing
 cp "$tmp/w/bin/A" "$tmp/a.bin" && cp "$tmp/w/bin/B" "$tmp/b.bin"
-expect 0 'mlp-32-2-8 fp32: Y against X: [0-9]+ tensors, 0 differ' -- "${cpu[@]}" X="$tmp/a.bin" Y="$tmp/b.bin"
+expect 0 'mlp-32-2-8 fp32: Y against X: [0-9]+ tensors, 0 differ' -- X="$tmp/a.bin" Y="$tmp/b.bin" "${cpu[@]}" --rounds 0
 grep -q "built Y: $tmp/b.bin as it is" <<<"$out" || { echo "FAIL: Y was not used as it is:"; echo "$out"; fails=$((fails + 1)); }
+if ! grep -q 'no timing (--rounds 0)' <<<"$out" || grep -q 'median' <<<"$out"; then
+    echo "FAIL: --rounds 0 timed or did not say so:"; echo "$out"; fails=$((fails + 1))
+fi
 # --env: B is A's build (built once), run with the unfused attention, whose sums differ
 expect 2 'gpt-64-1-2-8 fp32: B against A: [0-9]+ tensors, [1-9][0-9]* differ' -- "${cpu[@]}" --models gpt-64-1-2-8 \
     --env B STEPGRAPH_ATTENTION=unfused A=HEAD B=HEAD
