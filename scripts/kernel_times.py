@@ -8,11 +8,19 @@ import json
 import sys
 from collections import defaultdict
 
+if len(sys.argv) < 2:
+    sys.exit(__doc__)
 path = sys.argv[1]
 steps = float(sys.argv[2]) if len(sys.argv) > 2 else 5.0
+if steps <= 0:
+    sys.exit(f"kernel_times.py: STEPS must be positive, not {sys.argv[2]}")
 top = int(sys.argv[3]) if len(sys.argv) > 3 else 30
 pick = sys.argv[4] if len(sys.argv) > 4 else None
-events = json.load(open(path))
+try:
+    with open(path) as f:
+        events = json.load(f)
+except (OSError, ValueError) as e:
+    sys.exit(f"kernel_times.py: {path}: {e}")
 events = events["traceEvents"] if isinstance(events, dict) else events
 gpu = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
        and str(e.get("args", {}).get("name", "")).startswith("GPU")}
