@@ -214,6 +214,7 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
                             T *__restrict__ dx, double *__restrict__ partials, int64_t M,
                             int64_t C, int64_t rpb)
 {
+    static_assert(NS == 2 || (NS == 4 && ADD), "the dres and dx sums (NS = 4) come with ADD");
     constexpr int R = LN_THREADS / G, U = NS == 4 && V == 8 ? 1 : LN_ROWS_IN_FLIGHT;
     __shared__ float2 sh[LN_WARPS];
     __shared__ float4 st[LN_TILE_ROWS]; /* per tile row: mean, rstd, mean(g), mean(g*xhat) */
@@ -287,7 +288,7 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
                                 dg[k] = __fma_rn(d, xh, dg[k]);
                                 db[k] = __dadd_rn(db[k], d);
                                 if (NS == 4) {
-                                    if (ADD) sr[k] = __dadd_rn(sr[k], to_f(res[u].e[k]));
+                                    sr[k] = __dadd_rn(sr[k], to_f(res[u].e[k]));
                                     sx[k] = __dadd_rn(sx[k], to_f(out.e[k]));
                                 }
                             }
