@@ -232,7 +232,8 @@ sg_status sg_linear_forward(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w,
  * stream, in one pass (a transformer block's last projection). b may be NULL; r has y's shape
  * and dtype and may be y itself (in place), else must not overlap it. y is rounded once (on
  * CUDA the matmul's epilogue adds r: cuBLASLt's C with beta 1), where sg_linear_forward then
- * sg_add_forward would round twice. The backward is sg_linear_backward's with SG_ACT_NONE for
+ * sg_add_forward would round twice; except on CUDA with a bias not 16-byte aligned (a view),
+ * which a second pass adds after the matmul has rounded x w^T + r. The backward is sg_linear_backward's with SG_ACT_NONE for
  * x, w and b; r's gradient is dy itself. */
 sg_status sg_linear_forward_residual(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *w, const sg_tensor *b,
                                      const sg_tensor *r, sg_tensor *y);

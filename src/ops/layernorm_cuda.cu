@@ -500,8 +500,6 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *ga
     const int ns = dres_sum || dx_sum ? 4 : 2; /* sets of column sums in the partials */
     SG_ASSERT(ns == 2 || dres); /* the sums come with dres only (no NS = 4 kernel without it) */
     const int64_t C = x->shape[x->ndim - 1], M = x->numel / C;
-    /* Always the same size (the entry point caps C), so the buffer is allocated once and its
-     * address never changes: a captured graph keeps pointing at it. */
     /* Deferred (sg_ctx_side_deferred: the default STEPGRAPH_WGRAD, inside a module's region):
      * the reduction goes to the second stream, unjoined, reading partials in one of two slots;
      * a third call joins before it writes either (sg_ctx_side_busy). */
@@ -512,6 +510,8 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *ga
         if (sg_ctx_side_busy(ctx) & SG_SIDE_LN_B) SG_TRY(sg_ctx_side_join(ctx));
         else slot = SG_SLOT_LAYERNORM_B, bit = SG_SIDE_LN_B;
     }
+    /* Always the same size (the entry point caps C), so each slot's buffer is allocated once
+     * and its address never changes: a captured graph keeps pointing at it. */
     void *scratch;
     SG_TRY(sg_ctx_scratch(ctx, slot, LN_SCRATCH_BYTES, &scratch));
     double *partials = (double *)scratch;
