@@ -59,10 +59,11 @@ static double fd_loss(void *u)
     return tu_dot(c->y, c->r);
 }
 
-/* y (and pre) of the reference against a naive triple loop. */
+/* y (and pre) of the reference against a naive triple loop; res (NULL: none) is added to y
+ * after the activation, as sg_linear_forward_residual does. */
 static void check_forward_naive(const char *what, const sg_tensor *x, const sg_tensor *w,
-                                const sg_tensor *b, sg_activation act, const sg_tensor *y,
-                                const sg_tensor *pre, tu_tol tol)
+                                const sg_tensor *b, sg_activation act, const double *res,
+                                const sg_tensor *y, const sg_tensor *pre, tu_tol tol)
 {
     int64_t n = w->shape[0], k = w->shape[1], m = x->numel / k;
     double *ry = malloc((size_t)(m * n) * sizeof *ry), *rp = malloc((size_t)(m * n) * sizeof *rp);
@@ -72,8 +73,9 @@ static void check_forward_naive(const char *what, const sg_tensor *x, const sg_t
             for (int64_t i = 0; i < k; i++) s += sg_ld(x, r * k + i) * sg_ld(w, j * k + i);
             rp[r * n + j] = s;
             ry[r * n + j] = act == SG_ACT_RELU ? (s > 0 ? s : 0) : act == SG_ACT_GELU ? naive_gelu(s) : s;
+            if (res) ry[r * n + j] += res[r * n + j];
         }
-    char label[160];
+    char label[224];
     double *gy = tu_get(y);
     snprintf(label, sizeof label, "%s: y vs naive", what);
     tu_close(label, gy, ry, m * n, tol);
@@ -211,7 +213,7 @@ static void cpu_gradcheck_case(sg_ctx *ctx, sg_activation act, int64_t m, int64_
     tu_poison(c.y);
     if (c.pre) tu_poison(c.pre);
     TU_OK(ctx, sg_linear_forward(ctx, c.x, c.w, c.b, act, c.y, c.pre));
-    check_forward_naive(what, c.x, c.w, c.b, act, c.y, c.pre, tu_tol_for(f64));
+    check_forward_naive(what, c.x, c.w, c.b, act, NULL, c.y, c.pre, tu_tol_for(f64));
 
     /* Backward of L = sum(y * r): dy = r. Outputs poisoned: they must be written. */
     sg_tensor *dy = tu_keep(tu_tensor(ctx, f64, xnd, ys, "dy"));
@@ -289,7 +291,7 @@ static void cpu_forward_naive(void)
         char what[96];
         snprintf(what, sizeof what, "cpu forward %s M=%lld N=%lld K=%lld", act_name(acts[a]),
                  (long long)m, (long long)n, (long long)k);
-        check_forward_naive(what, x, w, b, acts[a], y, pre, tu_tol_for(SG_DTYPE_F64));
+        check_forward_naive(what, x, w, b, acts[a], NULL, y, pre, tu_tol_for(SG_DTYPE_F64));
         tu_free_live();
     }
     sg_ctx_destroy(ctx);
@@ -439,7 +441,7 @@ static void cpu_errors(void)
      * with act NONE and no act_in runs. */
     tu_poison(y);
     TU_OK(ctx, sg_linear_forward(ctx, x, w, b, R, y, NULL));
-    check_forward_naive("cpu f32 after errors", x, w, b, R, y, NULL, tu_tol_for(f));
+    check_forward_naive("cpu f32 after errors", x, w, b, R, NULL, y, NULL, tu_tol_for(f));
     TU_OK(ctx, sg_linear_backward(ctx, x, w, dy, N0, NULL, dx, dw, db));
     sg_tensor_destroy(wo);
     tu_free_live();
@@ -1218,25 +1220,6 @@ static void cpu_through(void)
 
 /* ---- sg_linear_forward_residual: y = x w^T + b + r, rounded once ---- */
 
-/* The f64 reference against a naive loop: y = x w^T + b + r, each in f64. */
-static void check_residual_naive(const char *what, const sg_tensor *x, const sg_tensor *w, const sg_tensor *b,
-                                 const double *r, const sg_tensor *y)
-{
-    int64_t n = w->shape[0], k = w->shape[1], m = x->numel / k;
-    double *ref = malloc((size_t)(m * n) * sizeof *ref), *got = tu_get(y);
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            double v = b ? sg_ld(b, j) : 0;
-            for (int64_t l = 0; l < k; l++) v += sg_ld(x, i * k + l) * sg_ld(w, j * k + l);
-            ref[i * n + j] = v + r[i * n + j];
-        }
-    char label[224];
-    snprintf(label, sizeof label, "%s: y vs naive", what);
-    tu_close(label, got, ref, m * n, tu_tol_for(SG_DTYPE_F64));
-    free(ref);
-    free(got);
-}
-
 /* One case on ctx (CPU or CUDA) in dtype dt, against ref's f64 path on the values as stored.
  * mis: every tensor a view one element into its buffer (2- or 4-byte aligned: on CUDA the bias
  * then takes the unfused path). y is checked as written beside r and written over r in place;
@@ -1269,7 +1252,7 @@ static void residual_case(sg_ctx *ctx, sg_ctx *ref, sg_dtype dt, int64_t m, int6
      * through sg_ld took longer than the rest of the case). */
     if (!gpu || m * n * k <= (int64_t)1 << 22) {
         double *rv = tu_get(rr);
-        check_residual_naive(what, xr, wr, br, rv, yr);
+        check_forward_naive(what, xr, wr, br, SG_ACT_NONE, rv, yr, NULL, tu_tol_for(SG_DTYPE_F64));
         free(rv);
     }
 
