@@ -588,16 +588,8 @@ extern "C" sg_status sg_attention_fused_backward_cuda(sg_ctx *ctx, const sg_tens
     SG_CUDA_CHECK_LAUNCH(ctx, "fused_bwd_dq_kernel");
     /* The key-tile kernel may start beside the dq kernel (which triggers at once), where the
      * device has programmatic dependent launch; otherwise after it. */
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(FA_THREADS);
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = sg_ctx_pdl(ctx) ? 1 : 0;
-    SG_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, fused_bwd_dkv_kernel, (const bf16 *)qkv->data,
+    const sg_pdl_launch l(grid, dim3(FA_THREADS), 0, s, sg_ctx_pdl(ctx));
+    SG_CUDA_CHECK(ctx, cudaLaunchKernelEx(&l.cfg, fused_bwd_dkv_kernel, (const bf16 *)qkv->data,
                                           (const float *)lse->data, (const bf16 *)dout->data,
                                           (const float *)delta->data, (bf16 *)dqkv->data, (int)d.T, (int)d.H,
                                           (int)d.C, sl2, scale));

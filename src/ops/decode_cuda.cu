@@ -183,17 +183,9 @@ static sg_status kv_attention_v(sg_ctx *ctx, const sg_tensor *qkv, int heads, co
     if (smem > 48 * 1024)
         SG_CUDA_CHECK(ctx, cudaFuncSetAttribute(kv_attention_kernel<T, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem));
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = dim3((unsigned)rows, (unsigned)heads);
-    cfg.blockDim = dim3(KV_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream_of(ctx);
-    cfg.attrs = attr;
-    cfg.numAttrs = sg_ctx_pdl(ctx) ? 1 : 0;
-    SG_CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, kv_attention_kernel<T, V>, (const T *)qkv->data,
+    const sg_pdl_launch l(dim3((unsigned)rows, (unsigned)heads), dim3(KV_THREADS), smem, stream_of(ctx),
+                          sg_ctx_pdl(ctx));
+    SG_CUDA_CHECK(ctx, cudaLaunchKernelEx(&l.cfg, kv_attention_kernel<T, V>, (const T *)qkv->data,
                                           (const int32_t *)start->data, (T *)kc->data, (T *)vc->data, (T *)out->data,
                                           rows / B, C, heads, hs, Tc, 1.f / sqrtf((float)hs)));
     SG_CUDA_CHECK_LAUNCH(ctx, "kv_attention_kernel");

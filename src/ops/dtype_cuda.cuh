@@ -1,10 +1,12 @@
 /* dtype_cuda.cuh: the storage types of the CUDA kernels, f32 and bf16, in one place: read as
  * f32 (bf16 exactly), written rounded to nearest even, and vector loads of V consecutive
- * elements. Included by the op families' .cu files; device code only. */
+ * elements; and programmatic dependent launch, both sides. Included by the op families' .cu
+ * files. */
 #ifndef SG_OPS_DTYPE_CUDA_CUH
 #define SG_OPS_DTYPE_CUDA_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 __device__ __forceinline__ float to_f(float v) { return v; }
@@ -77,6 +79,24 @@ __device__ __forceinline__ void sg_pdl_trigger(void)
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+/* The host's side: a configuration for cudaLaunchKernelEx(&l.cfg, kernel, args...) whose kernel
+ * may start while the one before it on the stream still runs (the programmatic-serialization
+ * attribute) when pdl (sg_ctx_pdl), and launches as <<<>>> would otherwise. cfg points at the
+ * object's own attribute, so the object is neither copied nor moved. */
+struct sg_pdl_launch {
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg;
+    sg_pdl_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl) : attr(), cfg()
+    {
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+        cfg.attrs = attr, cfg.numAttrs = pdl ? 1 : 0;
+    }
+    sg_pdl_launch(const sg_pdl_launch &) = delete;
+    sg_pdl_launch &operator=(const sg_pdl_launch &) = delete;
+};
 
 /* Four bf16 packed in a uint2 (element 0 in the low half) as f32: a bf16 is the top half of
  * the f32 of the same value. */

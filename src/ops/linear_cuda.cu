@@ -739,18 +739,10 @@ __global__ void __launch_bounds__(SKINNY_THREADS) skinny_kernel(skinny_args<T> a
 template <typename T, int V, int ACT>
 static cudaError_t skinny_launch_act(const skinny_args<T> &a, bool ln, bool pdl, cudaStream_t s)
 {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = dim3((unsigned)((a.n + SKINNY_WARPS - 1) / SKINNY_WARPS));
-    cfg.blockDim = dim3(SKINNY_THREADS);
-    cfg.dynamicSmemBytes = ln ? (size_t)a.k * sizeof(T) : 0;
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    if (ln) return cudaLaunchKernelEx(&cfg, skinny_kernel<T, V, ACT, true>, a);
-    return cudaLaunchKernelEx(&cfg, skinny_kernel<T, V, ACT, false>, a);
+    const sg_pdl_launch l(dim3((unsigned)((a.n + SKINNY_WARPS - 1) / SKINNY_WARPS)), dim3(SKINNY_THREADS),
+                          ln ? (size_t)a.k * sizeof(T) : 0, s, pdl);
+    if (ln) return cudaLaunchKernelEx(&l.cfg, skinny_kernel<T, V, ACT, true>, a);
+    return cudaLaunchKernelEx(&l.cfg, skinny_kernel<T, V, ACT, false>, a);
 }
 
 template <typename T, int V>
