@@ -10,9 +10,10 @@ count, see shared/DESIGN.md). Needs PyTorch with CUDA; no network.
 Model mlp-WIDTH-DEPTH-BATCH: input dim WIDTH; DEPTH blocks Linear(WIDTH, WIDTH) + ReLU (the
 first takes the input); a Linear(WIDTH, 10) head; cross-entropy loss; torch.optim.Adam (lr 1e-3,
 default betas and eps, no weight decay, the implementation PyTorch picks by default: foreach on
-CUDA, reported as adam_impl); fp32 with TF32 off. Data: 64 batches generated on the device once
-(inputs N(0,1), labels the argmax of a fixed random linear teacher, as stepgraph's data.c), and
-step i uses batch i % 64, so a step copies nothing from the host.
+CUDA, reported as adam_impl); fp32 with TF32 off (--tf32: on for matmuls). Data: 64 batches
+generated on the device once (inputs N(0,1), labels the argmax of a fixed random linear
+teacher, as stepgraph's data.c), and step i uses batch i % 64, so a step copies nothing from
+the host.
 
 Model gpt-WIDTH-DEPTH-BATCH-SEQ (C, L, B, T), as stepgraph's src/models/gpt.c: a decoder-only
 transformer over bytes (vocabulary 256; with --vocab N over a token file's tokens, N rows in the
@@ -44,7 +45,7 @@ under torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) with fp3
 fp32 gradients and fp32 Adam; in the graph mode the autocast region lies inside the captured
 region. (make_graphed_callables requires the autocast cache off; every mode runs with it off so
 that all modes do the same work: each weight is cast once per forward, so the cache would save
-no cast.) TF32 stays off in both precisions.
+no cast.) TF32 stays off in both precisions unless --tf32 (matmuls only).
 
 Variable sequence length (gpt models, --accum 1, modes eager, graph and compile), as
 `stepgraph bench --seq-lens 32,64,128 --vary-seq`: --seq-lens L gives increasing bucket lengths
@@ -239,10 +240,11 @@ def split_list(values, allowed=None, what="value"):
     return out
 
 
-def set_fp32_no_tf32():
-    """TF32 off through the legacy flags only: from PyTorch 2.9 on, mixing them with the new
-    fp32_precision API leaves a state that some readers (Inductor) refuse."""
-    torch.backends.cuda.matmul.allow_tf32 = False
+def set_fp32_tf32(on=False):
+    """TF32 off (or, with --tf32, on for matmuls, as stepgraph's STEPGRAPH_TF32=1; cuDNN's stays
+    off, as stepgraph's convolutions) through the legacy flags only: from PyTorch 2.9 on, mixing
+    them with the new fp32_precision API leaves a state that some readers (Inductor) refuse."""
+    torch.backends.cuda.matmul.allow_tf32 = on
     torch.backends.cudnn.allow_tf32 = False
     for var in ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"):
         if os.environ.get(var):
@@ -986,6 +988,9 @@ def main(argv=None):
                     help="gpt: sdpa (default): F.scaled_dot_product_attention(is_causal=True), "
                          "as PyTorch users write it; math: the explicit matmul, masked_fill, "
                          "softmax, matmul")
+    ap.add_argument("--tf32", action="store_true",
+                    help="fp32 matmuls in TF32 (torch.backends.cuda.matmul.allow_tf32), to compare "
+                         "with stepgraph under STEPGRAPH_TF32=1 (default: TF32 off)")
     ap.add_argument("--sdpa", action="store_const", const="sdpa", dest="attention",
                     help="the same as --attention sdpa (the default; kept for older scripts)")
     ap.add_argument("--accum", type=int, default=1, metavar="K",
@@ -1064,7 +1069,7 @@ def main(argv=None):
         print("torch_ref.py: no CUDA device visible to PyTorch; the reference needs a GPU",
               file=sys.stderr)
         return 2
-    set_fp32_no_tf32()
+    set_fp32_tf32(args.tf32)
 
     return run_all(runs, modes, run_one, cleanup, print_table, args)
 

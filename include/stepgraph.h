@@ -67,6 +67,12 @@ typedef struct sg_ctx_options {
     int device;                 /* CUDA device ordinal */
     size_t workspace_bytes;     /* cuBLASLt workspace (one a stream), fixed for the context's life */
     size_t alloc_limit_bytes;   /* 0: none. Reserving past it fails with SG_ERR_OOM (tests) */
+    int tf32;                   /* CUDA: f32 matmuls on the tensor cores in TF32 (inputs rounded to
+                                 * 10 mantissa bits, f32 accumulation), as PyTorch's
+                                 * torch.backends.cuda.matmul.allow_tf32; also STEPGRAPH_TF32=1 in
+                                 * the environment. 0 (the default): true fp32. The CPU backend
+                                 * refuses it (it computes in double). Convolutions and the fused
+                                 * f32 attention stay in FMA. */
 } sg_ctx_options;
 
 sg_ctx_options sg_ctx_options_default(void);
@@ -612,7 +618,7 @@ sg_status sg_channel_scale_backward(sg_ctx *ctx, const sg_tensor *x, const sg_te
  * the same work beats by much. A step's time over its floor says how far from the hardware it
  * runs, and the families' floors where the time should go. */
 typedef struct sg_device_peaks {
-    sg_dtype dtype;              /* of the matmul timed: F32 (no TF32) or BF16 */
+    sg_dtype dtype;              /* of the matmul timed: F32 (TF32 if ctx's matmuls are) or BF16 */
     double matmul_tflops;        /* an (n x n) by (n x n) sg_linear_forward, n 8192 (bf16) or
                                   * 4096 (f32), on values that are not zero; the median of 5 */
     double copy_gbps;            /* 1e9 bytes a second, read plus written, by sg_tensor_copy of

@@ -1486,6 +1486,108 @@ static void side_stream_cases(void)
     for (int i = 0; i < 4; i++) sg_ctx_destroy(c[i]);
 }
 
+/* |got - ref| <= c * bound + 1e-30 elementwise, where bound = sum |a||b| of the element's
+ * terms (an f64 matmul of absolute values, the bias's too) and c the relative error of one
+ * TF32 product plus f32 accumulation over len terms: each input cut to 10 mantissa bits
+ * (rounded or truncated, off by less than u = 2^-10 relatively, so a product by less than
+ * 2u + u^2), the sum off by at most (len + 1) 2^-24 of the absolute sum. A bound, not an
+ * estimate: it holds for every draw. */
+static void tf32_close(const char *what, const sg_tensor *got, const sg_tensor *ref, const sg_tensor *bound,
+                       int64_t len)
+{
+    const double u = ldexp(1, -10), c = 2 * u + u * u + (double)(len + 1) * ldexp(1, -24);
+    double *g = tu_get(got), *r = tu_get(ref), *b = tu_get(bound), worst = 0;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < got->numel; i++) {
+        const double d = fabs(g[i] - r[i]), lim = c * b[i] + 1e-30;
+        bad += !(d <= lim);
+        if (d / lim > worst) worst = d / lim;
+    }
+    TU_CHECK(bad == 0, "%s: %lld of %lld elements past the TF32 bound (worst %.3g of it)", what, (long long)bad,
+             (long long)got->numel, worst);
+    free(g), free(r), free(b);
+}
+
+/* sg_ctx_options.tf32: a context's f32 linear forward and backward run in TF32. Against the f64
+ * reference within the TF32 bound (tf32_close), and unlike a plain f32 context's bits in most
+ * elements (so TF32 is really on: rounding the inputs to 10 mantissa bits moves nearly every
+ * sum). The bounds come from f64 matmuls of the operands' absolute values. */
+static void tf32_cases(sg_ctx *plain, sg_ctx *cpu)
+{
+    sg_ctx_options o = sg_ctx_options_default();
+    o.backend = SG_BACKEND_CUDA, o.tf32 = 1;
+    sg_ctx *tf = NULL;
+    TU_OK(NULL, sg_ctx_create(&o, &tf));
+    TU_CHECK(sg_ctx_tf32(tf) && !sg_ctx_tf32(plain), "sg_ctx_options.tf32 did not reach the context");
+    /* the environment's switch: 1 turns it on, another value fails the creation, naming it */
+    const char *vals[2] = {"1", "yes"};
+    for (int e = 0; e < 2; e++) {
+        TU_CHECK(setenv("STEPGRAPH_TF32", vals[e], 1) == 0, "setenv");
+        sg_ctx_options oe = sg_ctx_options_default();
+        oe.backend = SG_BACKEND_CUDA;
+        sg_ctx *c = NULL;
+        const sg_status st = sg_ctx_create(&oe, &c);
+        TU_CHECK(unsetenv("STEPGRAPH_TF32") == 0, "unsetenv");
+        if (e == 0) TU_CHECK(st == SG_OK && sg_ctx_tf32(c), "STEPGRAPH_TF32=1: status %d, tf32 off", (int)st);
+        else TU_CHECK(st == SG_ERR_INVALID && !c && strstr(sg_ctx_last_error(NULL), "STEPGRAPH_TF32 is 'yes'"),
+                      "STEPGRAPH_TF32=yes: status %d, '%s'", (int)st, sg_ctx_last_error(NULL));
+        if (c) sg_ctx_destroy(c);
+    }
+    const sg_dtype f = SG_DTYPE_F32, d = SG_DTYPE_F64;
+    const int64_t shapes[2][3] = {{256, 384, 768}, {4 * tu_randint(8, 128), 4 * tu_randint(8, 128), 4 * tu_randint(8, 256)}};
+    for (int i = 0; i < 2; i++) {
+        const int64_t m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
+        char what[128];
+        snprintf(what, sizeof what, "tf32 M=%lld N=%lld K=%lld", (long long)m, (long long)n, (long long)k);
+        sg_tensor *x = tu_keep(tu_tensor2(tf, f, m, k, "x")), *w = tu_keep(tu_tensor2(tf, f, n, k, "w"));
+        sg_tensor *b = tu_keep(tu_tensor1(tf, f, n, "b")), *dy = tu_keep(tu_tensor2(tf, f, m, n, "dy"));
+        free(tu_random(x, -1, 1)), free(tu_random(w, -1, 1)), free(tu_random(b, -1, 1)), free(tu_random(dy, -1, 1));
+        sg_tensor *y = tu_keep(tu_tensor2(tf, f, m, n, "y")), *dx = tu_keep(tu_tensor2(tf, f, m, k, "dx"));
+        sg_tensor *dw = tu_keep(tu_tensor2(tf, f, n, k, "dw")), *db = tu_keep(tu_tensor1(tf, f, n, "db"));
+        tu_poison(y), tu_poison(dx), tu_poison(dw), tu_poison(db);
+        TU_OK(tf, sg_linear_forward(tf, x, w, b, SG_ACT_NONE, y, NULL));
+        sg_tensor *g = tu_keep(tu_clone_to(tf, dy, f)); /* the backward may write d(pre) over dy */
+        TU_OK(tf, sg_linear_backward(tf, x, w, g, SG_ACT_NONE, NULL, dx, dw, db));
+        /* the f64 reference and the bounds: the same matmuls on |x|, |w|, |dy| (no bias) */
+        sg_tensor *xr = tu_keep(tu_clone_to(cpu, x, d)), *wr = tu_keep(tu_clone_to(cpu, w, d));
+        sg_tensor *br = tu_keep(tu_clone_to(cpu, b, d)), *dyr = tu_keep(tu_clone_to(cpu, dy, d));
+        sg_tensor *yr = tu_keep(tu_tensor2(cpu, d, m, n, "y_ref")), *dxr = tu_keep(tu_tensor2(cpu, d, m, k, "dx_ref"));
+        sg_tensor *dwr = tu_keep(tu_tensor2(cpu, d, n, k, "dw_ref")), *dbr = tu_keep(tu_tensor1(cpu, d, n, "db_ref"));
+        TU_OK(cpu, sg_linear_forward(cpu, xr, wr, br, SG_ACT_NONE, yr, NULL));
+        TU_OK(cpu, sg_linear_backward(cpu, xr, wr, dyr, SG_ACT_NONE, NULL, dxr, dwr, dbr));
+        sg_tensor *ax = tu_keep(tu_clone_to(cpu, x, d)), *aw = tu_keep(tu_clone_to(cpu, w, d));
+        sg_tensor *ady = tu_keep(tu_clone_to(cpu, dy, d)), *ab = tu_keep(tu_clone_to(cpu, b, d));
+        sg_tensor *abs_of[4] = {ax, aw, ady, ab};
+        for (int t = 0; t < 4; t++) {
+            double *v = tu_get(abs_of[t]);
+            for (int64_t e = 0; e < abs_of[t]->numel; e++) v[e] = fabs(v[e]);
+            tu_set(abs_of[t], v);
+            free(v);
+        }
+        sg_tensor *yb = tu_keep(tu_tensor2(cpu, d, m, n, "y_bound")), *dxb = tu_keep(tu_tensor2(cpu, d, m, k, "dx_bound"));
+        sg_tensor *dwb = tu_keep(tu_tensor2(cpu, d, n, k, "dw_bound"));
+        TU_OK(cpu, sg_linear_forward(cpu, ax, aw, ab, SG_ACT_NONE, yb, NULL));
+        TU_OK(cpu, sg_linear_backward(cpu, ax, aw, ady, SG_ACT_NONE, NULL, dxb, dwb, NULL));
+        char label[192];
+        snprintf(label, sizeof label, "%s: y", what), tf32_close(label, y, yr, yb, k + 1);
+        snprintf(label, sizeof label, "%s: dx", what), tf32_close(label, dx, dxr, dxb, n);
+        snprintf(label, sizeof label, "%s: dw", what), tf32_close(label, dw, dwr, dwb, m);
+        snprintf(label, sizeof label, "%s: db", what), tu_close_tensors(label, db, dbr, gemm_tol(m));
+        /* the plain context's forward on the same values: most elements' bits differ */
+        sg_tensor *xp = tu_keep(tu_clone_to(plain, x, f)), *wp = tu_keep(tu_clone_to(plain, w, f));
+        sg_tensor *bp = tu_keep(tu_clone_to(plain, b, f)), *yp = tu_keep(tu_tensor2(plain, f, m, n, "y_plain"));
+        TU_OK(plain, sg_linear_forward(plain, xp, wp, bp, SG_ACT_NONE, yp, NULL));
+        double *a = tu_get(y), *p = tu_get(yp);
+        int64_t same = 0;
+        for (int64_t e = 0; e < m * n; e++) same += a[e] == p[e];
+        TU_CHECK(2 * same < m * n, "%s: %lld of %lld outputs are a plain f32 context's bits: TF32 seems off", what,
+                 (long long)same, (long long)(m * n));
+        free(a), free(p);
+        tu_free_live();
+    }
+    sg_ctx_destroy(tf);
+}
+
 static void gpu_vs_cpu(void)
 {
     sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
@@ -1577,6 +1679,7 @@ static void gpu_vs_cpu(void)
     through_errors(gpu);
     gpu_residual(gpu, cpu);
     side_stream_cases();
+    tf32_cases(gpu, cpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
 }

@@ -121,6 +121,13 @@ static void cpu_errors(void)
         TU_CHECK(sg_ctx_create(&op, &c) != SG_OK && c == NULL, "CUDA context without a GPU");
         TU_CHECK(strstr(sg_ctx_last_error(NULL), "CUDA") != NULL, "message: %s", sg_ctx_last_error(NULL));
     }
+    /* TF32 is a CUDA context's: the CPU backend refuses it, naming it, and makes no context. */
+    sg_ctx_options op = sg_ctx_options_default();
+    op.backend = SG_BACKEND_CPU, op.tf32 = 1;
+    sg_ctx *c = NULL;
+    TU_CHECK(sg_ctx_create(&op, &c) == SG_ERR_INVALID && c == NULL, "a CPU context took tf32");
+    TU_CHECK(strstr(sg_ctx_last_error(NULL), "tf32 is for CUDA contexts") != NULL, "message: %s",
+             sg_ctx_last_error(NULL));
     sg_ctx_destroy(ctx);
 }
 

@@ -50,6 +50,9 @@ sg_status sg_ctx_create(const sg_ctx_options *opts, sg_ctx **out)
     if (b == SG_BACKEND_AUTO) b = sg_cuda_available() ? SG_BACKEND_CUDA : SG_BACKEND_CPU;
     if (b != SG_BACKEND_CPU && b != SG_BACKEND_CUDA)
         return sg_fail(NULL, SG_ERR_INVALID, "sg_ctx_create: unknown backend %d", (int)o.backend);
+    if (o.tf32 && b == SG_BACKEND_CPU)
+        return sg_fail(NULL, SG_ERR_INVALID, "sg_ctx_create: tf32 is for CUDA contexts (the CPU backend computes "
+                       "in double)");
 #ifndef SG_HAVE_CUDA
     if (b == SG_BACKEND_CUDA)
         return sg_fail(NULL, SG_ERR_NO_DEVICE,

@@ -122,6 +122,7 @@ void *sg_ctx_cublaslt(const sg_ctx *ctx) { (void)ctx; return NULL; }
 void *sg_ctx_workspace(const sg_ctx *ctx, size_t *bytes) { (void)ctx; if (bytes) *bytes = 0; return NULL; }
 int sg_ctx_sm_count(const sg_ctx *ctx) { (void)ctx; return 0; }
 bool sg_ctx_pdl(const sg_ctx *ctx) { (void)ctx; return false; }
+bool sg_ctx_tf32(const sg_ctx *ctx) { (void)ctx; return false; }
 void *sg_ctx_side_stream(const sg_ctx *ctx) { (void)ctx; return NULL; }
 void *sg_ctx_side_workspace(const sg_ctx *ctx) { (void)ctx; return NULL; }
 sg_status sg_ctx_side_fork(sg_ctx *ctx) { (void)ctx; return SG_OK; }

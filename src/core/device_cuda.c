@@ -18,6 +18,7 @@ typedef struct sg_cuda_state {
     bool pdl; /* programmatic dependent launch: sm_90 and later, unless SG_PDL=0 */
     bool lt_bgrad;      /* STEPGRAPH_BGRAD=1: cuBLASLt's bias-gradient epilogues (linear_cuda.cu) */
     bool node_priority; /* graphs keep captured kernel priorities, unless STEPGRAPH_NODE_PRIORITY=0 */
+    bool tf32;          /* f32 matmuls in TF32: sg_ctx_options.tf32 or STEPGRAPH_TF32=1 */
     cudaStream_t side;  /* unless STEPGRAPH_WGRAD=off: the second stream, its workspace, fork and join */
     void *side_workspace;
     cudaEvent_t fork, join;
@@ -60,6 +61,7 @@ int sg_ctx_sm_count(const sg_ctx *ctx) { return ctx->cuda ? state(ctx)->sm_count
 bool sg_ctx_pdl(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->pdl; }
 bool sg_ctx_lt_bgrad(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->lt_bgrad; }
 bool sg_ctx_node_priority(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->node_priority; }
+bool sg_ctx_tf32(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->tf32; }
 
 void *sg_ctx_side_stream(const sg_ctx *ctx) { return ctx->cuda ? (void *)state(ctx)->side : NULL; }
 void *sg_ctx_side_workspace(const sg_ctx *ctx) { return ctx->cuda ? state(ctx)->side_workspace : NULL; }
@@ -156,6 +158,9 @@ static sg_status cuda_init(sg_ctx *ctx)
     if (strcmp(wgrad, "off") && strcmp(wgrad, "side") && strcmp(wgrad, "defer"))
         return sg_fail(ctx, SG_ERR_INVALID, "sg_ctx_create: STEPGRAPH_WGRAD is '%.40s'; expected off, side or defer",
                        wgrad);
+    const char *tf32 = getenv("STEPGRAPH_TF32");
+    if (tf32 && *tf32 && strcmp(tf32, "0") && strcmp(tf32, "1"))
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_ctx_create: STEPGRAPH_TF32 is '%.40s'; expected 0 or 1", tf32);
     sg_cuda_state *s = calloc(1, sizeof *s);
     if (!s) return sg_fail(ctx, SG_ERR_OOM, "sg_ctx_create: out of host memory");
     ctx->cuda = s;
@@ -178,6 +183,7 @@ static sg_status cuda_init(sg_ctx *ctx)
     const char *bgrad = getenv("STEPGRAPH_BGRAD"), *prio = getenv("STEPGRAPH_NODE_PRIORITY");
     s->lt_bgrad = bgrad && !strcmp(bgrad, "1");
     s->node_priority = !(prio && !strcmp(prio, "0"));
+    s->tf32 = ctx->opts.tf32 || (tf32 && !strcmp(tf32, "1"));
     snprintf(ctx->device_name, sizeof ctx->device_name, "%s (sm_%d%d, %d SMs)", prop.name,
              prop.major, prop.minor, prop.multiProcessorCount);
     INIT_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));

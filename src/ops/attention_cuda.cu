@@ -24,7 +24,7 @@
  * cuBLAS: one handle per context, created on first use (outside capture), kept in ext slot
  * SG_EXT_ATTENTION, bound once to the context's stream and then to its workspace (in that
  * order: cublasSetStream resets the workspace), default math mode: fp32 FMA, no TF32, as the
- * linear layer's cuBLASLt matmuls. GEMMs are written in column-major terms: a row-major (R,C)
+ * linear layer's cuBLASLt matmuls (TF32 where the context asks: sg_ctx_tf32). GEMMs are written in column-major terms: a row-major (R,C)
  * matrix is a column-major C x R one with leading dimension C.
  *
  * f32 GEMMs are cublasSgemmStridedBatched; bf16 ones cublasGemmStridedBatchedEx with bf16 A and
@@ -80,9 +80,10 @@ static sg_status blas_get(sg_ctx *ctx, const char *fn, cublasHandle_t *out)
         call = "cublasSetWorkspace"; /* after SetStream, which resets it */
         s = cublasSetWorkspace(b->handle, ws, ws ? ws_bytes : 0);
     }
-    if (s == CUBLAS_STATUS_SUCCESS) {
-        call = "cublasSetMathMode(CUBLAS_DEFAULT_MATH)";
-        s = cublasSetMathMode(b->handle, CUBLAS_DEFAULT_MATH);
+    if (s == CUBLAS_STATUS_SUCCESS) { /* the f32 GEMMs in TF32 where the context asks (sg_ctx_tf32) */
+        const bool tf32 = sg_ctx_tf32(ctx);
+        call = tf32 ? "cublasSetMathMode(CUBLAS_TF32_TENSOR_OP_MATH)" : "cublasSetMathMode(CUBLAS_DEFAULT_MATH)";
+        s = cublasSetMathMode(b->handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
     }
     if (s != CUBLAS_STATUS_SUCCESS) {
         blas_free(ctx, b);

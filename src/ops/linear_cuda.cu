@@ -112,9 +112,12 @@ static sg_status plan_build(sg_ctx *ctx, lin_plan *p, const void *bias, const vo
     cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k->epilogue;
     const cudaDataType_t type = cuda_type(k->dtype);
 
-    /* fp32 accumulation (CUBLAS_COMPUTE_32F) and f32 alpha/beta for both dtypes; not TF32:
-     * f32 results match PyTorch with TF32 off, bf16 ones PyTorch's autocast. */
-    SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    /* fp32 accumulation (CUBLAS_COMPUTE_32F) and f32 alpha/beta for both dtypes; not TF32
+     * unless the context asks (sg_ctx_tf32: f32 inputs rounded to TF32 on the tensor cores):
+     * f32 results match PyTorch with TF32 off (or on), bf16 ones PyTorch's autocast. */
+    const cublasComputeType_t compute =
+        k->dtype == SG_DTYPE_F32 && sg_ctx_tf32(ctx) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
     SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA,
                                                         &ta, sizeof ta));
     SG_CUBLAS_CHECK(ctx, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB,
