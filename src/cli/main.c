@@ -30,6 +30,9 @@ static const char *usage =
     "or on scikit-learn's 8 x 8 digits scaled up: --data) and efficientnet_b0-BATCH-R\n"
     "(torchvision's EfficientNet-B0 on the same images).\n"
     "Backend: CUDA when a GPU is usable, else the CPU reference (--backend to choose).\n"
+    "Environment (every command): STEPGRAPH_TF32=1 runs fp32 models' matmuls on the tensor\n"
+    "cores in TF32, as PyTorch's allow_tf32 (CUDA; true fp32 otherwise); docs/performance.md\n"
+    "lists the measurement switches (STEPGRAPH_WGRAD, STEPGRAPH_ATTENTION, ...).\n"
     "\n"
     "exit status: 0 done, 1 a runtime error, 2 a usage error (each command's --help says more)\n";
 
