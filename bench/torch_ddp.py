@@ -327,7 +327,7 @@ def worker(rank, world, port, args, result_path):
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
     import_torch()
     torch.cuda.set_device(rank)
-    torch_ref.set_fp32_tf32()
+    torch_ref.set_tf32(False)
     # torch_ref.Workload draws its data through torch_ref.make_text_data: per-rank windows here
     # (this process's own module, so the swap touches nothing outside this rank).
     torch_ref.make_text_data = functools.partial(rank_text_data, rank=rank)

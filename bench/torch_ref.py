@@ -240,7 +240,7 @@ def split_list(values, allowed=None, what="value"):
     return out
 
 
-def set_fp32_tf32(on=False):
+def set_tf32(on):
     """TF32 off (or, with --tf32, on for matmuls, as stepgraph's STEPGRAPH_TF32=1; cuDNN's stays
     off, as stepgraph's convolutions) through the legacy flags only: from PyTorch 2.9 on, mixing
     them with the new fp32_precision API leaves a state that some readers (Inductor) refuse."""
@@ -1069,7 +1069,7 @@ def main(argv=None):
         print("torch_ref.py: no CUDA device visible to PyTorch; the reference needs a GPU",
               file=sys.stderr)
         return 2
-    set_fp32_tf32(args.tf32)
+    set_tf32(args.tf32)
 
     return run_all(runs, modes, run_one, cleanup, print_table, args)
 

@@ -425,7 +425,7 @@ def main(argv=None):
         print("torch_vision.py: no CUDA device visible to PyTorch; the reference needs a GPU",
               file=sys.stderr)
         return 2
-    torch_ref.set_fp32_tf32()
+    torch_ref.set_tf32(False)
     torch.backends.cudnn.benchmark = True
 
     runs = [(name, precision) for name in models for precision in precisions]

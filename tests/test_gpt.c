@@ -283,15 +283,6 @@ static void scopes_match(sg_backend be, const char *name, int steps)
     scopes_match_at(be, name, steps, 0.f);
 }
 
-/* Without dropout LN2's backward sums the two projections' bias gradients
- * (sg_layernorm_backward_add_sums), and the projections' own backwards skip them. On the CPU
- * both ways sum the same values in double, in row order, and round once, so a model built under
- * STEPGRAPH_BIAS_SUMS=separate (the projections sum their own) has the same bits: loss,
- * parameters and every gradient (bf16: the bf16 gradients the backward writes), poisoned
- * before each step so that both sides must write all of them, over 3 steps, fp32 and bf16,
- * eager and step scope. What this checks is which sum lands on which bias, and that none is
- * left out. (The CUDA kernel sums in double where the projections' kernel sums in f32:
- * test_layernorm checks it against the host's sums.) */
 /* Three steps of a and b (the same model and seed): the same loss, gradients (bf16: the bf16
  * ones the backward writes, poisoned before each step, so both must write all of them) and
  * parameters, bit for bit, after every step. */
@@ -306,15 +297,21 @@ static void same_runs(const char *what, side *a, side *b)
         TU_OK(b->m->ctx, sg_trainer_step(b->t, i));
         ok = tu_same_bits(sg_model_loss(b->m), sg_model_loss(a->m), what, i + 1) &&
              tu_same_bits(gb, ga, what, i + 1) && tu_same_bits(sg_model_params(b->m), sg_model_params(a->m), what, i + 1);
-        double *v = tu_get(ga);
-        int64_t n = sg_tensor_numel(ga), unwritten = 0;
-        for (int64_t j = 0; j < n; j++) unwritten += isnan(v[j]);
+        const int64_t unwritten = tu_count_nan(ga);
         TU_CHECK(unwritten == 0, "%s: %lld of %lld gradients not written in step %d", what, (long long)unwritten,
-                 (long long)n, i + 1);
-        free(v);
+                 (long long)sg_tensor_numel(ga), i + 1);
     }
 }
 
+/* Without dropout LN2's backward sums the two projections' bias gradients
+ * (sg_layernorm_backward_add_sums), and the projections' own backwards skip them. On the CPU
+ * both ways sum the same values in double, in row order, and round once, so a model built under
+ * STEPGRAPH_BIAS_SUMS=separate (the projections sum their own) has the same bits: loss,
+ * parameters and every gradient (bf16: the bf16 gradients the backward writes), poisoned
+ * before each step so that both sides must write all of them, over 3 steps, fp32 and bf16,
+ * eager and step scope. What this checks is which sum lands on which bias, and that none is
+ * left out. (The CUDA kernel sums in double where the projections' kernel sums in f32:
+ * test_layernorm checks it against the host's sums.) */
 static void bias_sums(const char *name)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
@@ -351,14 +348,10 @@ static void side_stream_matches(const char *name)
     struct { sg_dtype prec; sg_scope scope; float dropout; } cases[5] = {
         {SG_DTYPE_F32, SG_SCOPE_EAGER, 0.f}, {SG_DTYPE_F32, SG_SCOPE_STEP, 0.1f}, {SG_DTYPE_BF16, SG_SCOPE_EAGER, 0.f},
         {SG_DTYPE_BF16, SG_SCOPE_STEP, 0.1f}, {SG_DTYPE_BF16, SG_SCOPE_LAYER, 0.f}};
-    TU_CHECK(setenv("STEPGRAPH_WGRAD", "off", 1) == 0, "setenv");
-    sg_ctx *plain = tu_ctx(SG_BACKEND_CUDA);
-    TU_CHECK(unsetenv("STEPGRAPH_WGRAD") == 0, "unsetenv");
+    sg_ctx *plain = tu_ctx_env("STEPGRAPH_WGRAD", "off");
     TU_CHECK(sg_ctx_side_stream(plain) == NULL, "STEPGRAPH_WGRAD=off made a second stream");
     for (int md = 0; md < 2; md++) {
-        if (modes[md]) TU_CHECK(setenv("STEPGRAPH_WGRAD", modes[md], 1) == 0, "setenv");
-        sg_ctx *ctx = tu_ctx(SG_BACKEND_CUDA);
-        TU_CHECK(unsetenv("STEPGRAPH_WGRAD") == 0, "unsetenv");
+        sg_ctx *ctx = tu_ctx_env("STEPGRAPH_WGRAD", modes[md]);
         const char *mode = modes[md] ? modes[md] : "unset (defer)";
         TU_CHECK(sg_ctx_side_stream(ctx) != NULL, "STEPGRAPH_WGRAD %s made no second stream", mode);
         for (int k = 0; k < 5; k++) {

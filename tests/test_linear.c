@@ -1220,6 +1220,21 @@ static void cpu_through(void)
 
 /* ---- sg_linear_forward_residual: y = x w^T + b + r, rounded once ---- */
 
+/* y of sg_linear_forward_residual against the f64 reference yr: on the CPU the f64 value
+ * rounded once (exact); on CUDA an f32 sum of k products (gemm_tol) then one rounding (bf16:
+ * the bf16 rule). */
+static void residual_y_close(const char *what, const char *name, const sg_tensor *y, const sg_tensor *yr, int gpu,
+                             int64_t k)
+{
+    if (y->dtype == SG_DTYPE_BF16) {
+        bf16_check(what, name, y, yr, NULL, !gpu);
+        return;
+    }
+    char label[256];
+    snprintf(label, sizeof label, "%s: %s", what, name);
+    tu_close_tensors(label, y, yr, gpu ? gemm_tol(k) : tu_tol_for(y->dtype));
+}
+
 /* One case on ctx (CPU or CUDA) in dtype dt, against ref's f64 path on the values as stored.
  * mis: every tensor a view one element into its buffer (2- or 4-byte aligned: on CUDA the bias
  * then takes the unfused path). y is checked as written beside r and written over r in place;
@@ -1256,18 +1271,11 @@ static void residual_case(sg_ctx *ctx, sg_ctx *ref, sg_dtype dt, int64_t m, int6
         free(rv);
     }
 
-    /* On the CPU the result is the f64 value rounded once (exact); on CUDA an f32 sum of k
-     * products (gemm_tol) then one rounding (bf16: the bf16 rule). */
     tu_poison(y);
     uint64_t l0 = sg_ctx_launch_count(ctx);
     TU_OK(ctx, sg_linear_forward_residual(ctx, x, w, b, r, y));
     const uint64_t launches = sg_ctx_launch_count(ctx) - l0;
-    if (dt == SG_DTYPE_BF16) {
-        bf16_check(what, "y", y, yr, NULL, !gpu);
-    } else {
-        snprintf(label, sizeof label, "%s: y", what);
-        tu_close_tensors(label, y, yr, gpu ? gemm_tol(k) : tu_tol_for(dt));
-    }
+    residual_y_close(what, "y", y, yr, gpu, k);
     if (gpu) {
         TU_CHECK(launches == 1 || (has_b && launches == 2), "%s: took %llu launches", what,
                  (unsigned long long)launches);
@@ -1283,12 +1291,7 @@ static void residual_case(sg_ctx *ctx, sg_ctx *ref, sg_dtype dt, int64_t m, int6
     /* In place: y starts as r. r's values are still those the reference used. */
     TU_OK(ctx, sg_tensor_copy(y, r));
     TU_OK(ctx, sg_linear_forward_residual(ctx, x, w, b, y, y));
-    if (dt == SG_DTYPE_BF16) {
-        bf16_check(what, "y in place", y, yr, NULL, !gpu);
-    } else {
-        snprintf(label, sizeof label, "%s: y in place", what);
-        tu_close_tensors(label, y, yr, gpu ? gemm_tol(k) : tu_tol_for(dt));
-    }
+    residual_y_close(what, "y in place", y, yr, gpu, k);
     tu_free_live();
 }
 
@@ -1403,15 +1406,6 @@ static void gpu_residual(sg_ctx *gpu, sg_ctx *cpu)
     residual_errors(gpu);
 }
 
-/* A CUDA context made under STEPGRAPH_WGRAD=mode (NULL: unset). */
-static sg_ctx *wgrad_ctx(const char *mode)
-{
-    if (mode) TU_CHECK(setenv("STEPGRAPH_WGRAD", mode, 1) == 0, "setenv");
-    sg_ctx *c = tu_ctx(SG_BACKEND_CUDA);
-    TU_CHECK(unsetenv("STEPGRAPH_WGRAD") == 0, "unsetenv");
-    return c;
-}
-
 /* The context's second stream (core.h, sg_ctx_side_use): under STEPGRAPH_WGRAD=side the dw
  * matmul (and a bias sum without an activation) runs there beside dx, joined before the call
  * returns; under the default (defer) a direct call queues nothing there, and a call inside a
@@ -1421,16 +1415,13 @@ static sg_ctx *wgrad_ctx(const char *mode)
  * than off, side or defer fails the context's creation, naming it. */
 static void side_stream_cases(void)
 {
-    sg_ctx *c[4] = {wgrad_ctx("off"), wgrad_ctx("side"), wgrad_ctx(NULL), wgrad_ctx("defer")};
+    const char *W = "STEPGRAPH_WGRAD";
+    sg_ctx *c[4] = {tu_ctx_env(W, "off"), tu_ctx_env(W, "side"), tu_ctx_env(W, NULL), tu_ctx_env(W, "defer")};
     const char *how[4] = {"off", "side", "default (defer), a direct call", "defer, inside a region"};
     TU_CHECK(sg_ctx_side_stream(c[0]) == NULL, "STEPGRAPH_WGRAD=off made a second stream");
     for (int i = 1; i < 4; i++) TU_CHECK(sg_ctx_side_stream(c[i]) != NULL, "%s: no second stream", how[i]);
-    TU_CHECK(setenv("STEPGRAPH_WGRAD", "sideways", 1) == 0, "setenv");
-    sg_ctx_options o = sg_ctx_options_default();
-    o.backend = SG_BACKEND_CUDA;
     sg_ctx *bad = NULL;
-    const sg_status st = sg_ctx_create(&o, &bad);
-    TU_CHECK(unsetenv("STEPGRAPH_WGRAD") == 0, "unsetenv");
+    const sg_status st = tu_ctx_create_env(W, "sideways", &bad);
     TU_CHECK(st == SG_ERR_INVALID && !bad && strstr(sg_ctx_last_error(NULL), "STEPGRAPH_WGRAD is 'sideways'"),
              "STEPGRAPH_WGRAD=sideways: status %d, message '%s'", (int)st, sg_ctx_last_error(NULL));
     if (bad) sg_ctx_destroy(bad);
@@ -1475,11 +1466,8 @@ static void side_stream_cases(void)
             }
             const sg_tensor *outs[3] = {dx[0], dw[0], db[0]};
             for (int o = 0; o < 3; o++) { /* written everywhere (poisoned before) */
-                double *v = tu_get(outs[o]);
-                int64_t nan = 0;
-                for (int64_t j = 0; j < outs[o]->numel; j++) nan += isnan(v[j]);
+                const int64_t nan = tu_count_nan(outs[o]);
                 TU_CHECK(nan == 0, "STEPGRAPH_WGRAD=off: %lld of output %d left poisoned", (long long)nan, o);
-                free(v);
             }
             tu_free_live();
         }
@@ -1522,12 +1510,8 @@ static void tf32_cases(sg_ctx *plain, sg_ctx *cpu)
     /* the environment's switch: 1 turns it on, another value fails the creation, naming it */
     const char *vals[2] = {"1", "yes"};
     for (int e = 0; e < 2; e++) {
-        TU_CHECK(setenv("STEPGRAPH_TF32", vals[e], 1) == 0, "setenv");
-        sg_ctx_options oe = sg_ctx_options_default();
-        oe.backend = SG_BACKEND_CUDA;
         sg_ctx *c = NULL;
-        const sg_status st = sg_ctx_create(&oe, &c);
-        TU_CHECK(unsetenv("STEPGRAPH_TF32") == 0, "unsetenv");
+        const sg_status st = tu_ctx_create_env("STEPGRAPH_TF32", vals[e], &c);
         if (e == 0) TU_CHECK(st == SG_OK && sg_ctx_tf32(c), "STEPGRAPH_TF32=1: status %d, tf32 off", (int)st);
         else TU_CHECK(st == SG_ERR_INVALID && !c && strstr(sg_ctx_last_error(NULL), "STEPGRAPH_TF32 is 'yes'"),
                       "STEPGRAPH_TF32=yes: status %d, '%s'", (int)st, sg_ctx_last_error(NULL));

@@ -111,18 +111,51 @@ static inline bool tu_racecheck(void)
 
 /* ---- contexts ---- */
 
+/* Skips the test run (exit TU_SKIP) where there is no usable GPU. */
+static inline void tu_need_gpu(void)
+{
+    if (sg_cuda_available()) return;
+    printf("SKIP: no CUDA device (or a CPU-only build): GPU tests need a GPU; run "
+           "scripts/gpu-check.sh on a machine with one\n");
+    exit(TU_SKIP);
+}
+
 static inline sg_ctx *tu_ctx(sg_backend b)
 {
     sg_ctx_options o = sg_ctx_options_default();
     o.backend = b;
     sg_ctx *ctx = NULL;
-    if (b == SG_BACKEND_CUDA && !sg_cuda_available()) {
-        printf("SKIP: no CUDA device (or a CPU-only build): GPU tests need a GPU; run "
-               "scripts/gpu-check.sh on a machine with one\n");
-        exit(TU_SKIP);
-    }
+    if (b == SG_BACKEND_CUDA) tu_need_gpu();
     if (sg_ctx_create(&o, &ctx) != SG_OK) {
         fprintf(stderr, "FAIL: sg_ctx_create: %s\n", sg_ctx_last_error(NULL));
+        exit(1);
+    }
+    return ctx;
+}
+
+/* sg_ctx_create of a CUDA context with var=value in the environment while it is made (the
+ * switches read at creation: STEPGRAPH_WGRAD, STEPGRAPH_TF32), unset again after; value NULL:
+ * made with var unset. Returns the status; *out the context or NULL. */
+static inline sg_status tu_ctx_create_env(const char *var, const char *value, sg_ctx **out)
+{
+    sg_ctx_options o = sg_ctx_options_default();
+    o.backend = SG_BACKEND_CUDA;
+    *out = NULL;
+    if (value) TU_CHECK(setenv(var, value, 1) == 0, "setenv %s", var);
+    else TU_CHECK(unsetenv(var) == 0, "unsetenv %s", var);
+    const sg_status st = sg_ctx_create(&o, out);
+    TU_CHECK(unsetenv(var) == 0, "unsetenv %s", var);
+    return st;
+}
+
+/* The same, made or the test run fails (skipped without a GPU). */
+static inline sg_ctx *tu_ctx_env(const char *var, const char *value)
+{
+    tu_need_gpu();
+    sg_ctx *ctx = NULL;
+    if (tu_ctx_create_env(var, value, &ctx) != SG_OK) {
+        fprintf(stderr, "FAIL: sg_ctx_create with %s=%s: %s\n", var, value ? value : "(unset)",
+                sg_ctx_last_error(NULL));
         exit(1);
     }
     return ctx;
@@ -237,6 +270,16 @@ static inline double *tu_random(sg_tensor *t, double lo, double hi)
 static inline void tu_poison(sg_tensor *t)
 {
     TU_OK(t->ctx, sg_tensor_fill(t, t->dtype == SG_DTYPE_I32 ? -123456789.0 : NAN));
+}
+
+/* Elements of t that are NaN: a poisoned output's elements left unwritten. */
+static inline int64_t tu_count_nan(const sg_tensor *t)
+{
+    double *v = tu_get(t);
+    int64_t n = 0;
+    for (int64_t i = 0; i < t->numel; i++) n += isnan(v[i]);
+    free(v);
+    return n;
 }
 
 /* Copies a tensor's values into a new tensor of another context (and dtype). */

@@ -24,8 +24,9 @@
  * cuBLAS: one handle per context, created on first use (outside capture), kept in ext slot
  * SG_EXT_ATTENTION, bound once to the context's stream and then to its workspace (in that
  * order: cublasSetStream resets the workspace), default math mode: fp32 FMA, no TF32, as the
- * linear layer's cuBLASLt matmuls (TF32 where the context asks: sg_ctx_tf32). GEMMs are written in column-major terms: a row-major (R,C)
- * matrix is a column-major C x R one with leading dimension C.
+ * linear layer's cuBLASLt matmuls (TF32 where the context asks: sg_ctx_tf32). GEMMs are written
+ * in column-major terms: a row-major (R,C) matrix is a column-major C x R one with leading
+ * dimension C.
  *
  * f32 GEMMs are cublasSgemmStridedBatched; bf16 ones cublasGemmStridedBatchedEx with bf16 A and
  * B, f32 C, CUBLAS_COMPUTE_32F (fp32 accumulation; tensor cores). */
