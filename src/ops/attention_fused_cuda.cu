@@ -12,12 +12,15 @@
  * (k and v for the forward and dq, q and dout for dk and dv) are double-buffered: tile i + 1 is
  * copied while tile i is computed, one __syncthreads a tile. The forward keeps each row's
  * running max and sum in registers (a row's 64 scores are spread over the 4 threads of a quad)
- * and saves lse = max + log(sum) for the backward. The backward is three kernels and no atomics,
- * so it is deterministic: delta = dout . out for each row, then one kernel per query tile (dq)
- * and one per key tile (dk and dv), each recomputing the probabilities from lse. The last two
- * read only what the kernels before them wrote and write different columns of dqkv, so where
- * the device has programmatic dependent launch the key-tile kernel starts beside the dq kernel
- * and fills the SMs its short tiles leave (it waits for the dq kernel before it completes). P
+ * and saves lse = max + log(sum) for the backward. The backward is two kernels and no atomics,
+ * so it is deterministic: one kernel per query tile (dq) and one per key tile (dk and dv), each
+ * recomputing the probabilities from lse and taking delta = dout . out of each query row from
+ * the tile's dout and out rows in shared memory (tile_delta: the same sums in both, so the
+ * same bits; the dq kernel also stores them, as the backward's delta). Neither reads what the
+ * other writes (different columns of dqkv), so where the device has programmatic dependent
+ * launch the key-tile kernel starts beside the dq kernel and fills the SMs its short tiles
+ * leave (it waits for the dq kernel before it completes). A pass of its own for delta, before
+ * both, cost 6.9 us of each layer's backward on gpt-768-12-8-256 (bench/RESULTS.md). P
  * and d(scores) are rounded to bf16 before the products that read them, as flash attention and
  * PyTorch's autocast do.
  *
@@ -326,42 +329,25 @@ __device__ __forceinline__ void dq_tile(float dq[8][4], const uint32_t qa[4][4],
     mm_add<0, HI>(dq, s, ks, lane);
 }
 
-/* delta = dout . out of every query row, for both backward kernels: f32 from the bf16 values
- * as stored, a row's 64 products added in column order by one thread. A block takes
- * FA_DELTA_ROWS rows (of the B*H*T, in (b, h, t) order): its threads copy them into shared
- * memory 16 bytes at a time, 8 threads a row (coalesced), then thread r adds row r's products. */
-#define FA_DELTA_ROWS 64
-#define FA_DELTA_THREADS 256
-__global__ void __launch_bounds__(FA_DELTA_THREADS) fused_bwd_delta_kernel(const bf16 *__restrict__ out,
-                                                                           const bf16 *__restrict__ dout,
-                                                                           float *__restrict__ delta, int64_t rows,
-                                                                           int T, int H, int C)
+/* delta = dout . out of a tile's 64 rows, from the tiles in shared memory (row-major, FA_LD;
+ * rows past T are zeros, so their delta is 0), by the block's 128 threads: thread t takes row
+ * t / 2, columns 32 (t % 2) .. 32 (t % 2) + 31 in order, and the pair adds its two sums (a + b
+ * == b + a, so both threads hold the same value). The dq and the dk/dv kernels both take a
+ * row's delta from here, so they use the same bits. Returns the row's delta in both threads. */
+__device__ __forceinline__ float tile_delta(const bf16 *gs, const bf16 *os)
 {
-    __shared__ __align__(16) bf16 gs[FA_DELTA_ROWS * FA_LD], os[FA_DELTA_ROWS * FA_LD];
-    const int64_t r0 = (int64_t)blockIdx.x * FA_DELTA_ROWS;
-#pragma unroll
-    for (int j = 0; j < FA_DELTA_ROWS * 8 / FA_DELTA_THREADS; j++) {
-        const int k = (int)threadIdx.x + j * FA_DELTA_THREADS, r = k >> 3, c = (k & 7) * 8;
-        const int64_t i = r0 + r;
-        if (i >= rows) continue;
-        const int64_t bh = i / T, t = i - bh * T, b = bh / H, h = bh - b * H;
-        const int64_t off = (b * T + t) * C + h * FA_HS + c;
-        *reinterpret_cast<uint4 *>(gs + r * FA_LD + c) = *reinterpret_cast<const uint4 *>(dout + off);
-        *reinterpret_cast<uint4 *>(os + r * FA_LD + c) = *reinterpret_cast<const uint4 *>(out + off);
-    }
-    __syncthreads();
-    const int r = (int)threadIdx.x;
-    if (r >= FA_DELTA_ROWS || r0 + r >= rows) return;
+    static_assert(FA_THREADS == 2 * FA_TILE, "tile_delta: two threads a row");
+    const int r = (int)threadIdx.x >> 1, c0 = ((int)threadIdx.x & 1) * (FA_HS / 2);
     float acc = 0.f;
 #pragma unroll
-    for (int c = 0; c < FA_HS; c += 8) {
+    for (int c = c0; c < c0 + FA_HS / 2; c += 8) {
         const uint4 gv = *reinterpret_cast<const uint4 *>(gs + r * FA_LD + c);
         const uint4 ov = *reinterpret_cast<const uint4 *>(os + r * FA_LD + c);
         const bf16 *ge = reinterpret_cast<const bf16 *>(&gv), *oe = reinterpret_cast<const bf16 *>(&ov);
 #pragma unroll
         for (int j = 0; j < 8; j++) acc = __fmaf_rn(__bfloat162float(ge[j]), __bfloat162float(oe[j]), acc);
     }
-    delta[r0 + r] = acc;
+    return __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
 }
 
 /* dq for a query tile. grid (query tiles, B*H). 168 registers at most: 3 blocks an SM, so that
@@ -372,12 +358,13 @@ __global__ void __launch_bounds__(FA_DELTA_THREADS) fused_bwd_delta_kernel(const
 __global__ void __launch_bounds__(FA_THREADS, 3) fused_bwd_dq_kernel(const bf16 *__restrict__ qkv,
                                                                      const float *__restrict__ lse,
                                                                      const bf16 *__restrict__ dout,
-                                                                     const float *__restrict__ delta,
+                                                                     const bf16 *__restrict__ out,
+                                                                     float *__restrict__ delta,
                                                                      bf16 *__restrict__ dqkv, int T, int H, int C,
                                                                      float sl2, float scale)
 {
     sg_pdl_trigger();
-    __shared__ __align__(16) bf16 ks[2][FA_TILE * FA_LD], vs[2][FA_TILE * FA_LD];
+    __shared__ __align__(16) bf16 ks[2][FA_TILE * FA_LD], vs[2][FA_TILE * FA_LD], os[FA_TILE * FA_LD];
     __shared__ float dsh[FA_TILE];
     int qt, bh;
     block_tile(&qt, &bh, true);
@@ -393,14 +380,22 @@ __global__ void __launch_bounds__(FA_THREADS, 3) fused_bwd_dq_kernel(const bf16 
     uint32_t qa[4][4], ga[4][4];
     load_tile_async(ks[1], base, ld, q0, T, FA_THREADS);
     load_tile_async(vs[1], gbase, C, q0, T, FA_THREADS);
+    load_tile_async(os, out + (int64_t)b * T * C + h * FA_HS, C, q0, T, FA_THREADS);
     cp_async_commit();
     load_tile_async(ks[0], base + C, ld, 0, T, FA_THREADS);
     load_tile_async(vs[0], base + 2 * C, ld, 0, T, FA_THREADS);
     cp_async_commit();
-    if (threadIdx.x < FA_TILE)
-        dsh[threadIdx.x] = q0 + (int)threadIdx.x < T ? delta[(int64_t)bh * T + q0 + threadIdx.x] : 0.f;
     CP_ASYNC_WAIT(1);
     __syncthreads();
+    { /* the rows' delta, also stored for the caller (the key-tile kernel makes its own) */
+        const float dv = tile_delta(vs[1], os);
+        const int r = (int)threadIdx.x >> 1;
+        if ((threadIdx.x & 1) == 0) {
+            dsh[r] = dv;
+            if (q0 + r < T) delta[(int64_t)bh * T + q0 + r] = dv;
+        }
+        __syncthreads();
+    }
     load_a(qa, ks[1], r0, g, t4);
     load_a(ga, vs[1], r0, g, t4);
     float lr[2], dl[2];
@@ -430,13 +425,12 @@ __global__ void __launch_bounds__(FA_THREADS, 3) fused_bwd_dq_kernel(const bf16 
     store_rows(dqkv + (int64_t)b * T * ld + h * FA_HS, ld, dq, scale, q0 + r0, T, g, t4);
 }
 
-/* lse times log2 e and delta of query row q0 + threadIdx.x (0 past T), for lsh and dsh: read
- * into registers when the tile's copies start, stored after the current tile's products. */
-__device__ __forceinline__ void load_ld(float *lv, float *dv, const float *lrow, const float *drow, int q0, int T)
+/* lse times log2 e of query row q0 + threadIdx.x (0 past T), for lsh: read into registers
+ * when the tile's copies start, stored after the current tile's products. */
+__device__ __forceinline__ float load_l(const float *lrow, int q0, int T)
 {
     const int q = q0 + (int)threadIdx.x;
-    *lv = q < T ? lrow[q] * FA_LOG2E : 0.f;
-    *dv = q < T ? drow[q] : 0.f;
+    return q < T ? lrow[q] * FA_LOG2E : 0.f;
 }
 
 /* One query tile of dk and dv for the warp's 16 keys (key): P^T from lse (lsh, times log2 e)
@@ -471,36 +465,36 @@ __device__ __forceinline__ void dkv_tile(float dk[8][4], float dv[8][4], const u
 __global__ void __launch_bounds__(FA_THREADS, 2) fused_bwd_dkv_kernel(const bf16 *__restrict__ qkv,
                                                                       const float *__restrict__ lse,
                                                                       const bf16 *__restrict__ dout,
-                                                                      const float *__restrict__ delta,
+                                                                      const bf16 *__restrict__ out,
                                                                       bf16 *__restrict__ dqkv, int T, int H, int C,
                                                                       float sl2, float scale)
 {
-    __shared__ __align__(16) bf16 qs[2][FA_TILE * FA_LD], gs[2][FA_TILE * FA_LD];
-    __shared__ float lsh[2][FA_TILE], dsh[2][FA_TILE]; /* lse times log2 e, delta */
+    __shared__ __align__(16) bf16 qs[2][FA_TILE * FA_LD], gs[2][FA_TILE * FA_LD], os[FA_TILE * FA_LD];
+    __shared__ float lsh[2][FA_TILE], dsh[FA_TILE]; /* lse times log2 e (double-buffered), delta */
     int kt, bh;
     block_tile(&kt, &bh, false);
     const int b = bh / H, h = bh % H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t ld = 3 * (int64_t)C;
     const bf16 *base = qkv + (int64_t)b * T * ld + h * FA_HS, *gbase = dout + (int64_t)b * T * C + h * FA_HS;
-    const float *lrow = lse + (int64_t)bh * T, *drow = delta + (int64_t)bh * T;
+    const bf16 *obase = out + (int64_t)b * T * C + h * FA_HS;
+    const float *lrow = lse + (int64_t)bh * T;
     const int k0 = kt * FA_TILE, r0 = warp * 16;
     const int key[2] = {k0 + r0 + g, k0 + r0 + g + 8};
     const int nq = (T + FA_TILE - 1) / FA_TILE;
 
-    /* k and v into the buffers the second query tile will take, the first (qt = kt) behind them */
+    /* k and v into the buffers the second query tile will take, the first (qt = kt) and its
+     * out rows behind them */
     uint32_t ka[4][4], va[4][4];
     load_tile_async(qs[1], base + C, ld, k0, T, FA_THREADS);
     load_tile_async(gs[1], base + 2 * C, ld, k0, T, FA_THREADS);
     cp_async_commit();
     load_tile_async(qs[0], base, ld, k0, T, FA_THREADS);
     load_tile_async(gs[0], gbase, C, k0, T, FA_THREADS);
+    load_tile_async(os, obase, C, k0, T, FA_THREADS);
     cp_async_commit();
-    float ln = 0.f, dn = 0.f; /* the next tile's lse and delta, in threads below FA_TILE */
-    if (threadIdx.x < FA_TILE) {
-        load_ld(&ln, &dn, lrow, drow, k0, T);
-        lsh[0][threadIdx.x] = ln, dsh[0][threadIdx.x] = dn;
-    }
+    float ln = 0.f; /* the next tile's lse, in threads below FA_TILE */
+    if (threadIdx.x < FA_TILE) lsh[0][threadIdx.x] = load_l(lrow, k0, T);
     CP_ASYNC_WAIT(1);
     __syncthreads();
     load_a(ka, qs[1], r0, g, t4);
@@ -516,15 +510,24 @@ __global__ void __launch_bounds__(FA_THREADS, 2) fused_bwd_dkv_kernel(const bf16
             load_tile_async(qs[cur ^ 1], base, ld, q0 + FA_TILE, T, FA_THREADS);
             load_tile_async(gs[cur ^ 1], gbase, C, q0 + FA_TILE, T, FA_THREADS);
             cp_async_commit();
-            if (threadIdx.x < FA_TILE) load_ld(&ln, &dn, lrow, drow, q0 + FA_TILE, T);
+            if (threadIdx.x < FA_TILE) ln = load_l(lrow, q0 + FA_TILE, T);
+        }
+        /* this tile's delta from its dout and out (the readers of the last tile's were done at
+         * the __syncthreads above); then out's one buffer takes the next tile's rows */
+        const float dl = tile_delta(gs[cur], os);
+        if ((threadIdx.x & 1) == 0) dsh[threadIdx.x >> 1] = dl;
+        __syncthreads();
+        if (next) {
+            load_tile_async(os, obase, C, q0 + FA_TILE, T, FA_THREADS);
+            cp_async_commit();
         }
         if (active && (qt > kt || warp < 2))
-            dkv_tile<0>(dk, dv, ka, va, qs[cur], gs[cur], lsh[cur], dsh[cur], q0, key, T, sl2, lane);
+            dkv_tile<0>(dk, dv, ka, va, qs[cur], gs[cur], lsh[cur], dsh, q0, key, T, sl2, lane);
         else if (active) /* the diagonal tile, keys 32..63: queries 0..31 are all masked */
-            dkv_tile<2>(dk, dv, ka, va, qs[cur], gs[cur], lsh[cur], dsh[cur], q0, key, T, sl2, lane);
+            dkv_tile<2>(dk, dv, ka, va, qs[cur], gs[cur], lsh[cur], dsh, q0, key, T, sl2, lane);
         /* the other buffers' readers were done at the __syncthreads above; the next reads follow
          * the next one */
-        if (next && threadIdx.x < FA_TILE) lsh[cur ^ 1][threadIdx.x] = ln, dsh[cur ^ 1][threadIdx.x] = dn;
+        if (next && threadIdx.x < FA_TILE) lsh[cur ^ 1][threadIdx.x] = ln;
     }
     bf16 *dbase = dqkv + (int64_t)b * T * ld + h * FA_HS;
     store_rows(dbase + C, ld, dk, scale, k0 + r0, T, g, t4);
@@ -578,22 +581,18 @@ extern "C" sg_status sg_attention_fused_backward_cuda(sg_ctx *ctx, const sg_tens
     const float sl2 = (float)(FA_LOG2E * sc), scale = (float)sc;
     dim3 grid((unsigned)((d.T + FA_TILE - 1) / FA_TILE), (unsigned)(d.B * d.H));
     cudaStream_t s = (cudaStream_t)sg_ctx_stream(ctx);
-    const int64_t rows = d.B * d.H * d.T;
-    fused_bwd_delta_kernel<<<(unsigned)((rows + FA_DELTA_ROWS - 1) / FA_DELTA_ROWS), FA_DELTA_THREADS, 0, s>>>(
-        (const bf16 *)out->data, (const bf16 *)dout->data, (float *)delta->data, rows, (int)d.T, (int)d.H, (int)d.C);
-    SG_CUDA_CHECK_LAUNCH(ctx, "fused_bwd_delta_kernel");
+    const bf16 *o = (const bf16 *)out->data;
     fused_bwd_dq_kernel<<<grid, FA_THREADS, 0, s>>>((const bf16 *)qkv->data, (const float *)lse->data,
-                                                    (const bf16 *)dout->data, (const float *)delta->data,
+                                                    (const bf16 *)dout->data, o, (float *)delta->data,
                                                     (bf16 *)dqkv->data, (int)d.T, (int)d.H, (int)d.C, sl2, scale);
     SG_CUDA_CHECK_LAUNCH(ctx, "fused_bwd_dq_kernel");
     /* The key-tile kernel may start beside the dq kernel (which triggers at once), where the
      * device has programmatic dependent launch; otherwise after it. */
     const sg_pdl_launch l(grid, dim3(FA_THREADS), 0, s, sg_ctx_pdl(ctx));
     SG_CUDA_CHECK(ctx, cudaLaunchKernelEx(&l.cfg, fused_bwd_dkv_kernel, (const bf16 *)qkv->data,
-                                          (const float *)lse->data, (const bf16 *)dout->data,
-                                          (const float *)delta->data, (bf16 *)dqkv->data, (int)d.T, (int)d.H,
-                                          (int)d.C, sl2, scale));
+                                          (const float *)lse->data, (const bf16 *)dout->data, o,
+                                          (bf16 *)dqkv->data, (int)d.T, (int)d.H, (int)d.C, sl2, scale));
     SG_CUDA_CHECK_LAUNCH(ctx, "fused_bwd_dkv_kernel");
-    sg_ctx_count_launches(ctx, 3);
+    sg_ctx_count_launches(ctx, 2);
     return SG_OK;
 }
