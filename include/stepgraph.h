@@ -458,22 +458,6 @@ sg_status sg_amp_unscale(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
  * a pass that writes 4 bytes and reads 2 a parameter. */
 sg_status sg_amp_check(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *scaler, sg_tensor *found,
                        sg_tensor *inv);
-/* sg_amp_check in parts, for gradients that become final at different times (a model's
- * layers, as its backward goes on), so that the check of the early ones runs beside the rest
- * of the backward instead of after it. sg_amp_check_part checks grad_lo (some of the
- * gradients: a view of them, bf16 or F32) against the current scale and ORs the outcome into
- * partial (1 I32, 0 before the first part): 1 where some value of grad_lo times 1 / scale is
- * inf or NaN. It writes nothing else, so every part reads the same scale. beside nonzero, on
- * a CUDA context with a second stream (sg_ctx_create): the check runs there, forked from the
- * context's stream at the call, beside what that stream does next; sg_amp_check_rest joins it
- * (so a capture must hold both, or neither). sg_amp_check_rest checks the rest of the
- * gradients (grad_lo) as sg_amp_check does, with found = partial's flag or the rest's, and
- * sets partial back to 0: found, the scaler and inv are those sg_amp_check of all the
- * gradients gives (test_amp checks it bit for bit). */
-sg_status sg_amp_check_part(sg_ctx *ctx, const sg_tensor *grad_lo, const sg_tensor *scaler, sg_tensor *partial,
-                            int beside);
-sg_status sg_amp_check_rest(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *scaler, sg_tensor *found,
-                            sg_tensor *inv, sg_tensor *partial);
 
 /* Optimizer hyperparameters, as they live in device memory (read by the kernels). */
 typedef struct sg_optim_hparams {

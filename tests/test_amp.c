@@ -451,8 +451,6 @@ static void cpu_errors(void)
 
 static void check_vs_unscale(sg_ctx *ctx, sg_dtype dt, int64_t P, double scale, int64_t bad_at);
 static void check_errors(sg_ctx *ctx);
-static void parts_cases(sg_ctx *ctx, int beside);
-static void parts_errors(sg_ctx *ctx);
 
 static void cpu_tests(void)
 {
@@ -475,8 +473,6 @@ static void cpu_tests(void)
     check_vs_unscale(ctx, SG_DTYPE_F32, 7, 0.25, 3);
     check_vs_unscale(ctx, SG_DTYPE_F64, 5, 65536, -1);
     check_errors(ctx);
-    parts_cases(ctx, 0);
-    parts_errors(ctx);
     sg_ctx_destroy(ctx);
     cpu_errors();
 }
@@ -637,120 +633,6 @@ static void check_vs_unscale(sg_ctx *ctx, sg_dtype dt, int64_t P, double scale, 
     bufs_destroy(&a);
 }
 
-/* sg_amp_check_part over nparts views of grad_lo (random cut points; the first part starts
- * after a rest of at least one element), then sg_amp_check_rest over the rest, against
- * sg_amp_check of the whole buffer from the same scaler state: found, the scaler and inv bit
- * for bit, partial back at 0, grad_lo untouched. bad_at >= 0: a non-finite value there (in a
- * part or in the rest). beside: the parts on the second stream (CUDA); without it, partial is
- * also read after the parts (0, or 1 when the bad value is in one of them). On CUDA each call
- * is one launch and the scratch words end at 0. */
-static void check_parts(sg_ctx *ctx, sg_dtype dt, int64_t P, int nparts, int64_t bad_at, double bad_val, int beside)
-{
-    char what[200];
-    snprintf(what, sizeof what, "%s parts %s P=%lld %d parts%s bad at %lld", ctx->backend == SG_BACKEND_CUDA ? "gpu" : "cpu",
-             sg_dtype_name(dt), (long long)P, nparts, beside ? " beside" : "", (long long)bad_at);
-    sg_tensor *lo = tu_tensor1(ctx, dt, P, "grad_lo");
-    sg_tensor *sc_w = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler_whole");
-    sg_tensor *sc_p = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler_parts");
-    sg_tensor *f_w = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found_whole"), *f_p = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found_parts");
-    sg_tensor *i_w = tu_tensor1(ctx, SG_DTYPE_F32, 1, "inv_whole"), *i_p = tu_tensor1(ctx, SG_DTYPE_F32, 1, "inv_parts");
-    sg_tensor *partial = tu_tensor1(ctx, SG_DTYPE_I32, 1, "partial");
-    double scale = (double)(float)tu_uniform(1, 1e5);
-    double *x = fill_scaled(lo, scale);
-    if (bad_at >= 0) {
-        x[bad_at] = bad_val;
-        tu_set(lo, x);
-    }
-    free(x);
-    /* cut[0] = the rest's end (>= 1), cut[nparts] = P; part k is [cut[k], cut[k+1]) */
-    int64_t cut[9];
-    cut[0] = 1 + (int64_t)(tu_next() % (uint64_t)(P - nparts));
-    for (int k = 1; k < nparts; k++) cut[k] = cut[k - 1] + 1 + (int64_t)(tu_next() % (uint64_t)(P - cut[k - 1] - (nparts - k)));
-    cut[nparts] = P;
-    sg_tensor *view[8] = {NULL}, *rest = NULL;
-    TU_OK(ctx, sg_tensor_view(lo, 0, 1, (int64_t[]){cut[0]}, "rest", &rest));
-    for (int k = 0; k < nparts; k++)
-        TU_OK(ctx, sg_tensor_view(lo, cut[k], 1, (int64_t[]){cut[k + 1] - cut[k]}, "part", &view[k]));
-    scaler_state s = {scale, tu_randint(0, 3), 4, tu_randint(0, 3)};
-    set_scaler(sc_w, s), set_scaler(sc_p, s);
-    tu_set(partial, (double[]){0});
-    tu_poison(f_w), tu_poison(f_p), tu_poison(i_w), tu_poison(i_p);
-    void *lo_bits = tu_raw(lo);
-    TU_OK(ctx, sg_amp_check(ctx, lo, sc_w, f_w, i_w));
-    for (int k = 0; k < nparts; k++) {
-        uint64_t before = sg_ctx_launch_count(ctx);
-        TU_OK(ctx, sg_amp_check_part(ctx, view[k], sc_p, partial, beside));
-        if (ctx->backend == SG_BACKEND_CUDA)
-            TU_CHECK(sg_ctx_launch_count(ctx) - before == 1, "%s: part %d: %llu launches, expected 1", what, k,
-                     (unsigned long long)(sg_ctx_launch_count(ctx) - before));
-    }
-    const int in_parts = bad_at >= cut[0];
-    if (!beside)
-        TU_CHECK(read1(partial) == in_parts, "%s: partial is %g after the parts, expected %d", what, read1(partial),
-                 in_parts);
-    expect_scaler("the parts leave the scaler alone", sc_p, s);
-    TU_OK(ctx, sg_amp_check_rest(ctx, rest, sc_p, f_p, i_p, partial));
-    TU_CHECK(read1(f_p) == read1(f_w) && read1(f_w) == (bad_at >= 0), "%s: found %g, the whole check's %g", what,
-             read1(f_p), read1(f_w));
-    TU_CHECK(read1(i_p) == read1(i_w), "%s: inv %.9g, the whole check's %.9g", what, read1(i_p), read1(i_w));
-    expect_scaler(what, sc_p, get_scaler(sc_w));
-    TU_CHECK(read1(partial) == 0, "%s: partial is %g after sg_amp_check_rest, expected 0", what, read1(partial));
-    if (ctx->backend == SG_BACKEND_CUDA) expect_scratch_zero(ctx, what);
-    void *now = tu_raw(lo);
-    TU_CHECK(memcmp(now, lo_bits, sg_tensor_nbytes(lo)) == 0, "%s: grad_lo changed", what);
-    free(now), free(lo_bits);
-    for (int k = 0; k < nparts; k++) sg_tensor_destroy(view[k]);
-    sg_tensor *ts[] = {rest, lo, sc_w, sc_p, f_w, f_p, i_w, i_p, partial};
-    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
-}
-
-/* Parts with the bad value nowhere, in the rest, in the first part and in the last element;
- * then a run of calls on one partial (a flag left set would show in the next found). */
-static void parts_cases(sg_ctx *ctx, int beside)
-{
-    const int64_t P = ctx->backend == SG_BACKEND_CUDA ? 3000017 : 10007;
-    const sg_dtype dts[2] = {SG_DTYPE_BF16, SG_DTYPE_F32};
-    for (int d = 0; d < 2; d++) {
-        int np = tu_randint(1, 8);
-        check_parts(ctx, dts[d], P, np, -1, 0, beside);
-        check_parts(ctx, dts[d], P, np, 0, INFINITY, beside);
-        check_parts(ctx, dts[d], P, np, P - 1, NAN, beside);
-        check_parts(ctx, dts[d], P, np, (int64_t)(tu_next() % (uint64_t)P), -INFINITY, beside);
-    }
-    check_parts(ctx, SG_DTYPE_BF16, 9, 8, 8, INFINITY, beside); /* parts of one element */
-}
-
-/* The part and rest calls' refusals, on the CPU: NULL, dtype, size, overlaps; nothing written. */
-static void parts_errors(sg_ctx *ctx)
-{
-    sg_tensor *lo = tu_tensor1(ctx, SG_DTYPE_BF16, 8, "grad_lo"), *sc = tu_tensor1(ctx, SG_DTYPE_F32, SG_SCALER_COUNT, "scaler");
-    sg_tensor *found = tu_tensor1(ctx, SG_DTYPE_I32, 1, "found"), *inv = tu_tensor1(ctx, SG_DTYPE_F32, 1, "inv");
-    sg_tensor *partial = tu_tensor1(ctx, SG_DTYPE_I32, 1, "partial"), *p2 = tu_tensor1(ctx, SG_DTYPE_I32, 2, "partial2");
-    sg_tensor *pf = tu_tensor1(ctx, SG_DTYPE_F32, 1, "partial_f32");
-    free(tu_random(lo, -1, 1));
-    scaler_state s = {8, 0, 2000, 0};
-    set_scaler(sc, s);
-    tu_set(partial, (double[]){0});
-    tu_poison(found), tu_poison(inv);
-    TU_FAILS(ctx, sg_amp_check_part(ctx, lo, sc, NULL, 0), SG_ERR_NULL, "'partial'");
-    TU_FAILS(ctx, sg_amp_check_part(ctx, NULL, sc, partial, 0), SG_ERR_NULL, "'grad_lo'");
-    TU_FAILS(ctx, sg_amp_check_part(ctx, lo, sc, p2, 0), SG_ERR_SHAPE, "'partial' (partial2) is (2) i32, expected 1 element");
-    TU_FAILS(ctx, sg_amp_check_part(ctx, lo, sc, pf, 0), SG_ERR_DTYPE, "'partial' is f32");
-    TU_FAILS(ctx, sg_amp_check_part(ctx, lo, found, partial, 0), SG_ERR_DTYPE, "'scaler'");
-    TU_FAILS(ctx, sg_amp_check_rest(ctx, lo, sc, found, inv, NULL), SG_ERR_NULL, "sg_amp_check_rest: tensor 'partial'");
-    TU_FAILS(ctx, sg_amp_check_rest(ctx, lo, sc, found, inv, pf), SG_ERR_DTYPE, "'partial' is f32");
-    TU_FAILS(ctx, sg_amp_check_rest(ctx, lo, sc, found, inv, found), SG_ERR_INVALID, "overlaps");
-    TU_CHECK(read1(found) == -123456789.0 && read1(partial) == 0, "rejected part or rest calls wrote found (%g) or "
-             "partial (%g)", read1(found), read1(partial));
-    expect_scaler("scaler after rejected part and rest calls", sc, s);
-    TU_OK(ctx, sg_amp_check_part(ctx, lo, sc, partial, 0)); /* still usable */
-    TU_OK(ctx, sg_amp_check_rest(ctx, lo, sc, found, inv, partial));
-    TU_CHECK(read1(found) == 0 && read1(inv) == 0.125, "part and rest after the errors: found %g inv %g", read1(found),
-             read1(inv));
-    sg_tensor *ts[] = {lo, sc, found, inv, partial, p2, pf};
-    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) sg_tensor_destroy(ts[i]);
-}
-
 /* sg_amp_check's refusals: inv's dtype, size and overlaps; nothing written. */
 static void check_errors(sg_ctx *ctx)
 {
@@ -853,8 +735,6 @@ static void gpu_tests(void)
     check_vs_unscale(gpu, SG_DTYPE_BF16, big, 65536, big - 1);
     check_vs_unscale(gpu, SG_DTYPE_F32, 1001, 0.25, 0);
     check_errors(gpu);
-    parts_cases(gpu, 0);
-    parts_cases(gpu, 1);
     gpu_errors(gpu, cpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);

@@ -293,9 +293,6 @@ sg_status sg_optim_update(sg_optim *o);
  * bf16 gradients as it reads them (sg_adamw_step_amp; sg_optim_update without mixed
  * precision). Bit for bit the two halves above, a pass over the gradients fewer. */
 sg_status sg_optim_check(sg_optim *o);
-/* sg_optim_check in parts (sg_amp_check_part, sg_amp_check_rest): the check of rest, a view of
- * the gradients the parts did not cover, with their flag in partial (reset to 0). */
-sg_status sg_optim_check_rest(sg_optim *o, const sg_tensor *rest, sg_tensor *partial);
 sg_status sg_optim_update_amp(sg_optim *o);
 /* Clipping with the unscale folded (mixed precision): inv (1 F32: sg_optim_check's 1 / scale,
  * for sg_clip_sumsq_amp) and factor (1 F32: the slot sg_clip_factor_sums writes), views of one

@@ -247,13 +247,6 @@ sg_status sg_optim_check(sg_optim *o)
     return sg_amp_check(o->ctx, o->grad_lo, o->scaler, o->skip, o->inv);
 }
 
-sg_status sg_optim_check_rest(sg_optim *o, const sg_tensor *rest, sg_tensor *partial)
-{
-    if (!o) return SG_ERR_NULL;
-    if (!o->grad_lo) return SG_OK;
-    return sg_amp_check_rest(o->ctx, rest, o->scaler, o->skip, o->inv, partial);
-}
-
 sg_status sg_optim_step(sg_optim *o)
 {
     SG_TRY(sg_optim_check(o));

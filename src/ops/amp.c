@@ -1,7 +1,6 @@
 /* amp.c: public entry points of dynamic loss scaling (sg_amp_unscale, and sg_amp_check, its
- * check and scaler update without the unscaled copy, also in parts: sg_amp_check_part and
- * sg_amp_check_rest): check grad_lo, grad, scaler, found, inv and partial, then run the CPU
- * reference (through sg_cpu_run, so a CPU capture records
+ * check and scaler update without the unscaled copy): check grad_lo, grad, scaler, found and
+ * inv, then run the CPU reference (through sg_cpu_run, so a CPU capture records
  * it) or the CUDA kernel. Nothing is written before every check has passed. */
 #include "ops/amp.h"
 
@@ -62,20 +61,13 @@ static sg_status check_overlaps(sg_ctx *ctx, const char *fn, const sg_tensor *gr
 
 typedef struct amp_args {
     const sg_tensor *grad_lo;
-    sg_tensor *grad, *scaler, *found, *inv, *partial;
+    sg_tensor *grad, *scaler, *found, *inv;
 } amp_args;
 
 static sg_status unscale_cpu(sg_ctx *ctx, const void *p)
 {
     const amp_args *a = p;
-    sg_amp_unscale_cpu(a->grad_lo, a->grad, a->scaler, a->found, a->inv, a->partial);
-    return SG_OK;
-}
-
-static sg_status part_cpu(sg_ctx *ctx, const void *p)
-{
-    const amp_args *a = p;
-    sg_amp_check_part_cpu(a->grad_lo, a->scaler, a->partial);
+    sg_amp_unscale_cpu(a->grad_lo, a->grad, a->scaler, a->found, a->inv);
     return SG_OK;
 }
 
@@ -97,67 +89,27 @@ sg_status sg_amp_unscale(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
     SG_TRY(check_overlaps(ctx, fn, grad_lo, grad, scaler, found));
     sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, sg_tensors_bytes(grad_lo, grad, NULL, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
-        amp_args a = {grad_lo, grad, scaler, found, NULL, NULL};
+        amp_args a = {grad_lo, grad, scaler, found, NULL};
         return sg_cpu_run(ctx, unscale_cpu, &a, sizeof a);
     }
-    return SG_CUDA_DISPATCH(ctx, sg_amp_unscale_cuda(ctx, grad_lo, grad, scaler, found, NULL, NULL));
-}
-
-/* sg_amp_check and sg_amp_check_rest (partial NULL for the first). */
-static sg_status check_all(sg_ctx *ctx, const char *fn, const sg_tensor *grad_lo, sg_tensor *scaler, sg_tensor *found,
-                           sg_tensor *inv, sg_tensor *partial)
-{
-    if (!ctx) return SG_ERR_NULL;
-    SG_TRY(sg_amp_check_grad_lo(ctx, fn, grad_lo));
-    SG_TRY(check_scaler_found(ctx, fn, scaler, found));
-    SG_TRY(sg_check_count(ctx, fn, "inv", inv, SG_DTYPE_F32, 1, "1 / scale"));
-    if (partial) SG_TRY(sg_check_count(ctx, fn, "partial", partial, SG_DTYPE_I32, 1, "sg_amp_check_part's flag"));
-    /* The outputs (scaler, found, inv, partial) against each other and against grad_lo. */
-    const char *names[5] = {"scaler", "found", "inv", "partial", "grad_lo"};
-    const sg_tensor *ts[5] = {scaler, found, inv, partial, grad_lo};
-    if (partial) {
-        SG_TRY(sg_check_disjoint(ctx, fn, 4, 5, names, ts));
-    } else {
-        ts[3] = grad_lo, names[3] = "grad_lo";
-        SG_TRY(sg_check_disjoint(ctx, fn, 3, 4, names, ts));
-    }
-    sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, sg_tensors_bytes(grad_lo, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
-    if (ctx->backend == SG_BACKEND_CPU) {
-        amp_args a = {grad_lo, NULL, scaler, found, inv, partial};
-        return sg_cpu_run(ctx, unscale_cpu, &a, sizeof a);
-    }
-    if (partial) SG_TRY(sg_ctx_side_join(ctx)); /* the parts run beside */
-    return SG_CUDA_DISPATCH(ctx, sg_amp_unscale_cuda(ctx, grad_lo, NULL, scaler, found, inv, partial));
+    return SG_CUDA_DISPATCH(ctx, sg_amp_unscale_cuda(ctx, grad_lo, grad, scaler, found, NULL));
 }
 
 sg_status sg_amp_check(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *scaler, sg_tensor *found, sg_tensor *inv)
 {
-    return check_all(ctx, "sg_amp_check", grad_lo, scaler, found, inv, NULL);
-}
-
-sg_status sg_amp_check_rest(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *scaler, sg_tensor *found,
-                            sg_tensor *inv, sg_tensor *partial)
-{
-    if (ctx && !partial) return sg_fail(ctx, SG_ERR_NULL, "sg_amp_check_rest: tensor 'partial' is NULL");
-    return check_all(ctx, "sg_amp_check_rest", grad_lo, scaler, found, inv, partial);
-}
-
-sg_status sg_amp_check_part(sg_ctx *ctx, const sg_tensor *grad_lo, const sg_tensor *scaler, sg_tensor *partial,
-                            int beside)
-{
-    const char *fn = "sg_amp_check_part";
+    const char *fn = "sg_amp_check";
     if (!ctx) return SG_ERR_NULL;
     SG_TRY(sg_amp_check_grad_lo(ctx, fn, grad_lo));
-    SG_TRY(sg_check_count(ctx, fn, "scaler", scaler, SG_DTYPE_F32, SG_SCALER_COUNT,
-                          "sg_loss_scaler: scale, good_steps, growth_interval, skipped"));
-    SG_TRY(sg_check_count(ctx, fn, "partial", partial, SG_DTYPE_I32, 1, "a flag"));
-    const char *names[3] = {"partial", "scaler", "grad_lo"};
-    const sg_tensor *ts[3] = {partial, scaler, grad_lo};
-    SG_TRY(sg_check_disjoint(ctx, fn, 1, 3, names, ts));
+    SG_TRY(check_scaler_found(ctx, fn, scaler, found));
+    SG_TRY(sg_check_count(ctx, fn, "inv", inv, SG_DTYPE_F32, 1, "1 / scale"));
+    /* The outputs (scaler, found, inv) against each other and against grad_lo. */
+    const char *names[4] = {"scaler", "found", "inv", "grad_lo"};
+    const sg_tensor *ts[4] = {scaler, found, inv, grad_lo};
+    SG_TRY(sg_check_disjoint(ctx, fn, 3, 4, names, ts));
     sg_ctx_count_work(ctx, SG_WORK_OPTIMIZER, 0, sg_tensors_bytes(grad_lo, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
-        amp_args a = {grad_lo, NULL, (sg_tensor *)scaler, NULL, NULL, partial};
-        return sg_cpu_run(ctx, part_cpu, &a, sizeof a);
+        amp_args a = {grad_lo, NULL, scaler, found, inv};
+        return sg_cpu_run(ctx, unscale_cpu, &a, sizeof a);
     }
-    return SG_CUDA_DISPATCH(ctx, sg_amp_check_part_cuda(ctx, grad_lo, scaler, partial, beside != 0));
+    return SG_CUDA_DISPATCH(ctx, sg_amp_unscale_cuda(ctx, grad_lo, NULL, scaler, found, inv));
 }

@@ -53,24 +53,13 @@ static inline float sg_amp_unscaled(double g, double inv) { return (float)(g * i
  * at growth_interval scale *= 2, good_steps = 0; scale clamped to [SG_LOSS_SCALE_MIN,
  * SG_LOSS_SCALE_MAX] with fmin(fmax(...)), so inf becomes the maximum and NaN the minimum. */
 void sg_amp_unscale_cpu(const sg_tensor *grad_lo, sg_tensor *grad, sg_tensor *scaler,
-                        sg_tensor *found, sg_tensor *inv_out, sg_tensor *partial);
-
-/* sg_amp_check_part's reference: partial (1 I32) = 1 when some f32(grad_lo * inv) is not
- * finite (inv as above), left as it is otherwise. With partial non-NULL, sg_amp_unscale_cpu
- * (sg_amp_check_rest) ORs it into found and sets it to 0. */
-void sg_amp_check_part_cpu(const sg_tensor *grad_lo, const sg_tensor *scaler, sg_tensor *partial);
+                        sg_tensor *found, sg_tensor *inv_out);
 
 /* One launch, f32 or bf16 grad_lo: grid-stride unscale (grad NULL: only the check) and flag,
  * the last block writes found, inv_out (when given) and the scaler, and resets the scratch
  * words. */
 sg_status sg_amp_unscale_cuda(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
-                              sg_tensor *scaler, sg_tensor *found, sg_tensor *inv_out, sg_tensor *partial);
-
-/* sg_amp_check_part: one launch (on the second stream when beside and the context has one),
- * each block ORing its flag into partial (an integer atomicOr: the outcome does not depend on
- * the order); no counter, no scratch. */
-sg_status sg_amp_check_part_cuda(sg_ctx *ctx, const sg_tensor *grad_lo, const sg_tensor *scaler,
-                                 sg_tensor *partial, bool beside);
+                              sg_tensor *scaler, sg_tensor *found, sg_tensor *inv_out);
 
 #ifdef __cplusplus
 }

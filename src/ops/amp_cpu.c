@@ -5,16 +5,8 @@
 
 #include <math.h>
 
-void sg_amp_check_part_cpu(const sg_tensor *grad_lo, const sg_tensor *scaler, sg_tensor *partial)
-{
-    const double inv = (double)(1.0f / (float)sg_ld(scaler, SG_SCALER_SCALE));
-    int bad = 0;
-    for (int64_t i = 0; i < grad_lo->numel; i++) bad |= !isfinite(sg_amp_unscaled(sg_ld(grad_lo, i), inv));
-    if (bad) sg_st(partial, 0, 1);
-}
-
 void sg_amp_unscale_cpu(const sg_tensor *grad_lo, sg_tensor *grad, sg_tensor *scaler,
-                        sg_tensor *found, sg_tensor *inv_out, sg_tensor *partial)
+                        sg_tensor *found, sg_tensor *inv_out)
 {
     /* 1 / scale divided in f32, as the kernel does, so that a scale that is not a power of two
      * gives the same factor on both backends; a product of two floats is exact in double, so
@@ -25,10 +17,6 @@ void sg_amp_unscale_cpu(const sg_tensor *grad_lo, sg_tensor *grad, sg_tensor *sc
         float g = sg_amp_unscaled(sg_ld(grad_lo, i), inv); /* grad may be grad_lo: read, then write */
         bad |= !isfinite(g);
         if (grad) sg_st(grad, i, g);
-    }
-    if (partial) {
-        bad |= sg_ld(partial, 0) != 0;
-        sg_st(partial, 0, 0);
     }
     sg_st(found, 0, bad);
     if (inv_out) sg_st(inv_out, 0, inv);

@@ -20,15 +20,13 @@
 /* grad (n) = grad_lo (n) * (1 / scale) in f32; found = some result is inf or NaN; then the
  * scaler update (amp.h). lo and g may be the same f32 buffer (in place: no __restrict__; each
  * element is read, then written, by one thread); g NULL: nothing written but the flag (the
- * check of sg_amp_check). found NULL: sg_amp_check_part, which ORs the flag into partial and
- * writes nothing else (no counter, no scaler). vec: lo and g aligned to 4 elements. scaler is not const: the last
+ * check of sg_amp_check). vec: lo and g aligned to 4 elements. scaler is not const: the last
  * block writes it. word, counter: the scratch words, 0 on entry and on exit. inv_out (NULL or
- * 1 float): the last block writes this step's factor. partial (NULL or 1 int): the parts'
- * flag, ORed into found and set back to 0 by the last block. */
+ * 1 float): the last block writes this step's factor. */
 template <typename T>
 __global__ void __launch_bounds__(AMP_THREADS)
     amp_unscale_kernel(const T *lo, float *g, int64_t n, bool vec, float *scaler,
-                       unsigned *counter, unsigned *word, int *found, float *inv_out, int *partial)
+                       unsigned *counter, unsigned *word, int *found, float *inv_out)
 {
     __shared__ bool last;
     /* IEEE division (no fast math): the same f32 factor as the reference's 1.0f / scale. */
@@ -48,10 +46,6 @@ __global__ void __launch_bounds__(AMP_THREADS)
         if (g) g[i] = v;
     }
     bad = __syncthreads_or(bad); /* also: every thread of the block has read the scale */
-    if (!found) { /* sg_amp_check_part: the flag into partial, nothing else */
-        if (threadIdx.x == 0 && bad) atomicOr(partial, 1);
-        return;
-    }
     if (threadIdx.x == 0) {
         if (bad) atomicOr(word, 1u);
         __threadfence(); /* the flag is visible before the ticket is taken */
@@ -60,9 +54,7 @@ __global__ void __launch_bounds__(AMP_THREADS)
     __syncthreads();
     if (!last || threadIdx.x != 0) return;
     __threadfence();
-    /* The parts ran before this launch (sg_amp_check_rest joined them): their flag is final. */
-    const bool f = (atomicExch(word, 0u) != 0) | (partial && *partial != 0);
-    if (partial) *partial = 0;
+    const bool f = atomicExch(word, 0u) != 0;
     *counter = 0;
     *found = f ? 1 : 0;
     if (inv_out) *inv_out = inv;
@@ -89,7 +81,7 @@ static bool aligned(const void *q, unsigned bytes) { return ((uintptr_t)q & (byt
 
 template <typename T>
 static void launch(const sg_ctx *ctx, cudaStream_t stream, const void *lo, float *g, int64_t n,
-                   float *scaler, unsigned *counter, unsigned *word, int *found, float *inv_out, int *partial)
+                   float *scaler, unsigned *counter, unsigned *word, int *found, float *inv_out)
 {
     /* One float4 a thread a trip; at most one wave, the rest by the grid-stride loop. */
     int64_t want = (n + 4 * AMP_THREADS - 1) / (4 * AMP_THREADS);
@@ -98,43 +90,26 @@ static void launch(const sg_ctx *ctx, cudaStream_t stream, const void *lo, float
     int blocks = (int)(want < 1 ? 1 : (want < cap ? want : cap));
     bool vec = aligned(lo, 4 * sizeof(T)) && (!g || aligned(g, 16));
     amp_unscale_kernel<T><<<blocks, AMP_THREADS, 0, stream>>>((const T *)lo, g, n, vec, scaler,
-                                                             counter, word, found, inv_out, partial);
-}
-
-/* One launch of the kernel for grad_lo's dtype on stream. */
-static sg_status run(sg_ctx *ctx, cudaStream_t stream, const sg_tensor *grad_lo, float *g, float *scaler,
-                     unsigned *counter, unsigned *word, int *found, float *inv_out, int *partial)
-{
-    if (grad_lo->dtype == SG_DTYPE_BF16)
-        launch<__nv_bfloat16>(ctx, stream, grad_lo->data, g, grad_lo->numel, scaler, counter, word, found, inv_out,
-                              partial);
-    else
-        launch<float>(ctx, stream, grad_lo->data, g, grad_lo->numel, scaler, counter, word, found, inv_out, partial);
-    SG_CUDA_CHECK_LAUNCH(ctx, "amp_unscale_kernel");
-    sg_ctx_count_launches(ctx, 1);
-    return SG_OK;
+                                                             counter, word, found, inv_out);
 }
 
 extern "C" sg_status sg_amp_unscale_cuda(sg_ctx *ctx, const sg_tensor *grad_lo, sg_tensor *grad,
-                                         sg_tensor *scaler, sg_tensor *found, sg_tensor *inv_out, sg_tensor *partial)
+                                         sg_tensor *scaler, sg_tensor *found, sg_tensor *inv_out)
 {
     /* Always the same size, so the buffer is allocated once and a captured graph keeps
      * pointing at it. */
     void *s = NULL;
     SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_AMP, SG_AMP_SCRATCH_BYTES, &s));
     unsigned *counter = (unsigned *)s, *word = counter + 1;
-    return run(ctx, (cudaStream_t)sg_ctx_stream(ctx), grad_lo, grad ? (float *)grad->data : NULL,
-               (float *)scaler->data, counter, word, (int *)found->data, inv_out ? (float *)inv_out->data : NULL,
-               partial ? (int *)partial->data : NULL);
-}
-
-extern "C" sg_status sg_amp_check_part_cuda(sg_ctx *ctx, const sg_tensor *grad_lo, const sg_tensor *scaler,
-                                            sg_tensor *partial, bool beside)
-{
     cudaStream_t stream = (cudaStream_t)sg_ctx_stream(ctx);
-    if (beside && sg_ctx_side_stream(ctx)) {
-        SG_TRY(sg_ctx_side_fork(ctx));
-        stream = (cudaStream_t)sg_ctx_side_stream(ctx);
-    }
-    return run(ctx, stream, grad_lo, NULL, (float *)scaler->data, NULL, NULL, NULL, NULL, (int *)partial->data);
+    float *g = grad ? (float *)grad->data : NULL, *sc = (float *)scaler->data;
+    float *io = inv_out ? (float *)inv_out->data : NULL;
+    int *f = (int *)found->data;
+    if (grad_lo->dtype == SG_DTYPE_BF16)
+        launch<__nv_bfloat16>(ctx, stream, grad_lo->data, g, grad_lo->numel, sc, counter, word, f, io);
+    else
+        launch<float>(ctx, stream, grad_lo->data, g, grad_lo->numel, sc, counter, word, f, io);
+    SG_CUDA_CHECK_LAUNCH(ctx, "amp_unscale_kernel");
+    sg_ctx_count_launches(ctx, 1);
+    return SG_OK;
 }

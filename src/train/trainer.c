@@ -87,15 +87,6 @@ struct sg_trainer {
      * context's capture makes conditional nodes) */
     bool use_loop, use_skip_if, use_switch;
     bool fold_unscale;           /* sg_optim_check + sg_optim_update_amp (sg_trainer_create) */
-    /* the check in parts (amp_parts_setup): each child's gradients checked on the second stream
-     * as soon as its backward ends, the first child's with the rest in run_optim */
-    sg_tensor *amp_partial;      /* (1) I32: the parts' flag; NULL: one check in run_optim */
-    sg_tensor **amp_view;        /* per child of the root: a view of its gradients (or NULL) */
-    sg_tensor *amp_rest;         /* the gradients before child 1's: checked last */
-    int n_amp_view;
-    bool amp_live;               /* inside run_backward (the hook checks only there) */
-    bool amp_issued;             /* some part went to the second stream since the last join */
-    bool warming;                /* warm_buckets' passes: no parts (no update follows them) */
     sg_tensor *clip_factor;      /* (1) F32, with clipping of f32 gradients: sg_clip_factor's,
                                   * which the optimizer multiplies the gradients by as it reads
                                   * them (NULL with STEPGRAPH_CLIP=separate: sg_clip_grad_norm
@@ -423,18 +414,7 @@ static sg_status run_backward(void *u)
     sg_trainer *t = u;
     sg_model *m = t->m;
     sg_tensor *dx = NULL;
-    if (!t->dist || t->opts.accum > 1) {
-        t->amp_live = t->amp_partial && !t->warming;
-        sg_status st = sg_module_backward(m->net, m->dlogits, &dx);
-        t->amp_live = false;
-        /* The parts joined before the backward ends, so that a capture of it holds them whole. */
-        if (t->amp_issued) {
-            t->amp_issued = false;
-            sg_status j = sg_ctx_side_join(t->ctx);
-            if (st == SG_OK) st = j;
-        }
-        return st;
-    }
+    if (!t->dist || t->opts.accum > 1) return sg_module_backward(m->net, m->dlogits, &dx);
     SG_TRY(sg_dist_backward_begin(t->dist));
     SG_TRY(sg_module_backward(m->net, m->dlogits, &dx));
     return sg_dist_backward_end(t->dist);
@@ -537,8 +517,7 @@ static sg_status run_optim(sg_trainer *t)
 {
     sg_model *m = t->m;
     const char *prev = sg_ctx_set_module(t->ctx, "optimizer");
-    sg_status st = t->fold_unscale ? (t->amp_partial ? sg_optim_check_rest(t->o, t->amp_rest, t->amp_partial)
-                                                     : sg_optim_check(t->o))
+    sg_status st = t->fold_unscale ? sg_optim_check(t->o)
                    : t->opts.accum > 1 ? sg_optim_unscale_sum(t->o) : sg_optim_unscale(t->o);
     /* Sharded, each rank checked its shares only: the flag and the scaler every rank keeps are
      * those of a step some rank found not finite (the least scale and good-step count, the most
@@ -907,50 +886,6 @@ static sg_status check_cond_options(sg_ctx *ctx, const sg_trainer_options *op)
     return SG_OK;
 }
 
-/* After child i of the root's backward (i >= 1), its gradients are final (set_grad_ready): the
- * check of them goes to the second stream, beside the backward of the children before it. */
-static sg_status amp_part_hook(void *u, int i)
-{
-    sg_trainer *t = u;
-    if (!t->amp_live || i < 1 || i >= t->n_amp_view || !t->amp_view[i]) return SG_OK;
-    t->amp_issued = true;
-    return sg_amp_check_part(t->ctx, t->amp_view[i], t->m->scaler, t->amp_partial, 1);
-}
-
-/* The loss scale's check in parts, where it pays and is safe: mixed precision with the unscale
- * folded into the optimizer (fold_unscale: one micro-batch, so each child's gradients are
- * final when its backward ends), one GPU (data parallelism has the hook, and checks after its
- * collectives), a CUDA context with a second stream, and a scope whose captures hold the whole
- * backward (under layer scope each child is a graph of its own, and a part would straddle
- * two). The single check, a pass over every gradient after the backward, took 48.5 us of
- * gpt-768-12-8-256's bf16 step on an H200 with nothing beside it (bench/RESULTS.md, session
- * 40). STEPGRAPH_AMP_PARTS=0 keeps it. */
-static sg_status amp_parts_setup(sg_trainer *t)
-{
-    sg_model *m = t->m;
-    const char *env = getenv("STEPGRAPH_AMP_PARTS");
-    if (env && *env && strcmp(env, "0") && strcmp(env, "1"))
-        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_create: STEPGRAPH_AMP_PARTS is '%.40s'; expected 0 or 1",
-                       env);
-    if ((env && !strcmp(env, "0")) || !t->fold_unscale || t->opts.dist || t->opts.scope == SG_SCOPE_LAYER ||
-        !sg_ctx_side_stream(t->ctx) || m->n_grad_ready < 2 || m->grad_ready[1] <= 0)
-        return SG_OK; /* (the last check needs gradients of its own: those before child 1's) */
-    sg_tensor *lo = sg_model_grads_lo(m);
-    int n = m->n_grad_ready;
-    t->amp_view = calloc((size_t)n, sizeof *t->amp_view);
-    if (!t->amp_view) return sg_fail(t->ctx, SG_ERR_OOM, "sg_trainer_create: out of host memory");
-    t->n_amp_view = n;
-    for (int i = 1; i < n; i++) {
-        int64_t a = m->grad_ready[i], b = i + 1 < n ? m->grad_ready[i + 1] : lo->numel;
-        if (b > a) SG_TRY(sg_tensor_view(lo, a, 1, (int64_t[]){b - a}, "trainer.amp_part", &t->amp_view[i]));
-    }
-    SG_TRY(sg_tensor_view(lo, 0, 1, (int64_t[]){m->grad_ready[1]}, "trainer.amp_rest", &t->amp_rest));
-    SG_TRY(sg_tensor_create(t->ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "trainer.amp_partial", &t->amp_partial));
-    SG_TRY(sg_tensor_fill(t->amp_partial, 0.0));
-    sg_sequential_set_backward_hook(m->net, amp_part_hook, t);
-    return SG_OK;
-}
-
 sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *opts,
                             sg_trainer **out)
 {
@@ -1016,7 +951,6 @@ sg_status sg_trainer_create(sg_model *m, sg_optim *o, const sg_trainer_options *
     if (st == SG_OK && op.accum > 1) st = make_sums(t);
     if (st == SG_OK && op.scope == SG_SCOPE_LAYER) st = wrap_modules(t);
     if (st == SG_OK && op.dist) st = attach_dist(t);
-    if (st == SG_OK) st = amp_parts_setup(t);
     if (st == SG_OK) st = setup_cond(t);
     if (st != SG_OK) {
         sg_trainer_destroy(t);
@@ -1034,11 +968,6 @@ void sg_trainer_destroy(sg_trainer *t)
     if ((t->stale || t->masters_stale) && !t->dist->failed && sg_trainer_gather_params(t) != SG_OK) {
         /* the model keeps what was gathered last */
     }
-    if (t->amp_partial) sg_sequential_set_backward_hook(t->m->net, NULL, NULL);
-    for (int i = 0; i < t->n_amp_view; i++) sg_tensor_destroy(t->amp_view[i]);
-    free(t->amp_view);
-    sg_tensor_destroy(t->amp_rest);
-    sg_tensor_destroy(t->amp_partial);
     if (t->dist) {
         sg_sequential_set_backward_hook(t->m->net, NULL, NULL);
         sg_sequential_set_forward_hook(t->m->net, NULL, NULL);
@@ -1218,10 +1147,7 @@ static sg_status warm_buckets(sg_trainer *t, int64_t index)
         SG_TRY(t->seq_buckets ? sg_model_load_seq(t->m, index, b, b) : sg_model_load_padded(t->m, index, b, b));
         SG_TRY(run_forward(t->m));
         SG_TRY(run_loss(t));
-        t->warming = true;
-        sg_status st = run_backward(t);
-        t->warming = false;
-        SG_TRY(st);
+        SG_TRY(run_backward(t));
         t->bucket_warm[k] = true;
     }
     return sg_model_full_shape(t->m);
