@@ -9,7 +9,8 @@
 # source-page CSV (ncu's and the program's lines first, three files, several SASS rows a line,
 # the column at another place in each header, one line number in two files), with its default
 # TOP, a TOP and one above the lines' count; then the error exits (a missing file, no column,
-# no samples, no argument; kernel_times.py without an argument or with STEPS 0). Skips (77)
+# no samples, no argument; kernel_times.py without an argument or with STEPS 0); then
+# bench/torch_attn.py's argument checks (it needs PyTorch and a GPU only past them). Skips (77)
 # without python3.
 set -u
 src=$(cd "$1" && pwd) || exit 1
@@ -258,6 +259,15 @@ ncl 1 "nocol\.csv: no 'Warp Stall Sampling \(All Samples\)' column: collect --se
 ncl 1 "zero\.csv: no warp-state samples found" -- zero.csv
 ncl 1 'ncu_lines\.py SOURCE\.csv \[TOP\]: where a kernel' --
 ncl 1 'No such file or directory' -- none.csv
+
+# bench/torch_attn.py checks its arguments before it imports torch (none here): --help, and the
+# refusals of a shape, a backend and a count, each naming what was wrong
+ta() { expect_cmd "torch_attn.py ${*:4}" "$1" "$2" -- python3 "$src/bench/torch_attn.py" "${@:4}"; } # ta CODE REGEX -- ARGS...
+ta 0 "usage: torch_attn\.py .*--shape SHAPE" -- --help
+ta 1 "--shape '8,12,256': expected B,HEADS,T,HEAD_SIZE, four positive integers" -- --shape 8,12,256
+ta 1 "--shape '8,0,256,64': expected B,HEADS,T,HEAD_SIZE" -- --shape "8,12,256,64;8,0,256,64"
+ta 1 "--backend 'fast': expected one of flash, cudnn, efficient, math" -- --backend cudnn,fast
+ta 1 "--calls and --repeats must be at least 1" -- --calls 0
 
 echo "$passes passed, $fails failed (seed $seed)"
 [ "$fails" = 0 ]

@@ -10,7 +10,8 @@
  * with ldmatrix (.trans where the tile's rows are the product's sum index); a product's f32
  * result becomes the next product's A fragment in registers. The tiles a block walks through
  * (k and v for the forward and dq, q and dout for dk and dv) are double-buffered: tile i + 1 is
- * copied while tile i is computed, one __syncthreads a tile. The forward keeps each row's
+ * copied while tile i is computed, one __syncthreads a tile (two in dk and dv: the tile's delta
+ * from its out rows, whose one buffer then takes the next tile's). The forward keeps each row's
  * running max and sum in registers (a row's 64 scores are spread over the 4 threads of a quad)
  * and saves lse = max + log(sum) for the backward. The backward is two kernels and no atomics,
  * so it is deterministic: one kernel per query tile (dq) and one per key tile (dk and dv), each
