@@ -487,8 +487,9 @@ static void gpu_refusals(sg_ctx *gpu)
  * sums of that dqkv as stored, added on the host in double. On the CPU the reference sums in
  * double too, rounded once: equal to the host's sum rounded once. On CUDA the kernels add in
  * f32, by 64-row tile and then the tiles in order: an f32 sum of M = B*T terms in any order
- * is within (M - 1) 2^-24 sum|x| of the exact one, then rounded once to the dtype (half an
- * ulp: 2^-8 relative for bf16). dbias is poisoned before, the parts too. */
+ * is within (M - 1) 2^-24 sum|x| of the exact one; it and the host's sum are each rounded
+ * once to the dtype, so they may land one bf16 ulp apart (2^-7 of the value at most). dbias
+ * is poisoned before, the parts too. */
 static void check_sums(sg_ctx *ctx, sg_dtype dt, dims d)
 {
     char w[160];
@@ -525,7 +526,7 @@ static void check_sums(sg_ctx *ctx, sg_dtype dt, dims d)
     if (ctx->backend == SG_BACKEND_CPU)
         tu_close(w, got, wr, cols, (tu_tol){0, 0});
     else
-        tu_close(w, got, wr, cols, (tu_tol){(double)(M - 1) * 0x1p-24 * amax + 1e-30, dt == SG_DTYPE_BF16 ? 0x1p-8 : 0x1p-23});
+        tu_close(w, got, wr, cols, (tu_tol){(double)(M - 1) * 0x1p-24 * amax + 1e-30, dt == SG_DTYPE_BF16 ? 0x1p-7 : 0x1p-23});
     free(dq), free(got), free(want), free(wr);
     tu_free_live();
 }
