@@ -608,6 +608,11 @@ int main(int argc, char **argv)
         const dims sums_cases[] = {{1, 1, 64, 1}, {2, 77, 128, 2}, {8, 256, 768, 12}, {3, 130, 64, 1}};
         for (size_t i = 0; i < sizeof sums_cases / sizeof *sums_cases; i++)
             check_sums(gpu, SG_DTYPE_BF16, sums_cases[i]);
+        /* STEPGRAPH_WGRAD=side: the tiles' sum on the second stream, joined before the call
+         * returns (the reads after it see dbias) */
+        sg_ctx *gside = tu_ctx_env("STEPGRAPH_WGRAD", "side");
+        check_sums(gside, SG_DTYPE_BF16, (dims){8, 256, 768, 12});
+        sg_ctx_destroy(gside);
         fused_set f = make_set(gpu, SG_DTYPE_F32, (dims){1, 16, 64, 1});
         sg_tensor *fdb = tu_keep(tu_tensor1(gpu, SG_DTYPE_F32, 192, "dbias_f32"));
         sg_tensor *fpa = tu_keep(tu_tensor1(gpu, SG_DTYPE_F32, sg_attention_fused_parts(1, 16, 64), "parts_f32"));
