@@ -381,8 +381,9 @@ __device__ __forceinline__ void dq_tile(float dq[8][4], const uint32_t qa[4][4],
  * rows past T are zeros, so their delta is 0), by the block's 128 threads: thread t takes row
  * t / 2, columns 32 (t % 2) .. 32 (t % 2) + 31 in order, and the pair adds its two sums (a + b
  * == b + a, so both threads hold the same value). The dq and the dk/dv kernels both take a
- * row's delta from here, so they use the same bits. Returns the row's delta in both threads. */
-__device__ __forceinline__ float tile_delta(const bf16 *gs, const bf16 *os)
+ * row's delta from here, so they use the same bits. The even thread of a pair stores it to
+ * dsh[row] (visible to the block after a __syncthreads); returns it in both threads. */
+__device__ __forceinline__ float tile_delta(const bf16 *gs, const bf16 *os, float *dsh)
 {
     static_assert(FA_THREADS == 2 * FA_TILE, "tile_delta: two threads a row");
     const int r = (int)threadIdx.x >> 1, c0 = ((int)threadIdx.x & 1) * (FA_HS / 2);
@@ -395,7 +396,9 @@ __device__ __forceinline__ float tile_delta(const bf16 *gs, const bf16 *os)
 #pragma unroll
         for (int j = 0; j < 8; j++) acc = __fmaf_rn(__bfloat162float(ge[j]), __bfloat162float(oe[j]), acc);
     }
-    return __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
+    const float d = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
+    if ((threadIdx.x & 1) == 0) dsh[r] = d;
+    return d;
 }
 
 /* dq for a query tile. grid (query tiles, B*H). 168 registers at most: 3 blocks an SM, so that
@@ -436,12 +439,9 @@ __global__ void __launch_bounds__(FA_THREADS, 3) fused_bwd_dq_kernel(const bf16 
     CP_ASYNC_WAIT(1);
     __syncthreads();
     { /* the rows' delta, also stored for the caller (the key-tile kernel makes its own) */
-        const float dv = tile_delta(vs[1], os);
+        const float d = tile_delta(vs[1], os, dsh);
         const int r = (int)threadIdx.x >> 1;
-        if ((threadIdx.x & 1) == 0) {
-            dsh[r] = dv;
-            if (q0 + r < T) delta[(int64_t)bh * T + q0 + r] = dv;
-        }
+        if ((threadIdx.x & 1) == 0 && q0 + r < T) delta[(int64_t)bh * T + q0 + r] = d;
         __syncthreads();
     }
     load_a(qa, ks[1], r0, g, t4);
@@ -566,8 +566,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2) fused_bwd_dkv_kernel(const bf16
         }
         /* this tile's delta from its dout and out (the readers of the last tile's were done at
          * the __syncthreads above); then out's one buffer takes the next tile's rows */
-        const float dl = tile_delta(gs[cur], os);
-        if ((threadIdx.x & 1) == 0) dsh[threadIdx.x >> 1] = dl;
+        tile_delta(gs[cur], os, dsh);
         __syncthreads();
         if (next) {
             load_tile_async(os, obase, C, q0 + FA_TILE, T, FA_THREADS);
