@@ -374,6 +374,16 @@ sg_status sg_attention_fused_forward(sg_ctx *ctx, const sg_tensor *qkv, int head
 sg_status sg_attention_fused_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
                                       const sg_tensor *lse, const sg_tensor *dout, int heads,
                                       sg_tensor *dqkv, sg_tensor *delta);
+/* sg_attention_fused_backward, and dbias (3C, qkv's dtype) = dqkv's column sums over its B*T
+ * rows (the values as stored): the qkv projection's bias gradient, so that the projection's
+ * backward need not read dqkv again for it (pass its db as NULL). On CUDA the kernels sum each
+ * 64-row tile's columns in f32 into parts (F32, at least sg_attention_fused_parts(B, T, C)
+ * elements: scratch), and one more kernel adds the tiles in order, rounded once; bf16 only
+ * there (SG_ERR_UNSUPPORTED otherwise). The CPU reference sums in double. Deterministic. */
+int64_t sg_attention_fused_parts(int64_t B, int64_t T, int64_t C);
+sg_status sg_attention_fused_backward_sums(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
+                                           const sg_tensor *lse, const sg_tensor *dout, int heads,
+                                           sg_tensor *dqkv, sg_tensor *delta, sg_tensor *dbias, sg_tensor *parts);
 
 /* Dropout with a counter-based generator (Philox-4x32-10): the keep mask of element i at call
  * site `site` is a pure function of (seed, offset, site, i), where seed and offset live in rng

@@ -482,6 +482,92 @@ static void gpu_refusals(sg_ctx *gpu)
     tu_free_live();
 }
 
+/* sg_attention_fused_backward_sums on ctx against sg_attention_fused_backward on the same
+ * inputs: dqkv and delta bit for bit (the sums change neither), and dbias against the column
+ * sums of that dqkv as stored, added on the host in double. On the CPU the reference sums in
+ * double too, rounded once: equal to the host's sum rounded once. On CUDA the kernels add in
+ * f32, by 64-row tile and then the tiles in order: an f32 sum of M = B*T terms in any order
+ * is within (M - 1) 2^-24 sum|x| of the exact one; it and the host's sum are each rounded
+ * once to the dtype, so they may land one bf16 ulp apart (2^-7 of the value at most). dbias
+ * is poisoned before, the parts too. */
+static void check_sums(sg_ctx *ctx, sg_dtype dt, dims d)
+{
+    char w[160];
+    snprintf(w, sizeof w, "%s %s sums B=%lld T=%lld C=%lld heads=%d", ctx->backend == SG_BACKEND_CUDA ? "gpu" : "cpu",
+             sg_dtype_name(dt), (long long)d.B, (long long)d.T, (long long)d.C, d.H);
+    fused_set a = make_set(ctx, dt, d), b = make_set(ctx, dt, d);
+    double *x = tu_random(a.qkv, -1, 1), *g = tu_random(a.dout, -1, 1);
+    tu_set(b.qkv, x), tu_set(b.dout, g);
+    free(x), free(g);
+    const int64_t np = sg_attention_fused_parts(d.B, d.T, d.C);
+    TU_CHECK(np == d.B * ((d.T + 63) / 64) * 3 * d.C, "%s: sg_attention_fused_parts gave %lld", w, (long long)np);
+    sg_tensor *db = tu_keep(tu_tensor1(ctx, dt, 3 * d.C, "dbias"));
+    sg_tensor *parts = tu_keep(tu_tensor1(ctx, SG_DTYPE_F32, np, "parts"));
+    tu_poison(db), tu_poison(parts), tu_poison(a.dqkv), tu_poison(b.dqkv);
+    run(ctx, &a, d);
+    TU_OK(ctx, sg_attention_fused_forward(ctx, b.qkv, d.H, b.out, b.lse));
+    TU_OK(ctx, sg_attention_fused_backward_sums(ctx, b.qkv, b.out, b.lse, b.dout, d.H, b.dqkv, b.delta, db, parts));
+    void *ra = tu_raw(a.dqkv), *rd = tu_raw(a.delta);
+    TU_CHECK(tu_same_bytes(b.dqkv, ra) && tu_same_bytes(b.delta, rd),
+             "%s: dqkv or delta differ from sg_attention_fused_backward's", w);
+    free(ra), free(rd);
+    const int64_t M = d.B * d.T, cols = 3 * d.C;
+    double *dq = tu_get(b.dqkv), *got = tu_get(db), *want = malloc((size_t)cols * sizeof *want);
+    double amax = 0;
+    for (int64_t c = 0; c < cols; c++) {
+        double v = 0, av = 0;
+        for (int64_t r = 0; r < M; r++) v += dq[r * cols + c], av += fabs(dq[r * cols + c]);
+        want[c] = v;
+        amax = fmax(amax, av);
+    }
+    sg_tensor *wt = tu_keep(tu_tensor1(ctx, dt, cols, "want"));
+    tu_set(wt, want); /* rounded once to dt, as the reference */
+    double *wr = tu_get(wt);
+    if (ctx->backend == SG_BACKEND_CPU)
+        tu_close(w, got, wr, cols, (tu_tol){0, 0});
+    else
+        tu_close(w, got, wr, cols, (tu_tol){(double)(M - 1) * 0x1p-24 * amax + 1e-30, dt == SG_DTYPE_BF16 ? 0x1p-7 : 0x1p-23});
+    free(dq), free(got), free(want), free(wr);
+    tu_free_live();
+}
+
+/* The sums call's refusals: NULL dbias or parts, dbias of the wrong size or dtype, parts too
+ * small or not F32, dbias overlapping dqkv; nothing written; then a call that works. */
+static void sums_errors(sg_ctx *ctx)
+{
+    const dims d = {1, 9, 64, 1};
+    fused_set s = make_set(ctx, SG_DTYPE_F32, d);
+    free(tu_random(s.qkv, -1, 1)), free(tu_random(s.dout, -1, 1));
+    TU_OK(ctx, sg_attention_fused_forward(ctx, s.qkv, d.H, s.out, s.lse));
+    const int64_t np = sg_attention_fused_parts(d.B, d.T, d.C);
+    sg_tensor *db = tu_keep(tu_tensor1(ctx, SG_DTYPE_F32, 192, "dbias")), *db2 = tu_keep(tu_tensor1(ctx, SG_DTYPE_F32, 191, "dbias191"));
+    sg_tensor *dbh = tu_keep(tu_tensor1(ctx, SG_DTYPE_BF16, 192, "dbias_bf16"));
+    sg_tensor *pa = tu_keep(tu_tensor1(ctx, SG_DTYPE_F32, np, "parts")), *pa2 = tu_keep(tu_tensor1(ctx, SG_DTYPE_F32, np - 1, "parts_small"));
+    sg_tensor *pai = tu_keep(tu_tensor1(ctx, SG_DTYPE_I32, np, "parts_i32")), *in_dq = NULL;
+    TU_OK(ctx, sg_tensor_view(s.dqkv, 5, 1, (int64_t[]){192}, "dbias_in_dqkv", &in_dq));
+    tu_keep(in_dq);
+    tu_poison(db), tu_poison(s.dqkv);
+#define SUMS(dbias, parts) sg_attention_fused_backward_sums(ctx, s.qkv, s.out, s.lse, s.dout, d.H, s.dqkv, s.delta, dbias, parts)
+    TU_FAILS(ctx, SUMS(NULL, pa), SG_ERR_NULL, "sg_attention_fused_backward_sums: tensor 'dbias' is NULL");
+    TU_FAILS(ctx, SUMS(db, NULL), SG_ERR_NULL, "tensor 'parts' is NULL");
+    TU_FAILS(ctx, SUMS(db2, pa), SG_ERR_SHAPE, "'dbias' (dbias191) is (191) f32, expected 192 elements");
+    TU_FAILS(ctx, SUMS(dbh, pa), SG_ERR_DTYPE, "'dbias' is bf16, expected f32");
+    TU_FAILS(ctx, SUMS(db, pa2), SG_ERR_SHAPE, "'parts' has 191 elements, expected at least 192 (sg_attention_fused_parts(B=1, T=9, C=64))");
+    TU_FAILS(ctx, SUMS(db, pai), SG_ERR_DTYPE, "'parts' is i32");
+    TU_FAILS(ctx, SUMS(in_dq, pa), SG_ERR_INVALID, "overlaps");
+    double *dv = tu_get(db), *qv = tu_get(s.dqkv);
+    int64_t written = 0;
+    for (int64_t i = 0; i < 192; i++) written += !isnan(dv[i]);
+    for (int64_t i = 0; i < sg_tensor_numel(s.dqkv); i++) written += !isnan(qv[i]);
+    TU_CHECK(written == 0, "%lld elements written by rejected sums calls", (long long)written);
+    free(dv), free(qv);
+    TU_OK(ctx, SUMS(db, pa)); /* usable after */
+#undef SUMS
+    TU_CHECK(sg_attention_fused_parts(0, 9, 64) == -1 && sg_attention_fused_parts(1, 9, 0) == -1,
+             "sg_attention_fused_parts takes positive sizes only");
+    tu_free_live();
+}
+
 int main(int argc, char **argv)
 {
     sg_backend be;
@@ -493,6 +579,10 @@ int main(int argc, char **argv)
         cpu_gradcheck(cpu, (dims){1, 1, 4, 1});
         cpu_gradcheck(cpu, (dims){2, 5, 8, 2});
         cpu_errors(cpu);
+        check_sums(cpu, SG_DTYPE_F32, (dims){2, 5, 8, 2});
+        check_sums(cpu, SG_DTYPE_BF16, (dims){2, 70, 128, 2});
+        check_sums(cpu, SG_DTYPE_F64, (dims){1, 1, 4, 1});
+        sums_errors(cpu);
     } else {
         sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
         const dims cases[] = {{2, 1, 64, 1}, {1, 77, 128, 2}, {3, 64, 64, 1}, {1, 65, 64, 1}, {2, 128, 768, 12},
@@ -513,6 +603,22 @@ int main(int argc, char **argv)
         gpu_capture(gpu, SG_DTYPE_F32, (dims){2, 130, 128, 2});
         gpu_capture(gpu, SG_DTYPE_F32, (dims){1, 70, 64, 2});
         gpu_refusals(gpu);
+        /* the qkv bias gradient beside the backward: one tile, T not a multiple of 64, gpt-768's
+         * layer (B 8 x 12 heads, T 256), and 1 head */
+        const dims sums_cases[] = {{1, 1, 64, 1}, {2, 77, 128, 2}, {8, 256, 768, 12}, {3, 130, 64, 1}};
+        for (size_t i = 0; i < sizeof sums_cases / sizeof *sums_cases; i++)
+            check_sums(gpu, SG_DTYPE_BF16, sums_cases[i]);
+        /* STEPGRAPH_WGRAD=side: the tiles' sum on the second stream, joined before the call
+         * returns (the reads after it see dbias) */
+        sg_ctx *gside = tu_ctx_env("STEPGRAPH_WGRAD", "side");
+        check_sums(gside, SG_DTYPE_BF16, (dims){8, 256, 768, 12});
+        sg_ctx_destroy(gside);
+        fused_set f = make_set(gpu, SG_DTYPE_F32, (dims){1, 16, 64, 1});
+        sg_tensor *fdb = tu_keep(tu_tensor1(gpu, SG_DTYPE_F32, 192, "dbias_f32"));
+        sg_tensor *fpa = tu_keep(tu_tensor1(gpu, SG_DTYPE_F32, sg_attention_fused_parts(1, 16, 64), "parts_f32"));
+        TU_FAILS(gpu, sg_attention_fused_backward_sums(gpu, f.qkv, f.out, f.lse, f.dout, 1, f.dqkv, f.delta, fdb, fpa),
+                 SG_ERR_UNSUPPORTED, "CUDA sums the columns for bf16; this is f32");
+        tu_free_live();
         sg_ctx_destroy(gpu);
     }
     sg_ctx_destroy(cpu);

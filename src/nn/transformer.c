@@ -361,6 +361,7 @@ typedef struct block_module {
     int heads;
     bool fused;                 /* fused attention: att holds lse, work delta */
     bool ln_sums;               /* without dropout, LN2's backward sums the projections' biases */
+    bool qkv_sums;              /* the fused attention's backward sums qkv's bias gradient */
     uint32_t site;              /* dropout call sites: site (attention), site + 1 (MLP) */
     sg_tensor *rng;
     int ip[12];                 /* ln1 w b, qkv w b, proj w b, ln2 w b, fc w b, mlp.proj w b */
@@ -368,7 +369,7 @@ typedef struct block_module {
     /* forward activations (M rows), the block's own */
     sg_tensor *h1, *mean1, *rstd1, *qkv, *att, *a, *p, *pd, *x2, *h2, *mean2, *rstd2, *f, *pre_f, *q, *qd, *y;
     /* backward scratch and attention work: shared by every block (sg_builder_shared) */
-    sg_tensor *work, *gq, *df, *dh2, *dx2, *dp, *da, *dqkv, *dh1, *dx;
+    sg_tensor *work, *gq, *df, *dh2, *dx2, *dp, *da, *dqkv, *dh1, *dx, *parts;
 } block_module;
 
 #define W(i) sg_module_w(mod, b->ip[i])
@@ -455,8 +456,16 @@ static sg_status block_backward_ops(sg_module *mod, sg_tensor *dy, sg_tensor **d
         gp = b->dp;
     }
     SG_TRY(sg_linear_backward(ctx, b->a, W(4), gp, SG_ACT_NONE, NULL, b->da, G(4), sums ? NULL : G(5)));
-    SG_TRY(attention_bwd(ctx, b->fused, b->qkv, b->a, b->att, b->da, b->heads, b->dqkv, b->work));
-    SG_TRY(sg_linear_backward(ctx, b->h1, W(2), b->dqkv, SG_ACT_NONE, NULL, b->dh1, G(2), G(3)));
+    /* qkv's bias gradient: the column sums of dqkv, which the fused attention's kernels take as
+     * they write it (b->qkv_sums; its last pass goes to the second stream), or the projection's
+     * own pass over dqkv */
+    if (b->qkv_sums)
+        SG_TRY(sg_attention_fused_backward_sums(ctx, b->qkv, b->a, b->att, b->da, b->heads, b->dqkv, b->work, G(3),
+                                                b->parts));
+    else
+        SG_TRY(attention_bwd(ctx, b->fused, b->qkv, b->a, b->att, b->da, b->heads, b->dqkv, b->work));
+    SG_TRY(sg_linear_backward(ctx, b->h1, W(2), b->dqkv, SG_ACT_NONE, NULL, b->dh1, G(2),
+                              b->qkv_sums ? NULL : G(3)));
     /* dx = dx2 (the residual) + LN1's backward of dh1 */
     SG_TRY(sg_layernorm_backward_add(ctx, b->x, W(0), b->mean1, b->rstd1, b->dh1, b->dx2, b->dx, G(0), G(1)));
     *dx = b->dx;
@@ -551,8 +560,13 @@ sg_status sg_module_gpt_block(sg_builder *bl, const char *name, int64_t C, int h
     b->qkv = own(mod, &st, dt, "qkv", 2, M3C), b->a = own(mod, &st, dt, "attn", 2, MC);
     b->p = own(mod, &st, dt, "proj", 2, MC);
     b->fused = sg_module_attention_fused(dt, C, heads);
+    /* STEPGRAPH_BIAS_SUMS: separate, each projection sums its own bias gradient; ln, LayerNorm
+     * 2's backward sums the two projections' and qkv sums its own; else (the default) the fused
+     * attention's backward also sums qkv's, where it can (bf16 on CUDA; the CPU) */
     const char *bs = getenv("STEPGRAPH_BIAS_SUMS");
     b->ln_sums = !(bs && !strcmp(bs, "separate"));
+    b->qkv_sums = b->fused && b->ln_sums && !(bs && !strcmp(bs, "ln")) &&
+                  (bl->ctx->backend == SG_BACKEND_CPU || dt == SG_DTYPE_BF16);
     if (b->fused) b->att = own(mod, &st, f32, "lse", 3, (int64_t[]){B, H, T});
     else b->att = own(mod, &st, dt, "att", 4, (int64_t[]){B, H, T, T}); /* qkv's dtype */
     b->f = own(mod, &st, dt, "fc", 2, M4C), b->pre_f = own(mod, &st, dt, "fc.pre", 2, M4C);
@@ -569,6 +583,8 @@ sg_status sg_module_gpt_block(sg_builder *bl, const char *name, int64_t C, int h
     int64_t we = sg_attention_work_elems(B, T, C, heads);
     if (b->fused) b->work = shared(bl, &st, f32, "attn.delta", 3, (int64_t[]){B, H, T});
     else b->work = shared(bl, &st, f32, "attn.work", 1, &we);
+    int64_t np = sg_attention_fused_parts(B, T, C);
+    if (b->qkv_sums) b->parts = shared(bl, &st, f32, "attn.bias_parts", 1, &np);
     b->df = shared(bl, &st, dt, "d.fc", 2, M4C);
     b->dh2 = shared(bl, &st, dt, "d.h2", 2, MC), b->dx2 = shared(bl, &st, dt, "d.x2", 2, MC);
     b->da = shared(bl, &st, dt, "d.attn", 2, MC), b->dqkv = shared(bl, &st, dt, "d.qkv", 2, M3C);

@@ -226,6 +226,7 @@ typedef struct fused_args {
     const sg_tensor *qkv, *out_in, *lse_in, *dout;
     sg_tensor *out, *lse; /* forward: out, lse; backward: dqkv, delta */
     sg_attn_dims d;
+    sg_tensor *dbias;     /* backward with sums: dqkv's column sums (NULL: none) */
 } fused_args;
 
 static sg_status fused_fwd_cpu(sg_ctx *ctx, const void *p)
@@ -237,7 +238,9 @@ static sg_status fused_fwd_cpu(sg_ctx *ctx, const void *p)
 static sg_status fused_bwd_cpu(sg_ctx *ctx, const void *p)
 {
     const fused_args *a = p;
-    return sg_attention_fused_backward_cpu(ctx, a->qkv, a->out_in, a->lse_in, a->dout, a->out, a->lse, a->d);
+    SG_TRY(sg_attention_fused_backward_cpu(ctx, a->qkv, a->out_in, a->lse_in, a->dout, a->out, a->lse, a->d));
+    if (a->dbias) sg_attention_col_sums_cpu(a->out, a->dbias);
+    return SG_OK;
 }
 
 sg_status sg_attention_fused_forward(sg_ctx *ctx, const sg_tensor *qkv, int heads, sg_tensor *out, sg_tensor *lse)
@@ -252,7 +255,7 @@ sg_status sg_attention_fused_forward(sg_ctx *ctx, const sg_tensor *qkv, int head
     SG_TRY(sg_check_disjoint(ctx, fn, 2, 3, names, ts));
     sg_ctx_count_work(ctx, SG_WORK_ATTENTION, causal_flops(d), sg_tensors_bytes(qkv, out, lse, NULL, NULL, NULL, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
-        fused_args a = {qkv, NULL, NULL, NULL, out, lse, d};
+        fused_args a = {qkv, NULL, NULL, NULL, out, lse, d, NULL};
         return sg_cpu_run(ctx, fused_fwd_cpu, &a, sizeof a);
     }
     /* bf16 on the tensor cores; every other dtype to the f32 kernels, which refuse what they
@@ -262,10 +265,17 @@ sg_status sg_attention_fused_forward(sg_ctx *ctx, const sg_tensor *qkv, int head
     return SG_CUDA_DISPATCH(ctx, sg_attention_fused_forward_f32_cuda(ctx, qkv, out, lse, d));
 }
 
-sg_status sg_attention_fused_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out, const sg_tensor *lse,
-                                      const sg_tensor *dout, int heads, sg_tensor *dqkv, sg_tensor *delta)
+int64_t sg_attention_fused_parts(int64_t B, int64_t T, int64_t C)
 {
-    static const char fn[] = "sg_attention_fused_backward";
+    if (B < 1 || T < 1 || C < 1 || B > INT64_MAX / 3 / C / ((T + 63) / 64)) return -1;
+    return B * ((T + 63) / 64) * 3 * C;
+}
+
+/* sg_attention_fused_backward, and with dbias the column sums (parts: their scratch). */
+static sg_status fused_backward(sg_ctx *ctx, const char *fn, const sg_tensor *qkv, const sg_tensor *out,
+                                const sg_tensor *lse, const sg_tensor *dout, int heads, sg_tensor *dqkv,
+                                sg_tensor *delta, sg_tensor *dbias, sg_tensor *parts)
+{
     if (!ctx) return SG_ERR_NULL;
     sg_attn_dims d;
     SG_TRY(check_fused_problem(ctx, fn, qkv, lse, heads, &d));
@@ -274,16 +284,50 @@ sg_status sg_attention_fused_backward(sg_ctx *ctx, const sg_tensor *qkv, const s
     SG_TRY(check_act(ctx, fn, "dqkv", dqkv, qkv->dtype, d, 3 * d.C, "(B, T, 3C)"));
     const int64_t dims[3] = {d.B, d.H, d.T};
     SG_TRY(check_dims(ctx, fn, "delta", delta, SG_DTYPE_F32, 3, dims, "(B, heads, T)"));
-    const char *names[] = {"dqkv", "delta", "qkv", "out", "lse", "dout"};
-    const sg_tensor *ts[] = {dqkv, delta, qkv, out, lse, dout};
-    SG_TRY(sg_check_disjoint(ctx, fn, 2, 6, names, ts));
+    const char *names[] = {"dqkv", "delta", "dbias", "parts", "qkv", "out", "lse", "dout"};
+    const sg_tensor *ts[] = {dqkv, delta, dbias, parts, qkv, out, lse, dout};
+    if (dbias) {
+        SG_TRY(sg_check_count(ctx, fn, "dbias", dbias, qkv->dtype, 3 * d.C, "3C: the qkv projection's bias"));
+        SG_TRY(sg_check_dtype(ctx, fn, "parts", parts, SG_DTYPE_F32));
+        const int64_t need = sg_attention_fused_parts(d.B, d.T, d.C);
+        if (parts->numel < need)
+            return sg_fail(ctx, SG_ERR_SHAPE, "%s: 'parts' has %lld elements, expected at least %lld "
+                           "(sg_attention_fused_parts(B=%lld, T=%lld, C=%lld))", fn, (long long)parts->numel,
+                           (long long)need, (long long)d.B, (long long)d.T, (long long)d.C);
+        if (ctx->backend == SG_BACKEND_CUDA && qkv->dtype != SG_DTYPE_BF16)
+            return sg_fail(ctx, SG_ERR_UNSUPPORTED, "%s: CUDA sums the columns for bf16; this is %s (use "
+                           "sg_attention_fused_backward and the projection's own bias sum)", fn,
+                           sg_dtype_name(qkv->dtype));
+        SG_TRY(sg_check_disjoint(ctx, fn, 4, 8, names, ts));
+    } else {
+        const char *n2[] = {"dqkv", "delta", "qkv", "out", "lse", "dout"};
+        const sg_tensor *t2[] = {dqkv, delta, qkv, out, lse, dout};
+        SG_TRY(sg_check_disjoint(ctx, fn, 2, 6, n2, t2));
+    }
     sg_ctx_count_work(ctx, SG_WORK_ATTENTION, 2 * causal_flops(d),
                       sg_tensors_bytes(qkv, out, lse, dout, dqkv, delta, NULL, NULL));
     if (ctx->backend == SG_BACKEND_CPU) {
-        fused_args a = {qkv, out, lse, dout, dqkv, delta, d};
+        fused_args a = {qkv, out, lse, dout, dqkv, delta, d, dbias};
         return sg_cpu_run(ctx, fused_bwd_cpu, &a, sizeof a);
     }
     if (qkv->dtype == SG_DTYPE_BF16)
-        return SG_CUDA_DISPATCH(ctx, sg_attention_fused_backward_cuda(ctx, qkv, out, lse, dout, dqkv, delta, d));
+        return SG_CUDA_DISPATCH(ctx, sg_attention_fused_backward_cuda(ctx, qkv, out, lse, dout, dqkv, delta, dbias,
+                                                                      parts, d));
     return SG_CUDA_DISPATCH(ctx, sg_attention_fused_backward_f32_cuda(ctx, qkv, out, lse, dout, dqkv, delta, d));
+}
+
+sg_status sg_attention_fused_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out, const sg_tensor *lse,
+                                      const sg_tensor *dout, int heads, sg_tensor *dqkv, sg_tensor *delta)
+{
+    return fused_backward(ctx, "sg_attention_fused_backward", qkv, out, lse, dout, heads, dqkv, delta, NULL, NULL);
+}
+
+sg_status sg_attention_fused_backward_sums(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
+                                           const sg_tensor *lse, const sg_tensor *dout, int heads, sg_tensor *dqkv,
+                                           sg_tensor *delta, sg_tensor *dbias, sg_tensor *parts)
+{
+    static const char fn[] = "sg_attention_fused_backward_sums";
+    if (ctx && !dbias) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor 'dbias' is NULL", fn);
+    if (ctx && !parts) return sg_fail(ctx, SG_ERR_NULL, "%s: tensor 'parts' is NULL", fn);
+    return fused_backward(ctx, fn, qkv, out, lse, dout, heads, dqkv, delta, dbias, parts);
 }

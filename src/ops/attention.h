@@ -67,11 +67,16 @@ sg_status sg_attention_fused_forward_cpu(sg_ctx *ctx, const sg_tensor *qkv, sg_t
 sg_status sg_attention_fused_backward_cpu(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
                                           const sg_tensor *lse, const sg_tensor *dout, sg_tensor *dqkv,
                                           sg_tensor *delta, sg_attn_dims d);
+/* The reference of sg_attention_fused_backward_sums' dbias: dqkv's column sums over its B*T
+ * rows, of the values as stored, in double, rounded once to dbias's dtype. */
+void sg_attention_col_sums_cpu(const sg_tensor *dqkv, sg_tensor *dbias);
 sg_status sg_attention_fused_forward_cuda(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
                                           sg_tensor *lse, sg_attn_dims d);
+/* dbias and parts NULL: the backward alone; else also dbias (3C) = dqkv's column sums, the
+ * kernels' per-tile sums in parts (sg_attention_fused_parts elements) added in order. */
 sg_status sg_attention_fused_backward_cuda(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
                                            const sg_tensor *lse, const sg_tensor *dout, sg_tensor *dqkv,
-                                           sg_tensor *delta, sg_attn_dims d);
+                                           sg_tensor *delta, sg_tensor *dbias, sg_tensor *parts, sg_attn_dims d);
 sg_status sg_attention_fused_forward_f32_cuda(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
                                               sg_tensor *lse, sg_attn_dims d);
 sg_status sg_attention_fused_backward_f32_cuda(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,

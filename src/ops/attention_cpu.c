@@ -195,3 +195,13 @@ done:
     free(dx);
     return st;
 }
+
+void sg_attention_col_sums_cpu(const sg_tensor *dqkv, sg_tensor *dbias)
+{
+    const int64_t cols = dbias->numel, rows = dqkv->numel / cols;
+    for (int64_t c = 0; c < cols; c++) {
+        double v = 0;
+        for (int64_t r = 0; r < rows; r++) v += sg_ld(dqkv, r * cols + c);
+        sg_st(dbias, c, v);
+    }
+}

@@ -199,6 +199,53 @@ __device__ __forceinline__ void store_rows(bf16 *dst, int64_t ld, const float ac
     }
 }
 
+/* The column sums of a 64-row tile the block's 4 warps just stored with store_rows (acc times
+ * scale, rounded to bf16: the values as stored, rows at or past n left out), in f32: each
+ * thread adds its two rows (g, then g + 8), the 8 threads of a column (lanes of one t4) add
+ * theirs by an xor butterfly (each step's two lanes add the same two values: all 8 end with
+ * the same bits), then thread c of the block adds the 4 warps' sums of column c in warp order
+ * and stores it to part[c]. csum: 4 x 64 floats of shared memory no warp reads or writes
+ * until every thread has passed the __syncthreads this starts with. Every thread of the block
+ * calls it. */
+__device__ __forceinline__ void tile_col_sums(float *part, float *csum, const float acc[8][4], float scale,
+                                              int row0, int n, int warp, int lane)
+{
+    const int g = lane >> 2, t4 = lane & 3;
+    float cs[8][2];
+#pragma unroll
+    for (int c = 0; c < 8; c++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float v = 0.f;
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                if (row0 + g + 8 * r < n) v += __bfloat162float(__float2bfloat16_rn(acc[c][2 * r + j] * scale));
+#pragma unroll
+            for (int x = 4; x < 32; x <<= 1) v += __shfl_xor_sync(0xffffffffu, v, x);
+            cs[c][j] = v;
+        }
+    __syncthreads();
+    if (g == 0)
+#pragma unroll
+        for (int c = 0; c < 8; c++) csum[warp * FA_HS + c * 8 + 2 * t4] = cs[c][0], csum[warp * FA_HS + c * 8 + 2 * t4 + 1] = cs[c][1];
+    __syncthreads();
+    if (threadIdx.x < FA_HS) {
+        const int c = (int)threadIdx.x;
+        part[c] = ((csum[c] + csum[FA_HS + c]) + csum[2 * FA_HS + c]) + csum[3 * FA_HS + c];
+    }
+}
+
+/* dbias (3C, bf16) = the parts' column sums (nparts, 3C) added in part order, in f32, rounded
+ * once: a thread a column. */
+__global__ void fused_bias_reduce_kernel(const float *__restrict__ parts, int nparts, int cols, bf16 *__restrict__ db)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float v = 0.f;
+    for (int p = 0; p < nparts; p++) v += parts[(int64_t)p * cols + c];
+    db[c] = __float2bfloat16_rn(v);
+}
+
 /* One key tile of the forward for the warp's 16 rows (qrow; a quad's 4 threads share a row):
  * scores, the online softmax (running max m and sum l), o += P v. Only the 16-key groups
  * 0..HI are taken: past HI every key is masked for the warp's rows (causal, or at or past T),
@@ -334,8 +381,9 @@ __device__ __forceinline__ void dq_tile(float dq[8][4], const uint32_t qa[4][4],
  * rows past T are zeros, so their delta is 0), by the block's 128 threads: thread t takes row
  * t / 2, columns 32 (t % 2) .. 32 (t % 2) + 31 in order, and the pair adds its two sums (a + b
  * == b + a, so both threads hold the same value). The dq and the dk/dv kernels both take a
- * row's delta from here, so they use the same bits. Returns the row's delta in both threads. */
-__device__ __forceinline__ float tile_delta(const bf16 *gs, const bf16 *os)
+ * row's delta from here, so they use the same bits. The even thread of a pair stores it to
+ * dsh[row] (visible to the block after a __syncthreads); returns it in both threads. */
+__device__ __forceinline__ float tile_delta(const bf16 *gs, const bf16 *os, float *dsh)
 {
     static_assert(FA_THREADS == 2 * FA_TILE, "tile_delta: two threads a row");
     const int r = (int)threadIdx.x >> 1, c0 = ((int)threadIdx.x & 1) * (FA_HS / 2);
@@ -348,7 +396,9 @@ __device__ __forceinline__ float tile_delta(const bf16 *gs, const bf16 *os)
 #pragma unroll
         for (int j = 0; j < 8; j++) acc = __fmaf_rn(__bfloat162float(ge[j]), __bfloat162float(oe[j]), acc);
     }
-    return __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
+    const float d = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
+    if ((threadIdx.x & 1) == 0) dsh[r] = d;
+    return d;
 }
 
 /* dq for a query tile. grid (query tiles, B*H). 168 registers at most: 3 blocks an SM, so that
@@ -361,8 +411,8 @@ __global__ void __launch_bounds__(FA_THREADS, 3) fused_bwd_dq_kernel(const bf16 
                                                                      const bf16 *__restrict__ dout,
                                                                      const bf16 *__restrict__ out,
                                                                      float *__restrict__ delta,
-                                                                     bf16 *__restrict__ dqkv, int T, int H, int C,
-                                                                     float sl2, float scale)
+                                                                     bf16 *__restrict__ dqkv, float *__restrict__ parts,
+                                                                     int T, int H, int C, float sl2, float scale)
 {
     sg_pdl_trigger();
     __shared__ __align__(16) bf16 ks[2][FA_TILE * FA_LD], vs[2][FA_TILE * FA_LD], os[FA_TILE * FA_LD];
@@ -389,12 +439,9 @@ __global__ void __launch_bounds__(FA_THREADS, 3) fused_bwd_dq_kernel(const bf16 
     CP_ASYNC_WAIT(1);
     __syncthreads();
     { /* the rows' delta, also stored for the caller (the key-tile kernel makes its own) */
-        const float dv = tile_delta(vs[1], os);
+        const float d = tile_delta(vs[1], os, dsh);
         const int r = (int)threadIdx.x >> 1;
-        if ((threadIdx.x & 1) == 0) {
-            dsh[r] = dv;
-            if (q0 + r < T) delta[(int64_t)bh * T + q0 + r] = dv;
-        }
+        if ((threadIdx.x & 1) == 0 && q0 + r < T) delta[(int64_t)bh * T + q0 + r] = d;
         __syncthreads();
     }
     load_a(qa, ks[1], r0, g, t4);
@@ -424,6 +471,9 @@ __global__ void __launch_bounds__(FA_THREADS, 3) fused_bwd_dq_kernel(const bf16 
             dq_tile<1>(dq, qa, ga, ks[cur], vs[cur], kt * FA_TILE, qrow, lr, dl, T, sl2, lane);
     }
     store_rows(dqkv + (int64_t)b * T * ld + h * FA_HS, ld, dq, scale, q0 + r0, T, g, t4);
+    if (parts) /* the q columns' sums of this tile: part (b, qt); ks[0] is free (the loop is over) */
+        tile_col_sums(parts + ((int64_t)b * gridDim.x + qt) * 3 * C + h * FA_HS, reinterpret_cast<float *>(ks[0]),
+                      dq, scale, q0 + r0, T, warp, lane);
 }
 
 /* lse times log2 e of query row q0 + threadIdx.x (0 past T), for lsh: read into registers
@@ -467,7 +517,8 @@ __global__ void __launch_bounds__(FA_THREADS, 2) fused_bwd_dkv_kernel(const bf16
                                                                       const float *__restrict__ lse,
                                                                       const bf16 *__restrict__ dout,
                                                                       const bf16 *__restrict__ out,
-                                                                      bf16 *__restrict__ dqkv, int T, int H, int C,
+                                                                      bf16 *__restrict__ dqkv,
+                                                                      float *__restrict__ parts, int T, int H, int C,
                                                                       float sl2, float scale)
 {
     __shared__ __align__(16) bf16 qs[2][FA_TILE * FA_LD], gs[2][FA_TILE * FA_LD], os[FA_TILE * FA_LD];
@@ -515,8 +566,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2) fused_bwd_dkv_kernel(const bf16
         }
         /* this tile's delta from its dout and out (the readers of the last tile's were done at
          * the __syncthreads above); then out's one buffer takes the next tile's rows */
-        const float dl = tile_delta(gs[cur], os);
-        if ((threadIdx.x & 1) == 0) dsh[threadIdx.x >> 1] = dl;
+        tile_delta(gs[cur], os, dsh);
         __syncthreads();
         if (next) {
             load_tile_async(os, obase, C, q0 + FA_TILE, T, FA_THREADS);
@@ -533,6 +583,11 @@ __global__ void __launch_bounds__(FA_THREADS, 2) fused_bwd_dkv_kernel(const bf16
     bf16 *dbase = dqkv + (int64_t)b * T * ld + h * FA_HS;
     store_rows(dbase + C, ld, dk, scale, k0 + r0, T, g, t4);
     store_rows(dbase + 2 * C, ld, dv, 1.f, k0 + r0, T, g, t4);
+    if (parts) { /* the k and v columns' sums of this tile: part (b, kt); qs is free (the loop is over) */
+        float *part = parts + ((int64_t)b * gridDim.x + kt) * 3 * C + h * FA_HS;
+        tile_col_sums(part + C, reinterpret_cast<float *>(qs[0]), dk, scale, k0 + r0, T, warp, lane);
+        tile_col_sums(part + 2 * C, reinterpret_cast<float *>(qs[1]), dv, 1.f, k0 + r0, T, warp, lane);
+    }
     /* Launched beside the dq kernel (programmatic dependent launch): this grid completes only
      * once that one has, so the kernels after it find dq written too. */
     sg_pdl_wait();
@@ -573,7 +628,8 @@ extern "C" sg_status sg_attention_fused_forward_cuda(sg_ctx *ctx, const sg_tenso
 
 extern "C" sg_status sg_attention_fused_backward_cuda(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
                                                       const sg_tensor *lse, const sg_tensor *dout, sg_tensor *dqkv,
-                                                      sg_tensor *delta, sg_attn_dims d)
+                                                      sg_tensor *delta, sg_tensor *dbias, sg_tensor *parts,
+                                                      sg_attn_dims d)
 {
     static const char fn[] = "sg_attention_fused_backward";
     const sg_tensor *ts[] = {qkv, out, dout, dqkv};
@@ -583,17 +639,37 @@ extern "C" sg_status sg_attention_fused_backward_cuda(sg_ctx *ctx, const sg_tens
     dim3 grid((unsigned)((d.T + FA_TILE - 1) / FA_TILE), (unsigned)(d.B * d.H));
     cudaStream_t s = (cudaStream_t)sg_ctx_stream(ctx);
     const bf16 *o = (const bf16 *)out->data;
+    float *pa = dbias ? (float *)parts->data : NULL;
     fused_bwd_dq_kernel<<<grid, FA_THREADS, 0, s>>>((const bf16 *)qkv->data, (const float *)lse->data,
                                                     (const bf16 *)dout->data, o, (float *)delta->data,
-                                                    (bf16 *)dqkv->data, (int)d.T, (int)d.H, (int)d.C, sl2, scale);
+                                                    (bf16 *)dqkv->data, pa, (int)d.T, (int)d.H, (int)d.C, sl2,
+                                                    scale);
     SG_CUDA_CHECK_LAUNCH(ctx, "fused_bwd_dq_kernel");
     /* The key-tile kernel may start beside the dq kernel (which triggers at once), where the
      * device has programmatic dependent launch; otherwise after it. */
     const sg_pdl_launch l(grid, dim3(FA_THREADS), 0, s, sg_ctx_pdl(ctx));
     SG_CUDA_CHECK(ctx, cudaLaunchKernelEx(&l.cfg, fused_bwd_dkv_kernel, (const bf16 *)qkv->data,
                                           (const float *)lse->data, (const bf16 *)dout->data, o,
-                                          (bf16 *)dqkv->data, (int)d.T, (int)d.H, (int)d.C, sl2, scale));
+                                          (bf16 *)dqkv->data, pa, (int)d.T, (int)d.H, (int)d.C, sl2, scale));
     SG_CUDA_CHECK_LAUNCH(ctx, "fused_bwd_dkv_kernel");
     sg_ctx_count_launches(ctx, 2);
-    return SG_OK;
+    if (!dbias) return SG_OK;
+    /* The parts' sum: on the second stream inside a module's backward (the qkv projection's dw
+     * matmul, queued there next, reads neither), else here. The dk/dv grid completes after the
+     * dq grid, so the fork after it finds every part written. */
+    const bool side = sg_ctx_side_use(ctx);
+    if (side) SG_TRY(sg_ctx_side_fork(ctx));
+    const int cols = (int)(3 * d.C), nparts = (int)(d.B * grid.x);
+    fused_bias_reduce_kernel<<<(cols + 127) / 128, 128, 0, side ? (cudaStream_t)sg_ctx_side_stream(ctx) : s>>>(
+        pa, nparts, cols, (bf16 *)dbias->data);
+    const int e = sg_cuda_last_error();
+    sg_status st = e ? sg_cuda_status(ctx, e, "fused_bias_reduce_kernel launch", __FILE__, __LINE__) : SG_OK;
+    if (st == SG_OK) sg_ctx_count_launches(ctx, 1);
+    /* Joined before the call returns unless a module's region defers it (as linear_cuda.cu's
+     * dw matmul); on failure too, so that no branch is left open. */
+    if (side && (st != SG_OK || !sg_ctx_side_deferred(ctx))) {
+        sg_status j = sg_ctx_side_join(ctx);
+        if (st == SG_OK) st = j;
+    }
+    return st;
 }
