@@ -786,6 +786,21 @@ typedef struct sg_optim sg_optim;
 
 typedef enum sg_optim_kind { SG_OPTIM_ADAMW = 0, SG_OPTIM_SGD } sg_optim_kind;
 
+/* Mixed precision's loss scaling (sg_model_options.loss_scaling). DYNAMIC: the loss's gradient
+ * is multiplied by a scale on the device, the gradients are checked for inf and NaN after the
+ * backward (a pass over them), a step whose gradients are not finite is skipped and the scale
+ * halved, and the scale doubles after growth_interval finite steps (sg_loss_scaler). NONE: no
+ * scale and no check, as PyTorch's bf16 autocast runs without a GradScaler (bf16 has f32's
+ * exponent range, so gradients that are not finite come from values that already are): the
+ * scaler stays {1, 0, growth_interval, 0}, no step is skipped, and a gradient that is not finite
+ * reaches the weights (and the next loss: sg_trainer_options.stop_nonfinite stops such a run).
+ * It saves the check's pass over the gradients (48.5 us a step on gpt-768-12-8-256 on an
+ * H200, bench/RESULTS.md session 40's trace) and the check's launch. Because scaling
+ * by a power of two is exact, a step's gradients and update under NONE are bit for bit those
+ * of a DYNAMIC step whose scale neither overflowed nor underflowed them. fp32 models ignore
+ * it: they are never scaled. */
+typedef enum sg_loss_scaling { SG_LOSS_SCALING_DYNAMIC = 0, SG_LOSS_SCALING_NONE } sg_loss_scaling;
+
 typedef struct sg_model_options {
     /* gpt: the text to train on (NULL: a licence text of the system). resnet, efficientnet: a
      * digits file (scikit-learn's 8 x 8 digits.csv: 64 gray levels 0..16 and the label a line;
@@ -796,7 +811,8 @@ typedef struct sg_model_options {
     /* SG_DTYPE_F32 (the default) or SG_DTYPE_BF16 (gpt): mixed precision. bf16 activations,
      * matmuls (f32 accumulation) and gradients, read from bf16 copies of the parameters; f32
      * master weights and optimizer state; dynamic loss scaling on the device, a step whose
-     * gradients are not finite skipped by a device flag (sg_trainer_get_scaler). */
+     * gradients are not finite skipped by a device flag (sg_trainer_get_scaler), unless
+     * loss_scaling is SG_LOSS_SCALING_NONE. */
     sg_dtype precision;
     /* Data parallelism: the model trains on part `shard` of `shards` equal parts of every batch
      * (rows shard*B/shards .. of the name's batch B, which they must divide) and builds its
@@ -820,6 +836,8 @@ typedef struct sg_model_options {
      * layer4) and each EfficientNet stage (features.1 to features.7) drops its activations
      * after the forward and computes them again in its backward. 0: off. */
     int recompute;
+    /* bf16: dynamic loss scaling (the default) or none (sg_loss_scaling). */
+    sg_loss_scaling loss_scaling;
 } sg_model_options;
 
 /* As sg_model_create, with options (NULL: defaults). "gpt-WIDTH-DEPTH-BATCH-SEQ" names a GPT
@@ -1007,6 +1025,7 @@ typedef struct sg_builder_options {
     float dropout;               /* the probability the built-in modules drop with (0: none) */
     int shard, shards;           /* data parallelism: this model is part `shard` of `shards`
                                   * (0 and 0: the whole batch); buffers hold batch/shards rows */
+    sg_loss_scaling loss_scaling; /* bf16: dynamic (the default) or none (sg_loss_scaling) */
 } sg_builder_options;
 
 sg_builder_options sg_builder_options_default(void);

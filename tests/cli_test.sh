@@ -195,6 +195,11 @@ expect 1 "holds bf16 optimizer state, this optimizer keeps f32.*--optim-state bf
 expect 2 "--optim-state 'f16': expected f32 or bf16" -- train --model mlp-16-1-4 --optim-state f16
 expect 2 "--optim-state 'x': expected f32 or bf16" -- bench --model mlp-16-1-4 --optim-state x
 expect 2 "--optim-state 'x': expected f32 or bf16" -- verify --model mlp-16-1-4 --optim-state x
+# bf16 without loss scaling: no scale, no check; verify's scopes stay bit-exact with it.
+expect 2 "--loss-scale 'x': expected dynamic or none" -- train --model mlp-16-1-4 --loss-scale x
+expect 2 "--loss-scale 'static': expected dynamic or none" -- bench --model mlp-16-1-4 --loss-scale static
+expect 0 "no loss scaling \(--loss-scale none\): no step skipped" -- train --model gpt-64-1-2-16 --precision bf16 --loss-scale none --steps 3 --backend cpu
+expect 0 "OK: 5 steps match \(bit-exact\)" -- verify --model gpt-64-1-2-16 --precision bf16 --loss-scale none --scope step --steps 5 --backend cpu
 # Past the model's 16 positions only recompute generates (the window slides); the default mode
 # (loop, a KV cache) fits the default --length to the cache: 13 bytes after a 3-byte prompt.
 out=$("$bin" sample --model gpt-64-1-2-16 --resume "$tmp/ck.safetensors" --prompt "GNU" --length 30 --mode recompute --backend cpu 2>&1); rc=$?

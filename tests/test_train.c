@@ -2,10 +2,13 @@
  * no allocation after the first step, and the public API rejects bad input clearly and stays
  * usable. `gpu`: 20 steps on the GPU match 20 on the CPU (loss every step, every parameter at
  * the end), and after the first step a GPU step makes zero device allocations. Both: a bf16
- * GPT with the unscale folded into the optimizer bit for bit the separate passes. */
+ * GPT with the unscale folded into the optimizer bit for bit the separate passes, and without
+ * loss scaling bit for bit the dynamic scaling's run. */
 #include "testutil.h"
 
 #include "train/model.h"
+
+#include <unistd.h>
 
 typedef struct run {
     sg_ctx *ctx;
@@ -231,6 +234,115 @@ static void fold_unscale(sg_backend be)
     sg_ctx_destroy(ctx);
 }
 
+/* The optimizer family's bytes counted on ctx so far (sg_ctx_work). */
+static double optim_bytes(const sg_ctx *ctx)
+{
+    sg_work w;
+    sg_ctx_work(ctx, &w);
+    return w.bytes[SG_WORK_OPTIMIZER];
+}
+
+/* Mixed precision without loss scaling (SG_LOSS_SCALING_NONE) against the default dynamic
+ * scaling. The dynamic scale starts at 65536, a power of two, and multiplying by one is exact
+ * in every op of the backward (each is linear in the gradient it receives, and each rounding
+ * commutes with a power of two away from overflow and underflow); so the two runs' losses and
+ * parameters agree bit for bit over 6 steps, and every bf16 gradient of the dynamic run is
+ * exactly 65536 times the unscaled run's. Under eager and step scope with one micro-batch (the
+ * check folded into the update), two (the f32 sum, unscaled after the last), clipping (the norm
+ * of the unscaled gradients), and STEPGRAPH_UNSCALE=separate (the bf16 gradients widened into
+ * the f32 ones instead of unscaled). The unscaled run's scaler stays {1, 0, 2000, 0}, and an
+ * eager step of it counts 2P bytes of optimizer work fewer than the dynamic run's: the check's
+ * read of the P bf16 gradients did not run. On the CPU also: a bad loss_scaling refused, the
+ * scale refused by sg_trainer_set_scaler unless 1, and a checkpoint of the dynamic run resumed
+ * without scaling at scale 1 with the same parameters. */
+static void no_loss_scale(sg_backend be)
+{
+    sg_ctx *ctx = tu_ctx(be);
+    const uint64_t seed = tu_next();
+    const char *name = "gpt-64-2-4-16";
+    sg_model_options dyn = {0}, none = {0};
+    dyn.precision = none.precision = SG_DTYPE_BF16;
+    none.loss_scaling = SG_LOSS_SCALING_NONE;
+    typedef struct cfg { sg_scope scope; int accum; float clip; const char *unscale; } cfg;
+    const cfg cfgs[] = {{SG_SCOPE_EAGER, 1, 0.f, NULL},
+                        {SG_SCOPE_STEP, 1, 0.f, NULL},
+                        {SG_SCOPE_STEP, 2, 0.f, NULL},
+                        {SG_SCOPE_STEP, 1, 1e-3f, NULL},
+                        {SG_SCOPE_EAGER, 1, 0.f, "separate"}};
+    for (size_t c = 0; c < sizeof cfgs / sizeof *cfgs; c++) {
+        sg_trainer_options to = sg_trainer_options_default();
+        to.scope = cfgs[c].scope, to.accum = cfgs[c].accum, to.clip = cfgs[c].clip;
+        if (cfgs[c].unscale) TU_CHECK(setenv("STEPGRAPH_UNSCALE", cfgs[c].unscale, 1) == 0, "setenv");
+        tu_side a = tu_side_make(ctx, name, seed, &dyn, &to);
+        tu_side b = tu_side_make(ctx, name, seed, &none, &to);
+        if (cfgs[c].unscale) TU_CHECK(unsetenv("STEPGRAPH_UNSCALE") == 0, "unsetenv");
+        const int64_t P = sg_tensor_numel(sg_model_params(a.m));
+        double da = 0, db = 0;
+        bool ok = true;
+        for (int s = 0; s < 6 && ok; s++) {
+            double w0 = optim_bytes(ctx);
+            TU_OK(ctx, sg_trainer_step(a.t, s));
+            double w1 = optim_bytes(ctx);
+            TU_OK(ctx, sg_trainer_step(b.t, s));
+            double w2 = optim_bytes(ctx);
+            da = w1 - w0, db = w2 - w1;
+            ok = tu_same_bits(sg_model_loss(b.m), sg_model_loss(a.m), "loss (no loss scaling)", s + 1) &&
+                 tu_same_bits(sg_model_params(b.m), sg_model_params(a.m), "parameters (no loss scaling)", s + 1);
+            double *ga = tu_get(sg_model_grads_lo(a.m)), *gb = tu_get(sg_model_grads_lo(b.m));
+            int64_t n = sg_tensor_numel(sg_model_grads_lo(a.m)), off = 0, nonzero = 0;
+            for (int64_t i = 0; i < n; i++) off += !(isfinite(gb[i]) && ga[i] == gb[i] * 65536.0), nonzero += gb[i] != 0;
+            TU_CHECK(off == 0 && nonzero > n / 2, "config %zu step %d: %lld of %lld bf16 gradients are not 1/65536 "
+                     "of the scaled run's (%lld nonzero)", c, s + 1, (long long)off, (long long)n, (long long)nonzero);
+            ok = ok && off == 0;
+            free(ga), free(gb);
+        }
+        sg_loss_scaler sa, sb;
+        TU_OK(ctx, sg_trainer_get_scaler(a.t, &sa));
+        TU_OK(ctx, sg_trainer_get_scaler(b.t, &sb));
+        TU_CHECK(sa.scale == 65536.f && sa.skipped == 0.f && sa.good_steps == 6.f,
+                 "config %zu: dynamic scaler {%g, %g, %g, %g}, expected 65536, 6 good steps, none skipped", c,
+                 (double)sa.scale, (double)sa.good_steps, (double)sa.growth_interval, (double)sa.skipped);
+        TU_CHECK(sb.scale == 1.f && sb.good_steps == 0.f && sb.growth_interval == 2000.f && sb.skipped == 0.f,
+                 "config %zu: scaler without loss scaling {%g, %g, %g, %g}, expected {1, 0, 2000, 0}", c,
+                 (double)sb.scale, (double)sb.good_steps, (double)sb.growth_interval, (double)sb.skipped);
+        if (cfgs[c].scope == SG_SCOPE_EAGER && !cfgs[c].unscale)
+            TU_CHECK(da - db == 2.0 * (double)P, "config %zu: an eager step's optimizer bytes %.0f with dynamic "
+                     "scaling, %.0f without: expected 2P = %lld fewer (the check's read)", c, da, db, (long long)(2 * P));
+        if (c == 0 && be == SG_BACKEND_CPU) {
+            sg_loss_scaler two = sb;
+            two.scale = 2.f;
+            TU_CHECK(sg_trainer_set_scaler(b.t, &two) == SG_ERR_INVALID &&
+                         strstr(sg_ctx_last_error(ctx), "without loss scaling"),
+                     "sg_trainer_set_scaler(scale 2) on a model without loss scaling: %s", sg_ctx_last_error(ctx));
+            TU_OK(ctx, sg_trainer_set_scaler(b.t, &sb));
+            char dir[64], path[96];
+            tu_tempdir(dir, sizeof dir, "noscale");
+            snprintf(path, sizeof path, "%s/a.safetensors", dir);
+            TU_OK(ctx, sg_trainer_save(a.t, 6, path));
+            int64_t step = -1;
+            TU_OK(ctx, sg_trainer_load(b.t, path, &step));
+            TU_OK(ctx, sg_trainer_get_scaler(b.t, &sb));
+            TU_CHECK(step == 6 && sb.scale == 1.f && sb.good_steps == 6.f,
+                     "a dynamic run's checkpoint resumed without loss scaling: step %lld, scale %g, %g good steps: "
+                     "expected 6, 1, 6", (long long)step, (double)sb.scale, (double)sb.good_steps);
+            tu_same_bits(sg_model_params(b.m), sg_model_params(a.m), "parameters (resumed)", 6);
+            remove(path), rmdir(dir);
+        }
+        tu_side_drop(&a), tu_side_drop(&b);
+    }
+    if (be == SG_BACKEND_CPU) {
+        sg_model_options bad = none;
+        bad.loss_scaling = (sg_loss_scaling)7;
+        sg_model *m = NULL;
+        TU_CHECK(sg_model_create_ex(ctx, name, seed, &bad, &m) == SG_ERR_INVALID && !m &&
+                     strstr(sg_ctx_last_error(ctx), "loss_scaling 7"),
+                 "loss_scaling 7: %s", sg_ctx_last_error(ctx));
+        TU_OK(ctx, sg_model_create_ex(ctx, name, seed, &none, &m)); /* the context stays usable */
+        tu_trains_a_step(ctx, m, "without loss scaling, after a refused loss_scaling");
+    }
+    sg_ctx_destroy(ctx);
+}
+
 /* sqrt(sum g^2) of a tensor, in double on the host. */
 static double host_norm(const sg_tensor *g)
 {
@@ -363,6 +475,7 @@ static void gpu_suite(void)
     gpu_no_allocations(name);
     fold_unscale(SG_BACKEND_CUDA);
     fold_clip(SG_BACKEND_CUDA);
+    no_loss_scale(SG_BACKEND_CUDA);
 }
 
 int main(int argc, char **argv)
@@ -377,6 +490,7 @@ int main(int argc, char **argv)
         cpu_errors();
         fold_unscale(SG_BACKEND_CPU);
         fold_clip(SG_BACKEND_CPU);
+        no_loss_scale(SG_BACKEND_CPU);
     }
     return tu_finish("test_train");
 }

@@ -463,7 +463,7 @@ static const char *named(const char *a, const char *const *names, size_t n)
 /* Options of one kind of advice only: training's, and generation's. */
 static const char *const train_only[] = {"--accum", "--loop", "--skip-if", "--stop-nonfinite", "--stop-loss",
                                          "--vary-seq", "--seq-lens", "--steps-per-graph", "--steps", "--warmup",
-                                         "--classes", "--recompute"};
+                                         "--classes", "--recompute", "--loss-scale"};
 static const char *const gen_only[] = {"--batch", "--prompt-len", "--length", "--temperature", "--top-k"};
 
 /* Parses argv into o; returns -1 to go on, else the exit status (0 after --help). */
@@ -490,7 +490,7 @@ static int parse(int argc, char **argv, advise_opts *o)
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("advise", v, &o->mo.precision);
         } else if (sg_cli_model_opt("advise", argc, argv, &i, &o->mo, &bad)) {
-            /* --classes, --recompute */
+            /* --classes, --recompute, --loss-scale */
         } else if (sg_cli_accum_opt("advise", argc, argv, &i, &o->ao.accum, &bad)) {
             /* --accum */
         } else if (sg_cli_cond_opt("advise", argc, argv, &i, &o->tr, &bad)) {

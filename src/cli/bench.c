@@ -127,7 +127,7 @@ static sg_dtype precision = SG_DTYPE_F32;
 static sg_dtype optim_state = SG_DTYPE_F32; /* --optim-state */
 static const char *data_path;   /* gpt: --data (NULL: the default text) */
 static int64_t vocab;           /* gpt: --vocab (0: bytes) */
-static sg_model_options model_opts; /* --classes, --recompute */
+static sg_model_options model_opts; /* --classes, --recompute, --loss-scale */
 
 /* The control-flow and length options against the rest, before anything runs. */
 static bool check_forms(const char *models, const char *scopes)
@@ -255,7 +255,7 @@ static int bench_one(const char *name, sg_scope scope, sg_backend backend, long 
     snprintf(r->device, sizeof r->device, "%s", sg_ctx_device_name(ctx));
     double l0 = 0, l1 = 0;
     sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = model_opts.classes,
-                                   .recompute = model_opts.recompute};
+                                   .recompute = model_opts.recompute, .loss_scaling = model_opts.loss_scaling};
     if (sg_model_create_ex(ctx, name, 1, &mo, &m) != SG_OK || sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o) != SG_OK ||
         sg_optim_set_state_dtype(o, optim_state) != SG_OK || sg_trainer_create(m, o, &to, &t) != SG_OK)
         goto fail;
@@ -479,6 +479,7 @@ static bool print_json_row(const bench_row *r, bool memory, bool sol, const char
     sg_cli_kv_int(w, "steps_per_graph", steps_per_call);
     sg_cli_kv_int(w, "accum", accum);
     sg_cli_kv_int(w, "recompute", model_opts.recompute);
+    sg_cli_kv_str(w, "loss_scale", model_opts.loss_scaling == SG_LOSS_SCALING_NONE ? "none" : "dynamic");
     sg_cli_kv_int(w, "loop", forms.loop);
     sg_cli_kv_int(w, "skip_if", forms.skip_if);
     sg_cli_kv_int(w, "vary_seq", forms.vary_seq);
@@ -580,7 +581,7 @@ int sg_cmd_bench(int argc, char **argv)
         } else if (sg_cli_opt(argc, argv, &i, "--data", &v, &bad)) {
             data_path = v;
         } else if (sg_cli_model_opt("bench", argc, argv, &i, &model_opts, &bad)) {
-            /* --classes, --recompute */
+            /* --classes, --recompute, --loss-scale */
         } else if (sg_cli_accum_opt("bench", argc, argv, &i, &accum, &bad)) {
             /* --accum */
         } else if (sg_cli_cond_opt("bench", argc, argv, &i, &forms, &bad)) {
@@ -633,7 +634,7 @@ int sg_cmd_bench(int argc, char **argv)
         for (char *name = strtok_r(names, ",", &save); name && !bad; name = strtok_r(NULL, ",", &save), n++) {
             sg_model_size z;
             sg_model_options mo = {.precision = precision, .data_path = data_path, .vocab = vocab, .classes = model_opts.classes,
-                                   .recompute = model_opts.recompute};
+                                   .recompute = model_opts.recompute, .loss_scaling = model_opts.loss_scaling};
             if (sg_model_estimate(name, &mo, &z) != SG_OK) {
                 fprintf(stderr, "stepgraph bench: --model: %s\n", sg_ctx_last_error(NULL));
                 bad = true;

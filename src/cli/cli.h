@@ -32,7 +32,10 @@ bool sg_cli_model_opt(const char *cmd, int argc, char **argv, int *i, sg_model_o
     "                      1000; 10 with a digits file as --data, which refuses fewer)\n"        \
     "  --recompute         drop each GPT block's, ResNet stage's or EfficientNet stage's\n"      \
     "                      activations after the forward and compute them again in the\n"        \
-    "                      backward: less memory, one more forward per step\n"
+    "                      backward: less memory, one more forward per step\n"                   \
+    "  --loss-scale S      bf16: dynamic (default: the loss scaled on the device, the gradients\n"  \
+    "                      checked, a step with non-finite ones skipped) or none (no scale and\n" \
+    "                      no check, as PyTorch's bf16 autocast without a GradScaler)\n"
 /* --accum K, the trainer option every training command takes alike (train, verify, bench,
  * advise, trace): K micro-batches per optimizer step (sg_trainer_options.accum), 1 to 1024.
  * Returns true when argv[*i] is it (advanced past it; a bad value prints a usage error and

@@ -156,6 +156,15 @@ bool sg_cli_model_opt(const char *cmd, int argc, char **argv, int *i, sg_model_o
         mo->recompute = 1, (*i)++;
         return true;
     }
+    if (sg_cli_opt(argc, argv, i, "--loss-scale", &v, bad)) {
+        if (!strcmp(v, "dynamic")) mo->loss_scaling = SG_LOSS_SCALING_DYNAMIC;
+        else if (!strcmp(v, "none")) mo->loss_scaling = SG_LOSS_SCALING_NONE;
+        else {
+            fprintf(stderr, "stepgraph %s: --loss-scale '%s': expected dynamic or none\n", cmd, v);
+            *bad = true;
+        }
+        return true;
+    }
     if (!sg_cli_opt(argc, argv, i, "--classes", &v, bad)) return false;
     long long n = 0;
     *bad = *bad || !sg_cli_int(cmd, "--classes", v, 1, 1 << 20, &n);

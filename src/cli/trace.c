@@ -92,7 +92,7 @@ static int parse(int argc, char **argv, trace_opts *o)
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("trace", v, &o->mo.precision);
         } else if (sg_cli_model_opt("trace", argc, argv, &i, &o->mo, &bad)) {
-            /* --classes, --recompute */
+            /* --classes, --recompute, --loss-scale */
         } else if (sg_cli_accum_opt("trace", argc, argv, &i, &o->tr.accum, &bad)) {
             /* --accum */
         } else if (sg_cli_cond_opt("trace", argc, argv, &i, &o->tr, &bad)) {

@@ -53,7 +53,8 @@ static const char *train_usage =
     "  --precision P       fp32 (default) or bf16 (gpt, resnet, efficientnet): bf16 activations,\n"
     "                      matmuls, convolutions and gradients, fp32 master weights,\n"
     "                      optimizer state and batch-norm statistics, dynamic loss scaling on\n"
-    "                      the device (a step with non-finite gradients is skipped)\n"
+    "                      the device (a step with non-finite gradients is skipped; see\n"
+    "                      --loss-scale)\n"
     "  --save PATH         write a checkpoint (safetensors) at the end, and when interrupted:\n"
     "                      parameters, optimizer state, step, dropout generator. Written to a\n"
     "                      temporary file and renamed; the target is checked before training\n"
@@ -284,7 +285,7 @@ static int parse(int argc, char **argv, train_opts *o)
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("train", v, &o->mo.precision);
         } else if (sg_cli_model_opt("train", argc, argv, &i, &o->mo, &bad)) {
-            /* --classes, --recompute */
+            /* --classes, --recompute, --loss-scale */
         } else if (sg_cli_accum_opt("train", argc, argv, &i, &o->tr.accum, &bad)) {
             /* --accum */
         } else if (sg_cli_cond_opt("train", argc, argv, &i, &o->tr, &bad)) {
@@ -789,7 +790,8 @@ int sg_cmd_train(int argc, char **argv)
             rc = fail(ctx, "loss scaler");
             goto out;
         }
-        printf("loss scale %g, %.0f steps skipped (non-finite gradients)\n", sc.scale, sc.skipped);
+        if (o.mo.loss_scaling == SG_LOSS_SCALING_NONE) printf("no loss scaling (--loss-scale none): no step skipped\n");
+        else printf("loss scale %g, %.0f steps skipped (non-finite gradients)\n", sc.scale, sc.skipped);
     }
     if (val0 >= 0) printf("validation loss (%d held-out batches): %.4f -> %.4f\n", val_batches, val0, val1);
     /* Every rank holds the same state; a sharded optimizer's is gathered by all, written by rank 0. */

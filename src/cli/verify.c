@@ -142,7 +142,7 @@ int sg_cmd_verify(int argc, char **argv)
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("verify", v, &mo.precision);
         } else if (sg_cli_model_opt("verify", argc, argv, &i, &mo, &bad)) {
-            /* --classes, --recompute */
+            /* --classes, --recompute, --loss-scale */
         } else if (sg_cli_opt(argc, argv, &i, "--optim-state", &v, &bad)) {
             bad = bad || !sg_cli_optim_state("verify", v, &vo.optim_state);
         } else if (sg_cli_accum_opt("verify", argc, argv, &i, &vo.accum, &bad)) {

@@ -153,6 +153,7 @@ sg_status sg_efficientnet_build(sg_ctx *ctx, const char *name, const sg_kind_spe
     sg_builder_options bo = sg_builder_options_default();
     bo.batch = B;
     bo.precision = o ? o->precision : SG_DTYPE_F32;
+    bo.loss_scaling = o ? o->loss_scaling : SG_LOSS_SCALING_DYNAMIC;
     bo.dropout = EFFNET_DROPOUT; /* also moves the generator stochastic depth draws from */
     bo.shard = o ? o->shard : 0, bo.shards = o ? o->shards : 0;
     sg_builder *b = NULL;

@@ -64,6 +64,7 @@ sg_status sg_gpt_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, con
     sg_builder_options bo = sg_builder_options_default();
     bo.batch = s->batch, bo.seq = T;
     bo.precision = o ? o->precision : SG_DTYPE_F32;
+    bo.loss_scaling = o ? o->loss_scaling : SG_LOSS_SCALING_DYNAMIC;
     bo.dropout = o ? o->dropout : 0.f;
     bo.shard = o ? o->shard : 0, bo.shards = o ? o->shards : 0;
     sg_builder *b = NULL;

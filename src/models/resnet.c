@@ -123,6 +123,7 @@ sg_status sg_resnet_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, 
     sg_builder_options bo = sg_builder_options_default();
     bo.batch = B;
     bo.precision = o ? o->precision : SG_DTYPE_F32;
+    bo.loss_scaling = o ? o->loss_scaling : SG_LOSS_SCALING_DYNAMIC;
     bo.shard = o ? o->shard : 0, bo.shards = o ? o->shards : 0;
     sg_builder *b = NULL;
     SG_KIND_TRY(sg_builder_create(ctx, name, &bo, &b));

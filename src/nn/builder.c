@@ -33,6 +33,9 @@ sg_status sg_builder_create(sg_ctx *ctx, const char *name, const sg_builder_opti
     if (o.precision != SG_DTYPE_F32 && o.precision != SG_DTYPE_BF16)
         return sg_fail(ctx, SG_ERR_DTYPE, "sg_builder_create: '%s': precision %s: expected f32 or bf16", name,
                        sg_dtype_name(o.precision));
+    if (o.loss_scaling != SG_LOSS_SCALING_DYNAMIC && o.loss_scaling != SG_LOSS_SCALING_NONE)
+        return sg_fail(ctx, SG_ERR_INVALID, "sg_builder_create: '%s': loss_scaling %d: expected "
+                       "SG_LOSS_SCALING_DYNAMIC (0) or SG_LOSS_SCALING_NONE (1)", name, (int)o.loss_scaling);
     if (!(o.dropout >= 0.f && o.dropout < 1.f))
         return sg_fail(ctx, SG_ERR_INVALID, "sg_builder_create: '%s': dropout %g: expected 0 <= p < 1", name,
                        o.dropout);

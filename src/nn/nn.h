@@ -280,7 +280,9 @@ sg_status sg_optim_use_params(sg_optim *o, sg_param_set *ps);
  * sets found (1 I32) when they are not finite, updating the scale; sg_optim_update then skips
  * on found and writes the new parameters' bf16 copy into param_lo ((P) BF16). Reserves the
  * unscale kernel's scratch now, so steps and captures allocate nothing. Not owned: they must
- * outlive the optimizer's use of them. */
+ * outlive the optimizer's use of them. scaler and found NULL: mixed precision without loss
+ * scaling (SG_LOSS_SCALING_NONE): sg_optim_unscale only widens the bf16 gradients into the f32
+ * ones, sg_optim_unscale_sum and sg_optim_check do nothing (inv stays 1) and no step is skipped. */
 sg_status sg_optim_set_mixed(sg_optim *o, const sg_tensor *grad_lo, sg_tensor *scaler,
                              sg_tensor *found, sg_tensor *param_lo);
 /* The two halves of a step for callers that act in between (clipping, accumulation): unscale

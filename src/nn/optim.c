@@ -4,6 +4,7 @@
  * and a captured step would see the new values on replay. One launch updates all parameters
  * (and, for mixed precision, skips on a device flag and writes the bf16 copy). */
 #include "nn/nn.h"
+#include "ops/accum.h"
 #include "ops/amp.h"
 #include "ops/optim.h"
 
@@ -224,18 +225,22 @@ sg_status sg_optim_get_hparams(sg_optim *o, sg_optim_hparams *out)
     return sg_tensor_copy_to_host(o->hp, out, sizeof *out);
 }
 
+/* Without a scaler (mixed precision without loss scaling) the bf16 gradients are widened into
+ * the f32 ones as they are (beta 0: the f32 buffer is not read), the f32 sum is left as it is,
+ * and the check does nothing: inv keeps its 1 and nothing is skipped. */
 sg_status sg_optim_unscale(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
     if (!o->grad_lo) return SG_OK;
     SG_TRY(have_params(o, "sg_optim_unscale"));
+    if (!o->scaler) return sg_accumulate(o->ctx, o->ps->grad_flat, 0.f, o->grad_lo, 1.f);
     return sg_amp_unscale(o->ctx, o->grad_lo, o->ps->grad_flat, o->scaler, o->skip);
 }
 
 sg_status sg_optim_unscale_sum(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
-    if (!o->grad_lo) return SG_OK;
+    if (!o->grad_lo || !o->scaler) return SG_OK;
     SG_TRY(have_params(o, "sg_optim_unscale_sum"));
     return sg_amp_unscale(o->ctx, o->ps->grad_flat, o->ps->grad_flat, o->scaler, o->skip);
 }
@@ -243,7 +248,7 @@ sg_status sg_optim_unscale_sum(sg_optim *o)
 sg_status sg_optim_check(sg_optim *o)
 {
     if (!o) return SG_ERR_NULL;
-    if (!o->grad_lo) return SG_OK;
+    if (!o->grad_lo || !o->scaler) return SG_OK;
     return sg_amp_check(o->ctx, o->grad_lo, o->scaler, o->skip, o->inv);
 }
 

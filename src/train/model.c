@@ -26,10 +26,11 @@ void sg_model_destroy(sg_model *m)
 }
 
 /* The loss scaler (sg_loss_scaler on the device) and the skip flag; fp32 models keep one too,
- * so that checkpoints of either precision hold the same tensors. */
+ * so that checkpoints of either precision hold the same tensors. Without loss scaling the
+ * scale is 1 and stays so (nothing updates the scaler). */
 static sg_status create_scaler(sg_model *m)
 {
-    sg_loss_scaler s = {65536.f, 0.f, 2000.f, 0.f};
+    sg_loss_scaler s = {m->unscaled ? 1.f : 65536.f, 0.f, 2000.f, 0.f};
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_F32, 1, (int64_t[]){SG_SCALER_COUNT}, "amp.scaler", &m->scaler));
     SG_TRY(sg_tensor_copy_from_host(m->scaler, &s, sizeof s));
     SG_TRY(sg_tensor_create(m->ctx, SG_DTYPE_I32, 1, (int64_t[]){1}, "amp.found", &m->found));
@@ -205,6 +206,7 @@ sg_status sg_builder_finish(sg_builder *b, sg_module *root, sg_loss_kind loss, s
     m->global_batch = b->opts.batch;
     m->shard = b->opts.shard, m->shards = b->opts.shards;
     m->precision = b->opts.precision;
+    m->unscaled = m->precision == SG_DTYPE_BF16 && b->opts.loss_scaling == SG_LOSS_SCALING_NONE;
     m->dropout = b->opts.dropout;
     m->loss_kind = loss;
     m->data = data;
@@ -497,7 +499,8 @@ sg_status sg_model_loss_pass(sg_model *m, float grad_scale)
     if (m->loss_kind == SG_LOSS_MSE) st = sg_mse(m->ctx, m->logits, t, grad_scale, m->loss, m->dlogits);
     else
         st = sg_softmax_xent_scaled(m->ctx, m->logits, t, grad_scale,
-                                    m->precision == SG_DTYPE_BF16 ? m->scaler : NULL, m->loss, m->dlogits);
+                                    m->precision == SG_DTYPE_BF16 && !m->unscaled ? m->scaler : NULL, m->loss,
+                                    m->dlogits);
     sg_ctx_set_module(m->ctx, prev);
     return st;
 }
@@ -535,8 +538,10 @@ sg_status sg_optim_create(sg_ctx *ctx, sg_model *m, sg_optim_kind kind, sg_optim
     sg_param_set *ps = m->params;
     if (m->precision != SG_DTYPE_BF16) return SG_OK;
     /* Mixed precision: the optimizer unscales the bf16 gradients into the f32 ones, skips a
-     * step whose gradients are not finite, and writes the bf16 copies with the masters. */
-    sg_status st = sg_optim_set_mixed(*out, ps->grad_flat_lo, m->scaler, m->found, ps->flat_lo);
+     * step whose gradients are not finite, and writes the bf16 copies with the masters; without
+     * loss scaling it only reads the bf16 gradients (no scaler, no skip flag). */
+    sg_status st = sg_optim_set_mixed(*out, ps->grad_flat_lo, m->unscaled ? NULL : m->scaler,
+                                      m->unscaled ? NULL : m->found, ps->flat_lo);
     if (st != SG_OK) {
         sg_optim_destroy(*out);
         *out = NULL;

@@ -52,6 +52,8 @@ struct sg_model {
     sg_dtype precision;        /* SG_DTYPE_F32, or SG_DTYPE_BF16: activations and gradients */
     sg_tensor *scaler;         /* (SG_SCALER_COUNT) F32: sg_loss_scaler; every model has one */
     sg_tensor *found;          /* (1) I32: this step's gradients were not finite (skip it) */
+    bool unscaled;             /* bf16 without loss scaling (SG_LOSS_SCALING_NONE): the scaler
+                                * stays at scale 1, found at 0; nothing checks the gradients */
     bool building;             /* sg_builder_finish's probe: no fed batch is waited for */
     size_t bytes;              /* device bytes (whole blocks) allocated by the build and the
                                 * static inputs: sg_trainer_stats splits them */

@@ -522,7 +522,8 @@ static sg_status run_optim(sg_trainer *t)
     /* Sharded, each rank checked its shares only: the flag and the scaler every rank keeps are
      * those of a step some rank found not finite (the least scale and good-step count, the most
      * skips), which is what every rank would have computed from all the gradients. */
-    if (st == SG_OK && t->shard && t->sh_param_lo) st = sg_dist_agree_scaler(t->dist, m->found, m->scaler);
+    if (st == SG_OK && t->shard && t->sh_param_lo && !m->unscaled)
+        st = sg_dist_agree_scaler(t->dist, m->found, m->scaler);
     if (st == SG_OK && t->opts.clip > 0) st = clip(t);
     if (st == SG_OK && t->use_skip_if && t->in_step_graph)
         st = sg_graph_switch(t->ctx, m->found, 1, (sg_step_fn[]){update_body}, (void *[]){t});
@@ -751,8 +752,8 @@ static sg_status make_shards(sg_trainer *t)
     /* With accumulation the optimizer reads only the f32 sums (sg_optim_unscale_sum, then the
      * update), so its bf16 gradients only mark mixed precision: the compact sums stand in. */
     if (amp)
-        SG_TRY(sg_optim_set_mixed(t->o, t->sh_grad_lo ? t->sh_grad_lo : t->sps.grad_flat, m->scaler, m->found,
-                                  t->sh_param_lo));
+        SG_TRY(sg_optim_set_mixed(t->o, t->sh_grad_lo ? t->sh_grad_lo : t->sps.grad_flat,
+                                  m->unscaled ? NULL : m->scaler, m->unscaled ? NULL : m->found, t->sh_param_lo));
     return sg_ctx_sync(t->ctx);
 }
 
@@ -1717,6 +1718,14 @@ sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step)
     sg_tensor_destroy(wv);
     SG_TRY(st);
     *step = cm.step;
+    /* Without loss scaling the scale stays 1, whatever scaler the checkpoint held (a run with
+     * dynamic scaling resumes without it); the step and skip counts are kept. */
+    if (t->m->unscaled) {
+        sg_loss_scaler sc;
+        SG_TRY(sg_tensor_copy_to_host(t->m->scaler, &sc, sizeof sc));
+        sc.scale = 1.f;
+        SG_TRY(sg_tensor_copy_from_host(t->m->scaler, &sc, sizeof sc));
+    }
     /* The master weights are f32 in either precision, so a checkpoint resumes in both; the
      * bf16 compute copies are rebuilt from them (whole: nothing left to gather). */
     SG_TRY(sg_params_sync_lowp(t->m->params));
@@ -1738,5 +1747,8 @@ sg_status sg_trainer_set_scaler(sg_trainer *t, const sg_loss_scaler *in)
         return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_set_scaler: scale %g (> 0), growth_interval %g (>= 1), "
                        "good_steps %g, skipped %g (>= 0, finite): a field out of range", (double)in->scale,
                        (double)in->growth_interval, (double)in->good_steps, (double)in->skipped);
+    if (t->m->unscaled && in->scale != 1.f)
+        return sg_fail(t->ctx, SG_ERR_INVALID, "sg_trainer_set_scaler: scale %g: model '%s' trains without loss "
+                       "scaling (SG_LOSS_SCALING_NONE), its scale is 1", (double)in->scale, t->m->name);
     return sg_tensor_copy_from_host(t->m->scaler, in, sizeof *in);
 }
