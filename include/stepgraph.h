@@ -791,14 +791,14 @@ typedef enum sg_optim_kind { SG_OPTIM_ADAMW = 0, SG_OPTIM_SGD } sg_optim_kind;
  * backward (a pass over them), a step whose gradients are not finite is skipped and the scale
  * halved, and the scale doubles after growth_interval finite steps (sg_loss_scaler). NONE: no
  * scale and no check, as PyTorch's bf16 autocast runs without a GradScaler (bf16 has f32's
- * exponent range, so gradients that are not finite come from values that already are): the
- * scaler stays {1, 0, growth_interval, 0}, no step is skipped, and a gradient that is not finite
- * reaches the weights (and the next loss: sg_trainer_options.stop_nonfinite stops such a run).
- * It saves the check's pass over the gradients (48.5 us a step on gpt-768-12-8-256 on an
- * H200, bench/RESULTS.md session 40's trace) and the check's launch. Because scaling
- * by a power of two is exact, a step's gradients and update under NONE are bit for bit those
- * of a DYNAMIC step whose scale neither overflowed nor underflowed them. fp32 models ignore
- * it: they are never scaled. */
+ * exponent range, so gradients that are not finite come from values that already are). The
+ * scaler's scale is 1 and nothing moves it (a resumed checkpoint keeps its counts, its scale set
+ * to 1); no step is skipped, and a gradient that is not finite reaches the weights (and the next
+ * loss: sg_trainer_options.stop_nonfinite stops such a run). It saves the check's pass and
+ * launch: gpt-768-12-8-256 bf16 on an H200, 3.669 ms a step against 3.718 (bench/RESULTS.md,
+ * session 41). Because scaling by a power of two is exact, a step's gradients and update under
+ * NONE are bit for bit those of a DYNAMIC step whose scale neither overflowed nor underflowed
+ * them. fp32 models ignore it: they are never scaled. */
 typedef enum sg_loss_scaling { SG_LOSS_SCALING_DYNAMIC = 0, SG_LOSS_SCALING_NONE } sg_loss_scaling;
 
 typedef struct sg_model_options {
@@ -1462,7 +1462,8 @@ sg_status sg_trainer_get_scaler(sg_trainer *t, sg_loss_scaler *out);
 /* Sets the loss scaler's state (queued on the stream; the host struct may be reused at once):
  * scale > 0 (+inf included: the next step's gradients overflow, it is skipped and the scale
  * backs off to SG_LOSS_SCALE_MAX: tests and benchmarks of the skip force an overflow so),
- * growth_interval >= 1, good_steps and skipped >= 0. SG_ERR_INVALID naming the field else. */
+ * growth_interval >= 1, good_steps and skipped >= 0. SG_ERR_INVALID naming the field else,
+ * and for a scale other than 1 on a model without loss scaling (SG_LOSS_SCALING_NONE). */
 sg_status sg_trainer_set_scaler(sg_trainer *t, const sg_loss_scaler *in);
 /* Mean loss over n_batches batches of a split (0 train, 1 validation: gpt models hold one out,
  * image models trained on a digits file too), forward only, eagerly, dropout off; a host sync.
