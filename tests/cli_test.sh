@@ -198,6 +198,7 @@ expect 2 "--optim-state 'x': expected f32 or bf16" -- verify --model mlp-16-1-4 
 # bf16 without loss scaling: no scale, no check; verify's scopes stay bit-exact with it.
 expect 2 "--loss-scale 'x': expected dynamic or none" -- train --model mlp-16-1-4 --loss-scale x
 expect 2 "--loss-scale 'static': expected dynamic or none" -- bench --model mlp-16-1-4 --loss-scale static
+expect 2 "--overflow-every needs dynamic loss scaling" -- bench --model gpt-64-1-2-16 --precision bf16 --loss-scale none --overflow-every 4
 expect 0 "no loss scaling \(--loss-scale none\): no step skipped" -- train --model gpt-64-1-2-16 --precision bf16 --loss-scale none --steps 3 --backend cpu
 expect 0 "OK: 5 steps match \(bit-exact\)" -- verify --model gpt-64-1-2-16 --precision bf16 --loss-scale none --scope step --steps 5 --backend cpu
 # Past the model's 16 positions only recompute generates (the window slides); the default mode

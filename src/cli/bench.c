@@ -78,7 +78,8 @@ static const char *bench_usage =
     "                      framework, model, scope, precision, ms_per_step, host_ms_per_step,\n"
     "                      kernels_per_step, gpu_busy_ms_per_step (null where not measured),\n"
     "                      kernels_per_step_cupti, graphs, graph_nodes, steps_per_graph,\n"
-    "                      accum (micro-batches a step), recompute (0 or 1), loop, skip_if,\n"
+    "                      accum (micro-batches a step), recompute (0 or 1), loss_scale\n"
+    "                      (dynamic or none), loop, skip_if,\n"
     "                      vary_seq (0 or 1), seq_lens (given), stop_nonfinite, stop_loss\n"
     "                      (null: none), overflow_every (0: none), cond_note (why a form was\n"
     "                      built without conditional nodes; \"\": it was not),\n"
@@ -144,6 +145,8 @@ static bool check_forms(const char *models, const char *scopes)
         err = "--seq-lens runs under eager and step scopes only (give --scope eager,step)";
     else if (overflow_every && precision != SG_DTYPE_BF16)
         err = "--overflow-every is for --precision bf16: an fp32 step has no loss scale to overflow";
+    else if (overflow_every && model_opts.loss_scaling == SG_LOSS_SCALING_NONE)
+        err = "--overflow-every needs dynamic loss scaling: with --loss-scale none there is no scale to overflow";
     else if (overflow_every % steps_per_call)
         snprintf(buf, sizeof buf, "--overflow-every %lld is not a multiple of --steps-per-graph %d: an overflow is "
                  "forced before a launch", overflow_every, steps_per_call), err = buf;
