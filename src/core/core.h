@@ -285,6 +285,10 @@ bool sg_ctx_side_use(const sg_ctx *ctx);
 bool sg_ctx_side_deferred(const sg_ctx *ctx);
 void sg_ctx_side_enter(sg_ctx *ctx);
 sg_status sg_ctx_side_leave(sg_ctx *ctx);
+/* The end of an op's work on the second stream (side: it queued some, after a fork): joins
+ * unless sg_ctx_side_deferred, and on failure too, so that no branch is left open. Returns st,
+ * or the join's failure when st is SG_OK. */
+sg_status sg_ctx_side_end(sg_ctx *ctx, bool side, sg_status st);
 /* Buffers that unjoined work on the second stream may still read: bits an op marks when it
  * queues such work (SG_SIDE_*), all cleared by a join. An op that would write one first joins. */
 enum { SG_SIDE_LN_A = 1u, SG_SIDE_LN_B = 2u };

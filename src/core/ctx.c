@@ -105,6 +105,13 @@ sg_backend sg_ctx_backend(const sg_ctx *ctx) { return ctx ? ctx->backend : SG_BA
 const char *sg_ctx_device_name(const sg_ctx *ctx) { return ctx ? ctx->device_name : ""; }
 uint64_t sg_ctx_launch_count(const sg_ctx *ctx) { return ctx ? ctx->launches : 0; }
 
+sg_status sg_ctx_side_end(sg_ctx *ctx, bool side, sg_status st)
+{
+    if (!side || (st == SG_OK && sg_ctx_side_deferred(ctx))) return st;
+    sg_status j = sg_ctx_side_join(ctx);
+    return st == SG_OK ? j : st;
+}
+
 void sg_ctx_work(const sg_ctx *ctx, sg_work *out)
 {
     if (!out) return;

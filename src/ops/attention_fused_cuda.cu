@@ -666,10 +666,6 @@ extern "C" sg_status sg_attention_fused_backward_cuda(sg_ctx *ctx, const sg_tens
     sg_status st = e ? sg_cuda_status(ctx, e, "fused_bias_reduce_kernel launch", __FILE__, __LINE__) : SG_OK;
     if (st == SG_OK) sg_ctx_count_launches(ctx, 1);
     /* Joined before the call returns unless a module's region defers it (as linear_cuda.cu's
-     * dw matmul); on failure too, so that no branch is left open. */
-    if (side && (st != SG_OK || !sg_ctx_side_deferred(ctx))) {
-        sg_status j = sg_ctx_side_join(ctx);
-        if (st == SG_OK) st = j;
-    }
-    return st;
+     * dw matmul). */
+    return sg_ctx_side_end(ctx, side, st);
 }

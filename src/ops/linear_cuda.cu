@@ -898,11 +898,7 @@ extern "C" sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, co
         st = matmul_on(ctx, side, fn, dt, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, CUBLASLT_EPILOGUE_DEFAULT, xp, g, NULL,
                        dw->data, NULL, NULL, false, &ran);
     if (st == SG_OK && dx) st = backward_dx(ctx, fn, dt, dy, w, dx, th, m, n, k);
-    if (side && (st != SG_OK || !sg_ctx_side_deferred(ctx))) { /* on failure too: no branch left open */
-        sg_status j = sg_ctx_side_join(ctx);
-        if (st == SG_OK) st = j;
-    }
-    return st;
+    return sg_ctx_side_end(ctx, side, st);
 }
 
 /* Row-major dx(M,K) = dpre(M,N) w(N,K) is column-major dx^T(K x M) = w^T dpre^T:

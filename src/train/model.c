@@ -278,6 +278,11 @@ sg_status sg_model_buffer_info(const sg_model *m, int i, const char **name, int6
 }
 const sg_tensor *sg_model_loss(const sg_model *m) { return m ? m->loss : NULL; }
 const sg_tensor *sg_model_loss_scaler(const sg_model *m) { return m ? m->scaler : NULL; }
+
+sg_status sg_model_set_mixed(sg_model *m, sg_optim *o, const sg_tensor *grad_lo, sg_tensor *param_lo)
+{
+    return sg_optim_set_mixed(o, grad_lo, m->unscaled ? NULL : m->scaler, m->unscaled ? NULL : m->found, param_lo);
+}
 const sg_tensor *sg_model_logits(const sg_model *m) { return m ? m->logits : NULL; }
 sg_tensor *sg_model_input(sg_model *m) { return m ? m->x : NULL; }
 
@@ -540,8 +545,7 @@ sg_status sg_optim_create(sg_ctx *ctx, sg_model *m, sg_optim_kind kind, sg_optim
     /* Mixed precision: the optimizer unscales the bf16 gradients into the f32 ones, skips a
      * step whose gradients are not finite, and writes the bf16 copies with the masters; without
      * loss scaling it only reads the bf16 gradients (no scaler, no skip flag). */
-    sg_status st = sg_optim_set_mixed(*out, ps->grad_flat_lo, m->unscaled ? NULL : m->scaler,
-                                      m->unscaled ? NULL : m->found, ps->flat_lo);
+    sg_status st = sg_model_set_mixed(m, *out, ps->grad_flat_lo, ps->flat_lo);
     if (st != SG_OK) {
         sg_optim_destroy(*out);
         *out = NULL;

@@ -59,6 +59,9 @@ struct sg_model {
                                 * static inputs: sg_trainer_stats splits them */
 };
 
+/* The optimizer's mixed precision over grad_lo and param_lo (sg_optim_set_mixed): with the
+ * model's scaler and skip flag, or neither without loss scaling (m->unscaled). */
+sg_status sg_model_set_mixed(sg_model *m, sg_optim *o, const sg_tensor *grad_lo, sg_tensor *param_lo);
 /* Evaluation passes (no dropout) when on. */
 static inline void sg_model_set_eval(sg_model *m, bool on) { m->b->eval = on; }
 /* The loss of the last forward and its gradient, as the model's loss kind computes them; the

@@ -21,6 +21,7 @@
 #include "ops/stop.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -752,8 +753,7 @@ static sg_status make_shards(sg_trainer *t)
     /* With accumulation the optimizer reads only the f32 sums (sg_optim_unscale_sum, then the
      * update), so its bf16 gradients only mark mixed precision: the compact sums stand in. */
     if (amp)
-        SG_TRY(sg_optim_set_mixed(t->o, t->sh_grad_lo ? t->sh_grad_lo : t->sps.grad_flat,
-                                  m->unscaled ? NULL : m->scaler, m->unscaled ? NULL : m->found, t->sh_param_lo));
+        SG_TRY(sg_model_set_mixed(m, t->o, t->sh_grad_lo ? t->sh_grad_lo : t->sps.grad_flat, t->sh_param_lo));
     return sg_ctx_sync(t->ctx);
 }
 
@@ -1720,12 +1720,8 @@ sg_status sg_trainer_load(sg_trainer *t, const char *path, int64_t *step)
     *step = cm.step;
     /* Without loss scaling the scale stays 1, whatever scaler the checkpoint held (a run with
      * dynamic scaling resumes without it); the step and skip counts are kept. */
-    if (t->m->unscaled) {
-        sg_loss_scaler sc;
-        SG_TRY(sg_tensor_copy_to_host(t->m->scaler, &sc, sizeof sc));
-        sc.scale = 1.f;
-        SG_TRY(sg_tensor_copy_from_host(t->m->scaler, &sc, sizeof sc));
-    }
+    const float one = 1.f;
+    if (t->m->unscaled) SG_TRY(sg_tensor_write_small(t->m->scaler, offsetof(sg_loss_scaler, scale), &one, sizeof one));
     /* The master weights are f32 in either precision, so a checkpoint resumes in both; the
      * bf16 compute copies are rebuilt from them (whole: nothing left to gather). */
     SG_TRY(sg_params_sync_lowp(t->m->params));
