@@ -34,7 +34,10 @@ void sg_gpt_estimate(const sg_kind_spec *s, sg_dtype precision, float dropout, i
     /* The blocks' shared backward scratch: d.fc (4 MC), d.qkv (3), d.h2, d.x2, d.attn, d.h1, and
      * dx, which alternates between two buffers from the second block on. */
     double shared = work + (4 + 3 + 4 + fmin(L, 2) + 2 * drop) * M * C * a;
-    double block = (18 + 2 * drop) * M * C * a + 4 * M * 4 + saved;
+    /* A block's own: h1, x2, h2, qkv (3), attn, proj, fc and fc.pre (4 each), y; with dropout
+     * proj.dropped, mlp.proj and mlp.proj.dropped (without it the MLP's projection writes y
+     * itself); the LayerNorms' means and rstds. */
+    double block = (17 + 3 * drop) * M * C * a + 4 * M * 4 + saved;
     double tail = 2 * M * C * a + 2 * M * 4 + M * V * a + M * C * a + M * V * a;
     /* Recompute: one block's buffers in the arena, each block's output copied out of it, and
      * the two input-gradient buffers the wrappers share. */
