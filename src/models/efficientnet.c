@@ -150,12 +150,8 @@ sg_status sg_efficientnet_build(sg_ctx *ctx, const char *name, const sg_kind_spe
                                 uint64_t seed, sg_model **out)
 {
     int64_t R = s->width, B = s->batch, classes = sg_image_classes(o);
-    sg_builder_options bo = sg_builder_options_default();
-    bo.batch = B;
-    bo.precision = o ? o->precision : SG_DTYPE_F32;
-    bo.loss_scaling = o ? o->loss_scaling : SG_LOSS_SCALING_DYNAMIC;
+    sg_builder_options bo = sg_kind_builder_options(o, B);
     bo.dropout = EFFNET_DROPOUT; /* also moves the generator stochastic depth draws from */
-    bo.shard = o ? o->shard : 0, bo.shards = o ? o->shards : 0;
     sg_builder *b = NULL;
     SG_KIND_TRY(sg_builder_create(ctx, name, &bo, &b));
     sg_module *mods[2 + EFFNET_BLOCKS + 2 + 3];

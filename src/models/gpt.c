@@ -64,12 +64,9 @@ sg_status sg_gpt_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, con
     /* The data first: a bad file is refused before the model is allocated. */
     sg_dataset *d = NULL;
     SG_KIND_TRY(sg_dataset_from_text(ctx, data, o ? o->val_data_path : NULL, vocab, T, &d));
-    sg_builder_options bo = sg_builder_options_default();
-    bo.batch = s->batch, bo.seq = T;
-    bo.precision = o ? o->precision : SG_DTYPE_F32;
-    bo.loss_scaling = o ? o->loss_scaling : SG_LOSS_SCALING_DYNAMIC;
+    sg_builder_options bo = sg_kind_builder_options(o, s->batch);
+    bo.seq = T;
     bo.dropout = o ? o->dropout : 0.f;
-    bo.shard = o ? o->shard : 0, bo.shards = o ? o->shards : 0;
     sg_builder *b = NULL;
     sg_status st = sg_builder_create(ctx, name, &bo, &b);
     if (st != SG_OK) {

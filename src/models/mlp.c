@@ -52,9 +52,7 @@ sg_status sg_mlp_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, con
                        uint64_t seed, sg_model **out)
 {
     int64_t W = s->width, L = s->depth, B = s->batch;
-    sg_builder_options bo = sg_builder_options_default();
-    bo.batch = B;
-    bo.shard = o ? o->shard : 0, bo.shards = o ? o->shards : 0;
+    sg_builder_options bo = sg_kind_builder_options(o, B); /* f32 only: sg_model_create refuses bf16 */
     sg_builder *b = NULL;
     SG_KIND_TRY(sg_builder_create(ctx, name, &bo, &b));
     /* layers.l: Linear(W, W) + ReLU, the head Linear(W, 10); PyTorch's initialisation. */

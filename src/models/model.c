@@ -85,6 +85,17 @@ sg_status sg_model_kind_traits(const char *name, sg_model_traits *out)
     return SG_OK;
 }
 
+sg_builder_options sg_kind_builder_options(const sg_model_options *o, int64_t batch)
+{
+    sg_builder_options bo = sg_builder_options_default();
+    bo.batch = batch;
+    if (!o) return bo;
+    bo.precision = o->precision;
+    bo.loss_scaling = o->loss_scaling;
+    bo.shard = o->shard, bo.shards = o->shards;
+    return bo;
+}
+
 /* The bytes building a model takes, by part (a lower bound: the allocator rounds blocks up). */
 sg_status sg_model_estimate(const char *name, const sg_model_options *opts, sg_model_size *out)
 {

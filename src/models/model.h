@@ -25,6 +25,10 @@ typedef struct sg_kind_spec {
     int recompute;              /* estimates: activation recompute (sg_model_options) */
 } sg_kind_spec;
 
+/* The builder options every kind starts from: the batch, and from o (NULL: the defaults) the
+ * precision, loss scaling and shard; a kind sets the rest (seq, dropout) itself. */
+sg_builder_options sg_kind_builder_options(const sg_model_options *o, int64_t batch);
+
 /* The kinds' builds and size estimates (spec.batch: this shard's in estimates). */
 sg_status sg_mlp_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, const sg_model_options *o,
                        uint64_t seed, sg_model **out);

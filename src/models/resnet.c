@@ -120,11 +120,7 @@ sg_status sg_resnet_build(sg_ctx *ctx, const char *name, const sg_kind_spec *s, 
     if (out_size(out_size(R, 7, 2, 3), 3, 2, 1) < 8)
         return sg_ctx_fail(ctx, SG_ERR_SHAPE, "sg_model_create: '%s': images of %lld pixels shrink below 1 pixel "
                            "through the stem and three stride-2 stages: expected R >= 29", name, (long long)R);
-    sg_builder_options bo = sg_builder_options_default();
-    bo.batch = B;
-    bo.precision = o ? o->precision : SG_DTYPE_F32;
-    bo.loss_scaling = o ? o->loss_scaling : SG_LOSS_SCALING_DYNAMIC;
-    bo.shard = o ? o->shard : 0, bo.shards = o ? o->shards : 0;
+    sg_builder_options bo = sg_kind_builder_options(o, B);
     sg_builder *b = NULL;
     SG_KIND_TRY(sg_builder_create(ctx, name, &bo, &b));
     sg_module *mods[2 + 16 + 3];
