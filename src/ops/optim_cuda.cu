@@ -89,6 +89,16 @@ __device__ __forceinline__ int seg_find(const int *__restrict__ seg_start, int l
     return lo;
 }
 
+/* seg_find over [lo, last] for an i at or past seg_start[lo] (the chunks a block visits go
+ * up, and so does the segment each starts in): one load when i is still in lo's segment, the
+ * binary search past it otherwise. The same answer as a search from 0 for a sorted table; for
+ * any other, still a segment in [lo, last]. */
+__device__ __forceinline__ int seg_from(const int *__restrict__ seg_start, int lo, int last, int64_t i)
+{
+    if (lo >= last || seg_start[lo + 1] > i) return lo;
+    return seg_find(seg_start, lo + 1, last, i);
+}
+
 /* Whether the momentum buffer (SGD) / the moments (AdamW) are touched at all. */
 template <int OP> __device__ __forceinline__ bool uses_m(const hyper &h)
 {
@@ -182,18 +192,25 @@ optim_kernel(float *__restrict__ p, const G *__restrict__ g, const float *__rest
     if (skip && *skip != 0) return;
     const hyper h = read_hyper(hp);
     const float inv = SCALED ? inv_p[0] : 1.f, fac = SCALED && n_inv > 1 ? inv_p[1] : 1.f;
+    int lo = 0; /* the segment the previous chunk started in */
     for (int64_t base = blockIdx.x * (int64_t)OPT_CHUNK; base < n;
          base += (int64_t)gridDim.x * OPT_CHUNK) {
         int64_t end = base + OPT_CHUNK < n ? base + OPT_CHUNK : n;
-        int lo = seg_find(seg_start, 0, n_seg - 1, base);
-        int hi = seg_find(seg_start, lo, n_seg - 1, end - 1);
+        /* The float4's loads go out before the segment lookup, so that its loads of the table
+         * wait beside them instead of ahead of them. */
+        const int64_t i = base + 4 * (int64_t)threadIdx.x;
+        const bool whole = vec && i + 4 <= end;
+        float4 p4, g4, m4, v4;
+        if (whole) {
+            p4 = reinterpret_cast<const float4 *>(p)[i / 4];
+            g4 = ld_grad4<SCALED>(g, i / 4, inv, fac);
+            m4 = uses_m<OP>(h) ? ld_state4(m, i / 4) : g4;
+            v4 = OP == OP_ADAMW ? ld_state4(v, i / 4) : g4;
+        }
+        lo = seg_from(seg_start, lo, n_seg - 1, base);
+        const int hi = seg_from(seg_start, lo, n_seg - 1, end - 1);
         if (vec) {
-            int64_t i = base + 4 * (int64_t)threadIdx.x;
-            if (i + 4 <= end) {
-                float4 p4 = reinterpret_cast<const float4 *>(p)[i / 4];
-                float4 g4 = ld_grad4<SCALED>(g, i / 4, inv, fac);
-                float4 m4 = uses_m<OP>(h) ? ld_state4(m, i / 4) : g4;
-                float4 v4 = OP == OP_ADAMW ? ld_state4(v, i / 4) : g4;
+            if (whole) {
                 /* A float4 may straddle segments: walk s forward per element. */
                 int s = seg_find(seg_start, lo, hi, i);
                 bool d[4];
@@ -217,16 +234,16 @@ optim_kernel(float *__restrict__ p, const G *__restrict__ g, const float *__rest
                 if (uses_m<OP>(h)) st_state4(m, i / 4, m4, r, 0);
                 if (OP == OP_ADAMW) st_state4(v, i / 4, v4, r, 16);
             } else {
-                for (; i < end; i++) /* the buffer's last 1-3 elements */
-                    update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, inv, fac,
-                                              m, v, plo, i);
+                for (int64_t j = i; j < end; j++) /* the buffer's last 1-3 elements */
+                    update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, j)] != 0, p, g, inv, fac,
+                                              m, v, plo, j);
             }
         } else {
             for (int k = 0; k < 4; k++) {
-                int64_t i = base + k * OPT_THREADS + threadIdx.x;
-                if (i < end)
-                    update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, i)] != 0, p, g, inv, fac,
-                                              m, v, plo, i);
+                int64_t j = base + k * OPT_THREADS + threadIdx.x;
+                if (j < end)
+                    update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, j)] != 0, p, g, inv, fac,
+                                              m, v, plo, j);
             }
         }
     }
@@ -281,9 +298,9 @@ static sg_status launch(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, co
     SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_OPTIM, SG_OPTIM_SCRATCH_BYTES, &done));
     int64_t n = param->numel;
     int64_t want = (n + OPT_CHUNK - 1) / OPT_CHUNK;
-    /* One wave: the AdamW kernel takes 40 to 44 registers (by CUDA version), so 5 or more
-     * blocks of 256 fit an SM; 4 keep 64 KiB of loads in flight per SM, ample for a streaming
-     * kernel. */
+    /* One wave: the AdamW kernel takes 52 to 58 registers (nvcc 13.0, by state dtype), so 4
+     * blocks of 256 fit an SM, with 64 KiB of f32 loads in flight (session 42: 6 blocks, where
+     * fewer registers let them fit, gained nothing). */
     int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * OPT_BLOCKS_PER_SM;
     if (cap < 1) cap = 1;
     int blocks = (int)(want < 1 ? 1 : (want < cap ? want : cap));
