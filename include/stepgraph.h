@@ -2175,6 +2175,9 @@ typedef struct sg_advise_options {
      * the other scopes run them one by one). Every figure stays per optimizer step. scope,
      * warmup and accum are the advisor's. */
     const sg_trainer_options *trainer;
+    sg_dtype optim_state;        /* the AdamW moments' dtype the profile, the trial capture and
+                                  * every measurement train with (sg_optim_set_state_dtype):
+                                  * SG_DTYPE_F32 (default) or SG_DTYPE_BF16 (f32 parameters) */
 } sg_advise_options;
 
 sg_advise_options sg_advise_options_default(void);

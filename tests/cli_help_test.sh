@@ -39,6 +39,10 @@ done
 for cmd in bench advise trace; do
     expect 0 '--accum K +gradient accumulation' -- $cmd --help
 done
+# --optim-state, the AdamW moments' dtype, on every command that trains.
+for cmd in train bench verify advise trace; do
+    expect 0 "--optim-state D +f32 (\\(default\\) )?or bf16" -- $cmd --help
+done
 # The control-flow options (issue 13) on every command that trains; the length and launch
 # options where they apply; bench's forced overflows.
 for cmd in bench advise trace; do

@@ -152,7 +152,7 @@ expect 0 "OK: 5 steps match \(bit-exact\), 2 of them replayed from graphs" -- ve
 expect 0 "OK: 5 steps match \(bit-exact\), 2 of them replayed from graphs" -- verify --model mlp-32-2-8 --backend cpu --accum 3 --loop --scope step --steps 5
 expect 0 "OK: 5 steps match \(bit-exact\), 2 of them replayed from graphs" -- verify $cm --precision bf16 --skip-if --scope step --steps 5
 expect 0 '"loop": 1, "skip_if": 1, "vary_seq": 1, "seq_lens": "8,16", "stop_nonfinite": 3, "stop_loss": null, "overflow_every": 2, "cond_note": ""' -- bench $cm --precision bf16 --seq-lens 8,16 --vary-seq --steps-per-graph 2 --overflow-every 2 --skip-if --loop --stop-nonfinite 3 --scope eager,step --steps 4 --repeats 1 --warmup 4 --json
-expect 1 "advise profiles a CUDA device" -- advise $cm --precision bf16 --seq-lens 8,16 --vary-seq --steps-per-graph 4 --loop --skip-if --stop-nonfinite 3 --no-measure
+expect 1 "advise profiles a CUDA device" -- advise $cm --precision bf16 --seq-lens 8,16 --vary-seq --steps-per-graph 4 --loop --skip-if --stop-nonfinite 3 --optim-state bf16 --no-measure
 out=$(STEPGRAPH_DISABLE_GRAPHS=1 "$bin" train --model mlp-32-2-8 --scope step --steps 10 --backend cpu --quiet 2>&1); rc=$?
 if [ "$rc" != 0 ] || ! grep -q "scope step (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" <<<"$out"; then
     echo "FAIL: STEPGRAPH_DISABLE_GRAPHS=1: exit $rc: $out"; fails=$((fails + 1))
@@ -195,6 +195,9 @@ expect 1 "holds bf16 optimizer state, this optimizer keeps f32.*--optim-state bf
 expect 2 "--optim-state 'f16': expected f32 or bf16" -- train --model mlp-16-1-4 --optim-state f16
 expect 2 "--optim-state 'x': expected f32 or bf16" -- bench --model mlp-16-1-4 --optim-state x
 expect 2 "--optim-state 'x': expected f32 or bf16" -- verify --model mlp-16-1-4 --optim-state x
+expect 2 "--optim-state 'x': expected f32 or bf16" -- trace --model mlp-16-1-4 --scope step --out "$tmp/t.json" --optim-state x
+expect 2 "--optim-state 'x': expected f32 or bf16" -- advise --model mlp-16-1-4 --optim-state x
+expect 2 "--optim-state is for training, not --generate" -- advise --generate --model gpt-64-1-2-16 --optim-state bf16
 # bf16 without loss scaling: no scale, no check; verify's scopes stay bit-exact with it.
 expect 2 "--loss-scale 'x': expected dynamic or none" -- train --model mlp-16-1-4 --loss-scale x
 expect 2 "--loss-scale 'static': expected dynamic or none" -- bench --model mlp-16-1-4 --loss-scale static

@@ -4,7 +4,7 @@
  * monotonicity (capturing more launches never predicts a slower host), and argument errors,
  * including sg_advise's clear refusal on the CPU backend before the model is ever built; steps
  * a launch (steps_per_call, unrolled or a loop) predicted by hand, and the trainer options the
- * advisor takes or refuses by name. `gpu`:
+ * advisor takes or refuses by name, and the optimizer state's dtype. `gpu`:
  * the calibration gives plausible values and leaves nothing allocated; sg_advise runs end to
  * end on mlp-64-2-32 built by a factory of the test's own (profile, finite predictions, every
  * scope measured beside its prediction, the progress stages in order), then again by name,
@@ -431,6 +431,45 @@ static void cpu_trainer_options(void)
     sg_ctx_destroy(ctx);
 }
 
+/* The optimizer state's dtype (optim_state): F32 by default; BF16 taken (then refused on the
+ * CPU backend, after the check: the CUDA refusal) and kept in the result's options; any other
+ * dtype refused by name before anything runs, the context usable afterwards. */
+static void cpu_optim_state(void)
+{
+    sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
+    sg_advise_result *r = malloc(sizeof *r);
+    TU_CHECK(r != NULL, "out of memory");
+    if (!r) exit(1);
+    int built = 0;
+    sg_advise_options o = sg_advise_options_default();
+    TU_CHECK(o.optim_state == SG_DTYPE_F32, "sg_advise_options_default: optim_state %s",
+             sg_dtype_name(o.optim_state));
+    o.optim_state = SG_DTYPE_BF16;
+    TU_FAILS(ctx, sg_advise(ctx, count_factory, &built, &o, r), SG_ERR_UNSUPPORTED, "profiles a CUDA device");
+    TU_CHECK(r->options.optim_state == SG_DTYPE_BF16, "the result's options: optim_state %s",
+             sg_dtype_name(r->options.optim_state));
+    const sg_dtype bad[] = {SG_DTYPE_I32, SG_DTYPE_F64, (sg_dtype)-1, (sg_dtype)7};
+    for (int i = 0; i < 4; i++) {
+        o = sg_advise_options_default();
+        o.optim_state = bad[i];
+        sg_status st = sg_advise(ctx, count_factory, &built, &o, r);
+        const char *msg = sg_ctx_last_error(ctx);
+        TU_CHECK(st == SG_ERR_INVALID && strstr(msg, "sg_advise: optim_state") &&
+                 strstr(msg, "sg_advise_options.optim_state"),
+                 "optim_state %d: %s '%s', expected SG_ERR_INVALID naming optim_state", (int)bad[i],
+                 sg_status_name(st), msg);
+        st = sg_advise_name(ctx, "mlp-64-2-32", NULL, &o, r);
+        TU_CHECK(st == SG_ERR_INVALID && strstr(sg_ctx_last_error(ctx), "optim_state"),
+                 "sg_advise_name, optim_state %d: %s '%s'", (int)bad[i], sg_status_name(st), sg_ctx_last_error(ctx));
+    }
+    /* The context still works: a valid run reaches the CPU backend's refusal again. */
+    o = sg_advise_options_default();
+    TU_FAILS(ctx, sg_advise(ctx, count_factory, &built, &o, r), SG_ERR_UNSUPPORTED, "profiles a CUDA device");
+    TU_CHECK(built == 0, "the factory was called %d times on the CPU backend", built);
+    free(r);
+    sg_ctx_destroy(ctx);
+}
+
 static void expect_refusal(const char *what, const sg_advise_calib *c, const sg_advise_profile *p, sg_scope scope,
                            sg_status want, const char *needle)
 {
@@ -730,6 +769,23 @@ static void gpu_flow(void)
              r3->scopes[SG_SCOPE_MODEL].predicted.graphs);
     printf("accum 2: %.0f launches a step (forward %.0f, backward %.0f), step graph %d nodes; %s\n",
            p2->step.launches, p2->forward.launches, p2->backward.launches, p2->step_nodes, r3->verdict);
+
+    /* bf16 optimizer state, predicted only: the profile's optimizer keeps its moments in bf16,
+     * which its counted work shows (the update moves 2 (4 + 2 + 2) + 4 bytes a parameter, not
+     * 2 (4 + 4 + 4) + 4: 8 fewer), and the trial capture still captures the step. */
+    o.accum = 1, o.optim_state = SG_DTYPE_BF16;
+    TU_OK(ctx, sg_advise_name(ctx, "mlp-64-2-32", NULL, &o, r3));
+    const double *b32 = p1->work.bytes, *b16 = r3->profile.work.bytes;
+    TU_CHECK(r3->options.optim_state == SG_DTYPE_BF16 && p1->work_counted && r3->profile.work_counted &&
+             b16[SG_WORK_OPTIMIZER] < b32[SG_WORK_OPTIMIZER] &&
+             fabs(b16[SG_WORK_MATMUL] - b32[SG_WORK_MATMUL]) <= 1e-9 * b32[SG_WORK_MATMUL],
+             "bf16 state: optimizer %g bytes a step, f32 state %g; matmul %g, %g", b16[SG_WORK_OPTIMIZER],
+             b32[SG_WORK_OPTIMIZER], b16[SG_WORK_MATMUL], b32[SG_WORK_MATMUL]);
+    TU_CHECK(r3->profile.step_captured && r3->profile.step_nodes > 0,
+             "bf16 state: step graph %d nodes (f32 state: %d): %s", r3->profile.step_nodes, p1->step_nodes,
+             r3->profile.capture_error);
+    printf("bf16 optimizer state: the update moves %.0f bytes a step (f32 state: %.0f); %s\n",
+           b16[SG_WORK_OPTIMIZER], b32[SG_WORK_OPTIMIZER], r3->verdict);
     free(r3);
 
     /* 4 steps a launch, in a WHILE loop, measured: every figure is an optimizer step's. Step
@@ -776,6 +832,7 @@ int main(int argc, char **argv)
         cpu_accum();
         cpu_calls();
         cpu_trainer_options();
+        cpu_optim_state();
         cpu_errors();
     } else if (strcmp(mode, "gpu") == 0) {
         gpu_calibration();

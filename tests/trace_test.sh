@@ -36,8 +36,8 @@ expect 2 "--gpus does not combine with --stop-nonfinite or --stop-loss" -- trace
 if [ ! -e "$tmp/t.json" ]; then echo "ok: no file left by failed runs"; else echo "FAIL: a failed run left $tmp/t.json"; fails=$((fails + 1)); fi
 # Without a usable GPU (this machine, in CI) the command says what it needs; with one it writes.
 # So does --gpus 2, in bounded time (timeout: 124 if it hung); with one GPU the rank that has
-# none is named.
-for dp in "" "--gpus 2"; do
+# none is named. --optim-state bf16 travels to the ranks in their command line.
+for dp in "" "--gpus 2" "--optim-state bf16" "--gpus 2 --optim-state bf16"; do
     rm -f "$tmp/gpu.json"
     # shellcheck disable=SC2086
     out=$(timeout 60 "$bin" trace --model mlp-16-1-4 --scope step --out "$tmp/gpu.json" --steps 2 $dp 2>&1); rc=$?

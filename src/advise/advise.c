@@ -15,7 +15,7 @@
 sg_advise_options sg_advise_options_default(void)
 {
     return (sg_advise_options){.warmup = 20, .steps = 50, .repeats = 5, .busy_steps = 20, .measure = 1,
-                               .hold_cpu = 1, .accum = 1};
+                               .hold_cpu = 1, .accum = 1, .optim_state = SG_DTYPE_F32};
 }
 
 /* Holds the calling thread on the core it runs on (*cpu), keeping its mask in *saved for
@@ -219,7 +219,8 @@ sg_status sg_advise(sg_ctx *ctx, sg_model_factory factory, void *user, const sg_
     out->options.calib = NULL, out->options.progress = NULL, out->options.progress_user = NULL;
     out->options.trainer = NULL;
     snprintf(out->device, sizeof out->device, "%s", sg_ctx_device_name(ctx));
-    sg_advise_timing tm = {o.warmup, o.steps, o.repeats, o.busy_steps, o.accum, o.trainer};
+    sg_advise_timing tm = {.warmup = o.warmup, .steps = o.steps, .repeats = o.repeats, .busy_steps = o.busy_steps,
+                           .accum = o.accum, .trainer = o.trainer, .optim_state = o.optim_state};
     SG_TRY(sg_advise_check_timing(ctx, "sg_advise", &tm)); /* before a second of calibration */
 
     cpu_set_t saved;

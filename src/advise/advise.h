@@ -28,13 +28,15 @@ typedef struct sg_advise_timing {
      * at least the trainer's eager calls, the capture's and one replay's), the eager profile
      * one step a call, and the trial capture the step's plain graph (below). */
     const sg_trainer_options *trainer;
+    sg_dtype optim_state;        /* the dtype of every optimizer's state (sg_optim_set_state_dtype,
+                                  * sg_advise_options.optim_state): F32 or BF16 */
 } sg_advise_timing;
 
-/* SG_ERR_INVALID (message on ctx, naming fn) unless the timing is one the advisor can run,
- * trainer options included: steps_per_call 0 to 1024, the control-flow flags 0 or 1, an
- * early-stop rule that can hold, vary_seq with seq_buckets (and seq_buckets only with it,
- * accum 1), no batch buckets and no data parallelism (the advisor runs fixed batches in one
- * process). */
+/* SG_ERR_INVALID (message on ctx, naming fn) unless the timing is one the advisor can run:
+ * the optimizer state F32 or BF16, and the trainer options: steps_per_call 0 to 1024, the
+ * control-flow flags 0 or 1, an early-stop rule that can hold, vary_seq with seq_buckets (and
+ * seq_buckets only with it, accum 1), no batch buckets and no data parallelism (the advisor
+ * runs fixed batches in one process). */
 sg_status sg_advise_check_timing(sg_ctx *ctx, const char *fn, const sg_advise_timing *tm);
 
 /* Builds the model with factory (on ctx, CUDA), times eager steps, profiles them with CUPTI,

@@ -52,6 +52,10 @@ sg_status sg_advise_check_timing(sg_ctx *ctx, const char *fn, const sg_advise_ti
     if (tm->accum < 1 || tm->accum > 1024)
         return sg_fail(ctx, SG_ERR_INVALID, "%s: accum %d: expected 1 to 1024 micro-batches per optimizer step "
                        "(sg_advise_options.accum)", fn, tm->accum);
+    if (tm->optim_state != SG_DTYPE_F32 && tm->optim_state != SG_DTYPE_BF16)
+        return sg_fail(ctx, SG_ERR_INVALID, "%s: optim_state %d (%s): expected SG_DTYPE_F32 or SG_DTYPE_BF16, the "
+                       "dtype of the optimizer's state (sg_advise_options.optim_state)", fn, (int)tm->optim_state,
+                       sg_dtype_name(tm->optim_state));
     const sg_trainer_options *o = tm->trainer;
     if (!o) return SG_OK;
     if (o->steps_per_call < 0 || o->steps_per_call > 1024)
@@ -449,6 +453,7 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
         out->precision = sg_model_precision(m);
         st = sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o);
     }
+    if (st == SG_OK) st = sg_optim_set_state_dtype(o, t.optim_state); /* the trial capture's too */
     if (st == SG_OK) st = sg_trainer_create(m, o, &eager, &tr);
     if (st == SG_OK) st = run_steps(tr, 1, &s, t.warmup);
     if (st == SG_OK) st = time_blocks(ctx, tr, 1, &t, &s, &out->wall_ms, &out->block_host_ms, &out->launches);
@@ -497,6 +502,7 @@ sg_status sg_advise_measure(sg_ctx *ctx, sg_model_factory factory, void *user, s
     int64_t s = 0;
     sg_status st = build_model(ctx, factory, user, "sg_advise_measure", &m);
     if (st == SG_OK) st = sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o);
+    if (st == SG_OK) st = sg_optim_set_state_dtype(o, t.optim_state);
     if (st == SG_OK) st = sg_trainer_create(m, o, &to, &tr);
     if (st == SG_OK) st = run_steps(tr, K, &s, warm);
     if (st == SG_OK) st = time_blocks(ctx, tr, K, &t, &s, &out->step_ms, &out->host_ms, &out->launches);

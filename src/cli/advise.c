@@ -25,6 +25,8 @@ static const char *advise_usage =
     "  --model NAME        e.g. mlp-512-6-32 or gpt-256-4-8-128 (required)\n"
     SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (mixed precision; not mlp)\n"
+    "  --optim-state D     f32 (default) or bf16: the AdamW moments' dtype the profile and every\n"
+    "                      measurement train with (stepgraph train)\n"
     SG_CLI_ACCUM_HELP
     "                      The profile, the predictions and the measurements are then of\n"
     "                      whole accumulated steps (layer and model graphs replay K times)\n"
@@ -365,6 +367,7 @@ static bool print_json(const sg_advise_result *r, const sg_trainer_options *tr)
     sg_json_object_begin(w);
     sg_cli_kv_str(w, "model", r->model);
     sg_cli_kv_str(w, "precision", r->precision == SG_DTYPE_BF16 ? "bf16" : "fp32");
+    sg_cli_kv_str(w, "optim_state", sg_dtype_name(r->options.optim_state));
     sg_cli_kv_int(w, "accum", r->options.accum);
     sg_cli_kv_int(w, "steps_per_graph", tr->steps_per_call > 1 ? tr->steps_per_call : 1);
     sg_cli_kv_int(w, "loop", tr->loop);
@@ -463,7 +466,7 @@ static const char *named(const char *a, const char *const *names, size_t n)
 /* Options of one kind of advice only: training's, and generation's. */
 static const char *const train_only[] = {"--accum", "--loop", "--skip-if", "--stop-nonfinite", "--stop-loss",
                                          "--vary-seq", "--seq-lens", "--steps-per-graph", "--steps", "--warmup",
-                                         "--classes", "--recompute", "--loss-scale"};
+                                         "--classes", "--recompute", "--loss-scale", "--optim-state"};
 static const char *const gen_only[] = {"--batch", "--prompt-len", "--length", "--temperature", "--top-k"};
 
 /* Parses argv into o; returns -1 to go on, else the exit status (0 after --help). */
@@ -489,6 +492,8 @@ static int parse(int argc, char **argv, advise_opts *o)
             o->model = v;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("advise", v, &o->mo.precision);
+        } else if (sg_cli_opt(argc, argv, &i, "--optim-state", &v, &bad)) {
+            bad = bad || !sg_cli_optim_state("advise", v, &o->ao.optim_state);
         } else if (sg_cli_model_opt("advise", argc, argv, &i, &o->mo, &bad)) {
             /* --classes, --recompute, --loss-scale */
         } else if (sg_cli_accum_opt("advise", argc, argv, &i, &o->ao.accum, &bad)) {
@@ -752,8 +757,10 @@ int sg_cmd_advise(int argc, char **argv)
         return SG_EXIT_FAIL;
     }
     if (!o.json) {
-        char accum[64] = "", forms[192] = "";
+        char accum[96] = "", forms[192] = "";
         if (o.ao.accum > 1) snprintf(accum, sizeof accum, ", %d micro-batches per optimizer step", o.ao.accum);
+        if (o.ao.optim_state == SG_DTYPE_BF16)
+            snprintf(accum + strlen(accum), sizeof accum - strlen(accum), ", bf16 optimizer state");
         snprintf(forms, sizeof forms, "%s%s%s%s%s", o.tr.loop ? ", loop" : "", o.tr.skip_if ? ", skip-if" : "",
                  o.tr.vary_seq ? ", varying length" : "",
                  o.tr.stop_nonfinite || o.tr.stop_on_loss ? ", early stop" : "",

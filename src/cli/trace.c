@@ -34,6 +34,7 @@ static const char *trace_usage =
     SG_CLI_COND_HELP
     SG_CLI_MODEL_OPTS_HELP
     "  --precision P       fp32 (default) or bf16 (mixed precision; not mlp)\n"
+    "  --optim-state D     f32 (default) or bf16: the AdamW moments' dtype (stepgraph train)\n"
     "  --data PATH         gpt: the text to train on (a regular file);\n"
     "                      resnet, efficientnet: a digits file (scikit-learn's 8 x 8\n"
     "                      digits.csv, scripts/fetch-digits.sh DIR) instead of synthetic\n"
@@ -58,6 +59,7 @@ typedef struct trace_opts {
     const char *model, *out;
     long long steps;
     sg_backend backend;
+    sg_dtype optim_state;       /* --optim-state */
     sg_trainer_options tr;
     sg_model_options mo;
     sg_cli_dist dp;             /* --gpus, --bucket-mib */
@@ -65,8 +67,8 @@ typedef struct trace_opts {
 
 static int parse(int argc, char **argv, trace_opts *o)
 {
-    *o = (trace_opts){.steps = 5, .backend = SG_BACKEND_AUTO, .tr = sg_trainer_options_default(),
-                      .dp = sg_cli_dist_default()};
+    *o = (trace_opts){.steps = 5, .backend = SG_BACKEND_AUTO, .optim_state = SG_DTYPE_F32,
+                      .tr = sg_trainer_options_default(), .dp = sg_cli_dist_default()};
     bool bad = false, scope_set = false;
     for (int i = 1; i < argc && !bad;) {
         const char *v = NULL;
@@ -91,6 +93,8 @@ static int parse(int argc, char **argv, trace_opts *o)
             o->tr.warmup = (int)w;
         } else if (sg_cli_opt(argc, argv, &i, "--precision", &v, &bad)) {
             bad = bad || !sg_cli_precision("trace", v, &o->mo.precision);
+        } else if (sg_cli_opt(argc, argv, &i, "--optim-state", &v, &bad)) {
+            bad = bad || !sg_cli_optim_state("trace", v, &o->optim_state);
         } else if (sg_cli_model_opt("trace", argc, argv, &i, &o->mo, &bad)) {
             /* --classes, --recompute, --loss-scale */
         } else if (sg_cli_accum_opt("trace", argc, argv, &i, &o->tr.accum, &bad)) {
@@ -253,7 +257,8 @@ int sg_cmd_trace(int argc, char **argv)
         rc = fail(ctx, "model");
         goto out;
     }
-    if (sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &opt) != SG_OK || sg_trainer_create(m, opt, &o.tr, &tr) != SG_OK) {
+    if (sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &opt) != SG_OK ||
+        sg_optim_set_state_dtype(opt, o.optim_state) != SG_OK || sg_trainer_create(m, opt, &o.tr, &tr) != SG_OK) {
         rc = fail(ctx, "trainer");
         goto out;
     }
@@ -261,8 +266,10 @@ int sg_cmd_trace(int argc, char **argv)
      * shows steady-state steps. */
     long long untraced = o.tr.warmup + (o.tr.scope != SG_SCOPE_EAGER ? 1 : 0);
     if (untraced < 1) untraced = 1;
-    char accum[48] = "";
+    char accum[80] = "";
     if (o.tr.accum > 1) snprintf(accum, sizeof accum, ", %d micro-batches a step", o.tr.accum);
+    if (o.optim_state == SG_DTYPE_BF16)
+        snprintf(accum + strlen(accum), sizeof accum - strlen(accum), ", bf16 optimizer state");
     printf("stepgraph trace: %s (%s%s) on %s, scope %s%s: %lld untraced step%s, then %lld traced\n",
            sg_model_name(m), o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32", accum, sg_ctx_device_name(ctx),
            sg_scope_name(o.tr.scope),
