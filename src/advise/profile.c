@@ -41,6 +41,19 @@ static sg_status build_model(sg_ctx *ctx, sg_model_factory factory, void *user, 
     return SG_OK;
 }
 
+/* Every optimizer the advisor makes (the profile's, which the trial capture reuses, and each
+ * measurement's): AdamW with the timing's state dtype; *o NULL on failure. */
+static sg_status make_optim(sg_ctx *ctx, sg_model *m, const sg_advise_timing *tm, sg_optim **o)
+{
+    SG_TRY(sg_optim_create(ctx, m, SG_OPTIM_ADAMW, o));
+    sg_status st = sg_optim_set_state_dtype(*o, tm->optim_state);
+    if (st != SG_OK) {
+        sg_optim_destroy(*o);
+        *o = NULL;
+    }
+    return st;
+}
+
 /* ---- running a model: timed blocks, GPU-busy ---- */
 
 sg_status sg_advise_check_timing(sg_ctx *ctx, const char *fn, const sg_advise_timing *tm)
@@ -451,9 +464,8 @@ sg_status sg_advise_profile_model(sg_ctx *ctx, sg_model_factory factory, void *u
     if (st == SG_OK) {
         snprintf(out->model, sizeof out->model, "%s", sg_model_name(m));
         out->precision = sg_model_precision(m);
-        st = sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o);
+        st = make_optim(ctx, m, &t, &o);
     }
-    if (st == SG_OK) st = sg_optim_set_state_dtype(o, t.optim_state); /* the trial capture's too */
     if (st == SG_OK) st = sg_trainer_create(m, o, &eager, &tr);
     if (st == SG_OK) st = run_steps(tr, 1, &s, t.warmup);
     if (st == SG_OK) st = time_blocks(ctx, tr, 1, &t, &s, &out->wall_ms, &out->block_host_ms, &out->launches);
@@ -501,8 +513,7 @@ sg_status sg_advise_measure(sg_ctx *ctx, sg_model_factory factory, void *user, s
     if (scope != SG_SCOPE_EAGER && warm < (to.warmup + 2) * K) warm = (to.warmup + 2) * K;
     int64_t s = 0;
     sg_status st = build_model(ctx, factory, user, "sg_advise_measure", &m);
-    if (st == SG_OK) st = sg_optim_create(ctx, m, SG_OPTIM_ADAMW, &o);
-    if (st == SG_OK) st = sg_optim_set_state_dtype(o, t.optim_state);
+    if (st == SG_OK) st = make_optim(ctx, m, &t, &o);
     if (st == SG_OK) st = sg_trainer_create(m, o, &to, &tr);
     if (st == SG_OK) st = run_steps(tr, K, &s, warm);
     if (st == SG_OK) st = time_blocks(ctx, tr, K, &t, &s, &out->step_ms, &out->host_ms, &out->launches);

@@ -757,10 +757,10 @@ int sg_cmd_advise(int argc, char **argv)
         return SG_EXIT_FAIL;
     }
     if (!o.json) {
-        char accum[96] = "", forms[192] = "";
-        if (o.ao.accum > 1) snprintf(accum, sizeof accum, ", %d micro-batches per optimizer step", o.ao.accum);
+        char setup[96] = "", forms[192] = "";
+        if (o.ao.accum > 1) snprintf(setup, sizeof setup, ", %d micro-batches per optimizer step", o.ao.accum);
         if (o.ao.optim_state == SG_DTYPE_BF16)
-            snprintf(accum + strlen(accum), sizeof accum - strlen(accum), ", bf16 optimizer state");
+            snprintf(setup + strlen(setup), sizeof setup - strlen(setup), ", bf16 optimizer state");
         snprintf(forms, sizeof forms, "%s%s%s%s%s", o.tr.loop ? ", loop" : "", o.tr.skip_if ? ", skip-if" : "",
                  o.tr.vary_seq ? ", varying length" : "",
                  o.tr.stop_nonfinite || o.tr.stop_on_loss ? ", early stop" : "",
@@ -769,7 +769,7 @@ int sg_cmd_advise(int argc, char **argv)
             snprintf(forms + strlen(forms), sizeof forms - strlen(forms), "%d (figures per optimizer step)",
                      o.tr.steps_per_call);
         printf("stepgraph advise: %s (%s%s%s) on %s\n\n", o.model, o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32",
-               accum, forms, sg_ctx_device_name(ctx));
+               setup, forms, sg_ctx_device_name(ctx));
         fflush(stdout);
     }
     o.ao.progress = progress;

@@ -266,12 +266,12 @@ int sg_cmd_trace(int argc, char **argv)
      * shows steady-state steps. */
     long long untraced = o.tr.warmup + (o.tr.scope != SG_SCOPE_EAGER ? 1 : 0);
     if (untraced < 1) untraced = 1;
-    char accum[80] = "";
-    if (o.tr.accum > 1) snprintf(accum, sizeof accum, ", %d micro-batches a step", o.tr.accum);
+    char setup[80] = "";
+    if (o.tr.accum > 1) snprintf(setup, sizeof setup, ", %d micro-batches a step", o.tr.accum);
     if (o.optim_state == SG_DTYPE_BF16)
-        snprintf(accum + strlen(accum), sizeof accum - strlen(accum), ", bf16 optimizer state");
+        snprintf(setup + strlen(setup), sizeof setup - strlen(setup), ", bf16 optimizer state");
     printf("stepgraph trace: %s (%s%s) on %s, scope %s%s: %lld untraced step%s, then %lld traced\n",
-           sg_model_name(m), o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32", accum, sg_ctx_device_name(ctx),
+           sg_model_name(m), o.mo.precision == SG_DTYPE_BF16 ? "bf16" : "fp32", setup, sg_ctx_device_name(ctx),
            sg_scope_name(o.tr.scope),
            sg_graphs_disabled() && o.tr.scope != SG_SCOPE_EAGER ? " (STEPGRAPH_DISABLE_GRAPHS=1: run eagerly)" : "",
            untraced, untraced == 1 ? "" : "s", o.steps);
