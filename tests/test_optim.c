@@ -1082,12 +1082,13 @@ static void gpu_tests(void)
      * launch); an optimizer reserves it up front, as here, so that every step is one launch. */
     void *counter;
     TU_OK(gpu, sg_ctx_scratch(gpu, SG_SLOT_OPTIM, SG_OPTIM_SCRATCH_BYTES, &counter));
-    /* (P, n_seg): single elements, the float4 tail, many tiny segments per block chunk, one
-     * block per chunk, and more chunks than blocks (the grid-stride loop: a block's next chunk
+    /* (P, n_seg): single elements, the float4 tail (in a chunk's first float4s, and 7170: in
+     * its second, the kernel's loop trip taking two float4s a thread), many tiny segments per
+     * block chunk, one block per chunk, and more chunks than blocks (the grid-stride loop: a block's next chunk
      * in the segment it left, or many segments on, which the kernel searches from where it
      * was). */
     struct { int64_t P; int n_seg; } cases[] = {
-        {1, 1}, {3, 2}, {1000, 37}, {4099, 600}, {(1 << 20) + 3, 9}, {(1 << 22) + 5, 17}, {(3 << 20) + 1, 1500}};
+        {1, 1}, {3, 2}, {1000, 37}, {4099, 600}, {7170, 50}, {(1 << 20) + 3, 9}, {(1 << 22) + 5, 17}, {(3 << 20) + 1, 1500}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         gpu_run(gpu, cpu, OPT_ADAMW, cases[c].P, cases[c].n_seg, 0, 0);
         gpu_run(gpu, cpu, OPT_SGD, cases[c].P, cases[c].n_seg, 0.9, 0);

@@ -17,7 +17,12 @@
 enum optim_op { OP_ADAMW, OP_SGD };
 
 #define OPT_THREADS 256
-#define OPT_CHUNK (OPT_THREADS * 4) /* elements a block handles per loop trip: one float4 a thread */
+/* float4s a thread handles per loop trip, by state dtype: two with bf16 state (its bytes in
+ * flight a thread, 40 with one float4, were what held it: session 43, 490.7 us against 504.6),
+ * one with f32 (whose kernel spills at 64 registers with two, 639 us against 615). */
+template <typename S> constexpr int opt_vecs() { return sizeof(S) == 2 ? 2 : 1; }
+/* elements a block handles per loop trip */
+template <typename S> constexpr int64_t opt_chunk() { return (int64_t)OPT_THREADS * 4 * opt_vecs<S>(); }
 #define OPT_BLOCKS_PER_SM 4
 
 /* Per-launch scalars, derived once per thread from hp (8 floats, broadcast loads). */
@@ -183,7 +188,7 @@ __device__ __forceinline__ unsigned pack_bf16x2(float a, float b)
  * and the last one writes step + 1. atomicInc wraps the counter back to 0 on the last block,
  * so the next launch (or graph replay) finds it at 0. */
 template <int OP, typename S, bool SCALED, typename G>
-__global__ void __launch_bounds__(OPT_THREADS)
+__global__ void __launch_bounds__(OPT_THREADS, sizeof(S) == 2 ? OPT_BLOCKS_PER_SM : 0)
 optim_kernel(float *__restrict__ p, const G *__restrict__ g, const float *__restrict__ inv_p, int n_inv,
              S *__restrict__ m, S *__restrict__ v, float *hp, const int *__restrict__ seg_start,
              const int *__restrict__ seg_decay, int n_seg, int64_t n, bool vec,
@@ -192,54 +197,64 @@ optim_kernel(float *__restrict__ p, const G *__restrict__ g, const float *__rest
     if (skip && *skip != 0) return;
     const hyper h = read_hyper(hp);
     const float inv = SCALED ? inv_p[0] : 1.f, fac = SCALED && n_inv > 1 ? inv_p[1] : 1.f;
+    constexpr int OPT_VECS = opt_vecs<S>();
+    constexpr int64_t OPT_CHUNK = opt_chunk<S>();
     int lo = 0; /* the segment the previous chunk started in */
     for (int64_t base = blockIdx.x * (int64_t)OPT_CHUNK; base < n;
          base += (int64_t)gridDim.x * OPT_CHUNK) {
         int64_t end = base + OPT_CHUNK < n ? base + OPT_CHUNK : n;
-        /* The float4's loads go out before the segment lookup, so that its loads of the table
+        /* Both float4s' loads go out before the segment lookup, so that its loads of the table
          * wait beside them instead of ahead of them. */
-        const int64_t i = base + 4 * (int64_t)threadIdx.x;
-        const bool whole = vec && i + 4 <= end;
-        float4 p4, g4, m4, v4;
-        if (whole) {
-            p4 = reinterpret_cast<const float4 *>(p)[i / 4];
-            g4 = ld_grad4<SCALED>(g, i / 4, inv, fac);
-            m4 = uses_m<OP>(h) ? ld_state4(m, i / 4) : g4;
-            v4 = OP == OP_ADAMW ? ld_state4(v, i / 4) : g4;
+        int64_t i[OPT_VECS];
+        bool whole[OPT_VECS];
+        float4 p4[OPT_VECS], g4[OPT_VECS], m4[OPT_VECS], v4[OPT_VECS];
+#pragma unroll
+        for (int u = 0; u < OPT_VECS; u++) {
+            i[u] = base + u * (4 * OPT_THREADS) + 4 * (int64_t)threadIdx.x;
+            whole[u] = vec && i[u] + 4 <= end;
+            if (whole[u]) {
+                p4[u] = reinterpret_cast<const float4 *>(p)[i[u] / 4];
+                g4[u] = ld_grad4<SCALED>(g, i[u] / 4, inv, fac);
+                m4[u] = uses_m<OP>(h) ? ld_state4(m, i[u] / 4) : g4[u];
+                v4[u] = OP == OP_ADAMW ? ld_state4(v, i[u] / 4) : g4[u];
+            }
         }
         lo = seg_from(seg_start, lo, n_seg - 1, base);
         const int hi = seg_from(seg_start, lo, n_seg - 1, end - 1);
         if (vec) {
-            if (whole) {
-                /* A float4 may straddle segments: walk s forward per element. */
-                int s = seg_find(seg_start, lo, hi, i);
-                bool d[4];
-                for (int k = 0; k < 4; k++) {
-                    while (s < hi && seg_start[s + 1] <= i + k) s++;
-                    d[k] = seg_decay[s] != 0;
+#pragma unroll
+            for (int u = 0; u < OPT_VECS; u++) {
+                if (whole[u]) {
+                    /* A float4 may straddle segments: walk s forward per element. */
+                    int s = seg_find(seg_start, lo, hi, i[u]);
+                    bool d[4];
+                    for (int k = 0; k < 4; k++) {
+                        while (s < hi && seg_start[s + 1] <= i[u] + k) s++;
+                        d[k] = seg_decay[s] != 0;
+                    }
+                    update<OP>(h, d[0], p4[u].x, g4[u].x, m4[u].x, v4[u].x);
+                    update<OP>(h, d[1], p4[u].y, g4[u].y, m4[u].y, v4[u].y);
+                    update<OP>(h, d[2], p4[u].z, g4[u].z, m4[u].z, v4[u].z);
+                    update<OP>(h, d[3], p4[u].w, g4[u].w, m4[u].w, v4[u].w);
+                    reinterpret_cast<float4 *>(p)[i[u] / 4] = p4[u];
+                    if (plo)
+                        reinterpret_cast<uint2 *>(plo)[i[u] / 4] =
+                            make_uint2(pack_bf16x2(p4[u].x, p4[u].y), pack_bf16x2(p4[u].z, p4[u].w));
+                    uint32_t r[4] = {0, 0, 0, 0};
+                    if (sr<S>()) {
+                        sg_philox_out w = sg_optim_sr_bits((uint64_t)i[u] / 4, h.t);
+                        r[0] = w.v[0], r[1] = w.v[1], r[2] = w.v[2], r[3] = w.v[3];
+                    }
+                    if (uses_m<OP>(h)) st_state4(m, i[u] / 4, m4[u], r, 0);
+                    if (OP == OP_ADAMW) st_state4(v, i[u] / 4, v4[u], r, 16);
+                } else {
+                    for (int64_t j = i[u]; j < end; j++) /* the buffer's last 1-3 elements */
+                        update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, j)] != 0, p, g, inv,
+                                                  fac, m, v, plo, j);
                 }
-                update<OP>(h, d[0], p4.x, g4.x, m4.x, v4.x);
-                update<OP>(h, d[1], p4.y, g4.y, m4.y, v4.y);
-                update<OP>(h, d[2], p4.z, g4.z, m4.z, v4.z);
-                update<OP>(h, d[3], p4.w, g4.w, m4.w, v4.w);
-                reinterpret_cast<float4 *>(p)[i / 4] = p4;
-                if (plo)
-                    reinterpret_cast<uint2 *>(plo)[i / 4] =
-                        make_uint2(pack_bf16x2(p4.x, p4.y), pack_bf16x2(p4.z, p4.w));
-                uint32_t r[4] = {0, 0, 0, 0};
-                if (sr<S>()) {
-                    sg_philox_out w = sg_optim_sr_bits((uint64_t)i / 4, h.t);
-                    r[0] = w.v[0], r[1] = w.v[1], r[2] = w.v[2], r[3] = w.v[3];
-                }
-                if (uses_m<OP>(h)) st_state4(m, i / 4, m4, r, 0);
-                if (OP == OP_ADAMW) st_state4(v, i / 4, v4, r, 16);
-            } else {
-                for (int64_t j = i; j < end; j++) /* the buffer's last 1-3 elements */
-                    update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, j)] != 0, p, g, inv, fac,
-                                              m, v, plo, j);
             }
         } else {
-            for (int k = 0; k < 4; k++) {
+            for (int k = 0; k < 4 * OPT_VECS; k++) {
                 int64_t j = base + k * OPT_THREADS + threadIdx.x;
                 if (j < end)
                     update_one<OP, S, SCALED>(h, seg_decay[seg_find(seg_start, lo, hi, j)] != 0, p, g, inv, fac,
@@ -297,14 +312,15 @@ static sg_status launch(sg_ctx *ctx, sg_tensor *param, const sg_tensor *grad, co
     void *done = NULL;
     SG_TRY(sg_ctx_scratch(ctx, SG_SLOT_OPTIM, SG_OPTIM_SCRATCH_BYTES, &done));
     int64_t n = param->numel;
-    int64_t want = (n + OPT_CHUNK - 1) / OPT_CHUNK;
+    const bool lo_state = m->dtype == SG_DTYPE_BF16; /* v has m's dtype (optim.c) */
+    const int64_t chunk = lo_state ? opt_chunk<__nv_bfloat16>() : opt_chunk<float>();
+    int64_t want = (n + chunk - 1) / chunk;
     /* One wave: the AdamW kernel takes 52 to 58 registers (nvcc 13.0, by state dtype), so 4
      * blocks of 256 fit an SM, with 64 KiB of f32 loads in flight (session 42: 6 blocks, where
      * fewer registers let them fit, gained nothing). */
     int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * OPT_BLOCKS_PER_SM;
     if (cap < 1) cap = 1;
     int blocks = (int)(want < 1 ? 1 : (want < cap ? want : cap));
-    const bool lo_state = m->dtype == SG_DTYPE_BF16; /* v has m's dtype (optim.c) */
     bool (*state_aligned)(const void *) = lo_state ? aligned8 : aligned16;
     bool (*grad_aligned)(const void *) = grad->dtype == SG_DTYPE_BF16 ? aligned8 : aligned16;
     bool vec = aligned16(param->data) && grad_aligned(grad->data) && state_aligned(m->data) &&
