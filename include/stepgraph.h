@@ -73,6 +73,19 @@ typedef struct sg_ctx_options {
                                  * the environment. 0 (the default): true fp32. The CPU backend
                                  * refuses it (it computes in double). Convolutions and the fused
                                  * f32 attention stay in FMA. */
+    int gemm_tune;              /* CUDA: 0 (the default) runs each matmul shape with cuBLASLt's
+                                 * heuristic's first algorithm. N > 0 times the heuristic's first
+                                 * candidates (N of them for N in 2..16; 1: up to 16) on a shape's
+                                 * first call outside a capture, on that call's own operands, and
+                                 * keeps the fastest if it beats the first by 3% or more, as
+                                 * PyTorch's cudnn.benchmark does for convolutions; also
+                                 * STEPGRAPH_GEMM_TUNE=N in the environment. A shape's choice is
+                                 * fixed from its first call on, so eager and captured runs of one
+                                 * context agree bit for bit, but two runs may choose differently
+                                 * where candidates are close, and so differ in the last bits.
+                                 * Accumulating calls (C the output itself) and shapes first met
+                                 * inside a capture keep the heuristic's first. The CPU backend
+                                 * refuses it. See docs/performance.md. */
 } sg_ctx_options;
 
 sg_ctx_options sg_ctx_options_default(void);

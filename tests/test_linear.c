@@ -4,7 +4,9 @@
  * the bf16-rounded inputs), and argument errors (mixed dtypes included). `gpu`: the cuBLASLt
  * path against the CPU reference (f32 both; bf16 against f64) on several shapes, every act,
  * with and without bias and dx, outputs poisoned first; misaligned views; a repeated call
- * must reuse the cached plan (bitwise equal, no new device allocation, same launches). */
+ * must reuse the cached plan (bitwise equal, no new device allocation, same launches); a context
+ * that times matmul candidates (gemm_tune: tune_cases). */
+#include "ops/linear.h"
 #include "testutil.h"
 
 static const char *act_name(sg_activation a)
@@ -1572,6 +1574,130 @@ static void tf32_cases(sg_ctx *plain, sg_ctx *cpu)
     sg_ctx_destroy(tf);
 }
 
+/* sg_ctx_options.gemm_tune and STEPGRAPH_GEMM_TUNE. Creation: the option's and the
+ * environment's values (1 means 16), and a value out of range fails naming it. A tuned context's
+ * forward and backward (bias, GELU with its aux output, a residual, f32 and bf16) against the f64
+ * reference with the untuned tolerances; some plan is timed. A shape's second call gives its
+ * first call's bits (the choice is fixed at the first call, and the timing's writes to y and pre
+ * are written over by the call itself). A shape first met inside a capture, and an in-place
+ * residual (C is the output), are not timed and give the plain context's bits (the heuristic's
+ * first, as an untuned context asks for one). */
+typedef struct tune_fwd {
+    sg_ctx *ctx;
+    const sg_tensor *x, *w, *b;
+    sg_tensor *y;
+} tune_fwd;
+
+static sg_status tune_fwd_step(void *user)
+{
+    tune_fwd *f = user;
+    return sg_linear_forward(f->ctx, f->x, f->w, f->b, SG_ACT_NONE, f->y, NULL);
+}
+
+static int tune_timed(sg_ctx *ctx)
+{
+    int timed, switched;
+    sg_linear_tune_counts(ctx, &timed, &switched);
+    TU_CHECK(switched >= 0 && switched <= timed, "tune counts: %d switched of %d timed", switched, timed);
+    return timed;
+}
+
+static void tune_cases(sg_ctx *plain, sg_ctx *cpu)
+{
+    if (tu_racecheck()) return; /* see tu_racecheck */
+    sg_ctx_options o = sg_ctx_options_default();
+    o.backend = SG_BACKEND_CUDA;
+    sg_ctx *c = NULL;
+    o.gemm_tune = 17;
+    TU_CHECK(sg_ctx_create(&o, &c) == SG_ERR_INVALID && !c && strstr(sg_ctx_last_error(NULL), "gemm_tune is 17"),
+             "gemm_tune 17: '%s'", sg_ctx_last_error(NULL));
+    const char *vals[5] = {"8", "1", "0", "17", "fast"};
+    const int want[3] = {8, 16, 0};
+    for (int e = 0; e < 5; e++) {
+        const sg_status st = tu_ctx_create_env("STEPGRAPH_GEMM_TUNE", vals[e], &c);
+        char msg[64];
+        snprintf(msg, sizeof msg, "STEPGRAPH_GEMM_TUNE is '%s'", vals[e]);
+        if (e < 3)
+            TU_CHECK(st == SG_OK && sg_ctx_gemm_tune(c) == want[e], "STEPGRAPH_GEMM_TUNE=%s: status %d, %d timed",
+                     vals[e], (int)st, c ? sg_ctx_gemm_tune(c) : -1);
+        else
+            TU_CHECK(st == SG_ERR_INVALID && !c && strstr(sg_ctx_last_error(NULL), msg),
+                     "STEPGRAPH_GEMM_TUNE=%s: status %d, '%s'", vals[e], (int)st, sg_ctx_last_error(NULL));
+        if (c) sg_ctx_destroy(c), c = NULL;
+    }
+    TU_CHECK(sg_ctx_gemm_tune(plain) == 0, "the plain context times candidates");
+    o.gemm_tune = 1;
+    sg_ctx *tc = NULL;
+    TU_OK(NULL, sg_ctx_create(&o, &tc));
+    TU_CHECK(sg_ctx_gemm_tune(tc) == 16 && tune_timed(tc) == 0, "gemm_tune 1: %d candidates, %d timed",
+             sg_ctx_gemm_tune(tc), tune_timed(tc));
+    gpu_scratch_warmup(tc); /* the cases count launches: the scratch's first fills are not theirs */
+
+    bf16_case(tc, cpu, (gpu_spec){256, 384, 512, SG_ACT_NONE, 1, 1, 2, 0, 1});
+    bf16_case(tc, cpu, (gpu_spec){128, 512, 256, SG_ACT_GELU, 1, 1, 2, 0, 1});
+    gpu_case(tc, cpu, (gpu_spec){192, 320, 160, SG_ACT_GELU, 1, 1, 2, 0, 1});
+    residual_case(tc, cpu, SG_DTYPE_BF16, 256, 384, 512, 1, 0, 1);
+    const int timed = tune_timed(tc);
+    TU_CHECK(timed > 0, "a tuned context timed no plan");
+
+    const sg_dtype h = SG_DTYPE_BF16;
+    const int64_t m = 200, n = 1024, k = 320;
+    sg_tensor *x = tu_keep(tu_tensor2(tc, h, m, k, "x")), *w = tu_keep(tu_tensor2(tc, h, n, k, "w"));
+    sg_tensor *b = tu_keep(tu_tensor1(tc, h, n, "b"));
+    free(tu_random(x, -1, 1)), free(tu_random(w, -0.1, 0.1)), free(tu_random(b, -1, 1));
+    sg_tensor *y = tu_keep(tu_tensor2(tc, h, m, n, "y")), *pre = tu_keep(tu_tensor2(tc, h, m, n, "pre"));
+    tu_poison(y), tu_poison(pre);
+    TU_OK(tc, sg_linear_forward(tc, x, w, b, SG_ACT_GELU, y, pre));
+    double *y1 = tu_get(y), *pre1 = tu_get(pre);
+    for (int64_t e = 0; e < m * n; e++) TU_CHECK(!isnan(y1[e]) && !isnan(pre1[e]), "GELU forward: element %lld unwritten", (long long)e);
+    tu_poison(y), tu_poison(pre);
+    TU_OK(tc, sg_linear_forward(tc, x, w, b, SG_ACT_GELU, y, pre));
+    check_same_bits("tuned GELU forward, second call: y", y, y1);
+    check_same_bits("tuned GELU forward, second call: pre", pre, pre1);
+    free(y1), free(pre1);
+
+    /* first met inside a capture (no warm-up run), then replayed */
+    const int64_t cm = 96, cn = 640, ck = 192;
+    sg_tensor *cx = tu_keep(tu_tensor2(tc, h, cm, ck, "cx")), *cw = tu_keep(tu_tensor2(tc, h, cn, ck, "cw"));
+    sg_tensor *cb = tu_keep(tu_tensor1(tc, h, cn, "cb")), *cy = tu_keep(tu_tensor2(tc, h, cm, cn, "cy"));
+    free(tu_random(cx, -1, 1)), free(tu_random(cw, -0.2, 0.2)), free(tu_random(cb, -1, 1));
+    tu_poison(cy);
+    const int before = tune_timed(tc);
+    tune_fwd f = {tc, cx, cw, cb, cy};
+    sg_graph_options go = sg_graph_options_default();
+    go.warmup = 0;
+    sg_graph *g = NULL;
+    TU_OK(tc, sg_graph_capture(tc, tune_fwd_step, &f, &go, &g));
+    TU_OK(tc, sg_graph_replay(g));
+    TU_OK(tc, sg_ctx_sync(tc));
+    TU_CHECK(tune_timed(tc) == before, "a plan first met in a capture was timed (%d, was %d)", tune_timed(tc), before);
+    sg_tensor *px = tu_keep(tu_clone_to(plain, cx, h)), *pw = tu_keep(tu_clone_to(plain, cw, h));
+    sg_tensor *pb = tu_keep(tu_clone_to(plain, cb, h)), *py = tu_keep(tu_tensor2(plain, h, cm, cn, "py"));
+    tu_poison(py);
+    TU_OK(plain, sg_linear_forward(plain, px, pw, pb, SG_ACT_NONE, py, NULL));
+    double *pv = tu_get(py);
+    check_same_bits("a plan first met in a capture, against the plain context", cy, pv);
+    free(pv);
+    sg_graph_destroy(g);
+
+    /* in place: r is y (cuBLASLt's C is D), not timed */
+    const int64_t rm = 160, rn = 448, rk = 224;
+    sg_tensor *rx = tu_keep(tu_tensor2(tc, h, rm, rk, "rx")), *rw = tu_keep(tu_tensor2(tc, h, rn, rk, "rw"));
+    sg_tensor *rb = tu_keep(tu_tensor1(tc, h, rn, "rb")), *ry = tu_keep(tu_tensor2(tc, h, rm, rn, "ry"));
+    free(tu_random(rx, -1, 1)), free(tu_random(rw, -0.2, 0.2)), free(tu_random(rb, -1, 1)), free(tu_random(ry, -1, 1));
+    sg_tensor *qx = tu_keep(tu_clone_to(plain, rx, h)), *qw = tu_keep(tu_clone_to(plain, rw, h));
+    sg_tensor *qb = tu_keep(tu_clone_to(plain, rb, h)), *qy = tu_keep(tu_clone_to(plain, ry, h));
+    const int before2 = tune_timed(tc);
+    TU_OK(tc, sg_linear_forward_residual(tc, rx, rw, rb, ry, ry));
+    TU_CHECK(tune_timed(tc) == before2, "an in-place residual's plan was timed");
+    TU_OK(plain, sg_linear_forward_residual(plain, qx, qw, qb, qy, qy));
+    double *qv = tu_get(qy);
+    check_same_bits("an in-place residual, against the plain context", ry, qv);
+    free(qv);
+    tu_free_live();
+    sg_ctx_destroy(tc);
+}
+
 static void gpu_vs_cpu(void)
 {
     sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
@@ -1664,6 +1790,7 @@ static void gpu_vs_cpu(void)
     gpu_residual(gpu, cpu);
     side_stream_cases();
     tf32_cases(gpu, cpu);
+    tune_cases(gpu, cpu);
     sg_ctx_destroy(cpu);
     sg_ctx_destroy(gpu);
 }
@@ -1674,6 +1801,11 @@ int main(int argc, char **argv)
     tu_seed("test_linear");
     if (!strcmp(mode, "gpu")) {
         gpu_vs_cpu();
+    } else if (!strcmp(mode, "gpu-tune")) { /* tune_cases alone, for repeated runs */
+        sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA), *cpu = tu_ctx(SG_BACKEND_CPU);
+        tune_cases(gpu, cpu);
+        sg_ctx_destroy(cpu);
+        sg_ctx_destroy(gpu);
     } else {
         cpu_gradchecks();
         cpu_forward_naive();

@@ -131,6 +131,16 @@ static void cpu_errors(void)
     TU_CHECK(sg_ctx_create(&op, &c) == SG_ERR_INVALID && c == NULL, "a CPU context took tf32");
     TU_CHECK(strstr(sg_ctx_last_error(NULL), "tf32 is for CUDA contexts") != NULL, "message: %s",
              sg_ctx_last_error(NULL));
+    /* So is timing matmul candidates (gemm_tune); a count out of range fails on any backend. */
+    op.tf32 = 0, op.gemm_tune = tu_randint(1, 16);
+    TU_CHECK(sg_ctx_create(&op, &c) == SG_ERR_INVALID && c == NULL, "a CPU context took gemm_tune %d", op.gemm_tune);
+    TU_CHECK(strstr(sg_ctx_last_error(NULL), "gemm_tune is for CUDA contexts") != NULL, "message: %s",
+             sg_ctx_last_error(NULL));
+    op.gemm_tune = tu_randint(0, 1) ? -1 : 17;
+    TU_CHECK(sg_ctx_create(&op, &c) == SG_ERR_INVALID && c == NULL, "gemm_tune %d taken", op.gemm_tune);
+    char msg[64];
+    snprintf(msg, sizeof msg, "gemm_tune is %d; expected 0 (off)", op.gemm_tune);
+    TU_CHECK(strstr(sg_ctx_last_error(NULL), msg) != NULL, "message: %s", sg_ctx_last_error(NULL));
     sg_ctx_destroy(ctx);
 }
 

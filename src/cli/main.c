@@ -31,8 +31,10 @@ static const char *usage =
     "(torchvision's EfficientNet-B0 on the same images).\n"
     "Backend: CUDA when a GPU is usable, else the CPU reference (--backend to choose).\n"
     "Environment (every command): STEPGRAPH_TF32=1 runs fp32 models' matmuls on the tensor\n"
-    "cores in TF32, as PyTorch's allow_tf32 (CUDA; true fp32 otherwise); docs/performance.md\n"
-    "lists the measurement switches (STEPGRAPH_WGRAD, STEPGRAPH_ATTENTION, ...).\n"
+    "cores in TF32, as PyTorch's allow_tf32 (CUDA; true fp32 otherwise). STEPGRAPH_GEMM_TUNE=1\n"
+    "times cuBLASLt's candidate algorithms for each matmul shape on its first call and keeps the\n"
+    "fastest, as PyTorch's cudnn.benchmark (CUDA; two runs may then differ in the last bits).\n"
+    "docs/performance.md lists the measurement switches (STEPGRAPH_WGRAD, STEPGRAPH_ATTENTION, ...).\n"
     "\n"
     "exit status: 0 done, 1 a runtime error, 2 a usage error (each command's --help says more)\n";
 

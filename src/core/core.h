@@ -266,6 +266,9 @@ bool sg_ctx_lt_bgrad(const sg_ctx *ctx);
 bool sg_ctx_node_priority(const sg_ctx *ctx);
 /* f32 matmuls in TF32 (sg_ctx_options.tf32, or STEPGRAPH_TF32=1 at creation): CUDA contexts. */
 bool sg_ctx_tf32(const sg_ctx *ctx);
+/* Matmul candidates to time on a shape's first call (sg_ctx_options.gemm_tune, or
+ * STEPGRAPH_GEMM_TUNE at creation; 1 there means 16): 0 for none, or 2 to 16. CUDA contexts. */
+int sg_ctx_gemm_tune(const sg_ctx *ctx);
 /* A second stream for work beside the context's own, with a cuBLASLt workspace of its own
  * (made at context creation unless STEPGRAPH_WGRAD=off; NULL then). sg_ctx_side_fork makes it
  * wait for what the main stream has queued and marks work pending; sg_ctx_side_join makes the

@@ -123,6 +123,7 @@ void *sg_ctx_workspace(const sg_ctx *ctx, size_t *bytes) { (void)ctx; if (bytes)
 int sg_ctx_sm_count(const sg_ctx *ctx) { (void)ctx; return 0; }
 bool sg_ctx_pdl(const sg_ctx *ctx) { (void)ctx; return false; }
 bool sg_ctx_tf32(const sg_ctx *ctx) { (void)ctx; return false; }
+int sg_ctx_gemm_tune(const sg_ctx *ctx) { (void)ctx; return 0; }
 void *sg_ctx_side_stream(const sg_ctx *ctx) { (void)ctx; return NULL; }
 void *sg_ctx_side_workspace(const sg_ctx *ctx) { (void)ctx; return NULL; }
 sg_status sg_ctx_side_fork(sg_ctx *ctx) { (void)ctx; return SG_OK; }

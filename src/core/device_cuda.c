@@ -19,6 +19,7 @@ typedef struct sg_cuda_state {
     bool lt_bgrad;      /* STEPGRAPH_BGRAD=1: cuBLASLt's bias-gradient epilogues (linear_cuda.cu) */
     bool node_priority; /* graphs keep captured kernel priorities, unless STEPGRAPH_NODE_PRIORITY=0 */
     bool tf32;          /* f32 matmuls in TF32: sg_ctx_options.tf32 or STEPGRAPH_TF32=1 */
+    int gemm_tune;      /* matmul candidates timed (0: none): sg_ctx_options.gemm_tune or STEPGRAPH_GEMM_TUNE */
     cudaStream_t side;  /* unless STEPGRAPH_WGRAD=off: the second stream, its workspace, fork and join */
     void *side_workspace;
     cudaEvent_t fork, join;
@@ -62,6 +63,7 @@ bool sg_ctx_pdl(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->pdl; }
 bool sg_ctx_lt_bgrad(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->lt_bgrad; }
 bool sg_ctx_node_priority(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->node_priority; }
 bool sg_ctx_tf32(const sg_ctx *ctx) { return ctx->cuda && state(ctx)->tf32; }
+int sg_ctx_gemm_tune(const sg_ctx *ctx) { return ctx->cuda ? state(ctx)->gemm_tune : 0; }
 
 void *sg_ctx_side_stream(const sg_ctx *ctx) { return ctx->cuda ? (void *)state(ctx)->side : NULL; }
 void *sg_ctx_side_workspace(const sg_ctx *ctx) { return ctx->cuda ? state(ctx)->side_workspace : NULL; }
@@ -161,6 +163,18 @@ static sg_status cuda_init(sg_ctx *ctx)
     const char *tf32 = getenv("STEPGRAPH_TF32");
     if (tf32 && *tf32 && strcmp(tf32, "0") && strcmp(tf32, "1"))
         return sg_fail(ctx, SG_ERR_INVALID, "sg_ctx_create: STEPGRAPH_TF32 is '%.40s'; expected 0 or 1", tf32);
+    /* STEPGRAPH_GEMM_TUNE: 0 or 1 to 16, as sg_ctx_options.gemm_tune (1: up to 16). */
+    const char *tune = getenv("STEPGRAPH_GEMM_TUNE");
+    int tune_n = 0;
+    if (tune && *tune) {
+        char *end = NULL;
+        const long v = strtol(tune, &end, 10);
+        if (*end || v < 0 || v > 16)
+            return sg_fail(ctx, SG_ERR_INVALID,
+                           "sg_ctx_create: STEPGRAPH_GEMM_TUNE is '%.40s'; expected 0 (off), 1 (up to 16 "
+                           "candidates) or 2 to 16", tune);
+        tune_n = (int)v;
+    }
     sg_cuda_state *s = calloc(1, sizeof *s);
     if (!s) return sg_fail(ctx, SG_ERR_OOM, "sg_ctx_create: out of host memory");
     ctx->cuda = s;
@@ -184,6 +198,8 @@ static sg_status cuda_init(sg_ctx *ctx)
     s->lt_bgrad = bgrad && !strcmp(bgrad, "1");
     s->node_priority = !(prio && !strcmp(prio, "0"));
     s->tf32 = ctx->opts.tf32 || (tf32 && !strcmp(tf32, "1"));
+    s->gemm_tune = ctx->opts.gemm_tune ? ctx->opts.gemm_tune : tune_n; /* the option wins */
+    if (s->gemm_tune == 1) s->gemm_tune = 16;
     snprintf(ctx->device_name, sizeof ctx->device_name, "%s (sm_%d%d, %d SMs)", prop.name,
              prop.major, prop.minor, prop.multiProcessorCount);
     INIT_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));

@@ -54,6 +54,10 @@ sg_status sg_linear_backward_cuda(sg_ctx *ctx, const sg_tensor *x, const sg_tens
                                   sg_tensor *dx, sg_tensor *dw, sg_tensor *db,
                                   const sg_linear_through *th, int64_t m, int64_t n, int64_t k);
 
+/* sg_ctx_gemm_tune: how many matmul plans of ctx had their candidates timed, and how many of
+ * those replaced the heuristic's first (0 and 0 without CUDA, or before any plan). For tests. */
+void sg_linear_tune_counts(sg_ctx *ctx, int *timed, int *switched);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,8 @@
  * cuBLASLt's BGRADB and DGELU_BGRAD epilogues instead, measured slower; see below). Matmul plans
  * (descriptor, layouts, algorithm) are cached per shape and dtype in the context (ext slot
  * SG_EXT_LINEAR), so a call costs a lookup, at most two pointer attributes and the launch.
+ * With sg_ctx_gemm_tune (opt-in), a plan's first call outside a capture times the heuristic's
+ * candidates first and keeps the fastest (see plan_tune).
  *
  * A forward of one row (a batch-1 decode step's) runs stepgraph's own GEMV kernel
  * instead, with the bias and activation in it (see "skinny forward" below).
@@ -45,12 +47,27 @@ typedef struct lin_plan {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, d; /* C has D's layout (D itself with beta 0) */
     cublasLtMatmulAlgo_t algo;
+    /* sg_ctx_gemm_tune: the heuristic's candidates (cand[0] is algo as the heuristic chose it),
+     * until the plan's first call times them; freed then. settled: algo is final. */
+    cublasLtMatmulAlgo_t *cand;
+    int ncand;
+    bool settled;
 } lin_plan;
 
 typedef struct lin_cache {
     lin_plan *plans;
     int n, cap;
+    int timed, switched; /* plans whose candidates were timed, and of those, those that changed */
 } lin_cache;
+
+/* Makes p's algorithm final: the candidates, if any are left, are dropped. */
+static void plan_settle(lin_plan *p)
+{
+    free(p->cand);
+    p->cand = NULL;
+    p->ncand = 0;
+    p->settled = true;
+}
 
 static void plan_release(lin_plan *p)
 {
@@ -61,6 +78,7 @@ static void plan_release(lin_plan *p)
     if (p->desc) cublasLtMatmulDescDestroy(p->desc);
     p->a = p->b = p->d = NULL;
     p->desc = NULL;
+    plan_settle(p);
 }
 
 static void cache_free(sg_ctx *ctx, void *ext)
@@ -169,12 +187,16 @@ static sg_status plan_build(sg_ctx *ctx, lin_plan *p, const void *bias, const vo
         s = cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align_val[i],
                                                  sizeof align_val[i]);
     }
-    cublasLtMatmulHeuristicResult_t r;
-    memset(&r, 0, sizeof r);
+    /* One result, or with sg_ctx_gemm_tune that many (the first is the same either way: the
+     * heuristic's ranking). */
+    const int want = sg_ctx_gemm_tune(ctx) > 1 ? sg_ctx_gemm_tune(ctx) : 1;
+    cublasLtMatmulHeuristicResult_t rs[16];
+    memset(rs, 0, sizeof rs);
+    const cublasLtMatmulHeuristicResult_t &r = rs[0];
     int found = 0;
     cublasStatus_t hs = CUBLAS_STATUS_SUCCESS;
     if (s == CUBLAS_STATUS_SUCCESS)
-        hs = cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->a, p->b, p->d, p->d, pref, 1, &r,
+        hs = cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->a, p->b, p->d, p->d, pref, want, rs,
                                             &found);
     SG_CUBLAS_CHECK(ctx, cublasLtMatmulPreferenceDestroy(pref));
     if (s != CUBLAS_STATUS_SUCCESS) return sg_cublas_status(ctx, (int)s, what, __FILE__, __LINE__);
@@ -189,7 +211,105 @@ static sg_status plan_build(sg_ctx *ctx, lin_plan *p, const void *bias, const vo
     }
     p->algo = r.algo;
     p->ok = true;
+    /* Candidates to time: the heuristic's first, then every other it offered. Without host
+     * memory for them the plan just keeps the first. */
+    p->settled = true;
+    if (want > 1 && found > 1 && (p->cand = (cublasLtMatmulAlgo_t *)malloc((size_t)found * sizeof *p->cand))) {
+        for (int i = 0; i < found; i++)
+            if (rs[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->ncand++] = rs[i].algo;
+        p->settled = p->ncand < 2;
+    }
+    if (p->settled) plan_settle(p);
     return SG_OK;
+}
+
+#define TUNE_ROUNDS 5     /* timed rounds, every candidate once a round (drift hits them alike) */
+#define TUNE_CALLS 4      /* calls a timing */
+#define TUNE_MARGIN 0.97f /* a candidate replaces the heuristic's first from 3% faster */
+
+/* sg_ctx_gemm_tune: times p's candidates on this call's operands, on stream st, and settles
+ * p->algo. Each candidate runs twice to warm up (one cuBLASLt refuses is dropped), then
+ * TUNE_ROUNDS rounds time TUNE_CALLS calls of each in turn; a candidate's time is the median of
+ * its rounds. The fastest replaces the heuristic's first only when at most TUNE_MARGIN of it,
+ * so that noise between near-equal kernels does not decide. The calls write D (and the aux
+ * output), which the call that follows writes again; C is read, so C may not be D (the caller
+ * settles such a plan untimed). Waits for the stream (outside a capture only). */
+static sg_status plan_tune(sg_ctx *ctx, lin_plan *p, const void *A, const void *B, const void *C, void *D,
+                           void *ws, size_t ws_bytes, cudaStream_t st)
+{
+    cublasLtHandle_t lt = (cublasLtHandle_t)sg_ctx_cublaslt(ctx);
+    const float one = 1.f, beta = C ? 1.f : 0.f;
+    const int nc = p->ncand;
+    bool ok[16];
+    float t[16][TUNE_ROUNDS];
+    for (int c = 0; c < nc; c++) {
+        ok[c] = true;
+        for (int w = 0; w < 2 && ok[c]; w++)
+            ok[c] = cublasLtMatmul(lt, p->desc, &one, A, p->a, B, p->b, &beta, C ? C : D, p->d, D, p->d,
+                                   &p->cand[c], ws, ws_bytes, st) == CUBLAS_STATUS_SUCCESS;
+    }
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    sg_status s = SG_OK;
+    int best = 0;
+#define TUNE_CHECK(call)                                                                      \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) {                                                              \
+            s = sg_cuda_status(ctx, (int)e_, #call, __FILE__, __LINE__);                      \
+            goto out;                                                                         \
+        }                                                                                     \
+    } while (0)
+    TUNE_CHECK(cudaEventCreate(&e0));
+    TUNE_CHECK(cudaEventCreate(&e1));
+    for (int r = 0; r < TUNE_ROUNDS; r++)
+        for (int c = 0; c < nc; c++) {
+            if (!ok[c]) continue;
+            TUNE_CHECK(cudaEventRecord(e0, st));
+            for (int i = 0; i < TUNE_CALLS && ok[c]; i++)
+                ok[c] = cublasLtMatmul(lt, p->desc, &one, A, p->a, B, p->b, &beta, C ? C : D, p->d, D, p->d,
+                                       &p->cand[c], ws, ws_bytes, st) == CUBLAS_STATUS_SUCCESS;
+            TUNE_CHECK(cudaEventRecord(e1, st));
+            TUNE_CHECK(cudaEventSynchronize(e1));
+            float ms = 0.f;
+            TUNE_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            t[c][r] = ms / TUNE_CALLS;
+        }
+    {
+        float med[16];
+        for (int c = 0; c < nc; c++) {
+            if (!ok[c]) continue;
+            float v[TUNE_ROUNDS]; /* insertion sort of the rounds */
+            for (int r = 0; r < TUNE_ROUNDS; r++) {
+                int j = r;
+                for (; j > 0 && v[j - 1] > t[c][r]; j--) v[j] = v[j - 1];
+                v[j] = t[c][r];
+            }
+            med[c] = v[TUNE_ROUNDS / 2];
+        }
+        if (ok[0])
+            for (int c = 1; c < nc; c++)
+                if (ok[c] && med[c] <= TUNE_MARGIN * med[0] && med[c] < med[best]) best = c;
+    }
+#undef TUNE_CHECK
+out:
+    /* Destroy calls on a cleanup path: their failure changes nothing above. */
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (s == SG_OK) {
+        p->algo = p->cand[best];
+        lin_cache *cache = (lin_cache *)sg_ctx_ext(ctx, SG_EXT_LINEAR);
+        cache->timed++;
+        cache->switched += best != 0;
+    }
+    plan_settle(p);
+    return s;
+}
+
+extern "C" void sg_linear_tune_counts(sg_ctx *ctx, int *timed, int *switched)
+{
+    const lin_cache *c = (const lin_cache *)sg_ctx_ext(ctx, SG_EXT_LINEAR);
+    *timed = c ? c->timed : 0;
+    *switched = c ? c->switched : 0;
 }
 
 /* The plan for key: from the cache, or built (and cached) now. */
@@ -279,10 +399,21 @@ static sg_status matmul_on(sg_ctx *ctx, bool side, const char *fn, sg_dtype dt, 
     size_t ws_bytes = 0;
     void *ws = sg_ctx_workspace(ctx, &ws_bytes);
     if (side) ws = sg_ctx_side_workspace(ctx); /* the same size; NULL when the size is 0 */
+    cudaStream_t st = (cudaStream_t)(side ? sg_ctx_side_stream(ctx) : sg_ctx_stream(ctx));
+    if (!p->settled) {
+        /* The first call settles the plan: timed outside a capture (the library's or the
+         * caller's own on this stream) unless C is D; the heuristic's first otherwise. */
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        SG_CUDA_CHECK(ctx, cudaStreamIsCapturing(st, &cs));
+        if (!sg_ctx_capturing(ctx) && cs == cudaStreamCaptureStatusNone && C != D) {
+            SG_TRY(plan_tune(ctx, p, A, B, C, D, ws, ws_bytes, st));
+        } else {
+            plan_settle(p);
+        }
+    }
     const float one = 1.f, beta = C ? 1.f : 0.f;
     SG_CUBLAS_CHECK(ctx, cublasLtMatmul((cublasLtHandle_t)sg_ctx_cublaslt(ctx), p->desc, &one, A,
-                                        p->a, B, p->b, &beta, C ? C : D, p->d, D, p->d, &p->algo, ws, ws_bytes,
-                                        (cudaStream_t)(side ? sg_ctx_side_stream(ctx) : sg_ctx_stream(ctx))));
+                                        p->a, B, p->b, &beta, C ? C : D, p->d, D, p->d, &p->algo, ws, ws_bytes, st));
     sg_ctx_count_launches(ctx, 1);
     *ran = true;
     return SG_OK;
