@@ -643,7 +643,8 @@ sg_status sg_channel_scale_backward(sg_ctx *ctx, const sg_tensor *x, const sg_te
 typedef struct sg_device_peaks {
     sg_dtype dtype;              /* of the matmul timed: F32 (TF32 if ctx's matmuls are) or BF16 */
     double matmul_tflops;        /* an (n x n) by (n x n) sg_linear_forward, n 8192 (bf16) or
-                                  * 4096 (f32), on values that are not zero; the median of 5 */
+                                  * 4096 (f32), on values that are not zero; the median of 5
+                                  * (its algorithm chosen as ctx's are: gemm_tune) */
     double copy_gbps;            /* 1e9 bytes a second, read plus written, by sg_tensor_copy of
                                   * 1 GiB; the median of 5 */
     char device[320];

@@ -97,7 +97,8 @@ sg_status sg_device_peaks_measure(sg_ctx *ctx, sg_dtype dtype, sg_device_peaks *
     snprintf(out->device, sizeof out->device, "%s", sg_ctx_device_name(ctx));
     sg_ctx_options o = sg_ctx_options_default();
     o.backend = SG_BACKEND_CUDA, o.device = ctx->opts.device;
-    o.tf32 = sg_ctx_tf32(ctx); /* its f32 matmuls as ctx's */
+    o.tf32 = sg_ctx_tf32(ctx);           /* its f32 matmuls as ctx's */
+    o.gemm_tune = sg_ctx_gemm_tune(ctx); /* and its algorithms chosen as ctx's (in the untimed runs) */
     sg_ctx *c = NULL;
     if (sg_ctx_create(&o, &c) != SG_OK)
         return sg_fail(ctx, SG_ERR_CUDA, "%s: a context of its own: %s", fn, sg_ctx_last_error(NULL));
