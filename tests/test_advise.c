@@ -312,6 +312,15 @@ static void cpu_accum(void)
              "accum -1: %s", bad.note);
 }
 
+/* A result to fill (the struct is large: on the heap); the test stops when there is no memory. */
+static sg_advise_result *new_result(void)
+{
+    sg_advise_result *r = malloc(sizeof *r);
+    TU_CHECK(r != NULL, "out of memory");
+    if (!r) exit(1);
+    return r;
+}
+
 /* A factory of the test's own: counts its calls and builds mlp-64-2-32. */
 static sg_status count_factory(sg_ctx *ctx, void *user, sg_model **out)
 {
@@ -384,9 +393,7 @@ static void cpu_calls(void)
 static void cpu_trainer_options(void)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
-    sg_advise_result *r = malloc(sizeof *r);
-    TU_CHECK(r != NULL, "out of memory");
-    if (!r) exit(1);
+    sg_advise_result *r = new_result();
     int built = 0;
     int64_t lens[] = {8, 16};
     sg_advise_options o = sg_advise_options_default();
@@ -437,9 +444,7 @@ static void cpu_trainer_options(void)
 static void cpu_optim_state(void)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
-    sg_advise_result *r = malloc(sizeof *r);
-    TU_CHECK(r != NULL, "out of memory");
-    if (!r) exit(1);
+    sg_advise_result *r = new_result();
     int built = 0;
     sg_advise_options o = sg_advise_options_default();
     TU_CHECK(o.optim_state == SG_DTYPE_F32, "sg_advise_options_default: optim_state %s",
@@ -527,9 +532,7 @@ static void cpu_errors(void)
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CPU);
     TU_FAILS(ctx, sg_advise_calibrate(ctx, NULL), SG_ERR_NULL, "out is NULL");
     TU_FAILS(ctx, sg_advise_calibrate(ctx, &cal), SG_ERR_UNSUPPORTED, "profiles a CUDA device");
-    sg_advise_result *r = malloc(sizeof *r);
-    TU_CHECK(r != NULL, "out of memory");
-    if (!r) exit(1);
+    sg_advise_result *r = new_result();
     int built = 0;
     sg_advise_options o = sg_advise_options_default();
     TU_CHECK(o.warmup == 20 && o.steps == 50 && o.repeats == 5 && o.busy_steps == 20 && o.measure == 1 &&
@@ -638,9 +641,7 @@ static void record_stage(void *user, const sg_advise_result *r, sg_advise_stage 
 static void gpu_flow(void)
 {
     sg_ctx *ctx = tu_ctx(SG_BACKEND_CUDA);
-    sg_advise_result *r = malloc(sizeof *r);
-    TU_CHECK(r != NULL, "out of memory");
-    if (!r) exit(1);
+    sg_advise_result *r = new_result();
     int built = 0;
     stages seen = {0};
     sg_advise_options o = sg_advise_options_default();
@@ -727,9 +728,7 @@ static void gpu_flow(void)
 
     /* By name, predicting only, with the calibration reused: no measurement, the same model. */
     sg_advise_calib calib = r->calib;
-    sg_advise_result *r2 = malloc(sizeof *r2);
-    TU_CHECK(r2 != NULL, "out of memory");
-    if (!r2) exit(1);
+    sg_advise_result *r2 = new_result();
     o = sg_advise_options_default();
     o.warmup = 5, o.steps = 10, o.repeats = 3, o.busy_steps = 5, o.measure = 0, o.calib = &calib;
     TU_OK(ctx, sg_advise_name(ctx, "mlp-64-2-32", NULL, &o, r2));
@@ -748,9 +747,7 @@ static void gpu_flow(void)
      * twice one micro-batch's (launches are counts: the same each time), the trial capture
      * holds both micro-batches. */
     const sg_advise_profile *p1 = &r2->profile;
-    sg_advise_result *r3 = malloc(sizeof *r3);
-    TU_CHECK(r3 != NULL, "out of memory");
-    if (!r3) exit(1);
+    sg_advise_result *r3 = new_result();
     o.accum = 2;
     TU_OK(ctx, sg_advise_name(ctx, "mlp-64-2-32", NULL, &o, r3));
     const sg_advise_profile *p2 = &r3->profile;
@@ -800,9 +797,7 @@ static void gpu_flow(void)
     to.steps_per_call = 4, to.loop = 1;
     o = sg_advise_options_default();
     o.warmup = 8, o.steps = 12, o.repeats = 3, o.busy_steps = 8, o.calib = &calib, o.trainer = &to;
-    sg_advise_result *r4 = malloc(sizeof *r4);
-    TU_CHECK(r4 != NULL, "out of memory");
-    if (!r4) exit(1);
+    sg_advise_result *r4 = new_result();
     TU_OK(ctx, sg_advise_name(ctx, "mlp-64-2-32", NULL, &o, r4));
     TU_CHECK(r4->options.trainer == NULL && r4->measure_failures == 0, "4 a launch: %d measurements failed",
              r4->measure_failures);

@@ -269,6 +269,8 @@ bool sg_ctx_tf32(const sg_ctx *ctx);
 /* Matmul candidates to time on a shape's first call (sg_ctx_options.gemm_tune, or
  * STEPGRAPH_GEMM_TUNE at creation; 1 there means 16): 0 for none, or 2 to 16. CUDA contexts. */
 int sg_ctx_gemm_tune(const sg_ctx *ctx);
+#define SG_GEMM_TUNE_MAX 16 /* the most candidates timed (the option's 1 means this many) */
+#define SG_GEMM_TUNE_RANGE "expected 0 (off), 1 (up to 16 candidates) or 2 to 16"
 /* A second stream for work beside the context's own, with a cuBLASLt workspace of its own
  * (made at context creation unless STEPGRAPH_WGRAD=off; NULL then). sg_ctx_side_fork makes it
  * wait for what the main stream has queued and marks work pending; sg_ctx_side_join makes the

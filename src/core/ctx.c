@@ -50,9 +50,8 @@ sg_status sg_ctx_create(const sg_ctx_options *opts, sg_ctx **out)
     if (b == SG_BACKEND_AUTO) b = sg_cuda_available() ? SG_BACKEND_CUDA : SG_BACKEND_CPU;
     if (b != SG_BACKEND_CPU && b != SG_BACKEND_CUDA)
         return sg_fail(NULL, SG_ERR_INVALID, "sg_ctx_create: unknown backend %d", (int)o.backend);
-    if (o.gemm_tune < 0 || o.gemm_tune > 16)
-        return sg_fail(NULL, SG_ERR_INVALID, "sg_ctx_create: gemm_tune is %d; expected 0 (off), 1 (up to 16 "
-                       "candidates) or 2 to 16", o.gemm_tune);
+    if (o.gemm_tune < 0 || o.gemm_tune > SG_GEMM_TUNE_MAX)
+        return sg_fail(NULL, SG_ERR_INVALID, "sg_ctx_create: gemm_tune is %d; " SG_GEMM_TUNE_RANGE, o.gemm_tune);
     if (o.gemm_tune && b == SG_BACKEND_CPU)
         return sg_fail(NULL, SG_ERR_INVALID, "sg_ctx_create: gemm_tune is for CUDA contexts (the CPU backend has "
                        "no matmul algorithms to choose)");

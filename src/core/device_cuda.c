@@ -169,10 +169,9 @@ static sg_status cuda_init(sg_ctx *ctx)
     if (tune && *tune) {
         char *end = NULL;
         const long v = strtol(tune, &end, 10);
-        if (*end || v < 0 || v > 16)
-            return sg_fail(ctx, SG_ERR_INVALID,
-                           "sg_ctx_create: STEPGRAPH_GEMM_TUNE is '%.40s'; expected 0 (off), 1 (up to 16 "
-                           "candidates) or 2 to 16", tune);
+        if (*end || v < 0 || v > SG_GEMM_TUNE_MAX)
+            return sg_fail(ctx, SG_ERR_INVALID, "sg_ctx_create: STEPGRAPH_GEMM_TUNE is '%.40s'; " SG_GEMM_TUNE_RANGE,
+                           tune);
         tune_n = (int)v;
     }
     sg_cuda_state *s = calloc(1, sizeof *s);
@@ -199,7 +198,7 @@ static sg_status cuda_init(sg_ctx *ctx)
     s->node_priority = !(prio && !strcmp(prio, "0"));
     s->tf32 = ctx->opts.tf32 || (tf32 && !strcmp(tf32, "1"));
     s->gemm_tune = ctx->opts.gemm_tune ? ctx->opts.gemm_tune : tune_n; /* the option wins */
-    if (s->gemm_tune == 1) s->gemm_tune = 16;
+    if (s->gemm_tune == 1) s->gemm_tune = SG_GEMM_TUNE_MAX;
     snprintf(ctx->device_name, sizeof ctx->device_name, "%s (sm_%d%d, %d SMs)", prop.name,
              prop.major, prop.minor, prop.multiProcessorCount);
     INIT_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));

@@ -48,10 +48,9 @@ typedef struct lin_plan {
     cublasLtMatrixLayout_t a, b, d; /* C has D's layout (D itself with beta 0) */
     cublasLtMatmulAlgo_t algo;
     /* sg_ctx_gemm_tune: the heuristic's candidates (cand[0] is algo as the heuristic chose it),
-     * until the plan's first call times them; freed then. settled: algo is final. */
+     * until the plan's first call times them; freed then, so NULL once algo is final. */
     cublasLtMatmulAlgo_t *cand;
     int ncand;
-    bool settled;
 } lin_plan;
 
 typedef struct lin_cache {
@@ -66,7 +65,6 @@ static void plan_settle(lin_plan *p)
     free(p->cand);
     p->cand = NULL;
     p->ncand = 0;
-    p->settled = true;
 }
 
 static void plan_release(lin_plan *p)
@@ -190,7 +188,7 @@ static sg_status plan_build(sg_ctx *ctx, lin_plan *p, const void *bias, const vo
     /* One result, or with sg_ctx_gemm_tune that many (the first is the same either way: the
      * heuristic's ranking). */
     const int want = sg_ctx_gemm_tune(ctx) > 1 ? sg_ctx_gemm_tune(ctx) : 1;
-    cublasLtMatmulHeuristicResult_t rs[16];
+    cublasLtMatmulHeuristicResult_t rs[SG_GEMM_TUNE_MAX];
     memset(rs, 0, sizeof rs);
     const cublasLtMatmulHeuristicResult_t &r = rs[0];
     int found = 0;
@@ -213,13 +211,10 @@ static sg_status plan_build(sg_ctx *ctx, lin_plan *p, const void *bias, const vo
     p->ok = true;
     /* Candidates to time: the heuristic's first, then every other it offered. Without host
      * memory for them the plan just keeps the first. */
-    p->settled = true;
-    if (want > 1 && found > 1 && (p->cand = (cublasLtMatmulAlgo_t *)malloc((size_t)found * sizeof *p->cand))) {
+    if (want > 1 && found > 1 && (p->cand = (cublasLtMatmulAlgo_t *)malloc((size_t)found * sizeof *p->cand)))
         for (int i = 0; i < found; i++)
             if (rs[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->ncand++] = rs[i].algo;
-        p->settled = p->ncand < 2;
-    }
-    if (p->settled) plan_settle(p);
+    if (p->ncand < 2) plan_settle(p); /* nothing to choose between */
     return SG_OK;
 }
 
@@ -240,8 +235,8 @@ static sg_status plan_tune(sg_ctx *ctx, lin_plan *p, const void *A, const void *
     cublasLtHandle_t lt = (cublasLtHandle_t)sg_ctx_cublaslt(ctx);
     const float one = 1.f, beta = C ? 1.f : 0.f;
     const int nc = p->ncand;
-    bool ok[16];
-    float t[16][TUNE_ROUNDS];
+    bool ok[SG_GEMM_TUNE_MAX];
+    float t[SG_GEMM_TUNE_MAX][TUNE_ROUNDS];
     for (int c = 0; c < nc; c++) {
         ok[c] = true;
         for (int w = 0; w < 2 && ok[c]; w++)
@@ -275,7 +270,7 @@ static sg_status plan_tune(sg_ctx *ctx, lin_plan *p, const void *A, const void *
             t[c][r] = ms / TUNE_CALLS;
         }
     {
-        float med[16];
+        float med[SG_GEMM_TUNE_MAX];
         for (int c = 0; c < nc; c++) {
             if (!ok[c]) continue;
             float v[TUNE_ROUNDS]; /* insertion sort of the rounds */
@@ -400,7 +395,7 @@ static sg_status matmul_on(sg_ctx *ctx, bool side, const char *fn, sg_dtype dt, 
     void *ws = sg_ctx_workspace(ctx, &ws_bytes);
     if (side) ws = sg_ctx_side_workspace(ctx); /* the same size; NULL when the size is 0 */
     cudaStream_t st = (cudaStream_t)(side ? sg_ctx_side_stream(ctx) : sg_ctx_stream(ctx));
-    if (!p->settled) {
+    if (p->cand) {
         /* The first call settles the plan: timed outside a capture (the library's or the
          * caller's own on this stream) unless C is D; the heuristic's first otherwise. */
         cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
