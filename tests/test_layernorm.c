@@ -1181,9 +1181,13 @@ static void gpu_tests(void)
     /* Warp per row (C < 2048) and block per row; C % 4 (f32) or C % 8 (bf16) == 0: 16-byte
      * path, and not; 20000 rows: backward blocks of several tiles of rows (rows per block >
      * LN_TILE_ROWS on up to 300 SMs); 1001 columns: a warp per row, element by element, the
-     * row longer than a warp holds in registers (read twice). The same shapes in both dtypes. */
+     * row longer than a warp holds in registers (read twice). bf16's backward takes a warp a
+     * row for C % 8 == 0 up to 768: (5, 8) gives a block fewer rows than warps, (13, 760) lanes
+     * with no vector in a row's last pass, (2048, 768) its widest. The same shapes in both
+     * dtypes. */
     int64_t shapes[][2] = {{1, 1},    {7, 33},  {2048, 256}, {2048, 768},  {64, 4096}, {5, 3001},
-                           {300, 2}, {1, 2048}, {8, 100000}, {20000, 96}, {3, 1001}, {rm, rc}};
+                           {300, 2}, {1, 2048}, {8, 100000}, {20000, 96}, {3, 1001}, {rm, rc},
+                           {5, 8},   {13, 760}};
     const sg_dtype dts[2] = {SG_DTYPE_F32, SG_DTYPE_BF16};
     for (int d = 0; d < 2; d++) {
         sg_dtype dt = dts[d];

@@ -131,6 +131,7 @@ __global__ void ln_forward_kernel(const T *__restrict__ x, const T *__restrict__
 {
     constexpr int R = LN_THREADS / G;
     __shared__ float2 sh[LN_WARPS];
+    sg_pdl_wait(); /* launched programmatically (sg_ctx_pdl): the kernel before it is done */
     const int group = threadIdx.x / G, gt = threadIdx.x % G;
     const int64_t nv = C / V;
     const float inv_c = 1.f / (float)C;
@@ -218,6 +219,7 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
     constexpr int R = LN_THREADS / G, U = NS == 4 && V == 8 ? 1 : LN_ROWS_IN_FLIGHT;
     __shared__ float2 sh[LN_WARPS];
     __shared__ float4 st[LN_TILE_ROWS]; /* per tile row: mean, rstd, mean(g), mean(g*xhat) */
+    sg_pdl_wait(); /* launched programmatically (sg_ctx_pdl): the kernel before it is done */
     const int group = threadIdx.x / G, gt = threadIdx.x % G;
     const int64_t nv = C / V;
     const float inv_c = 1.f / (float)C;
@@ -342,6 +344,109 @@ __global__ void __launch_bounds__(LN_THREADS, LN_BWD_BLOCKS_PER_SM)
     }
 }
 
+/* Kernel 1, one warp a row (bf16, C a multiple of 8 up to LN_WARP_MAX_C, 16-byte aligned x,
+ * dy, dx, gamma; the rows kernel below otherwise). Warp w of block b takes rows r0 + w,
+ * r0 + w + LN_WARPS, ... of its rows [r0, r1) and holds each row in registers: x, dy, dres
+ * and gamma read once (no second pass from L1/L2, no barrier between the row sums and dx),
+ * the row sums in phase A's order (lane j's vectors j, j + 32, ..., then the butterfly), so
+ * that mean(g), mean(g xhat) and dx are the rows kernel's bits. The column terms (dy*xhat
+ * and dy, with NS = 4 dres and dx as stored) go to shared memory in f32, a slice per warp
+ * (added to, row by row, when a warp takes more than one); after one barrier each thread
+ * sums a column's slices in warp order, in f32, and stores the block's partial as a double,
+ * in the rows kernel's layout, for the same reduction. dgamma's terms are rounded to f32 (the
+ * rows kernel keeps them in double): each term within 2^-24 of itself, the 8 slices' f32 sum
+ * within 8 * 2^-24 of the terms' magnitudes, far below bf16's rounding of the result. */
+#define LN_WARP_MAX_C 768
+#define LN_WARP_NVL (LN_WARP_MAX_C / 8 / 32) /* 16-byte vectors a lane holds of a row */
+template <int NS, bool ADD>
+__global__ void __launch_bounds__(LN_THREADS, 2)
+    ln_backward_warp_kernel(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ gamma,
+                            const float *__restrict__ mean, const float *__restrict__ rstd,
+                            const __nv_bfloat16 *__restrict__ dy, const __nv_bfloat16 *__restrict__ dres,
+                            bool dres_vec, __nv_bfloat16 *__restrict__ dx, double *__restrict__ partials,
+                            int64_t M, int64_t C, int64_t rpb)
+{
+    typedef __nv_bfloat16 T;
+    constexpr int V = 8;
+    extern __shared__ float cs[]; /* [NS][LN_WARPS][C] */
+    sg_pdl_wait(); /* launched programmatically (sg_ctx_pdl): the kernel before it is done */
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t nv = C / V;
+    const float inv_c = 1.f / (float)C;
+    const int64_t r0 = (int64_t)blockIdx.x * rpb, r1 = r0 + rpb < M ? r0 + rpb : M;
+    for (int64_t r = r0 + w; r < r1; r += LN_WARPS) {
+        vec_t<T, V> xv[LN_WARP_NVL], dv[LN_WARP_NVL], gv[LN_WARP_NVL];
+#pragma unroll
+        for (int u = 0; u < LN_WARP_NVL; u++) {
+            const int64_t j = lane + 32 * u;
+            if (j < nv) {
+                xv[u] = ldv<T, V>(x + r * C, j), dv[u] = ldv<T, V>(dy + r * C, j);
+                gv[u] = ldv<T, V>(gamma, j);
+            }
+        }
+        const float m = mean[r], sd = rstd[r];
+        float2 a = {0.f, 0.f}; /* sum g, sum g * xhat: phase A's order */
+#pragma unroll
+        for (int u = 0; u < LN_WARP_NVL; u++)
+            if (lane + 32 * u < nv)
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    const float g = __fmul_rn(to_f(dv[u].e[k]), to_f(gv[u].e[k]));
+                    a.x = __fadd_rn(a.x, g);
+                    a.y = __fmaf_rn(g, __fmul_rn(__fsub_rn(to_f(xv[u].e[k]), m), sd), a.y);
+                }
+        a = group_sum2<32>(a, nullptr);
+        const float4 q = make_float4(m, sd, __fmul_rn(a.x, inv_c), __fmul_rn(a.y, inv_c));
+        const bool first = r == r0 + w;
+#pragma unroll
+        for (int u = 0; u < LN_WARP_NVL; u++) {
+            const int64_t j = lane + 32 * u;
+            if (j >= nv) continue;
+            vec_t<T, V> out, rv;
+            if (ADD) rv = ldv_any<T, V>(dres + r * C, j, dres_vec); /* read here: fewer registers */
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const T v = ln_dx<T>(to_f(dv[u].e[k]), to_f(gv[u].e[k]), to_f(xv[u].e[k]), q);
+                out.e[k] = ADD ? from_f<T>(__fadd_rn(to_f(rv.e[k]), to_f(v))) : v;
+            }
+            stv<T, V>(dx + r * C, j, out);
+            /* The column terms, a set at a time (8 floats live, not 8 NS). */
+#pragma unroll
+            for (int set = 0; set < NS; set++) {
+                float t[V];
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    const float d = to_f(dv[u].e[k]);
+                    t[k] = set == 0   ? __fmul_rn(d, __fmul_rn(__fsub_rn(to_f(xv[u].e[k]), q.x), q.y))
+                           : set == 1 ? d
+                           : set == 2 ? to_f(rv.e[k])
+                                      : to_f(out.e[k]);
+                }
+                float4 *c4 = reinterpret_cast<float4 *>(cs + ((int64_t)set * LN_WARPS + w) * C + j * V);
+                float4 lo = make_float4(t[0], t[1], t[2], t[3]), hi = make_float4(t[4], t[5], t[6], t[7]);
+                if (!first) {
+                    const float4 a0 = c4[0], a1 = c4[1];
+                    lo = make_float4(__fadd_rn(a0.x, lo.x), __fadd_rn(a0.y, lo.y), __fadd_rn(a0.z, lo.z),
+                                     __fadd_rn(a0.w, lo.w));
+                    hi = make_float4(__fadd_rn(a1.x, hi.x), __fadd_rn(a1.y, hi.y), __fadd_rn(a1.z, hi.z),
+                                     __fadd_rn(a1.w, hi.w));
+                }
+                c4[0] = lo, c4[1] = hi;
+            }
+        }
+    }
+    __syncthreads();
+    /* Column c of set s: the warps' slices in warp order (only warps that had a row). */
+    const int wn = r1 - r0 < LN_WARPS ? (int)(r1 - r0) : LN_WARPS;
+    double *pb = partials + (int64_t)blockIdx.x * NS * C;
+    for (int64_t i = threadIdx.x; i < NS * C; i += LN_THREADS) {
+        const int64_t set = i / C, c = i - set * C;
+        float v = cs[(set * LN_WARPS) * C + c];
+        for (int k = 1; k < wn; k++) v = __fadd_rn(v, cs[(set * LN_WARPS + k) * C + c]);
+        pb[i] = (double)v;
+    }
+}
+
 /* cp.async (sm_80 on): 8 bytes from global to shared memory, not through registers, so a
  * thread has all its copies in flight at once; src_size 0 reads nothing and writes zeros. */
 __device__ __forceinline__ void ln_cp_async8(void *dst, const void *src, int src_size)
@@ -404,7 +509,7 @@ static int cap_blocks(int64_t want, int64_t cap)
 
 /* One forward launch: b NULL, the plain kernel on a; else the fused one. */
 template <typename T, int G, int V>
-static void launch_forward(int blocks, cudaStream_t st, const sg_tensor *a, const sg_tensor *b,
+static cudaError_t launch_forward(int blocks, cudaStream_t st, bool pdl, const sg_tensor *a, const sg_tensor *b,
                            bool ab_vec, const sg_tensor *gamma, const sg_tensor *beta, float eps,
                            sg_tensor *s, sg_tensor *y, sg_tensor *mean, sg_tensor *rstd, int64_t M,
                            int64_t C)
@@ -412,12 +517,12 @@ static void launch_forward(int blocks, cudaStream_t st, const sg_tensor *a, cons
     const T *pa = (const T *)a->data, *pg = (const T *)gamma->data, *pbeta = (const T *)beta->data;
     T *py = (T *)y->data;
     float *pm = (float *)mean->data, *pr = (float *)rstd->data;
+    const sg_pdl_launch l(dim3(blocks), dim3(LN_THREADS), 0, st, pdl);
     if (b)
-        ln_forward_kernel<T, G, V, true><<<blocks, LN_THREADS, 0, st>>>(
-            pa, (const T *)b->data, (T *)s->data, ab_vec, pg, pbeta, py, pm, pr, M, C, eps);
-    else
-        ln_forward_kernel<T, G, V, false><<<blocks, LN_THREADS, 0, st>>>(
-            pa, nullptr, nullptr, false, pg, pbeta, py, pm, pr, M, C, eps);
+        return cudaLaunchKernelEx(&l.cfg, ln_forward_kernel<T, G, V, true>, pa, (const T *)b->data, (T *)s->data,
+                                  ab_vec, pg, pbeta, py, pm, pr, M, C, eps);
+    return cudaLaunchKernelEx(&l.cfg, ln_forward_kernel<T, G, V, false>, pa, (const T *)nullptr, (T *)nullptr,
+                              false, pg, pbeta, py, pm, pr, M, C, eps);
 }
 
 template <typename T>
@@ -438,17 +543,19 @@ static sg_status forward_t(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b,
     const int blocks = cap_blocks((M + rows_per_block - 1) / rows_per_block,
                                   (int64_t)sg_ctx_sm_count(ctx) * LN_FWD_BLOCKS_PER_SM);
     cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
+    const bool pdl = sg_ctx_pdl(ctx);
+    cudaError_t le;
     if (block_row && vec)
-        launch_forward<T, LN_THREADS, VEC>(blocks, st, a, b, ab_vec, gamma, beta, eps, s, y, mean,
-                                           rstd, M, C);
+        le = launch_forward<T, LN_THREADS, VEC>(blocks, st, pdl, a, b, ab_vec, gamma, beta, eps, s, y, mean,
+                                                rstd, M, C);
     else if (block_row)
-        launch_forward<T, LN_THREADS, 1>(blocks, st, a, b, ab_vec, gamma, beta, eps, s, y, mean,
-                                         rstd, M, C);
+        le = launch_forward<T, LN_THREADS, 1>(blocks, st, pdl, a, b, ab_vec, gamma, beta, eps, s, y, mean,
+                                              rstd, M, C);
     else if (vec)
-        launch_forward<T, 32, VEC>(blocks, st, a, b, ab_vec, gamma, beta, eps, s, y, mean, rstd, M,
-                                   C);
+        le = launch_forward<T, 32, VEC>(blocks, st, pdl, a, b, ab_vec, gamma, beta, eps, s, y, mean, rstd, M, C);
     else
-        launch_forward<T, 32, 1>(blocks, st, a, b, ab_vec, gamma, beta, eps, s, y, mean, rstd, M, C);
+        le = launch_forward<T, 32, 1>(blocks, st, pdl, a, b, ab_vec, gamma, beta, eps, s, y, mean, rstd, M, C);
+    SG_CUDA_CHECK(ctx, le);
     SG_CUDA_CHECK_LAUNCH(ctx, "ln_forward_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
@@ -458,7 +565,7 @@ static sg_status forward_t(sg_ctx *ctx, const sg_tensor *a, const sg_tensor *b,
  * column sums (2, or 4 with dres's and dx's: sg_layernorm_backward_add_sums requires dres, so
  * NS = 4 has only the adding kernel). */
 template <typename T, int G, int V, int NS>
-static void launch_backward_rows_ns(int blocks, cudaStream_t st, const sg_tensor *x,
+static cudaError_t launch_backward_rows_ns(int blocks, cudaStream_t st, bool pdl, const sg_tensor *x,
                                     const sg_tensor *gamma, const sg_tensor *mean,
                                     const sg_tensor *rstd, const sg_tensor *dy,
                                     const sg_tensor *dres, bool dres_vec, sg_tensor *dx,
@@ -466,28 +573,72 @@ static void launch_backward_rows_ns(int blocks, cudaStream_t st, const sg_tensor
 {
     const T *px = (const T *)x->data, *pg = (const T *)gamma->data, *pdy = (const T *)dy->data;
     const float *pm = (const float *)mean->data, *pr = (const float *)rstd->data;
+    const sg_pdl_launch l(dim3(blocks), dim3(LN_THREADS), 0, st, pdl);
     if (dres)
-        ln_backward_rows_kernel<T, G, V, true, NS><<<blocks, LN_THREADS, 0, st>>>(
-            px, pg, pm, pr, pdy, (const T *)dres->data, dres_vec, (T *)dx->data, partials, M, C,
-            rpb);
+        return cudaLaunchKernelEx(&l.cfg, ln_backward_rows_kernel<T, G, V, true, NS>, px, pg, pm, pr, pdy,
+                                  (const T *)dres->data, dres_vec, (T *)dx->data, partials, M, C, rpb);
     else if constexpr (NS == 2)
-        ln_backward_rows_kernel<T, G, V, false, NS><<<blocks, LN_THREADS, 0, st>>>(
-            px, pg, pm, pr, pdy, nullptr, false, (T *)dx->data, partials, M, C, rpb);
+        return cudaLaunchKernelEx(&l.cfg, ln_backward_rows_kernel<T, G, V, false, NS>, px, pg, pm, pr, pdy,
+                                  (const T *)nullptr, false, (T *)dx->data, partials, M, C, rpb);
+    return cudaSuccess;
 }
 
 template <typename T, int G, int V>
-static void launch_backward_rows(int ns, int blocks, cudaStream_t st, const sg_tensor *x,
+static cudaError_t launch_backward_rows(int ns, int blocks, cudaStream_t st, bool pdl, const sg_tensor *x,
                                  const sg_tensor *gamma, const sg_tensor *mean,
                                  const sg_tensor *rstd, const sg_tensor *dy, const sg_tensor *dres,
                                  bool dres_vec, sg_tensor *dx, double *partials, int64_t M,
                                  int64_t C, int64_t rpb)
 {
     if (ns == 4)
-        launch_backward_rows_ns<T, G, V, 4>(blocks, st, x, gamma, mean, rstd, dy, dres, dres_vec,
+        return launch_backward_rows_ns<T, G, V, 4>(blocks, st, pdl, x, gamma, mean, rstd, dy, dres, dres_vec,
                                             dx, partials, M, C, rpb);
-    else
-        launch_backward_rows_ns<T, G, V, 2>(blocks, st, x, gamma, mean, rstd, dy, dres, dres_vec,
+    return launch_backward_rows_ns<T, G, V, 2>(blocks, st, pdl, x, gamma, mean, rstd, dy, dres, dres_vec,
                                             dx, partials, M, C, rpb);
+}
+
+/* One launch of the warp-a-row kernel (bf16 only: the caller chooses it for bf16). Its shared
+ * memory: NS slices of LN_WARPS x C floats, above the 48 KiB default at C > 384, so the limit is
+ * raised for the launch (each launch, as the fused attention's are: a context may be on any
+ * device, and the call is allowed inside a capture). */
+template <int NS>
+static cudaError_t launch_backward_warp_ns(int blocks, cudaStream_t st, bool pdl, const sg_tensor *x,
+                                           const sg_tensor *gamma, const sg_tensor *mean, const sg_tensor *rstd,
+                                           const sg_tensor *dy, const sg_tensor *dres, bool dres_vec, sg_tensor *dx,
+                                           double *partials, int64_t M, int64_t C, int64_t rpb)
+{
+    typedef __nv_bfloat16 T;
+    const size_t smem = (size_t)NS * LN_WARPS * (size_t)C * sizeof(float);
+    const T *px = (const T *)x->data, *pg = (const T *)gamma->data, *pdy = (const T *)dy->data;
+    const float *pm = (const float *)mean->data, *pr = (const float *)rstd->data;
+    const sg_pdl_launch l(dim3(blocks), dim3(LN_THREADS), smem, st, pdl);
+    cudaError_t e;
+    if (dres) {
+        e = cudaFuncSetAttribute(ln_backward_warp_kernel<NS, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
+        if (e != cudaSuccess) return e;
+        return cudaLaunchKernelEx(&l.cfg, ln_backward_warp_kernel<NS, true>, px, pg, pm, pr, pdy,
+                                  (const T *)dres->data, dres_vec, (T *)dx->data, partials, M, C, rpb);
+    }
+    if constexpr (NS == 2) {
+        e = cudaFuncSetAttribute(ln_backward_warp_kernel<NS, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
+        if (e != cudaSuccess) return e;
+        return cudaLaunchKernelEx(&l.cfg, ln_backward_warp_kernel<NS, false>, px, pg, pm, pr, pdy,
+                                  (const T *)nullptr, false, (T *)dx->data, partials, M, C, rpb);
+    }
+    return cudaSuccess;
+}
+
+static cudaError_t launch_backward_warp(int ns, int blocks, cudaStream_t st, bool pdl, const sg_tensor *x,
+                                        const sg_tensor *gamma, const sg_tensor *mean, const sg_tensor *rstd,
+                                        const sg_tensor *dy, const sg_tensor *dres, bool dres_vec, sg_tensor *dx,
+                                        double *partials, int64_t M, int64_t C, int64_t rpb)
+{
+    return ns == 4 ? launch_backward_warp_ns<4>(blocks, st, pdl, x, gamma, mean, rstd, dy, dres, dres_vec, dx,
+                                                partials, M, C, rpb)
+                   : launch_backward_warp_ns<2>(blocks, st, pdl, x, gamma, mean, rstd, dy, dres, dres_vec, dx,
+                                                partials, M, C, rpb);
 }
 
 template <typename T>
@@ -520,7 +671,12 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *ga
      * four sets (4C doubles each), whether this call has two sets or four: so the grid, and
      * with it dgamma's and dbeta's order, is the same with and without the column sums. Rows
      * are split evenly; grid = the blocks that get rows. */
-    int64_t want = M;
+    /* bf16 rows of at most LN_WARP_MAX_C, aligned: the warp-a-row kernel, with at least a row
+     * for each of a block's warps. */
+    const bool warp_rows = sizeof(T) == 2 && C % 8 == 0 && C <= LN_WARP_MAX_C &&
+                           aligned16(x->data) && aligned16(dy->data) && aligned16(dx->data) &&
+                           aligned16(gamma->data);
+    int64_t want = warp_rows ? (M + LN_WARPS - 1) / LN_WARPS : M;
     int64_t cap = (int64_t)sg_ctx_sm_count(ctx) * LN_BWD_BLOCKS_PER_SM;
     if (want > cap) want = cap;
     if (want > SG_LAYERNORM_CUDA_MAX_C / C) want = SG_LAYERNORM_CUDA_MAX_C / C;
@@ -534,18 +690,24 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *x, const sg_tensor *ga
     const bool dres_vec = dres && aligned16(dres->data);
     const bool block_row = C >= LN_BLOCK_ROW_MIN_C;
     cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
-    if (block_row && vec)
-        launch_backward_rows<T, LN_THREADS, VEC>(ns, blocks, st, x, gamma, mean, rstd, dy, dres,
-                                                 dres_vec, dx, partials, M, C, rpb);
+    const bool pdl = sg_ctx_pdl(ctx);
+    cudaError_t le = cudaSuccess;
+    if (warp_rows)
+        le = launch_backward_warp(ns, blocks, st, pdl, x, gamma, mean, rstd, dy, dres, dres_vec, dx, partials, M, C,
+                                  rpb);
+    else if (block_row && vec)
+        le = launch_backward_rows<T, LN_THREADS, VEC>(ns, blocks, st, pdl, x, gamma, mean, rstd, dy, dres,
+                                                      dres_vec, dx, partials, M, C, rpb);
     else if (block_row)
-        launch_backward_rows<T, LN_THREADS, 1>(ns, blocks, st, x, gamma, mean, rstd, dy, dres,
-                                               dres_vec, dx, partials, M, C, rpb);
+        le = launch_backward_rows<T, LN_THREADS, 1>(ns, blocks, st, pdl, x, gamma, mean, rstd, dy, dres,
+                                                    dres_vec, dx, partials, M, C, rpb);
     else if (vec)
-        launch_backward_rows<T, 32, VEC>(ns, blocks, st, x, gamma, mean, rstd, dy, dres, dres_vec, dx,
-                                         partials, M, C, rpb);
+        le = launch_backward_rows<T, 32, VEC>(ns, blocks, st, pdl, x, gamma, mean, rstd, dy, dres, dres_vec, dx,
+                                              partials, M, C, rpb);
     else
-        launch_backward_rows<T, 32, 1>(ns, blocks, st, x, gamma, mean, rstd, dy, dres, dres_vec, dx,
-                                       partials, M, C, rpb);
+        le = launch_backward_rows<T, 32, 1>(ns, blocks, st, pdl, x, gamma, mean, rstd, dy, dres, dres_vec, dx,
+                                            partials, M, C, rpb);
+    SG_CUDA_CHECK(ctx, le);
     SG_CUDA_CHECK_LAUNCH(ctx, "ln_backward_rows_kernel");
     sg_ctx_count_launches(ctx, 1);
 

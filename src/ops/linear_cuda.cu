@@ -523,6 +523,7 @@ dact_bias_kernel(T *g, const T *act_in, T *__restrict__ db, float *__restrict__ 
 {
     __shared__ float sh[DB_ROWS][DB_COLS * VEC + 1];
     __shared__ bool last;
+    sg_pdl_wait(); /* launched programmatically (sg_ctx_pdl): the kernel before it is done */
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int64_t tile = (int64_t)DB_COLS * VEC, col0 = (int64_t)blockIdx.x * tile + (int64_t)tx * VEC;
     const int64_t r0 = (int64_t)blockIdx.y * rows_per_chunk;
@@ -626,26 +627,25 @@ static size_t scratch_bytes(int64_t t, size_t *partials_off)
 }
 
 template <typename T, int VEC>
-static void dact_bias_launch(sg_activation act, dim3 grid, dim3 block, cudaStream_t st, void *g,
-                             const void *act_in, void *db, float *partials, unsigned *counters,
-                             int64_t m, int64_t n, int64_t rows_per_chunk)
+static cudaError_t dact_bias_launch(sg_activation act, dim3 grid, dim3 block, cudaStream_t st, bool pdl, void *g,
+                                    const void *act_in, void *db, float *partials, unsigned *counters,
+                                    int64_t m, int64_t n, int64_t rows_per_chunk)
 {
     T *gg = (T *)g, *dd = (T *)db;
     const T *aa = (const T *)act_in;
+    const sg_pdl_launch l(grid, block, 0, st, pdl);
     switch (act) {
     case SG_ACT_NONE:
-        dact_bias_kernel<T, SG_ACT_NONE, VEC><<<grid, block, 0, st>>>(gg, aa, dd, partials, counters,
-                                                                      m, n, rows_per_chunk);
-        break;
+        return cudaLaunchKernelEx(&l.cfg, dact_bias_kernel<T, SG_ACT_NONE, VEC>, gg, aa, dd, partials, counters, m,
+                                  n, rows_per_chunk);
     case SG_ACT_RELU:
-        dact_bias_kernel<T, SG_ACT_RELU, VEC><<<grid, block, 0, st>>>(gg, aa, dd, partials, counters,
-                                                                      m, n, rows_per_chunk);
-        break;
+        return cudaLaunchKernelEx(&l.cfg, dact_bias_kernel<T, SG_ACT_RELU, VEC>, gg, aa, dd, partials, counters, m,
+                                  n, rows_per_chunk);
     case SG_ACT_GELU:
-        dact_bias_kernel<T, SG_ACT_GELU, VEC><<<grid, block, 0, st>>>(gg, aa, dd, partials, counters,
-                                                                      m, n, rows_per_chunk);
-        break;
+        return cudaLaunchKernelEx(&l.cfg, dact_bias_kernel<T, SG_ACT_GELU, VEC>, gg, aa, dd, partials, counters, m,
+                                  n, rows_per_chunk);
     }
+    return cudaSuccess;
 }
 
 static sg_status launch_dact_bias_on(sg_ctx *ctx, bool side, sg_dtype dt, sg_activation act, void *g,
@@ -682,16 +682,21 @@ static sg_status launch_dact_bias_on(sg_ctx *ctx, bool side, sg_dtype dt, sg_act
     }
     dim3 grid((unsigned)gx, (unsigned)gy), block(DB_COLS, DB_ROWS);
     cudaStream_t st = (cudaStream_t)(side ? sg_ctx_side_stream(ctx) : sg_ctx_stream(ctx));
+    const bool pdl = sg_ctx_pdl(ctx);
+    cudaError_t le;
     if (dt == SG_DTYPE_BF16 && vec == 8)
-        dact_bias_launch<__nv_bfloat16, 8>(act, grid, block, st, g, act_in, db, partials, counters, m, n,
-                                           rows_per_chunk);
+        le = dact_bias_launch<__nv_bfloat16, 8>(act, grid, block, st, pdl, g, act_in, db, partials, counters, m, n,
+                                                rows_per_chunk);
     else if (dt == SG_DTYPE_BF16)
-        dact_bias_launch<__nv_bfloat16, 1>(act, grid, block, st, g, act_in, db, partials, counters, m, n,
-                                           rows_per_chunk);
+        le = dact_bias_launch<__nv_bfloat16, 1>(act, grid, block, st, pdl, g, act_in, db, partials, counters, m, n,
+                                                rows_per_chunk);
     else if (vec == 4)
-        dact_bias_launch<float, 4>(act, grid, block, st, g, act_in, db, partials, counters, m, n, rows_per_chunk);
+        le = dact_bias_launch<float, 4>(act, grid, block, st, pdl, g, act_in, db, partials, counters, m, n,
+                                        rows_per_chunk);
     else
-        dact_bias_launch<float, 1>(act, grid, block, st, g, act_in, db, partials, counters, m, n, rows_per_chunk);
+        le = dact_bias_launch<float, 1>(act, grid, block, st, pdl, g, act_in, db, partials, counters, m, n,
+                                        rows_per_chunk);
+    SG_CUDA_CHECK(ctx, le);
     SG_CUDA_CHECK_LAUNCH(ctx, "dact_bias_kernel");
     sg_ctx_count_launches(ctx, 1);
     return SG_OK;
