@@ -92,6 +92,11 @@ Modes:
                       function that calls opt.step(); the learning rate stays constant, so a
                       float recompiles nothing): Adam as a few fused kernels instead of the foreach
                       loop's launches, which left compile host-bound on gpt-768-12-8-256
+  graph_compile       the graph mode's whole-step torch.cuda.graph around compiled code:
+                      torch.compile(model) in its default mode (Inductor's fused kernels, no
+                      CUDA graphs of its own) and the compiled optimizer step (clipping and
+                      Adam capturable=True), both compiled by the side-stream warm-up; no host
+                      work a step but the batch copies and one replay
 
 Measured per model, precision and mode, after validating that the loss is finite and falls over
 the warm-up (mean loss on batches 0-3, before training and after the warm-up, computed in fp32
@@ -123,7 +128,8 @@ import traceback
 
 NUM_CLASSES = 10
 NUM_BATCHES = 64
-MODES = ("eager", "graph", "graphed_callables", "graphed_layers", "compile", "compile_opt")
+MODES = ("eager", "graph", "graphed_callables", "graphed_layers", "compile", "compile_opt",
+         "graph_compile")
 PRECISIONS = ("fp32", "bf16")
 GPT_VOCAB = 256  # --vocab N sets it: --data is then a token file
 GPT_HEAD_DIM = 64
@@ -637,6 +643,20 @@ class Workload:
         if self.vary_seq:
             return self._setup_graph_vary()
         opt = self._adam(capturable=True)
+        return self._whole_step_graph(self.model, lambda: self._clip_and_step(opt), opt)
+
+    def _setup_graph_compile(self):
+        # Inductor's kernels (the default mode: no CUDA graphs of its own) for the model, and
+        # the clipping and Adam step compiled too, all captured in one whole-step graph; the
+        # side-stream warm-up compiles both before the capture.
+        opt = self._adam(capturable=True)
+        fwd = torch.compile(self.model)
+        opt_step = torch.compile(lambda: self._clip_and_step(opt))
+        return self._whole_step_graph(fwd, opt_step, opt)
+
+    def _whole_step_graph(self, fwd, opt_step, opt):
+        """The whole step (forward, backward and opt_step()) captured in one torch.cuda.graph,
+        after 3 warm-up steps on a side stream; the step copies its batch in and replays."""
         # One static input pair per micro-batch: the whole step, all of them, is one graph.
         static = [tuple(t.clone() for t in self._batch(j)) for j in range(self.accum)]
         # Warm up on a side stream (the documented recipe): optimizer state and cuBLAS
@@ -646,14 +666,14 @@ class Workload:
         with torch.cuda.stream(s):
             for _ in range(3):
                 opt.zero_grad(set_to_none=True)
-                self._micro_batches(self.model, static)
-                self._clip_and_step(opt)
+                self._micro_batches(fwd, static)
+                opt_step()
         torch.cuda.current_stream().wait_stream(s)
         graph = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)  # grads are allocated inside the graph's pool
         with torch.cuda.graph(graph):  # bf16: the autocast regions lie inside the capture
-            static_loss = self._micro_batches(self.model, static)
-            self._clip_and_step(opt)
+            static_loss = self._micro_batches(fwd, static)
+            opt_step()
         self.graph = graph  # keeps the graph (and its pool) alive
 
         def step(i):
@@ -945,7 +965,7 @@ def cleanup(mode):
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    if mode in ("compile", "compile_opt"):
+    if mode in ("compile", "compile_opt", "graph_compile"):
         # importlib, not "import torch._dynamo": that statement would make `torch` a local
         # name of this function and break the calls above.
         import importlib

@@ -30,7 +30,8 @@
 # checks under layer, model and step scope in each precision with dropout and clipping on;
 # default none), GPU_CHECK_MULTI_GPU_TESTS (ctest names allowed to skip on a one-GPU machine;
 # default dist_gpu), GPU_CHECK_TOKEN_MODELS (gpt models benchmarked, every scope and
-# GPU_CHECK_TOKEN_TORCH_MODES (default eager,graph,compile; PyTorch with SDPA attention), over
+# GPU_CHECK_TOKEN_TORCH_MODES (default eager,graph,compile,graph_compile; PyTorch with SDPA
+# attention; graph_compile, compiled code in a whole-step graph, was its fastest in 2026-11), over
 # a token file of bench/make_tokens.py with vocabulary GPU_CHECK_TOKEN_VOCAB (default 50304);
 # default none), GPU_CHECK_VISION_MODELS (resnet/efficientnet models benchmarked eager and step,
 # with and without --recompute, beside bench/torch_vision.py's GPU_CHECK_VISION_TORCH_MODES,
@@ -65,7 +66,7 @@ export MULTI_GPU_TESTS
 VERIFY_MODELS=${GPU_CHECK_VERIFY:-}
 TOKEN_MODELS=${GPU_CHECK_TOKEN_MODELS:-}
 TOKEN_VOCAB=${GPU_CHECK_TOKEN_VOCAB:-50304}
-TOKEN_TORCH_MODES=${GPU_CHECK_TOKEN_TORCH_MODES:-eager,graph,compile}
+TOKEN_TORCH_MODES=${GPU_CHECK_TOKEN_TORCH_MODES:-eager,graph,compile,graph_compile}
 VISION_MODELS=${GPU_CHECK_VISION_MODELS-resnet18-32-32,efficientnet_b0-8-128}
 GEN_MODELS=${GPU_CHECK_GEN_MODELS-gpt-256-4-8-128}
 VISION_PRECISIONS=${GPU_CHECK_VISION_PRECISIONS:-bf16}
@@ -478,12 +479,13 @@ def g(r, k, spec):
     v = r.get(k) if r else None
     return "n/a" if v is None else format(v, spec)
 
-print(f"{'model precision':<30} {'who':<9} {'scope/mode':<18} {'ms/step':>8} {'/pt eag':>7} {'/pt grf':>7} {'host ms':>8} "
+print(f"{'model precision':<30} {'who':<9} {'scope/mode':<18} {'ms/step':>8} {'/pt eag':>7} {'/pt grf':>7} {'/pt min':>7} {'host ms':>8} "
       f"{'kern':>6} {'busy ms':>8} {'capt ms':>8} {'MiB':>6}")
 for m in order:
     mine = [r for r in rows if r["key"] == m]
     ref = {r.get("mode"): r for r in mine if r.get("framework") == "pytorch"}
     pe, pg = ref.get("eager", {}).get("ms_per_step"), ref.get("graph", {}).get("ms_per_step")
+    pmin = min((r["ms_per_step"] for r in ref.values() if r.get("ms_per_step")), default=None)
     for r in mine:
         if "error" in r:
             print(f"{m:<30} {r.get('framework','?'):<9} {r.get('mode','?'):<18} error: {r['error'][:60]}")
@@ -491,19 +493,20 @@ for m in order:
         ms = r.get("ms_per_step")
         re = format(ms / pe, ".3f") if ms and pe else "n/a"
         rg = format(ms / pg, ".3f") if ms and pg else "n/a"
+        rmin = format(ms / pmin, ".3f") if ms and pmin else "n/a"
         capt = r.get("capture_ms", 0) + r.get("instantiate_ms", 0) if "capture_ms" in r else None
         mib = r.get("peak_reserved_mib", r.get("peak_mib"))
         if r.get("steps_per_graph", 1) > 1:
             r = dict(r, mode=f"{r['mode']} x{r['steps_per_graph']}")
         if r.get("recompute"):
             r = dict(r, mode=f"{r['mode']} recompute")
-        print(f"{m:<30} {r.get('framework'):<9} {r.get('mode'):<18} {g(r, 'ms_per_step', '.4f'):>8} {re:>7} {rg:>7} "
+        print(f"{m:<30} {r.get('framework'):<9} {r.get('mode'):<18} {g(r, 'ms_per_step', '.4f'):>8} {re:>7} {rg:>7} {rmin:>7} "
               f"{g(r, 'host_ms_per_step', '.4f'):>8} {g(r, 'kernels_per_step', '.1f'):>6} "
               f"{g(r, 'gpu_busy_ms_per_step', '.4f'):>8} {'n/a' if capt is None else format(capt, '.2f'):>8} "
               f"{'n/a' if mib is None else format(mib, '.0f'):>6}")
 dev = next((r.get("device") for r in rows if r.get("device")), "?")
 tv = next((r.get("torch_version") for r in rows if r.get("torch_version")), "?")
-print(f"ms: median over blocks; kern: kernels (stepgraph: launches incl. graph launches) per step; "
+print(f"ms: median over blocks; /pt min: against PyTorch's fastest mode of the run; kern: kernels (stepgraph: launches incl. graph launches) per step; "
       f"busy: GPU-busy ms/step (CUPTI); MiB: peak reserved; device {dev}; torch {tv}")
 EOF
 fi
