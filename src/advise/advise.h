@@ -60,10 +60,8 @@ sg_status sg_advise_measure(sg_ctx *ctx, sg_model_factory factory, void *user, s
 sg_status sg_advise_gen_run(sg_ctx *ctx, sg_generator *g, const sg_generate_request *r, const sg_advise_options *o,
                             sg_advise_gen_result *out);
 
-/* Shared by the parts: the monotonic clock in microseconds, and the median of v[0..n)
- * (sorts v; NAN for n <= 0). */
+/* Shared by the parts: the monotonic clock in microseconds (the median is core's sg_median). */
 double sg_advise_now_us(void);
-double sg_advise_median(double *v, int n);
 
 #ifdef __cplusplus
 }

@@ -63,7 +63,7 @@ static sg_status time_launch_host(calib_state *s, double *us)
         v[r] = (sg_advise_now_us() - t0) / 200;
     }
     SG_TRY(sg_ctx_sync(s->ctx));
-    *us = sg_advise_median(v, CALIB_REPS);
+    *us = sg_median(v, CALIB_REPS);
     return SG_OK;
 }
 
@@ -81,7 +81,7 @@ static sg_status time_replay_host(calib_state *s, sg_graph *g, double *us)
         }
     }
     SG_TRY(sg_ctx_sync(s->ctx));
-    *us = sg_advise_median(v, 80);
+    *us = sg_median(v, 80);
     return SG_OK;
 }
 
@@ -100,7 +100,7 @@ static sg_status time_behind_blocker(calib_state *s, int count, sg_graph *g, dou
         SG_TRY(sg_ctx_sync(s->ctx));
         v[r] = sg_advise_now_us() - t0;
     }
-    *us = sg_advise_median(v, CALIB_REPS);
+    *us = sg_median(v, CALIB_REPS);
     return SG_OK;
 }
 
@@ -167,7 +167,7 @@ static sg_status calib_device(calib_state *s, sg_advise_calib *c)
         else if (nd == 0) st = sg_fail(s->ctx, SG_ERR_UNSUPPORTED, "CUPTI timed none of the tiny kernels");
     }
     if (st == SG_OK) {
-        c->tiny_kernel_us = sg_advise_median(d, nd);
+        c->tiny_kernel_us = sg_median(d, nd);
         c->eager_gap_us = clamp0(c->eager_kernel_us - c->tiny_kernel_us);
         c->node_gap_us = clamp0(c->node_device_us - c->tiny_kernel_us);
         c->device_timed = true;

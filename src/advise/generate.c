@@ -25,7 +25,7 @@ typedef struct gen_run {
 
 static double median_free(double *v, int n)
 {
-    double m = sg_advise_median(v, n);
+    double m = sg_median(v, n);
     free(v);
     return m;
 }
@@ -101,7 +101,7 @@ static sg_status time_readback(gen_run *s, sg_tensor *flag, double *us)
         SG_TRY(sg_tensor_copy_to_host(flag, &x, sizeof x));
         v[i] = sg_clock_us() - t0;
     }
-    *us = sg_advise_median(v, GEN_READBACKS);
+    *us = sg_median(v, GEN_READBACKS);
     return SG_OK;
 }
 
@@ -203,9 +203,9 @@ static sg_status measure(gen_run *s, sg_gen_mode mode, sg_advise_gen_mode *m)
                              (long long)q.max_new, sg_gen_mode_name(mode));
     }
     if (st == SG_OK) {
-        m->prefill_ms = sg_advise_median(pre, s->repeats);
-        m->total_ms = sg_advise_median(tot, s->repeats);
-        m->host_us_per_token = sg_advise_median(host, s->repeats);
+        m->prefill_ms = sg_median(pre, s->repeats);
+        m->total_ms = sg_median(tot, s->repeats);
+        m->host_us_per_token = sg_median(host, s->repeats);
         m->measured_ms = (m->total_ms - m->prefill_ms) / (double)s->k;
         m->ratio = m->predicted ? m->predicted_ms / m->measured_ms : NAN;
         m->measured = 1;

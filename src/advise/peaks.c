@@ -55,7 +55,7 @@ static sg_status time_median(sg_ctx *ctx, peak_fn fn, void *u, double *us)
         SG_TRY(sg_ctx_sync(ctx));
         if (i >= 0) v[i] = sg_clock_us() - t0;
     }
-    *us = sg_advise_median(v, PEAK_REPS);
+    *us = sg_median(v, PEAK_REPS);
     return SG_OK;
 }
 

@@ -14,19 +14,6 @@
 
 double sg_advise_now_us(void) { return sg_clock_us(); }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-double sg_advise_median(double *v, int n)
-{
-    if (n <= 0) return NAN;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* The factory's model, checked: it exists and lives on ctx. */
 static sg_status build_model(sg_ctx *ctx, sg_model_factory factory, void *user, const char *fn, sg_model **m)
 {
@@ -163,8 +150,8 @@ static sg_status time_blocks(sg_ctx *ctx, sg_trainer *t, int k, const sg_advise_
     }
     if (st == SG_OK) {
         *launches = (double)(sg_ctx_launch_count(ctx) - k0) / ((double)tm->repeats * n);
-        *wall = sg_advise_median(w, tm->repeats);
-        *host = sg_advise_median(h, tm->repeats);
+        *wall = sg_median(w, tm->repeats);
+        *host = sg_median(h, tm->repeats);
     }
     free(w);
     return st;
@@ -392,7 +379,7 @@ static sg_status probe_static_load(sg_ctx *ctx, sg_model *m, int64_t *s, sg_advi
     }
     SG_TRY(sg_ctx_sync(ctx));
     int K = out->accum > 1 ? out->accum : 1; /* a step loads K batches */
-    out->load_static = (sg_advise_region){K * l, K * sg_advise_median(h, PROBE_STEPS)};
+    out->load_static = (sg_advise_region){K * l, K * sg_median(h, PROBE_STEPS)};
     return SG_OK;
 }
 

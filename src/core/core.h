@@ -19,6 +19,9 @@ extern "C" {
 
 /* Microseconds of CLOCK_MONOTONIC: the one clock the layers time themselves with. */
 double sg_clock_us(void);
+/* The median of v[0..n) (sorted in place; the mean of the middle two for even n); NAN for n <= 0.
+ * The one median the library's measurements take (the advisor's, the matmul timing's). */
+double sg_median(double *v, int n);
 
 /* ---- errors ---- */
 

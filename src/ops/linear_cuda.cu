@@ -220,7 +220,7 @@ static sg_status plan_build(sg_ctx *ctx, lin_plan *p, const void *bias, const vo
 
 #define TUNE_ROUNDS 5     /* timed rounds, every candidate once a round (drift hits them alike) */
 #define TUNE_CALLS 4      /* calls a timing */
-#define TUNE_MARGIN 0.97f /* a candidate replaces the heuristic's first from 3% faster */
+#define TUNE_MARGIN 0.97 /* a candidate replaces the heuristic's first from 3% faster */
 
 /* sg_ctx_gemm_tune: times p's candidates on this call's operands, on stream st, and settles
  * p->algo. Each candidate runs twice to warm up (one cuBLASLt refuses is dropped), then
@@ -236,7 +236,7 @@ static sg_status plan_tune(sg_ctx *ctx, lin_plan *p, const void *A, const void *
     const float one = 1.f, beta = C ? 1.f : 0.f;
     const int nc = p->ncand;
     bool ok[SG_GEMM_TUNE_MAX];
-    float t[SG_GEMM_TUNE_MAX][TUNE_ROUNDS];
+    double t[SG_GEMM_TUNE_MAX][TUNE_ROUNDS];
     for (int c = 0; c < nc; c++) {
         ok[c] = true;
         for (int w = 0; w < 2 && ok[c]; w++)
@@ -270,17 +270,9 @@ static sg_status plan_tune(sg_ctx *ctx, lin_plan *p, const void *A, const void *
             t[c][r] = ms / TUNE_CALLS;
         }
     {
-        float med[SG_GEMM_TUNE_MAX];
-        for (int c = 0; c < nc; c++) {
-            if (!ok[c]) continue;
-            float v[TUNE_ROUNDS]; /* insertion sort of the rounds */
-            for (int r = 0; r < TUNE_ROUNDS; r++) {
-                int j = r;
-                for (; j > 0 && v[j - 1] > t[c][r]; j--) v[j] = v[j - 1];
-                v[j] = t[c][r];
-            }
-            med[c] = v[TUNE_ROUNDS / 2];
-        }
+        double med[SG_GEMM_TUNE_MAX];
+        for (int c = 0; c < nc; c++)
+            if (ok[c]) med[c] = sg_median(t[c], TUNE_ROUNDS);
         if (ok[0])
             for (int c = 1; c < nc; c++)
                 if (ok[c] && med[c] <= TUNE_MARGIN * med[0] && med[c] < med[best]) best = c;
