@@ -71,8 +71,9 @@ typedef struct sg_ctx_options {
                                  * 10 mantissa bits, f32 accumulation), as PyTorch's
                                  * torch.backends.cuda.matmul.allow_tf32; also STEPGRAPH_TF32=1 in
                                  * the environment. 0 (the default): true fp32. The CPU backend
-                                 * refuses it (it computes in double). Convolutions and the fused
-                                 * f32 attention stay in FMA. */
+                                 * refuses it (it computes in double). The fused f32 attention
+                                 * with head size 64 runs in TF32 on the tensor cores too (its
+                                 * other head sizes, and convolutions, stay in FMA). */
     int gemm_tune;              /* CUDA: 0 (the default) runs each matmul shape with cuBLASLt's
                                  * heuristic's first algorithm. N > 0 times the heuristic's first
                                  * candidates (N of them for N in 2..16; 1: up to 16) on a shape's
@@ -378,9 +379,11 @@ sg_status sg_attention_backward(sg_ctx *ctx, const sg_tensor *qkv, const sg_tens
  * atomics: a pass per query tile for dq, one per key tile for dk and dv). On CUDA it runs bf16
  * with head size 64 on the tensor cores (P and d(scores) rounded to bf16 before the products
  * that read them), and f32 with a head size that is a multiple of 4 up to 128 in f32 FMA (no
- * TF32); other dtypes and head sizes, and activations not 16-byte aligned, are
- * SG_ERR_UNSUPPORTED there (sg_attention_fused_supported says beforehand). The CPU reference
- * takes f32, f64 and bf16, any head size. */
+ * TF32), except under the context's tf32 option, where head size 64 runs the bf16 kernels'
+ * scheme in TF32 (each operand rounded to 10 mantissa bits, f32 sums); other dtypes and head
+ * sizes, and activations not 16-byte aligned, are SG_ERR_UNSUPPORTED there
+ * (sg_attention_fused_supported says beforehand). The CPU reference takes f32, f64 and bf16,
+ * any head size. */
 int sg_attention_fused_supported(const sg_ctx *ctx, sg_dtype dtype, int64_t C, int heads);
 sg_status sg_attention_fused_forward(sg_ctx *ctx, const sg_tensor *qkv, int heads, sg_tensor *out,
                                      sg_tensor *lse);

@@ -107,7 +107,7 @@ typedef struct {
     double dq_u, dk_u; /* the same per unit of error in every element of out */
 } bounds;
 
-static bounds derive(sg_ctx *cpu, const double *x, const double *g, dims d, double e, bool f32)
+static bounds derive(sg_ctx *cpu, const double *x, const double *g, dims d, double e, double au)
 {
     const int64_t T = d.T, C = d.C, H = d.H, hs = C / H, n = d.B * T;
     const int64_t q[2] = {n, 3 * C}, o[2] = {n, C};
@@ -144,8 +144,10 @@ static bounds derive(sg_ctx *cpu, const double *x, const double *g, dims d, doub
             for (int64_t s = 0; s < T; s++) colP = fmax(colP, cs[s]), colS = fmax(colS, cd[s]);
         }
     const double sc = 1 / sqrt((double)hs);
-    /* a32: f32 sums of dout . v and dout . out (hs terms, each at most mg mv) in d(scores) */
-    const double a32 = f32 ? 2 * hs * 0x1p-24 * hs * mg * mv : 0;
+    /* a32: the sums of dout . v and dout . out (hs terms, each at most mg mv) in d(scores), each
+     * term within au of itself (f32: hs 2^-24, the chain's worst case; TF32 adds its operands'
+     * two roundings, 2^-10) */
+    const double a32 = 2 * hs * au * mg * mv;
     const double od = 2 * e * mv + 0x1p-8 * mv, du = sc * hs * mg;
     bounds r = {2 * e * mv, 2 * e * rowS * mk * sc + 2 * sc * a32 * mk, 2 * e * colS * mq * sc + 2 * sc * a32 * colP * mq,
                 2 * e * colP * mg, 4 * (double)hs * 0x1p-24 * ms, du * od * mk, du * od * colP * mq,
@@ -172,7 +174,7 @@ static void cpu_against_unfused(sg_ctx *ctx, dims d)
     double *lv = tu_get(s.lse), ml = 0;
     for (int64_t i = 0; i < s.lse->numel; i++) ml = fmax(ml, fabs(lv[i]));
     free(lv);
-    bounds bd = derive(ctx, x, g, d, 0x1p-24 * (ml + 1), false);
+    bounds bd = derive(ctx, x, g, d, 0x1p-24 * (ml + 1), 0);
     snprintf(l, sizeof l, "%s: dqkv vs unfused", w);
     tu_close_tensors(l, s.dqkv, u.dqkv, (tu_tol){fmax(bd.dq, fmax(bd.dk, bd.dv)) + t64.atol, t64.rtol});
     /* lse: log sum_s exp(score) from the scores themselves; delta: dout . out. */
@@ -226,7 +228,7 @@ static void cpu_gradcheck(sg_ctx *ctx, dims d)
      * (2^-52 / h), far under 1e-8. */
     double *lv = tu_get(f.s.lse), ml = 0;
     for (int64_t i = 0; i < f.s.lse->numel; i++) ml = fmax(ml, fabs(lv[i]));
-    bounds bd = derive(ctx, x, g, d, 0x1p-24 * (ml + 1), false);
+    bounds bd = derive(ctx, x, g, d, 0x1p-24 * (ml + 1), 0);
     free(lv), free(x), free(g);
     char w[96];
     snprintf(w, sizeof w, "fused attention B=%lld T=%lld C=%lld heads=%d", (long long)d.B, (long long)d.T,
@@ -263,8 +265,11 @@ static void cpu_errors(sg_ctx *ctx)
 /* ---- gpu ---- */
 
 /* e for the f32 kernels (header comment): the relative error of each P they compute, from the
- * largest sum_i |q_i k_i| / sqrt(hs) over the causal (query, key) pairs of x and max|lse|. */
-static double f32_e(const double *x, dims d, double ml)
+ * largest sum_i |q_i k_i| / sqrt(hs) over the causal (query, key) pairs of x and max|lse|. su:
+ * the relative rounding of each product operand (0 in f32; TF32 2^-11): the scores then move by
+ * 2 su A, and P's with lse's as much again (4 su A), and each term of a product that reads P or
+ * dS carries that operand's rounding and the other's (2 su). */
+static double f32_e(const double *x, dims d, double ml, double su)
 {
     const int64_t T = d.T, C = d.C, H = d.H, hs = C / H;
     double ma = 0;
@@ -279,7 +284,7 @@ static double f32_e(const double *x, dims d, double ml)
                 }
     ma /= sqrt((double)hs);
     const double u = 0x1p-24, nk = (double)((T + 63) / 64);
-    return u * ((double)hs * ma + 4 * ma + 3 * ml + (double)T + nk + 4) + 0x1p-22;
+    return u * ((double)hs * ma + 4 * ma + 3 * ml + (double)T + nk + 4) + 0x1p-22 + 4 * su * ma + 2 * su;
 }
 
 static double max_abs(const sg_tensor *t)
@@ -292,12 +297,12 @@ static double max_abs(const sg_tensor *t)
 
 /* The kernels of dtype dt against the CPU reference on the same values (bf16: the reference
  * in bf16, which computes in double and rounds its outputs; f32: the reference in f64). */
-static void gpu_against_cpu(sg_ctx *gpu, sg_ctx *cpu, sg_dtype dt, dims d)
+static void gpu_against_cpu(sg_ctx *gpu, sg_ctx *cpu, sg_dtype dt, dims d, bool tf32)
 {
     const bool bf = dt == SG_DTYPE_BF16;
     char w[160];
-    snprintf(w, sizeof w, "%s B=%lld T=%lld C=%lld heads=%d", sg_dtype_name(dt), (long long)d.B, (long long)d.T,
-             (long long)d.C, d.H);
+    snprintf(w, sizeof w, "%s%s B=%lld T=%lld C=%lld heads=%d", sg_dtype_name(dt), tf32 ? " (TF32)" : "",
+             (long long)d.B, (long long)d.T, (long long)d.C, d.H);
     fused_set gs = make_set(gpu, dt, d);
     double *x = tu_random(gs.qkv, -1, 1), *g = tu_random(gs.dout, -1, 1);
     /* the values as the GPU holds them (rounded to bf16 or f32) */
@@ -313,9 +318,10 @@ static void gpu_against_cpu(sg_ctx *gpu, sg_ctx *cpu, sg_dtype dt, dims d)
     char l[220];
     const double ml = max_abs(gs.lse);
     /* e, bf16: the rounding of P and dS to bf16, and exp2f's error on f32 arguments up to
-     * |score| + |lse|; f32: f32_e. */
-    const double e = bf ? 0x1p-9 + 0x1p-22 * (1 + 2 * ml) : f32_e(x, d, ml);
-    bounds bd = derive(cpu, x, g, d, e, true);
+     * |score| + |lse|; f32: f32_e, with TF32's operand rounding where the context asks for it. */
+    const double su = tf32 ? 0x1p-11 : 0, hs0 = (double)(d.C / d.H);
+    const double e = bf ? 0x1p-9 + 0x1p-22 * (1 + 2 * ml) : f32_e(x, d, ml, su);
+    bounds bd = derive(cpu, x, g, d, e, hs0 * 0x1p-24 + 2 * su);
     /* rtol, bf16: the outputs' rounding (one bf16 ulp where the two sides round apart); f32:
      * one f32 rounding, the reference's F32 lse and delta (the kernels' own are in e). */
     const double r = bf ? 0x1p-8 : 0x1p-23;
@@ -377,7 +383,7 @@ static void gpu_against_unfused(sg_ctx *gpu, sg_ctx *cpu, sg_dtype dt, dims d)
     char l[200];
     if (dt == SG_DTYPE_BF16) {
         /* Each within the derived bound of the exact result: twice the bound between them. */
-        bounds bd = derive(cpu, x, g, d, 0x1p-9 + 0x1p-20, true);
+        bounds bd = derive(cpu, x, g, d, 0x1p-9 + 0x1p-20, (double)(d.C / d.H) * 0x1p-24);
         to = (tu_tol){2 * bd.out, 0x1p-7};
         tq = (tu_tol){2 * fmax(bd.dq, fmax(bd.dk, bd.dv)) + fmax(bd.dq_o, bd.dk_o), 0x1p-7};
     } else {
@@ -387,7 +393,7 @@ static void gpu_against_unfused(sg_ctx *gpu, sg_ctx *cpu, sg_dtype dt, dims d)
          * unfused path's sums (cuBLAS SGEMM, FMA, no TF32) have the same worst cases, but for
          * its softmax backward's sum over T keys, which the doubled a32 term covers for T <=
          * 3 hs (here 96 <= 192). */
-        bounds bd = derive(cpu, x, g, d, f32_e(x, d, max_abs(gs.lse)), true);
+        bounds bd = derive(cpu, x, g, d, f32_e(x, d, max_abs(gs.lse), 0), (double)(d.C / d.H) * 0x1p-24);
         to = (tu_tol){2 * bd.out, 0x1p-22};
         tq = (tu_tol){3 * fmax(bd.dq, fmax(bd.dk, bd.dv)) + fmax(bd.dq_u, bd.dk_u) * bd.out, 0x1p-22};
     }
@@ -587,7 +593,8 @@ int main(int argc, char **argv)
         sg_ctx *gpu = tu_ctx(SG_BACKEND_CUDA);
         const dims cases[] = {{2, 1, 64, 1}, {1, 77, 128, 2}, {3, 64, 64, 1}, {1, 65, 64, 1}, {2, 128, 768, 12},
                               {1, 200, 128, 2}};
-        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) gpu_against_cpu(gpu, cpu, SG_DTYPE_BF16, cases[i]);
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            gpu_against_cpu(gpu, cpu, SG_DTYPE_BF16, cases[i], false);
         /* f32: the same shapes, then head sizes 32, 128, 48 (padded to 64), 4 and 100 (to 128);
          * these run the 32-row blocks, which the kernels take where 64-row ones would leave
          * SMs idle; the last, 6 x 12 x 3 = 216 blocks of 64 rows, runs the 64-row ones on GPUs
@@ -596,13 +603,22 @@ int main(int argc, char **argv)
                                   {2, 128, 768, 12}, {1, 200, 128, 2}, {2, 100, 64, 2}, {1, 130, 128, 1},
                                   {2, 70, 96, 2},    {1, 33, 8, 2},    {1, 66, 200, 2}, {6, 130, 768, 12}};
         for (size_t i = 0; i < sizeof f32_cases / sizeof *f32_cases; i++)
-            gpu_against_cpu(gpu, cpu, SG_DTYPE_F32, f32_cases[i]);
+            gpu_against_cpu(gpu, cpu, SG_DTYPE_F32, f32_cases[i], false);
         gpu_against_unfused(gpu, cpu, SG_DTYPE_BF16, (dims){2, 96, 128, 2});
         gpu_against_unfused(gpu, cpu, SG_DTYPE_F32, (dims){2, 96, 128, 2});
         gpu_capture(gpu, SG_DTYPE_BF16, (dims){2, 130, 128, 2});
         gpu_capture(gpu, SG_DTYPE_F32, (dims){2, 130, 128, 2});
         gpu_capture(gpu, SG_DTYPE_F32, (dims){1, 70, 64, 2});
         gpu_refusals(gpu);
+        /* Under STEPGRAPH_TF32, f32 with head size 64 on the tensor cores, held to the f32
+         * bound with TF32's roundings; T = 1, a partial tile, one and several tiles, 12 heads;
+         * then eager against a captured replay. */
+        sg_ctx *gt = tu_ctx_env("STEPGRAPH_TF32", "1");
+        const dims tf32_cases[] = {{2, 1, 64, 1}, {1, 77, 128, 2}, {3, 64, 64, 1}, {2, 130, 768, 12}};
+        for (size_t i = 0; i < sizeof tf32_cases / sizeof *tf32_cases; i++)
+            gpu_against_cpu(gt, cpu, SG_DTYPE_F32, tf32_cases[i], true);
+        gpu_capture(gt, SG_DTYPE_F32, (dims){2, 130, 128, 2});
+        sg_ctx_destroy(gt);
         /* the qkv bias gradient beside the backward: one tile, T not a multiple of 64, gpt-768's
          * layer (B 8 x 12 heads, T 256), and 1 head */
         const dims sums_cases[] = {{1, 1, 64, 1}, {2, 77, 128, 2}, {8, 256, 768, 12}, {3, 130, 64, 1}};

@@ -6,7 +6,8 @@
  * gpt-256-4-8-128 on the GPU against the CPU for 5 steps (loss and parameters within
  * tolerance; with dropout and without), every scope bit-exact with eager on the GPU with
  * clipping, with dropout and without (fp32 and bf16), bf16 against fp32, the forced overflow,
- * and no allocation per step after set-up.
+ * and no allocation per step after set-up; fp32 in TF32 (STEPGRAPH_TF32: matmuls and attention
+ * on the tensor cores) bit-exact under every scope with dropout, and learning.
  * `cpu` also: the projections' bias gradients summed by LN2's backward, bit for bit their own.
  * Both modes: variable sequence length (--vary-seq): a padded step matches an unpadded one,
  * step scope over three length buckets is bit-exact with eager, and argument errors. */
@@ -32,6 +33,12 @@ typedef struct side {
 } side;
 
 static sg_dtype precision = SG_DTYPE_F32; /* of the models make() builds */
+static bool tf32 = false;                  /* learns and scopes_match_at: a CUDA context in TF32 */
+
+static sg_ctx *ctx_for(sg_backend be)
+{
+    return tf32 ? tu_ctx_env("STEPGRAPH_TF32", "1") : tu_ctx(be);
+}
 
 /* A model, AdamW (lr 1e-3) and a trainer under scope; lens[0..n-1]: sequence buckets (n 0:
  * none). */
@@ -65,12 +72,12 @@ static void drop(side *s)
 }
 
 
-static const char *prec_name(void) { return precision == SG_DTYPE_BF16 ? "bf16" : "fp32"; }
+static const char *prec_name(void) { return precision == SG_DTYPE_BF16 ? "bf16" : tf32 ? "fp32 (TF32)" : "fp32"; }
 
 /* Training lowers the loss on the batches it sees and on the held-out split it never sees. */
 static void learns(sg_backend be, const char *name, sg_scope scope, int steps, double drop_by)
 {
-    sg_ctx *ctx = tu_ctx(be);
+    sg_ctx *ctx = ctx_for(be);
     side s = make(ctx, name, tu_next(), 0.f, scope, 1.0f);
     float first = 0, last = 0, val0 = 0, val1 = 0;
     TU_OK(ctx, sg_trainer_eval(s.t, 1, 4, &val0));
@@ -94,7 +101,7 @@ static void learns(sg_backend be, const char *name, sg_scope scope, int steps, d
 
 static void scopes_match_at(sg_backend be, const char *name, int steps, float dropout)
 {
-    sg_ctx *ctx = tu_ctx(be);
+    sg_ctx *ctx = ctx_for(be);
     uint64_t seed = tu_next();
     for (int sc = SG_SCOPE_LAYER; sc <= SG_SCOPE_STEP; sc++) {
         side e = make(ctx, name, seed, dropout, SG_SCOPE_EAGER, 0.5f);
@@ -614,6 +621,13 @@ int main(int argc, char **argv)
          * the mixed-precision kernels (amp, scaled xent, optimizer skip) are racechecked in
          * test_amp, test_loss and test_optim, and the bf16 model runs under memcheck. */
         if (tu_racecheck()) return tu_finish("test_gpt");
+        /* fp32 with the matmuls and the attention (head size 64) in TF32: every scope bit-exact
+         * with eager, and it learns as fp32 does. */
+        tf32 = true;
+        scopes_match_at(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12, 0.1f);
+        learns(SG_BACKEND_CUDA, getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", SG_SCOPE_STEP,
+               getenv("SG_TEST_MODEL") ? 60 : 150, 1.0);
+        tf32 = false;
         bf16_tracks_fp32(SG_BACKEND_CUDA, getenv("SG_TEST_MODEL") ? "gpt-64-2-2-16" : "gpt-128-2-4-64", 30);
         precision = SG_DTYPE_BF16;
         scopes_match(SG_BACKEND_CUDA, name, getenv("SG_TEST_MODEL") ? 6 : 12);

@@ -77,6 +77,13 @@ sg_status sg_attention_fused_forward_cuda(sg_ctx *ctx, const sg_tensor *qkv, sg_
 sg_status sg_attention_fused_backward_cuda(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
                                            const sg_tensor *lse, const sg_tensor *dout, sg_tensor *dqkv,
                                            sg_tensor *delta, sg_tensor *dbias, sg_tensor *parts, sg_attn_dims d);
+/* Under sg_ctx_tf32: f32 with head size 64 on the tensor cores in TF32, the bf16 kernels' scheme
+ * (attention_fused_cuda.cu); the f32 entry points send it there. */
+sg_status sg_attention_fused_forward_tf32_cuda(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
+                                               sg_tensor *lse, sg_attn_dims d);
+sg_status sg_attention_fused_backward_tf32_cuda(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,
+                                                const sg_tensor *lse, const sg_tensor *dout, sg_tensor *dqkv,
+                                                sg_tensor *delta, sg_attn_dims d);
 sg_status sg_attention_fused_forward_f32_cuda(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
                                               sg_tensor *lse, sg_attn_dims d);
 sg_status sg_attention_fused_backward_f32_cuda(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *out,

@@ -516,9 +516,17 @@ static sg_status check_f32(sg_ctx *ctx, const char *fn, const sg_tensor *qkv, sg
     return sg_attention_check_aligned(ctx, fn, ts, n);
 }
 
+/* Under sg_ctx_tf32 (the context's matmuls in TF32), f32 with head size 64 goes to the
+ * tensor-core kernels in TF32 (attention_fused_cuda.cu); these FMA kernels take the rest. */
+static bool tf32_kernels(sg_ctx *ctx, const sg_tensor *qkv, sg_attn_dims d)
+{
+    return sg_ctx_tf32(ctx) && qkv->dtype == SG_DTYPE_F32 && d.hs == 64;
+}
+
 extern "C" sg_status sg_attention_fused_forward_f32_cuda(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out,
                                                          sg_tensor *lse, sg_attn_dims d)
 {
+    if (tf32_kernels(ctx, qkv, d)) return sg_attention_fused_forward_tf32_cuda(ctx, qkv, out, lse, d);
     const sg_tensor *ts[] = {qkv, out};
     SG_TRY(check_f32(ctx, "sg_attention_fused_forward", qkv, d, ts, 2));
     const float *x = (const float *)qkv->data;
@@ -537,6 +545,7 @@ extern "C" sg_status sg_attention_fused_backward_f32_cuda(sg_ctx *ctx, const sg_
                                                           const sg_tensor *lse, const sg_tensor *dout,
                                                           sg_tensor *dqkv, sg_tensor *delta, sg_attn_dims d)
 {
+    if (tf32_kernels(ctx, qkv, d)) return sg_attention_fused_backward_tf32_cuda(ctx, qkv, out, lse, dout, dqkv, delta, d);
     const sg_tensor *ts[] = {qkv, out, dout, dqkv};
     SG_TRY(check_f32(ctx, "sg_attention_fused_backward", qkv, d, ts, 4));
     const float *x = (const float *)qkv->data, *o = (const float *)out->data, *l = (const float *)lse->data,
