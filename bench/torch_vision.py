@@ -32,7 +32,7 @@ autocast cache is off in every mode, because make_graphed_callables requires it 
 off in both precisions (torch.backends.cuda.matmul.allow_tf32 and cudnn.allow_tf32 False,
 reported as "tf32"), because stepgraph's fp32 is true fp32.
 
-Modes (--mode, repeat or comma list; default all four):
+Modes (--mode, repeat or comma list; default all five):
   eager               zero_grad(set_to_none=True), forward, loss, backward, step
   graph               the whole step captured with torch.cuda.graph after 3 warm-up steps on a
                       side stream (they train on batch 0; cuDNN autotunes there): forward, loss,
@@ -44,6 +44,11 @@ Modes (--mode, repeat or comma list; default all four):
   compile             torch.compile(model, mode="reduce-overhead") (model only; loss and
                       optimizer stay eager); cudagraph_skips says how often Inductor fell back
                       from CUDA graphs (null where this PyTorch does not count it)
+  graph_compile       the graph mode's whole-step torch.cuda.graph around compiled code:
+                      torch.compile(model) in its default mode (Inductor's kernels, no CUDA
+                      graphs of its own) and the compiled Adam step (capturable=True), both
+                      compiled by the side-stream warm-up (bench/torch_ref.py's mode of the
+                      same name, PyTorch's fastest on the GPT in 2026-11)
 
 Measured per model, precision and mode, after validating that the training loss is finite and
 falls over the warm-up (loss_first is step 0's loss; cycle_loss_first the mean loss of steps
@@ -81,7 +86,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_ref  # noqa: E402  (its helpers: list flags, TF32, Adam's name, the profiler)
 
 ARCHS = ("resnet18", "resnet34", "resnet50", "efficientnet_b0")
-MODES = ("eager", "graph", "graphed_callables", "compile")
+MODES = ("eager", "graph", "graphed_callables", "compile", "graph_compile")
 PRECISIONS = ("fp32", "bf16")
 NUM_BATCHES = 8  # as resnet.c's RESNET_BATCHES
 THUMB = 4        # the teacher sees 4 x 4 average-pooled images
@@ -204,6 +209,18 @@ class Workload:
 
     def _setup_graph(self):
         opt = self._adam(capturable=True)
+        return self._whole_step_graph(self.model, opt, opt.step)
+
+    def _setup_graph_compile(self):
+        # Inductor's kernels (torch.compile's default mode: no CUDA graphs of its own) for the
+        # model and the compiled Adam step (capturable), captured in one whole-step graph; the
+        # side-stream warm-up compiles both.
+        opt = self._adam(capturable=True)
+        return self._whole_step_graph(torch.compile(self.model), opt, torch.compile(opt.step))
+
+    def _whole_step_graph(self, fwd, opt, opt_step):
+        """The whole step (forward, loss, backward, opt_step()) captured in one torch.cuda.graph
+        after 3 warm-up steps on a side stream; the step copies its batch in and replays."""
         static_x, static_y = (t.clone() for t in self._batch(0))  # clone keeps channels_last
         # Warm up on a side stream (the documented recipe): optimizer state, cuDNN's autotuning
         # and library handles happen here, not during capture. These steps train on batch 0.
@@ -213,18 +230,18 @@ class Workload:
             for _ in range(3):
                 opt.zero_grad(set_to_none=True)
                 with self._autocast():
-                    loss = F.cross_entropy(self.model(static_x), static_y)
+                    loss = F.cross_entropy(fwd(static_x), static_y)
                 loss.backward()
-                opt.step()
+                opt_step()
         torch.cuda.current_stream().wait_stream(s)
         del loss
         graph = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)  # grads are allocated inside the graph's pool
         with torch.cuda.graph(graph):
             with self._autocast():
-                static_loss = F.cross_entropy(self.model(static_x), static_y)
+                static_loss = F.cross_entropy(fwd(static_x), static_y)
             static_loss.backward()
-            opt.step()
+            opt_step()
         self.graph = graph  # keeps the graph (and its pool) alive
 
         def step(i):

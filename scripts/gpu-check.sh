@@ -35,8 +35,9 @@
 # a token file of bench/make_tokens.py with vocabulary GPU_CHECK_TOKEN_VOCAB (default 50304);
 # default none), GPU_CHECK_VISION_MODELS (resnet/efficientnet models benchmarked eager and step,
 # with and without --recompute, beside bench/torch_vision.py's GPU_CHECK_VISION_TORCH_MODES,
-# default eager,graph, in GPU_CHECK_VISION_PRECISIONS, default bf16; default
-# resnet18-32-32,efficientnet_b0-8-128; empty for none), GPU_CHECK_GEN_MODELS (gpt models whose
+# default eager,graph,graph_compile (graph_compile was its fastest in 2026-11), in
+# GPU_CHECK_VISION_PRECISIONS, default bf16; default resnet18-32-32,efficientnet_b0-8-128; empty
+# for none), GPU_CHECK_GEN_MODELS (gpt models whose
 # generation bench/gen_bench.sh measures beside PyTorch and `advise --generate`, batches 1 and 8,
 # in PRECISIONS; default gpt-256-4-8-128; empty for none), GPU_CHECK_REPEAT (runs of each test in --quick's repeated stage, default
 # 3; 1 for none), SANITIZE_JOBS (default 4), SANITIZE_SKIP (test names,
@@ -70,7 +71,7 @@ TOKEN_TORCH_MODES=${GPU_CHECK_TOKEN_TORCH_MODES:-eager,graph,compile,graph_compi
 VISION_MODELS=${GPU_CHECK_VISION_MODELS-resnet18-32-32,efficientnet_b0-8-128}
 GEN_MODELS=${GPU_CHECK_GEN_MODELS-gpt-256-4-8-128}
 VISION_PRECISIONS=${GPU_CHECK_VISION_PRECISIONS:-bf16}
-VISION_TORCH_MODES=${GPU_CHECK_VISION_TORCH_MODES:-eager,graph}
+VISION_TORCH_MODES=${GPU_CHECK_VISION_TORCH_MODES:-eager,graph,graph_compile}
 SANITIZE_SKIP=${SANITIZE_SKIP-prof advise dist cli}
 SANITIZE_JOBS=${SANITIZE_JOBS:-4}
 JOBS=$(nproc 2>/dev/null || echo 4)
