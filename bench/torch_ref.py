@@ -120,6 +120,7 @@ import gc
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -814,9 +815,10 @@ def interval_union(intervals):
     return total
 
 
-def profile_steps(step, first, n):
+def profile_steps(step, first, n, keep=None):
     """Kernels per step and GPU-busy ms per step over n steps, from a torch.profiler trace
-    (CUPTI underneath). Returns (None, None) when the trace holds no device activity."""
+    (CUPTI underneath). Returns (None, None) when the trace holds no device activity. keep: a
+    path to write the trace to as well (Chrome trace JSON)."""
     from torch.profiler import ProfilerActivity, profile
     # A throwaway session first: CUPTI's one-time setup stays out of the measured one.
     torch.cuda.synchronize()
@@ -832,6 +834,8 @@ def profile_steps(step, first, n):
         prof.export_chrome_trace(path)
         with open(path) as f:
             trace = json.load(f)
+        if keep:
+            shutil.copyfile(path, keep)
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
     # Kineto's categories: "kernel" (CONCURRENT_KERNEL), "gpu_memcpy", "gpu_memset".
     device = [e for e in events
@@ -842,6 +846,23 @@ def profile_steps(step, first, n):
     busy_us = interval_union([(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
                               for e in device])
     return kernels / n, busy_us / 1000.0 / n
+
+
+def check_trace_dir(ap, args):
+    """--trace-dir: an existing writable directory, and profiled steps to put in it."""
+    if args.trace_dir is None:
+        return
+    if args.profile_steps < 1:
+        ap.error("--trace-dir needs --profile-steps of at least 1")
+    if not os.path.isdir(args.trace_dir) or not os.access(args.trace_dir, os.W_OK):
+        ap.error(f"--trace-dir {args.trace_dir}: not a writable directory")
+
+
+def trace_path(args, name, precision, mode):
+    """Where --trace-dir keeps a run's trace, or None."""
+    if args.trace_dir is None:
+        return None
+    return os.path.join(args.trace_dir, f"{name}-{precision}-{mode}.json")
 
 
 def timed_blocks(step, it, steps, repeats):
@@ -892,7 +913,7 @@ def run_one(name, mode, precision, args):
 
     kernels, busy_ms = (None, None)
     if args.profile_steps > 0:
-        kernels, busy_ms = profile_steps(w.step, it, args.profile_steps)
+        kernels, busy_ms = profile_steps(w.step, it, args.profile_steps, trace_path(args, name, precision, mode))
         if kernels is None:
             print(f"torch_ref.py: warning: {name} {precision} {mode}: the profiler trace holds "
                   "no device activity (CUPTI unavailable?); kernels and GPU-busy are null",
@@ -1012,6 +1033,10 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=30, help="untimed steps first (default 30)")
     ap.add_argument("--profile-steps", type=int, default=5,
                     help="steps profiled for kernels and GPU-busy (default 5; 0: skip)")
+    ap.add_argument("--trace-dir", default=None, metavar="DIR",
+                    help="keep each run's profiled steps as DIR/MODEL-PRECISION-MODE.json "
+                         "(torch.profiler's Chrome trace of the --profile-steps steps, kernels "
+                         "and copies); needs --profile-steps > 0")
     ap.add_argument("--clip", type=float, default=None,
                     help="clip_grad_norm_ to this norm before each optimizer step (default: "
                          "no clipping)")
@@ -1051,6 +1076,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.steps < 1 or args.repeats < 1 or args.warmup < 0 or args.profile_steps < 0:
         ap.error("--steps and --repeats must be >= 1; --warmup and --profile-steps >= 0")
+    check_trace_dir(ap, args)
     if args.clip is not None and not (math.isfinite(args.clip) and args.clip > 0):
         ap.error("--clip must be a positive number")
     if not 1 <= args.accum <= 1024:

@@ -300,7 +300,8 @@ def run_one(name, mode, precision, args):
 
     kernels, busy_ms = (None, None)
     if args.profile_steps > 0:
-        kernels, busy_ms = torch_ref.profile_steps(w.step, it, args.profile_steps)
+        kernels, busy_ms = torch_ref.profile_steps(w.step, it, args.profile_steps,
+                                                   torch_ref.trace_path(args, name, precision, mode))
         if kernels is None:
             print(f"torch_vision.py: warning: {name} {precision} {mode}: the profiler trace "
                   "holds no device activity (CUPTI unavailable?); kernels and GPU-busy are null",
@@ -402,6 +403,10 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=30, help="untimed steps first (default 30)")
     ap.add_argument("--profile-steps", type=int, default=5,
                     help="steps profiled for kernels and GPU-busy (default 5; 0: skip)")
+    ap.add_argument("--trace-dir", default=None, metavar="DIR",
+                    help="keep each run's profiled steps as DIR/MODEL-PRECISION-MODE.json "
+                         "(torch.profiler's Chrome trace of the --profile-steps steps, kernels "
+                         "and copies); needs --profile-steps > 0")
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="efficientnet_b0: the classifier's dropout (default 0; torchvision's 0.2)")
     ap.add_argument("--stochastic-depth", type=float, default=0.0,
@@ -411,6 +416,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.steps < 1 or args.repeats < 1 or args.warmup < 0 or args.profile_steps < 0:
         ap.error("--steps and --repeats must be >= 1; --warmup and --profile-steps >= 0")
+    torch_ref.check_trace_dir(ap, args)
     if args.classes < 1:
         ap.error("--classes must be >= 1")
     if not (0.0 <= args.dropout < 1.0 and 0.0 <= args.stochastic_depth < 1.0):

@@ -10,7 +10,8 @@
 # the column at another place in each header, one line number in two files), with its default
 # TOP, a TOP and one above the lines' count; then the error exits (a missing file, no column,
 # no samples, no argument; kernel_times.py without an argument or with STEPS 0); then
-# bench/torch_attn.py's argument checks (it needs PyTorch and a GPU only past them). Skips (77)
+# bench/torch_attn.py's argument checks (it needs PyTorch and a GPU only past them), and
+# torch_ref.py's and torch_vision.py's --trace-dir checks (before they import torch). Skips (77)
 # without python3.
 set -u
 src=$(cd "$1" && pwd) || exit 1
@@ -268,6 +269,15 @@ ta 1 "--shape '8,12,256': expected B,HEADS,T,HEAD_SIZE, four positive integers" 
 ta 1 "--shape '8,0,256,64': expected B,HEADS,T,HEAD_SIZE" -- --shape "8,12,256,64;8,0,256,64"
 ta 1 "--backend 'fast': expected one of flash, cudnn, efficient, math" -- --backend cudnn,fast
 ta 1 "--calls and --repeats must be at least 1" -- --calls 0
+
+# bench/torch_ref.py and torch_vision.py check --trace-dir before they import torch: a missing
+# directory and no profiled steps to keep, each named
+tr() { expect_cmd "torch_ref.py ${*:4}" "$1" "$2" -- python3 "$src/bench/torch_ref.py" "${@:4}"; }    # tr CODE REGEX -- ARGS...
+tv() { expect_cmd "torch_vision.py ${*:4}" "$1" "$2" -- python3 "$src/bench/torch_vision.py" "${@:4}"; } # tv CODE REGEX -- ARGS...
+tr 2 "error: --trace-dir nodir: not a writable directory" -- --model gpt-64-1-1-16 --trace-dir nodir
+tr 2 "error: --trace-dir needs --profile-steps of at least 1" -- --model gpt-64-1-1-16 --trace-dir . --profile-steps 0
+tv 2 "error: --trace-dir nodir: not a writable directory" -- --model resnet18-8-32 --trace-dir nodir
+tv 2 "error: --trace-dir needs --profile-steps of at least 1" -- --model resnet18-8-32 --trace-dir . --profile-steps 0
 
 echo "$passes passed, $fails failed (seed $seed)"
 [ "$fails" = 0 ]
