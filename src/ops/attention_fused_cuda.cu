@@ -752,7 +752,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 /* Dynamic shared memory of each kernel: the forward's k and v tiles (double-buffered); the
  * backward's two double-buffered tiles and out's, with the dq kernel's delta or the key-tile
  * kernel's lse (two) and delta rows. bf16 stays under the 48 KB a launch may take without
- * asking; f32 asks (smem_limit). */
+ * asking; f32 opts in (sg_smem_optin). */
 template <typename E> static constexpr size_t fwd_smem_bytes() { return 4 * FA_TILE_ELEMS(E) * sizeof(E); }
 template <typename E> static constexpr size_t dq_smem_bytes()
 {
@@ -763,15 +763,6 @@ template <typename E> static constexpr size_t dkv_smem_bytes()
     return 5 * FA_TILE_ELEMS(E) * sizeof(E) + 3 * FA_TILE * sizeof(float);
 }
 static_assert(dkv_smem_bytes<bf16>() <= 48 * 1024, "bf16: the default shared-memory limit");
-
-/* Raises a kernel's dynamic shared-memory limit to bytes where it is past the default (each
- * launch: a context may be on any device, and the call is allowed inside a capture). */
-template <typename K> static sg_status smem_limit(sg_ctx *ctx, K kernel, size_t bytes)
-{
-    if (bytes > 48 * 1024)
-        SG_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    return SG_OK;
-}
 
 /* The shapes and alignment these kernels take; SG_ERR_UNSUPPORTED naming what differs. */
 static sg_status check_fused(sg_ctx *ctx, const char *fn, const sg_tensor *qkv, sg_attn_dims d,
@@ -798,7 +789,7 @@ static sg_status forward_t(sg_ctx *ctx, const sg_tensor *qkv, sg_tensor *out, sg
     const float sl2 = (float)(FA_LOG2E / sqrt((double)d.hs));
     const int rows = 16 * NW; /* query rows a block */
     dim3 grid((unsigned)((d.T + rows - 1) / rows), (unsigned)(d.B * d.H));
-    SG_TRY(smem_limit(ctx, fused_fwd_kernel<E, NW>, fwd_smem_bytes<E>()));
+    SG_CUDA_CHECK(ctx, (sg_smem_optin<fused_fwd_kernel<E, NW>>(fwd_smem_bytes<E>(), ctx->opts.device)));
     fused_fwd_kernel<E, NW><<<grid, 32 * NW, fwd_smem_bytes<E>(), (cudaStream_t)sg_ctx_stream(ctx)>>>(
         (const E *)qkv->data, (E *)out->data, (float *)lse->data, (int)d.T, (int)d.H, (int)d.C, sl2);
     SG_CUDA_CHECK_LAUNCH(ctx, "fused_fwd_kernel");
@@ -821,8 +812,8 @@ static sg_status backward_t(sg_ctx *ctx, const sg_tensor *qkv, const sg_tensor *
     cudaStream_t s = (cudaStream_t)sg_ctx_stream(ctx);
     const E *o = (const E *)out->data;
     float *pa = dbias ? (float *)parts->data : NULL;
-    SG_TRY(smem_limit(ctx, fused_bwd_dq_kernel<E>, dq_smem_bytes<E>()));
-    SG_TRY(smem_limit(ctx, fused_bwd_dkv_kernel<E>, dkv_smem_bytes<E>()));
+    SG_CUDA_CHECK(ctx, (sg_smem_optin<fused_bwd_dq_kernel<E>>(dq_smem_bytes<E>(), ctx->opts.device)));
+    SG_CUDA_CHECK(ctx, (sg_smem_optin<fused_bwd_dkv_kernel<E>>(dkv_smem_bytes<E>(), ctx->opts.device)));
     fused_bwd_dq_kernel<E><<<grid, FA_THREADS, dq_smem_bytes<E>(), s>>>(
         (const E *)qkv->data, (const float *)lse->data, (const E *)dout->data, o, (float *)delta->data,
         (E *)dqkv->data, pa, (int)d.T, (int)d.H, (int)d.C, sl2, scale);

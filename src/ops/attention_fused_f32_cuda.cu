@@ -30,10 +30,10 @@
  * H200, graph-replayed (f32 fused vs unfused, microseconds): B 8, T 256, heads 12, hs 64:
  * forward 39 vs 97, backward 131 vs 157; B 8, T 128, heads 4, hs 64: 9.5 vs 22.6, 27 vs 35. */
 #include "ops/attention.h"
+#include "ops/dtype_cuda.cuh"
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <math.h>
 #include <stdint.h>
 
@@ -430,28 +430,6 @@ __global__ void __launch_bounds__(ff_cfg<HSP, R>::NT, FF_MIN_BLOCKS(HSP, R))
 
 /* ---- launchers ---- */
 
-/* Dynamic shared memory past the default 48 KB must be opted into, per kernel and device. A
- * kernel's size is fixed by its template arguments, so the opt-in is made once per device (the
- * bit of the context's device in `done`, devices 0..63; a later one opts in at every launch),
- * not on every eager step. Two threads may both make the first call: it is idempotent. */
-template <typename K> static sg_status smem_optin(sg_ctx *ctx, K kernel, size_t bytes, std::atomic<uint64_t> &done)
-{
-    if (bytes <= 48 * 1024) return SG_OK;
-    const int dev = ctx->opts.device;
-    const uint64_t bit = dev >= 0 && dev < 64 ? (uint64_t)1 << dev : 0;
-    if (bit && (done.load(std::memory_order_acquire) & bit)) return SG_OK;
-    SG_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    done.fetch_or(bit, std::memory_order_release);
-    return SG_OK;
-}
-
-/* The opt-in record of one kernel instantiation (per template arguments, so per kernel). */
-template <int HSP, int R, int WHICH> static std::atomic<uint64_t> &optin_done()
-{
-    static std::atomic<uint64_t> done{0};
-    return done;
-}
-
 static dim3 grid_of(sg_attn_dims d, int R)
 {
     return dim3((unsigned)(d.B * d.H), (unsigned)((d.T + R - 1) / R));
@@ -462,7 +440,7 @@ static sg_status forward(sg_ctx *ctx, const float *qkv, float *out, float *lse, 
 {
     const float sl2 = (float)(FF_LOG2E / sqrt((double)d.hs));
     const size_t smem = fwd_smem<HSP, R>();
-    SG_TRY(smem_optin(ctx, ff_fwd_kernel<HSP, R>, smem, optin_done<HSP, R, 0>()));
+    SG_CUDA_CHECK(ctx, (sg_smem_optin<ff_fwd_kernel<HSP, R>>(smem, ctx->opts.device)));
     ff_fwd_kernel<HSP, R><<<grid_of(d, R), ff_cfg<HSP, R>::NT, smem, (cudaStream_t)sg_ctx_stream(ctx)>>>(
         qkv, out, lse, (int)d.T, (int)d.H, (int)d.C, (int)d.hs, sl2);
     SG_CUDA_CHECK_LAUNCH(ctx, "ff_fwd_kernel");
@@ -478,8 +456,8 @@ static sg_status backward(sg_ctx *ctx, const float *qkv, const float *out, const
     const float sl2 = (float)(FF_LOG2E * sc), scale = (float)sc;
     const size_t s1 = dq_smem<HSP, R>(), s2 = dkv_smem<HSP, R>();
     constexpr int NT = ff_cfg<HSP, R>::NT;
-    SG_TRY(smem_optin(ctx, ff_bwd_dq_kernel<HSP, R>, s1, optin_done<HSP, R, 1>()));
-    SG_TRY(smem_optin(ctx, ff_bwd_dkv_kernel<HSP, R>, s2, optin_done<HSP, R, 2>()));
+    SG_CUDA_CHECK(ctx, (sg_smem_optin<ff_bwd_dq_kernel<HSP, R>>(s1, ctx->opts.device)));
+    SG_CUDA_CHECK(ctx, (sg_smem_optin<ff_bwd_dkv_kernel<HSP, R>>(s2, ctx->opts.device)));
     cudaStream_t st = (cudaStream_t)sg_ctx_stream(ctx);
     ff_bwd_dq_kernel<HSP, R><<<grid_of(d, R), NT, s1, st>>>(qkv, out, lse, dout, dqkv, delta, (int)d.T, (int)d.H,
                                                                 (int)d.C, (int)d.hs, sl2, scale);

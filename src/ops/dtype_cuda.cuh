@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <atomic>
+
 __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 
@@ -97,6 +99,22 @@ struct sg_pdl_launch {
     sg_pdl_launch(const sg_pdl_launch &) = delete;
     sg_pdl_launch &operator=(const sg_pdl_launch &) = delete;
 };
+
+/* Dynamic shared memory past the default 48 KB must be opted into, per kernel and device. For
+ * a kernel K whose size is fixed (by its template arguments), the opt-in is made once per
+ * device (a bit per device 0..63 in K's own record; a later device opts in at every launch),
+ * not on every eager step; allowed inside a capture. Two threads may both make the first call:
+ * it is idempotent. A kernel whose size varies from call to call must opt in at each call. */
+template <auto K> inline cudaError_t sg_smem_optin(size_t bytes, int device)
+{
+    static std::atomic<uint64_t> done{0};
+    if (bytes <= 48 * 1024) return cudaSuccess;
+    const uint64_t bit = device >= 0 && device < 64 ? (uint64_t)1 << device : 0;
+    if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
+    const cudaError_t e = cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_release);
+    return e;
+}
 
 /* Four bf16 packed in a uint2 (element 0 in the low half) as f32: a bf16 is the top half of
  * the f32 of the same value. */
