@@ -848,6 +848,14 @@ def profile_steps(step, first, n, keep=None):
     return kernels / n, busy_us / 1000.0 / n
 
 
+def add_trace_dir(ap):
+    """--trace-dir DIR (torch_ref.py and torch_vision.py)."""
+    ap.add_argument("--trace-dir", default=None, metavar="DIR",
+                    help="keep each run's profiled steps as DIR/MODEL-PRECISION-MODE.json "
+                         "(torch.profiler's Chrome trace of the --profile-steps steps, kernels "
+                         "and copies); needs --profile-steps > 0")
+
+
 def check_trace_dir(ap, args):
     """--trace-dir: an existing writable directory, and profiled steps to put in it."""
     if args.trace_dir is None:
@@ -1033,10 +1041,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=30, help="untimed steps first (default 30)")
     ap.add_argument("--profile-steps", type=int, default=5,
                     help="steps profiled for kernels and GPU-busy (default 5; 0: skip)")
-    ap.add_argument("--trace-dir", default=None, metavar="DIR",
-                    help="keep each run's profiled steps as DIR/MODEL-PRECISION-MODE.json "
-                         "(torch.profiler's Chrome trace of the --profile-steps steps, kernels "
-                         "and copies); needs --profile-steps > 0")
+    add_trace_dir(ap)
     ap.add_argument("--clip", type=float, default=None,
                     help="clip_grad_norm_ to this norm before each optimizer step (default: "
                          "no clipping)")

@@ -403,10 +403,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=30, help="untimed steps first (default 30)")
     ap.add_argument("--profile-steps", type=int, default=5,
                     help="steps profiled for kernels and GPU-busy (default 5; 0: skip)")
-    ap.add_argument("--trace-dir", default=None, metavar="DIR",
-                    help="keep each run's profiled steps as DIR/MODEL-PRECISION-MODE.json "
-                         "(torch.profiler's Chrome trace of the --profile-steps steps, kernels "
-                         "and copies); needs --profile-steps > 0")
+    torch_ref.add_trace_dir(ap)
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="efficientnet_b0: the classifier's dropout (default 0; torchvision's 0.2)")
     ap.add_argument("--stochastic-depth", type=float, default=0.0,
